@@ -1,0 +1,20 @@
+-- hello.lua: the app bench/compare, bench/idle and bench/syscalls run on moonserve.
+-- The same replies as the peers: an 11-byte text body, a small JSON object built per
+-- request, and the generated files under /static (from BENCH_STATIC_DIR).
+local moonserve = require "moonserve"
+local app = moonserve.app()
+
+app:get("/", function(req, res)
+    res:send("hello world")
+end)
+
+app:get("/json", function(req, res)
+    res:json({ message = "hello world", n = 42 })
+end)
+
+local static_dir = os.getenv("BENCH_STATIC_DIR")
+if static_dir and static_dir ~= "" then
+    app:static("/static", static_dir)
+end
+
+return app

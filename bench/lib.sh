@@ -1,0 +1,475 @@
+# lib.sh: what compare, idle and syscalls share: the peers, their configs, starting and stopping them.
+#
+# Sourced by the scripts next to it, never run. Every server gets one worker (or one
+# process), a free loopback port, the same keep-alive limits, and CPU BENCH_SERVER_CPU;
+# load generators belong on BENCH_CLIENT_CPU. Everything a run writes lives in one
+# temporary directory that is removed on exit (set BENCH_KEEP=1 to keep it).
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SERVER_CPU=${BENCH_SERVER_CPU:-0}
+CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
+MOONSERVE=${MOONSERVE:-moonserve}
+ALL_SERVERS=(moonserve nginx-lua nginx h2o node)
+
+WORK=""            # the run's temporary directory
+NGINX_MODULES=""   # directory holding the ndk and lua modules for nginx-lua
+H2O_MRUBY=0        # 1 when h2o was built with mruby (scripted handlers)
+STARTED_PIDS=()    # every process this run started and has not yet seen die
+USED_PORTS=" "
+declare -A SRV_PORT SRV_H2PORT SRV_PID SRV_LAUNCHER
+
+log() { printf '%s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# -- Setup and teardown -------------------------------------------------------
+
+bench_init() {
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/moonserve-bench.XXXXXX")
+    # h2o drops root privileges to "nobody", which must still read the files in here.
+    chmod 755 "$WORK"
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM HUP
+    # A server or a client holding 10k connections needs a descriptor for each.
+    ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+    find_lua_modules || true
+    if command -v h2o >/dev/null && h2o --version 2>&1 | grep -qi 'mruby: *yes'; then
+        H2O_MRUBY=1
+    fi
+    make_static_files
+}
+
+# Stops what this run started, and nothing else: only PIDs recorded at launch.
+bench_cleanup() {
+    local p
+    for p in "${STARTED_PIDS[@]}"; do
+        kill -TERM "$p" 2>/dev/null || true
+    done
+    for _ in $(seq 30); do
+        alive_any "${STARTED_PIDS[@]}" || break
+        sleep 0.1
+    done
+    for p in "${STARTED_PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null || true
+    done
+    if [ -n "$WORK" ] && [ -z "${BENCH_KEEP:-}" ]; then
+        rm -rf "$WORK"
+    elif [ -n "$WORK" ]; then
+        log "kept $WORK"
+    fi
+}
+
+alive_any() {
+    local p
+    for p in "$@"; do
+        kill -0 "$p" 2>/dev/null && return 0
+    done
+    return 1
+}
+
+# A PID leaves the list once it is dead, so a later cleanup can never hit a reused PID.
+forget_pid() {
+    local p keep=()
+    for p in "${STARTED_PIDS[@]}"; do
+        [ "$p" = "$1" ] || keep+=("$p")
+    done
+    STARTED_PIDS=("${keep[@]}")
+}
+
+# Sends TERM, waits up to 5 s, then KILL.
+stop_pid() {
+    local pid=$1
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    forget_pid "$pid"
+}
+
+# -- Peers ---------------------------------------------------------------------
+
+# Installs what is missing from the peers and tools, if this is root on Debian.
+# Extra arguments are "command:package" pairs a script needs besides the common set.
+ensure_peers() {
+    local want=() pair cmd pkg have=()
+    for pair in nginx:nginx h2o:h2o wrk:wrk h2load:nghttp2-client gnuplot:gnuplot-nox \
+        node:nodejs "$@"; do
+        cmd=${pair%%:*}
+        pkg=${pair#*:}
+        command -v "$cmd" >/dev/null || want+=("$pkg")
+    done
+    find_lua_modules || want+=(libnginx-mod-http-lua)
+    # nginx-lua's json case encodes with cjson, as an OpenResty site would.
+    dpkg -s lua-cjson >/dev/null 2>&1 || want+=(lua-cjson)
+    [ ${#want[@]} -eq 0 ] && return 0
+
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        log "missing: ${want[*]} (install with: apt-get install -y ${want[*]}); servers without them are skipped"
+        return 0
+    fi
+    for pkg in "${want[@]}"; do
+        if apt-cache show "$pkg" >/dev/null 2>&1; then
+            have+=("$pkg")
+        else
+            log "package $pkg is not in the package lists; going on without it"
+        fi
+    done
+    [ ${#have[@]} -eq 0 ] && return 0
+    log "installing: ${have[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y "${have[@]}" >&2 ||
+        log "warning: apt-get install failed; servers without their package are skipped"
+}
+
+find_lua_modules() {
+    local d
+    for d in /usr/share/nginx/modules /usr/lib/nginx/modules; do
+        if [ -f "$d/ngx_http_lua_module.so" ] && [ -f "$d/ndk_http_module.so" ]; then
+            NGINX_MODULES=$d
+            return 0
+        fi
+    done
+    return 1
+}
+
+make_static_files() {
+    mkdir -p "$WORK/www/static"
+    head -c 10240 /dev/urandom >"$WORK/www/static/10k.bin"
+    head -c 1048576 /dev/urandom >"$WORK/www/static/1m.bin"
+    chmod -R a+rX "$WORK/www"
+}
+
+# -- Ports and processes -------------------------------------------------------
+
+port_open() {
+    (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# A port below the ephemeral range (so clients' source ports never collide with it),
+# unused by any socket, and not handed out before in this run.
+free_port() {
+    local p
+    for _ in $(seq 200); do
+        p=$((10000 + RANDOM % 22000))
+        case $USED_PORTS in *" $p "*) continue ;; esac
+        if [ -z "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ] && ! port_open "$p"; then
+            USED_PORTS+="$p "
+            echo "$p"
+            return 0
+        fi
+    done
+    die "no free port found"
+}
+
+# Waits until the port accepts connections, or the process dies, or time runs out.
+wait_port() {
+    local port=$1 pid=$2 secs=$3
+    for _ in $(seq $((secs * 10))); do
+        port_open "$port" && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+listen_pid() {
+    ss -Hltnp "( sport = :$1 )" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2 || true
+}
+
+# True if $1 is $2 or one of its descendants.
+is_own_process() {
+    local p=$1
+    while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+        [ "$p" = "$2" ] && return 0
+        p=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
+    done
+    return 1
+}
+
+# Prints "utime stime" in clock ticks: fields 14 and 15 of /proc/PID/stat, summed over
+# all of the process's threads. The name field may hold spaces, so cut after its ")".
+cpu_ticks() {
+    local line rest
+    read -r line <"/proc/$1/stat"
+    rest=${line##*) }
+    set -- $rest
+    echo "${12} ${13}"
+}
+
+# -- Server configs ------------------------------------------------------------
+
+# The limits every config shares: idle keep-alive connections stay open for 300 s and a
+# connection may carry any number of requests, so no server pays for reconnects that
+# another one is spared.
+
+write_nginx_conf() {
+    local name=$1 dir=$2 port=$3 h2port=$4 hello json=""
+    local nofile
+    nofile=$(ulimit -Hn)
+    [ "$nofile" = unlimited ] && nofile=65536
+    if [ "$name" = nginx-lua ]; then
+        # The explicit length keeps the reply identical to the other servers' (ngx.print
+        # alone would answer chunked).
+        hello='default_type text/plain;
+            content_by_lua_block { ngx.header.content_length = 11; ngx.print("hello world") }'
+        json='location = /json {
+            default_type application/json;
+            content_by_lua_block {
+                local cjson = require "cjson"
+                local body = cjson.encode({ message = "hello world", n = 42 })
+                ngx.header.content_length = #body
+                ngx.print(body)
+            }
+        }'
+    else
+        hello='default_type text/plain;
+            return 200 "hello world";'
+    fi
+    mkdir -p "$dir/tmp"
+    {
+        if [ "$name" = nginx-lua ]; then
+            echo "load_module $NGINX_MODULES/ndk_http_module.so;"
+            echo "load_module $NGINX_MODULES/ngx_http_lua_module.so;"
+        fi
+        cat <<EOF
+worker_processes 1;
+daemon off;
+master_process off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+worker_rlimit_nofile $nofile;
+events {
+    worker_connections 20000;
+}
+http {
+    access_log off;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_timeout 300s;
+    keepalive_requests 1000000;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+EOF
+        # nginx 1.22 speaks prior-knowledge h2c only on a listener marked http2, and then
+        # no HTTP/1.1 there, so HTTP/2 gets its own port with the same locations.
+        local listen
+        for listen in "$port" "$h2port http2"; do
+            cat <<EOF
+    server {
+        listen 127.0.0.1:$listen;
+        location = / {
+            $hello
+        }
+        $json
+        location /static/ {
+            root $WORK/www;
+        }
+    }
+EOF
+        done
+        echo "}"
+    } >"$dir/nginx.conf"
+}
+
+write_h2o_conf() {
+    local dir=$1 port=$2
+    {
+        cat <<EOF
+listen:
+  host: 127.0.0.1
+  port: $port
+num-threads: 1
+max-connections: 20000
+http1-request-timeout: 300
+http2-idle-timeout: 300
+error-log: $dir/error.log
+hosts:
+  default:
+    paths:
+      /static:
+        file.dir: $WORK/www/static
+EOF
+        # Without mruby h2o has no scripted handler here: the hello and json cases are n/a.
+        if [ "$H2O_MRUBY" = 1 ]; then
+            cat <<'EOF'
+      /json:
+        mruby.handler: |
+          Proc.new do |env|
+            body = JSON.generate({"message" => "hello world", "n" => 42})
+            [200, {"content-type" => "application/json", "content-length" => body.bytesize.to_s}, [body]]
+          end
+      /:
+        mruby.handler: |
+          Proc.new do |env|
+            [200, {"content-type" => "text/plain", "content-length" => "11"}, ["hello world"]]
+          end
+EOF
+        fi
+    } >"$dir/h2o.conf"
+}
+
+write_node_app() {
+    cat >"$1/hello.js" <<'EOF'
+// hello.js: the node peer, one process with the stock http module.
+const http = require('http');
+const port = Number(process.argv[2]);
+const hello = Buffer.from('hello world');
+const server = http.createServer((req, res) => {
+    if (req.url === '/') {
+        res.writeHead(200, { 'content-type': 'text/plain', 'content-length': hello.length });
+        res.end(hello);
+    } else if (req.url === '/json') {
+        const body = JSON.stringify({ message: 'hello world', n: 42 });
+        res.writeHead(200, {
+            'content-type': 'application/json',
+            'content-length': Buffer.byteLength(body),
+        });
+        res.end(body);
+    } else {
+        res.writeHead(404, { 'content-length': 0 });
+        res.end();
+    }
+});
+server.keepAliveTimeout = 300000; // the same idle limit as the other servers
+server.listen(port, '127.0.0.1');
+EOF
+}
+
+# -- Starting and stopping -----------------------------------------------------
+
+# start_server NAME [idle]: starts NAME pinned to SERVER_CPU and waits for its port.
+# Sets SRV_PORT, SRV_H2PORT (empty when it has no HTTP/2 listener) and SRV_PID (the
+# process holding the listening socket, whose CPU and memory get measured). On failure
+# prints one line saying why and returns 1; the caller goes on without it.
+start_server() {
+    local name=$1 mode=${2:-} dir="$WORK/$1" port h2port="" cmd=()
+    mkdir -p "$dir"
+    chmod 755 "$dir"
+    port=$(free_port)
+    case $name in
+    nginx | nginx-lua)
+        if ! command -v nginx >/dev/null; then
+            log "skip $name: nginx is not installed"
+            return 1
+        fi
+        if [ "$name" = nginx-lua ] && [ -z "$NGINX_MODULES" ]; then
+            log "skip nginx-lua: the ndk and lua modules (libnginx-mod-http-lua) are not installed"
+            return 1
+        fi
+        h2port=$(free_port)
+        write_nginx_conf "$name" "$dir" "$port" "$h2port"
+        cmd=(nginx -p "$dir/" -c "$dir/nginx.conf" -e "$dir/error.log")
+        ;;
+    h2o)
+        if ! command -v h2o >/dev/null; then
+            log "skip h2o: it is not installed"
+            return 1
+        fi
+        write_h2o_conf "$dir" "$port"
+        h2port=$port # h2o takes prior-knowledge h2c on its HTTP/1.1 port
+        cmd=(h2o -c "$dir/h2o.conf")
+        ;;
+    node)
+        if ! command -v node >/dev/null; then
+            log "skip node: it is not installed"
+            return 1
+        fi
+        write_node_app "$dir"
+        cmd=(node "$dir/hello.js" "$port")
+        ;;
+    moonserve)
+        read -r -a cmd <<<"$MOONSERVE"
+        if [ ${#cmd[@]} -eq 0 ] || ! command -v "${cmd[0]}" >/dev/null; then
+            log "skip moonserve: command '$MOONSERVE' not found (set MOONSERVE to run it)"
+            return 1
+        fi
+        cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers 0)
+        if [ "$mode" = idle ]; then
+            # The defaults cap connections from one address well below 10k.
+            cmd+=(--limit connections=20000 --limit per_source=20000 --limit idle_timeout=300)
+        fi
+        h2port=$port # tried; a case check decides whether it answers HTTP/2
+        ;;
+    *)
+        die "unknown server '$name' (known: ${ALL_SERVERS[*]})"
+        ;;
+    esac
+
+    BENCH_STATIC_DIR="$WORK/www/static" taskset -c "$SERVER_CPU" "${cmd[@]}" \
+        >"$dir/out.log" 2>&1 </dev/null &
+    local launcher=$!
+    STARTED_PIDS+=("$launcher")
+    if ! wait_port "$port" "$launcher" 15; then
+        log "skip $name: it did not open 127.0.0.1:$port; its last words:"
+        tail -n 5 "$dir/out.log" "$dir/error.log" 2>/dev/null | sed 's/^/    /' >&2 || true
+        stop_pid "$launcher"
+        return 1
+    fi
+    # The launcher may be a wrapper; measure the process that holds the socket, as long
+    # as it is one this run started.
+    local pid
+    pid=$(listen_pid "$port")
+    if [ -z "$pid" ] || ! is_own_process "$pid" "$launcher"; then
+        pid=$launcher
+    fi
+    [ "$pid" = "$launcher" ] || STARTED_PIDS+=("$pid")
+    SRV_PORT[$name]=$port
+    SRV_H2PORT[$name]=$h2port
+    SRV_PID[$name]=$pid
+    SRV_LAUNCHER[$name]=$launcher
+    return 0
+}
+
+stop_server() {
+    local name=$1 pid=${SRV_PID[$1]:-} launcher=${SRV_LAUNCHER[$1]:-}
+    [ -n "$pid" ] && stop_pid "$pid"
+    [ -n "$launcher" ] && [ "$launcher" != "$pid" ] && stop_pid "$launcher"
+    unset "SRV_PID[$name]" "SRV_LAUNCHER[$name]"
+    return 0
+}
+
+server_alive() {
+    [ -n "${SRV_PID[$1]:-}" ] && kill -0 "${SRV_PID[$1]}" 2>/dev/null
+}
+
+# -- Load ------------------------------------------------------------------------
+
+# wrk_run SECONDS CONNS OUT URL [wrk args...]: one bounded wrk run on CLIENT_CPU.
+wrk_run() {
+    local secs=$1 conns=$2 out=$3 url=$4
+    shift 4
+    timeout -k 5 $((secs + 30)) taskset -c "$CLIENT_CPU" \
+        wrk -t 1 -c "$conns" -d "${secs}s" --timeout 5s --latency "$@" "$url" >"$out" 2>&1
+}
+
+# Prints "requests seconds p50_us p99_us errors" from a wrk report. A percentile wrk prints as
+# 0 (it does so now and then for the 99th when requests are pipelined) becomes "-": unknown.
+wrk_parse() {
+    awk '
+    function us(v) {
+        if (v ~ /us$/) return v + 0
+        if (v ~ /ms$/) return v * 1000
+        if (v ~ /m$/)  return v * 60e6
+        if (v ~ /s$/)  return v * 1e6
+        return v + 0
+    }
+    / requests in / {
+        req = $1; d = $4; sub(/,$/, "", d)
+        secs = (d ~ /ms$/) ? d / 1000 : (d ~ /m$/) ? d * 60 : d + 0
+    }
+    $1 == "50%" { p50 = us($2) }
+    $1 == "99%" { p99 = us($2) }
+    /Socket errors:/ { gsub(/[^0-9 ]/, " "); for (i = 1; i <= NF; i++) err += $i }
+    /Non-2xx or 3xx responses:/ { err += $NF }
+    function known(v) { return v > 0 ? sprintf("%.0f", v) : "-" }
+    END { if (req == "") exit 1; printf "%d %s %s %s %d\n", req, secs, known(p50), known(p99), err }
+    ' "$1"
+}

@@ -1,0 +1,351 @@
+/* conn.c: a connection's life, its reply queue and the gathered write. */
+#include "moonserve.h"
+
+#include "internal.h"
+
+/* -- Life -------------------------------------------------------------------------------- */
+
+ms_conn_t *ms_conn_new(ms_server_t *s, const ms_io_t *io, size_t extra)
+{
+    ms_conn_t *c = ms_mem_alloc(sizeof(*c) + extra);
+    memset(c, 0, sizeof(*c));
+    c->server = s;
+    c->io = io;
+    c->refs = 1;
+    c->next = s->conns.next;
+    c->prev = &s->conns;
+    s->conns.next->prev = c;
+    s->conns.next = c;
+    s->stats.accepted++;
+    s->stats.conns++;
+    return c;
+}
+
+void *ms_conn_io_data(ms_conn_t *c)
+{
+    return c + 1;
+}
+
+ms_server_t *ms_conn_server(ms_conn_t *c)
+{
+    return c->server;
+}
+
+static void out_release(ms_server_t *s, ms_out_t *o);
+
+static void conn_free(ms_conn_t *c)
+{
+    ms_server_t *s = c->server;
+    ms_timer_stop(s, &c->timer);
+    if (c->h1 != NULL)
+        ms__h1_free(s, c->h1);
+    if (c->pend != NULL)
+        out_release(s, c->pend);
+    if (c->flight != NULL)
+        out_release(s, c->flight);
+    c->prev->next = c->next;
+    c->next->prev = c->prev;
+    s->stats.closed++;
+    s->stats.conns--;
+    ms_mem_free(c);
+    ms__server_conn_gone(s, c);
+}
+
+/* Closes the transport. A request still held by a handler is aborted: its replies are
+ * dropped and the connection's memory lives until the handler lets go of it. */
+void ms__conn_close(ms_conn_t *c, int graceful)
+{
+    if (c->flags & MS_CONN_CLOSED)
+        return;
+    c->flags |= MS_CONN_CLOSED | MS_CONN_CLOSING;
+    ms_timer_stop(c->server, &c->timer);
+    if (c->h1 != NULL && (c->h1->req.v.flags & MS_REQ_IN_HANDLER))
+        ms__req_abort(&c->h1->req);
+    c->io->close(c, graceful);
+}
+
+void ms_conn_closed(ms_conn_t *c)
+{
+    ms__conn_release(c);
+}
+
+void ms__conn_release(ms_conn_t *c)
+{
+    if (--c->refs == 0)
+        conn_free(c);
+}
+
+void ms_conn_eof(ms_conn_t *c, int err)
+{
+    c->flags |= MS_CONN_EOF;
+    if (err != UV_EOF) {
+        ms__conn_close(c, 0);
+        return;
+    }
+    ms__h1_eof(c);
+}
+
+void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
+{
+    ms_h1_t *h = c->h1;
+    if (h == NULL || h->in.len == h->in_off) {
+        buf->base = c->server->rbuf;
+        buf->len = MS_READ_BUF_SIZE;
+        return;
+    }
+    /* Bytes are kept (a partial head, or requests behind a parked one): read after them so
+     * the head ends up contiguous. */
+    if (h->in_off > 0) {
+        memmove(h->in.base, h->in.base + h->in_off, h->in.len - h->in_off);
+        h->in.len -= h->in_off;
+        h->scan -= h->in_off;
+        h->in_off = 0;
+    }
+    if (h->in.cap - h->in.len < MS_CONN_BUF_MIN) {
+        h->in.cap = h->in.cap * 2 > MS_CONN_BUF_MIN ? h->in.cap * 2 : MS_CONN_BUF_MIN;
+        h->in.base = ms_mem_realloc(h->in.base, h->in.cap);
+    }
+    buf->base = h->in.base + h->in.len;
+    buf->len = h->in.cap - h->in.len;
+}
+
+void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
+{
+    ms_timer_stop(c->server, &c->timer);
+    ms__h1_feed(c, data, len);
+}
+
+/* -- Reply queue ------------------------------------------------------------------------- */
+
+ms_out_t *ms__conn_out(ms_conn_t *c)
+{
+    if (MS_UNLIKELY(c->pend == NULL)) {
+        ms_out_t *o = ms__recycle_get(&c->server->out_free);
+        if (o == NULL) {
+            o = ms_mem_alloc(sizeof(*o));
+            memset(o, 0, sizeof(*o));
+        }
+        c->pend = o;
+    }
+    return c->pend;
+}
+
+void ms__out_destroy(void *p)
+{
+    ms_out_t *o = p;
+    ms_mem_free(o->buf.base);
+    ms_mem_free(o->vecs);
+    ms_mem_free(o->iov);
+    ms_mem_free(o);
+}
+
+/* Puts a queue's Lua strings on the released list and empties it. */
+static void out_written(ms_server_t *s, ms_out_t *o)
+{
+    for (uint32_t i = 0; i < o->nvecs; i++)
+        if (o->vecs[i].owner == MS_VEC_LUA)
+            s->anchor_released[s->anchor_released_n++] = o->vecs[i].anchor;
+    o->nvecs = 0;
+    o->bytes = 0;
+    o->buf.len = 0;
+}
+
+static void out_release(ms_server_t *s, ms_out_t *o)
+{
+    out_written(s, o);
+    if (!ms__recycle_put(&s->out_free, o))
+        ms__out_destroy(o);
+}
+
+/* Makes room for `n` more bytes of text; returns where they go. */
+char *ms__out_reserve(ms_out_t *o, size_t n)
+{
+    if (MS_UNLIKELY(o->buf.cap - o->buf.len < n)) {
+        size_t cap = o->buf.cap ? o->buf.cap : 4096;
+        while (cap - o->buf.len < n)
+            cap *= 2;
+        o->buf.base = ms_mem_realloc(o->buf.base, cap);
+        o->buf.cap = cap;
+    }
+    return o->buf.base + o->buf.len;
+}
+
+int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int owner,
+                int32_t anchor)
+{
+    if (len == 0)
+        return 0;
+    o->bytes += len;
+    if (owner == MS_VEC_OUT && o->nvecs > 0) {
+        /* Text right after the previous text piece extends it. */
+        ms_vec_t *last = &o->vecs[o->nvecs - 1];
+        if (last->owner == MS_VEC_OUT && (size_t)last->base + last->len == (size_t)base) {
+            last->len += len;
+            return 0;
+        }
+    }
+    if (MS_UNLIKELY(o->nvecs == o->cap)) {
+        o->cap = o->cap ? o->cap * 2 : 16;
+        o->vecs = ms_mem_realloc(o->vecs, o->cap * sizeof(*o->vecs));
+        o->iov = ms_mem_realloc(o->iov, o->cap * sizeof(*o->iov));
+    }
+    ms_vec_t *v = &o->vecs[o->nvecs++];
+    v->base = base;
+    v->len = len;
+    v->owner = (uint8_t)owner;
+    v->anchor = anchor;
+    return 0;
+}
+
+/* Closes a connection that has nothing left to write and was told to close. */
+static void maybe_close(ms_conn_t *c)
+{
+    if ((c->flags & (MS_CONN_CLOSING | MS_CONN_CLOSED)) == MS_CONN_CLOSING &&
+        c->flight == NULL && (c->pend == NULL || c->pend->nvecs == 0))
+        ms__conn_close(c, 1);
+}
+
+/* Writes the queued replies: at once if the socket takes them, the rest in the background.
+ * Heads, small bodies and large Lua strings leave together in one writev. */
+void ms__conn_flush(ms_conn_t *c)
+{
+    ms_out_t *o = c->pend;
+    if (c->flags & MS_CONN_CLOSED) {
+        if (o != NULL)
+            out_written(c->server, o);
+        return;
+    }
+    if (c->flight != NULL)
+        return; /* ms_conn_write_done() comes back here */
+    if (o == NULL || o->nvecs == 0) {
+        maybe_close(c);
+        return;
+    }
+    uv_buf_t *iov = o->iov;
+    for (uint32_t i = 0; i < o->nvecs; i++) {
+        const ms_vec_t *v = &o->vecs[i];
+        iov[i].base = (char *)(v->owner == MS_VEC_OUT ? o->buf.base + (size_t)v->base : v->base);
+        iov[i].len = v->len;
+    }
+    unsigned n = o->nvecs;
+    int rc = c->io->try_write(c, iov, n);
+    if (rc >= 0 && (size_t)rc == o->bytes) {
+        out_written(c->server, o);
+        maybe_close(c);
+        return;
+    }
+    if (rc < 0 && rc != UV_EAGAIN) {
+        ms__conn_close(c, 0);
+        out_written(c->server, o);
+        return;
+    }
+    /* Skip what went out; the kernel's buffer is full, the rest waits for the socket. */
+    size_t done = rc > 0 ? (size_t)rc : 0;
+    unsigned k = 0;
+    while (done >= iov[k].len) {
+        done -= iov[k].len;
+        k++;
+    }
+    iov[k].base += done;
+    iov[k].len -= done;
+    c->flight = o;
+    c->pend = NULL;
+    rc = c->io->write(c, iov + k, n - k);
+    if (rc < 0)
+        ms__conn_close(c, 0);
+}
+
+void ms_conn_write_done(ms_conn_t *c, int status)
+{
+    ms_out_t *o = c->flight;
+    c->flight = NULL;
+    if (o != NULL) {
+        out_written(c->server, o);
+        if (c->pend == NULL)
+            c->pend = o;
+        else
+            out_release(c->server, o);
+    }
+    if (status < 0) {
+        ms__conn_close(c, 0);
+        return;
+    }
+    ms__conn_flush(c);
+    ms__conn_drain_check(c);
+}
+
+int ms_reply_congested(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    size_t queued = (c->pend ? c->pend->bytes : 0) + (c->flight ? c->flight->bytes : 0);
+    return queued > MS_OUT_HIGH_WATER;
+}
+
+/* Gives an idle connection's reply queue back to the worker. */
+void ms__conn_idle(ms_conn_t *c)
+{
+    if (c->pend != NULL && c->pend->nvecs == 0 && c->flight == NULL) {
+        out_release(c->server, c->pend);
+        c->pend = NULL;
+    }
+}
+
+/* -- Anchors ------------------------------------------------------------------------------ */
+
+int32_t ms_anchor_get(ms_server_t *s)
+{
+    if (s->anchor_free_n > 0)
+        return s->anchor_free[--s->anchor_free_n];
+    if ((uint32_t)s->anchor_next == s->anchor_cap) {
+        s->anchor_cap = s->anchor_cap ? s->anchor_cap * 2 : 256;
+        s->anchor_free = ms_mem_realloc(s->anchor_free, s->anchor_cap * sizeof(int32_t));
+        s->anchor_released =
+            ms_mem_realloc(s->anchor_released, s->anchor_cap * sizeof(int32_t));
+    }
+    return s->anchor_next++;
+}
+
+int ms_anchor_drain(ms_server_t *s, int32_t *out, int n)
+{
+    int k = 0;
+    while (k < n && s->anchor_released_n > 0) {
+        int32_t slot = s->anchor_released[--s->anchor_released_n];
+        out[k++] = slot;
+        s->anchor_free[s->anchor_free_n++] = slot;
+    }
+    return k;
+}
+
+/* Queues `n` bytes that were written at the queue's text end by the caller. */
+void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n)
+{
+    size_t off = o->buf.len;
+    o->buf.len += n;
+    ms__out_vec(s, o, (const char *)off, n, MS_VEC_OUT, -1);
+}
+
+void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n)
+{
+    memcpy(ms__out_reserve(o, n), p, n);
+    ms__out_commit(s, o, n);
+}
+
+static void idle_expired(ms_timer_t *t)
+{
+    ms_conn_t *c = container_of(t, ms_conn_t, timer);
+    ms__conn_close(c, 0);
+}
+
+/* The connection waits for the client: idle between requests or inside a head. */
+void ms__conn_wait_input(ms_conn_t *c)
+{
+    ms_timer_start(c->server, &c->timer, c->server->limits.idle_timeout_ms, idle_expired);
+}
+
+/* Resumes a handler waiting for the reply queue to drain, once it has. */
+void ms__conn_drain_check(ms_conn_t *c)
+{
+    ms_h1_t *h = c->h1;
+    if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN && !ms_reply_congested(&h->req))
+        ms__req_wake(&h->req, MS_WAIT_DRAIN);
+}

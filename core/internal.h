@@ -1,0 +1,184 @@
+/* internal.h: structures and helpers shared between the core's files (ms__ prefix). */
+#ifndef MS_INTERNAL_H
+#define MS_INTERNAL_H
+
+#include <llhttp.h>
+#include <string.h>
+
+#include "moonserve.h"
+
+/* The worker's shared read buffer: big enough for a burst of pipelined requests. */
+#define MS_READ_BUF_SIZE (64 * 1024)
+/* A connection's own buffer for a partial head starts here and doubles up to the head cap. */
+#define MS_CONN_BUF_MIN 2048
+/* Bodies up to this size are copied next to the reply head, so both leave as one piece;
+ * larger ones are referenced. */
+#define MS_COPY_BODY_MAX 1024
+/* Reply bytes queued past this make the handler wait for the socket to drain. */
+#define MS_OUT_HIGH_WATER (256 * 1024)
+/* Unread request body past this stops reading from the socket until the handler reads. */
+#define MS_BODY_HIGH_WATER (256 * 1024)
+/* Free objects kept per recycle list; beyond this they go back to the allocator. */
+#define MS_RECYCLE_MAX 1024
+
+/* A LIFO of free objects, threaded through their first word. Objects keep their inner
+ * buffers while recycled, which is what makes a warm request allocation-free. */
+typedef struct ms_recycle_s {
+    void *head;
+    uint32_t count;
+} ms_recycle_t;
+
+/* Returns a recycled object, or NULL when the caller must make a new one. */
+void *ms__recycle_get(ms_recycle_t *r);
+/* Keeps `p` for reuse and returns 1, or returns 0 when the caller must destroy it (list full,
+ * or under ASan, where recycling is off so that a use after free shows). */
+int ms__recycle_put(ms_recycle_t *r, void *p);
+void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p));
+
+/* One reply queue: text (heads, chunk framing, small bodies) in `buf`, pieces in `vecs`. */
+struct ms_out_s {
+    ms_out_t *next_free;
+    ms_buf_t buf;
+    ms_vec_t *vecs;
+    uv_buf_t *iov; /* scratch for the write: as long as vecs */
+    uint32_t nvecs, cap;
+    size_t bytes; /* queued, all vecs */
+};
+
+enum {
+    MS_CONN_CLOSING = 1 << 0,   /* no more reading; close once the output is written */
+    MS_CONN_CLOSED = 1 << 1,    /* the transport is closed or closing */
+    MS_CONN_IN_FEED = 1 << 2,   /* inside ms_conn_feed: flush at its end */
+    MS_CONN_READ_OFF = 1 << 3,  /* reading stopped for backpressure */
+    MS_CONN_EOF = 1 << 4,       /* the peer will send no more */
+    MS_CONN_GRACEFUL = 1 << 5   /* close with shutdown after the last write */
+};
+
+struct ms_conn_s {
+    ms_server_t *server;
+    const ms_io_t *io;
+    ms_h1_t *h1;         /* from the worker's recycle list while the connection is active */
+    ms_out_t *pend;      /* replies not yet written */
+    ms_out_t *flight;    /* replies handed to io->write, until ms_conn_write_done() */
+    ms_conn_t *prev, *next; /* the worker's list of open connections */
+    ms_timer_t timer;    /* idle timeout */
+    uint32_t flags;
+    uint32_t requests;   /* served on this connection */
+    int refs;            /* 1 for the transport, 1 while a handler holds the request */
+};
+
+/* HTTP/1 state of an active connection: dropped back to the worker when it goes idle. */
+enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
+
+struct ms_h1_s {
+    ms_h1_t *next_free;
+    llhttp_t parser;
+    ms_buf_t in;     /* owned: bytes kept between reads (partial head, pipelined requests) */
+    size_t in_off;   /* consumed prefix of `in` */
+    size_t scan;     /* how far the head scan got in `in` */
+    int state;       /* MS_H1_* */
+    int msg_done;    /* llhttp finished the current message */
+    int field_open; /* a header name is being read */
+    int discard_body; /* the handler is done: body bytes still coming are dropped */
+    int status;      /* the status a refused request gets */
+    const char *why; /* why the request was refused, for the log */
+    const ms_limits_t *conn_limits; /* the worker's */
+    ms_req_t req;
+};
+
+struct ms_server_s {
+    uv_loop_t *loop;
+    ms_limits_t limits;
+    ms_request_cb on_request, on_resume;
+    void *data;
+    char *rbuf;          /* owned: the shared read buffer */
+    int rbuf_busy;       /* a read into rbuf is being processed */
+    ms_conn_t conns;     /* sentinel of the open connection list */
+    ms_recycle_t h1_free, out_free;
+    /* timers */
+    uv_timer_t uv_timer;
+    ms_timer_t **heap;
+    uint32_t heap_len, heap_cap;
+    /* anchors */
+    int32_t *anchor_free, *anchor_released;
+    uint32_t anchor_free_n, anchor_released_n, anchor_cap;
+    int32_t anchor_next;
+    /* date: "date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
+    char date_line[40];
+    uint64_t date_sec, date_checked;
+    uint32_t next_req_id;
+    int stopping;
+    void (*stopped)(ms_server_t *s);
+    struct ms_listener_s *listeners;
+    uint32_t listen_port;
+    ms_server_stats_t stats;
+};
+
+/* conn.c */
+void ms__conn_close(ms_conn_t *c, int graceful);
+void ms__conn_flush(ms_conn_t *c);
+void ms__conn_release(ms_conn_t *c);
+void ms__conn_idle(ms_conn_t *c);
+void ms__conn_wait_input(ms_conn_t *c);
+void ms__conn_drain_check(ms_conn_t *c);
+void ms__out_destroy(void *p);
+ms_out_t *ms__conn_out(ms_conn_t *c);
+int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int owner,
+                int32_t anchor);
+char *ms__out_reserve(ms_out_t *o, size_t n);
+void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n);
+void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n);
+void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c);
+
+/* h1.c */
+void ms__h1_feed(ms_conn_t *c, const char *data, size_t len);
+void ms__h1_eof(ms_conn_t *c);
+void ms__h1_req_finished(ms_conn_t *c);
+void ms__h1_body_drained(ms_conn_t *c);
+int ms__h1_reply_head(ms_req_t *r, int64_t content_length);
+int ms__h1_send_error(ms_conn_t *c, int status, const char *why);
+void ms__h1_free(ms_server_t *s, ms_h1_t *h);
+void ms__h1_destroy(void *p);
+
+/* timer.c */
+void ms__timers_run(uv_timer_t *ut);
+
+/* date.c */
+const char *ms__date_line(ms_server_t *s);
+
+/* req.c */
+void ms__req_init(ms_req_t *r);
+void ms__req_reset(ms_req_t *r);
+void ms__req_wake(ms_req_t *r, int wait);
+void ms__req_abort(ms_req_t *r);
+
+/* buf helpers */
+static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
+{
+    if (MS_UNLIKELY(n > b->cap - b->len)) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n)
+            cap *= 2;
+        b->base = ms_mem_realloc(b->base, cap);
+        b->cap = cap;
+    }
+    memcpy(b->base + b->len, p, n);
+    b->len += n;
+    return 0;
+}
+
+static inline int ms__lower(int ch)
+{
+    return (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
+}
+
+/* Compares `a` to the lowercase `lower` of the same length, ignoring case in `a`. */
+static inline int ms__ieq(const char *a, const char *lower, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ms__lower((unsigned char)a[i]) != lower[i])
+            return 0;
+    return 1;
+}
+
+#endif

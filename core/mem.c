@@ -1,0 +1,191 @@
+/* mem.c: the counted allocator, recycle lists and the per-request pool. */
+#include "moonserve.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+ms_mem_stats_t ms_mem_stats;
+
+static MS_NOINLINE void out_of_memory(size_t n)
+{
+    fprintf(stderr, "moonserve: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *ms_mem_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (MS_UNLIKELY(p == NULL))
+        out_of_memory(n);
+    ms_mem_stats.allocs++;
+    return p;
+}
+
+void *ms_mem_realloc(void *p, size_t n)
+{
+    void *q = realloc(p, n);
+    if (MS_UNLIKELY(q == NULL))
+        out_of_memory(n);
+    if (p == NULL)
+        ms_mem_stats.allocs++;
+    else
+        ms_mem_stats.reallocs++;
+    return q;
+}
+
+void ms_mem_free(void *p)
+{
+    if (p == NULL)
+        return;
+    ms_mem_stats.frees++;
+    free(p);
+}
+
+/* -- Recycle lists --------------------------------------------------------------------- */
+
+/* Under ASan recycling is off, so that a use after free is caught rather than hidden. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MS_ASAN 1
+#endif
+#endif
+
+void *ms__recycle_get(ms_recycle_t *r)
+{
+    void *p = r->head;
+    if (p != NULL) {
+        r->head = *(void **)p;
+        r->count--;
+    }
+    return p;
+}
+
+int ms__recycle_put(ms_recycle_t *r, void *p)
+{
+#ifdef MS_ASAN
+    (void)r;
+    (void)p;
+    return 0;
+#else
+    if (r->count >= MS_RECYCLE_MAX)
+        return 0;
+    *(void **)p = r->head;
+    r->head = p;
+    r->count++;
+    return 1;
+#endif
+}
+
+void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p))
+{
+    while (r->head != NULL) {
+        void *p = r->head;
+        r->head = *(void **)p;
+        destroy(p);
+    }
+    r->count = 0;
+}
+
+/* -- Pool -------------------------------------------------------------------------------- */
+
+#define MS_POOL_CHUNK 4096
+
+struct ms_pool_chunk_s {
+    ms_pool_chunk_t *next;
+    size_t size;
+    char data[];
+};
+
+void ms_pool_init(ms_pool_t *p)
+{
+    p->chunks = NULL;
+    p->cur = p->end = NULL;
+}
+
+static MS_NOINLINE void *pool_grow(ms_pool_t *p, size_t n)
+{
+    size_t size = n > MS_POOL_CHUNK / 2 ? n : MS_POOL_CHUNK;
+    ms_pool_chunk_t *c = ms_mem_alloc(sizeof(*c) + size);
+    c->size = size;
+    if (n > MS_POOL_CHUNK / 2 && p->chunks != NULL) {
+        /* A big allocation gets a chunk of its own behind the current one, so the rest of
+         * the current chunk stays usable. */
+        c->next = p->chunks->next;
+        p->chunks->next = c;
+        return c->data;
+    }
+    c->next = p->chunks;
+    p->chunks = c;
+    p->cur = c->data + n;
+    p->end = c->data + size;
+    return c->data;
+}
+
+void *ms_pool_alloc(ms_pool_t *p, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    if (MS_UNLIKELY((size_t)(p->end - p->cur) < n))
+        return pool_grow(p, n);
+    void *r = p->cur;
+    p->cur += n;
+    return r;
+}
+
+void ms_pool_reset(ms_pool_t *p)
+{
+    /* Keep the oldest chunk if it is a standard one: it is the one every request uses. */
+    ms_pool_chunk_t *keep = NULL;
+    for (ms_pool_chunk_t *c = p->chunks, *next; c != NULL; c = next) {
+        next = c->next;
+        if (next == NULL && c->size == MS_POOL_CHUNK)
+            keep = c;
+        else
+            ms_mem_free(c);
+    }
+    if (keep == NULL) {
+        ms_pool_init(p);
+        return;
+    }
+    p->chunks = keep;
+    p->cur = keep->data;
+    p->end = keep->data + keep->size;
+}
+
+void ms_pool_free(ms_pool_t *p)
+{
+    for (ms_pool_chunk_t *c = p->chunks, *next; c != NULL; c = next) {
+        next = c->next;
+        ms_mem_free(c);
+    }
+    ms_pool_init(p);
+}
+
+/* -- Errors ------------------------------------------------------------------------------- */
+
+const char *ms_err_name(int err)
+{
+    switch (err) {
+#define MS_ERR_NAME(name, value, msg)                                                          \
+    case MS_##name:                                                                           \
+        return #name;
+        MS_ERRNO_MAP(MS_ERR_NAME)
+#undef MS_ERR_NAME
+    }
+    return uv_err_name(err);
+}
+
+const char *ms_strerror(int err)
+{
+    switch (err) {
+#define MS_ERR_MSG(name, value, msg)                                                           \
+    case MS_##name:                                                                           \
+        return msg;
+        MS_ERRNO_MAP(MS_ERR_MSG)
+#undef MS_ERR_MSG
+    }
+    return uv_strerror(err);
+}

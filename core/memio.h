@@ -1,0 +1,28 @@
+/* memio.h: a transport that keeps what the engine writes in memory, for tests, fuzzers,
+ * benchmarks and in-process requests: the engine fed bytes, with no socket. */
+#ifndef MS_MEMIO_H
+#define MS_MEMIO_H
+
+#include "moonserve.h"
+
+typedef struct ms_memio_s {
+    ms_buf_t out;      /* owned: every byte written */
+    ms_buf_t held;     /* owned: bytes of a write the peer has not taken yet (congested) */
+    ms_conn_t *conn;   /* NULL once the engine closed the connection */
+    int closed;        /* 1 after a graceful close, 2 after an abortive one */
+    int reading;       /* 0 while the engine asked to stop reading */
+    int congested;     /* try_write takes nothing; writes wait for ms_memio_drain() */
+} ms_memio_t;
+
+/* Opens a connection whose output goes to `m`. `m` must outlive the connection. */
+ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m);
+/* Feeds bytes from the peer. */
+void ms_memio_feed(ms_memio_t *m, const char *p, size_t n);
+/* The peer takes the bytes of a pending write. */
+void ms_memio_drain(ms_memio_t *m);
+/* The peer closes its side (EOF) or resets (err < 0). */
+void ms_memio_peer_close(ms_memio_t *m, int err);
+/* Frees `m`'s buffers; the connection must be closed. */
+void ms_memio_free(ms_memio_t *m);
+
+#endif

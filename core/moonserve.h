@@ -1,0 +1,281 @@
+/* moonserve.h: the public interface of the moonserve core (no Lua in here). */
+#ifndef MOONSERVE_H
+#define MOONSERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "errors.h"
+
+#define MS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define MS_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MS_NOINLINE __attribute__((noinline))
+#define MS_EXPORT __attribute__((visibility("default")))
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+typedef struct ms_server_s ms_server_t;
+typedef struct ms_conn_s ms_conn_t;
+typedef struct ms_req_s ms_req_t;
+typedef struct ms_h1_s ms_h1_t;
+typedef struct ms_out_s ms_out_t;
+
+/* -- Memory ---------------------------------------------------------------------------- */
+
+/* Never return NULL: they abort with a message. Caps bound memory instead. */
+void *ms_mem_alloc(size_t n);
+void *ms_mem_realloc(void *p, size_t n);
+void ms_mem_free(void *p);
+
+/* Counted by every call above; tests and benchmarks read them to prove zero allocations. */
+typedef struct ms_mem_stats_s {
+    uint64_t allocs, reallocs, frees;
+} ms_mem_stats_t;
+extern ms_mem_stats_t ms_mem_stats;
+
+/* A view of bytes owned by someone else; the owner is named where it is used. */
+typedef struct ms_str_s {
+    const char *base;
+    size_t len;
+} ms_str_t;
+
+/* A growable byte buffer. `base` is owned by whoever holds the ms_buf_t. */
+typedef struct ms_buf_s {
+    char *base;
+    size_t len, cap;
+} ms_buf_t;
+
+/* Per-request arena: allocations are bump-pointer, released all at once by reset.
+ * The first chunk is kept across resets, so a warm request allocates nothing. */
+typedef struct ms_pool_chunk_s ms_pool_chunk_t;
+typedef struct ms_pool_s {
+    ms_pool_chunk_t *chunks; /* owned; the last one is the reusable first chunk */
+    char *cur, *end;
+} ms_pool_t;
+
+void ms_pool_init(ms_pool_t *p);
+void *ms_pool_alloc(ms_pool_t *p, size_t n);
+void ms_pool_reset(ms_pool_t *p);
+void ms_pool_free(ms_pool_t *p);
+
+/* -- Reply vectors ------------------------------------------------------------------- */
+
+enum {
+    MS_VEC_STATIC, /* lives forever */
+    MS_VEC_OUT,    /* `off` bytes into the output queue's own buffer */
+    MS_VEC_LUA     /* a Lua string kept alive by anchor slot `anchor` until written */
+};
+
+typedef struct ms_vec_s {
+    const char *base; /* for MS_VEC_OUT: an offset into the queue's buffer, not a pointer */
+    size_t len;
+    uint8_t owner;
+    int32_t anchor;
+} ms_vec_t;
+
+/* -- Timers -------------------------------------------------------------------------- */
+
+/* A deadline in the worker's timer heap; one uv_timer per worker drives them all, so a
+ * timer costs its own 24 bytes and nothing else. */
+typedef struct ms_timer_s ms_timer_t;
+typedef void (*ms_timer_cb)(ms_timer_t *t);
+struct ms_timer_s {
+    uint64_t due;   /* loop time in ms */
+    uint32_t index; /* position in the heap plus one; 0 when not armed */
+    ms_timer_cb cb;
+};
+
+void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb);
+void ms_timer_stop(ms_server_t *s, ms_timer_t *t);
+
+/* -- Requests ------------------------------------------------------------------------ */
+
+/* What a handler waits for, parked. The core resumes it when that happens. */
+enum { MS_WAIT_NONE, MS_WAIT_BODY, MS_WAIT_TIMER, MS_WAIT_DRAIN };
+
+/* The part of a request that Lua reads directly through FFI. Keep in step with the cdef in
+ * lua/moonserve/base.lua. Every ms_str_t points into the head, which lives in the worker's
+ * read buffer while the handler runs without parking, and in the request's pool after. */
+typedef struct ms_req_view_s {
+    ms_str_t method, target, path, query;
+    uint32_t id;      /* per worker, increasing */
+    uint16_t version; /* 10, 11, 20 */
+    uint16_t status;  /* the reply's status; the handler may set it until the head leaves */
+    int32_t handler;  /* free for the binding: it keeps the handler coroutine's slot here */
+    int32_t wait;     /* MS_WAIT_*: what the parked handler waits for */
+    int32_t nheaders;
+    uint32_t flags;   /* MS_REQ_* below */
+    int64_t content_length; /* -1 when unknown (chunked or none sent) */
+} ms_req_view_t;
+
+enum {
+    MS_REQ_HEAD_SENT = 1 << 0,   /* the reply head has been queued */
+    MS_REQ_DONE = 1 << 1,        /* the reply is complete */
+    MS_REQ_ABORTED = 1 << 2,     /* the connection went away; replies are dropped */
+    MS_REQ_BODY_DONE = 1 << 3,   /* the whole request body has arrived */
+    MS_REQ_HAS_BODY = 1 << 4,    /* the request declares a body */
+    MS_REQ_EXPECT = 1 << 5,      /* Expect: 100-continue, not yet answered */
+    MS_REQ_CHUNKED_OUT = 1 << 6, /* the reply streams with chunked encoding */
+    MS_REQ_IS_HEAD = 1 << 7,     /* HEAD: the reply carries no body */
+    MS_REQ_CLOSE = 1 << 8,       /* close the connection after this reply */
+    MS_REQ_PARKED = 1 << 9,      /* the handler yielded: the head was copied to the pool */
+    MS_REQ_IN_HANDLER = 1 << 10, /* dispatched and not yet finished by the handler */
+    MS_REQ_BODY_ERROR = 1 << 11  /* the body could not be read whole */
+};
+
+typedef struct ms_header_s {
+    ms_str_t name, value; /* borrowed like the rest of the head */
+} ms_header_t;
+
+#define MS_HEADERS_INLINE 24
+
+struct ms_req_s {
+    ms_req_view_t v;      /* first: Lua casts an ms_req_t * to an ms_req_view_t * */
+    ms_conn_t *conn;      /* owner; kept alive while the handler holds the request */
+    ms_pool_t pool;       /* everything below that is pooled lives until the request ends */
+    ms_str_t head;        /* the raw head, which every view above points into */
+    ms_header_t *headers; /* hdr_inline, or pooled when there are more */
+    int headers_cap;
+    ms_buf_t res_headers; /* the reply's fields as text, pooled */
+    ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
+    uint64_t body_seen;   /* request body bytes received so far */
+    ms_timer_t timer;     /* moonserve.sleep() */
+    ms_header_t hdr_inline[MS_HEADERS_INLINE];
+};
+
+/* Header lookup by lowercase name. Returns the first value or NULL. */
+const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
+
+/* -- Replies ------------------------------------------------------------------------- */
+
+/* Adds a reply field. Names must be tokens, values must not hold CR, LF or NUL.
+ * content-length, transfer-encoding and date belong to the core (MS_ERESERVED);
+ * "connection: close" asks the core to close after this reply. */
+int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
+                    size_t vlen);
+
+/* Sends the whole reply with `body`. If `anchor` is >= 0, body is a Lua string kept alive by
+ * that slot until written; otherwise it is copied or static as `owner` says. Returns 0 or a
+ * negative code. A request whose connection is gone accepts and drops the reply. */
+int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t anchor);
+
+/* Streams one piece of a reply of unknown length (chunked on HTTP/1.1). */
+int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor);
+
+/* True when so much of the reply is queued that the handler should wait (MS_WAIT_DRAIN). */
+int ms_reply_congested(ms_req_t *r);
+
+/* -- Request bodies ------------------------------------------------------------------ */
+
+/* Takes the body bytes that have arrived. Returns their count (0 when none are there yet)
+ * and points *out at them; they stay valid until the next call. Returns MS_ECLOSED if the
+ * connection went away, MS_EBADREQ if the body was malformed. At the end of the body
+ * (MS_REQ_BODY_DONE and nothing left) returns 0 with *out NULL. */
+int64_t ms_req_body_take(ms_req_t *r, const char **out);
+
+/* Asks for the handler to be resumed when more body bytes arrive; sends 100 Continue if the
+ * client waits for it. Returns 0 (park now) or a negative code. */
+int ms_req_wait_body(ms_req_t *r);
+
+/* Parks the handler for `ms` milliseconds. */
+int ms_req_sleep(ms_req_t *r, uint64_t ms);
+
+/* Asks for the handler to be resumed when the reply queue drains. */
+int ms_req_wait_drain(ms_req_t *r);
+
+/* The handler is finished with the request: completes the reply if it is not (200 with an
+ * empty body, or the last chunk), and lets the connection move on. `r` is invalid after. */
+void ms_req_finish(ms_req_t *r);
+
+/* Called by the binding when the handler yields: copies the head out of the shared read
+ * buffer into the request's pool, so that buffer can serve other connections. */
+void ms_req_park(ms_req_t *r);
+
+/* -- Anchors ------------------------------------------------------------------------- */
+
+/* Lua strings referenced by queued writes are kept alive in a Lua table by slot number.
+ * The core hands out slots and, when the write that used one completes, puts it on the
+ * released list. The binding drains that list (clearing its table) before slots are reused. */
+int32_t ms_anchor_get(ms_server_t *s);
+int ms_anchor_drain(ms_server_t *s, int32_t *out, int n);
+
+/* -- Server (one per worker) --------------------------------------------------------- */
+
+typedef void (*ms_request_cb)(ms_req_t *r, void *data);
+
+typedef struct ms_limits_s {
+    uint32_t head_bytes;   /* request line plus fields */
+    uint32_t header_count; /* number of fields */
+    uint64_t body_bytes;   /* request body */
+    uint32_t idle_timeout_ms;
+    uint32_t requests_per_connection;
+} ms_limits_t;
+
+/* Fills `l` with the defaults. */
+void ms_limits_default(ms_limits_t *l);
+
+typedef struct ms_server_stats_s {
+    uint64_t accepted, closed, requests, bad_requests;
+    uint64_t conns; /* open now */
+} ms_server_stats_t;
+
+/* Creates a worker's server on `loop`. `on_request` is called once per request (the one
+ * crossing into the handler); `on_resume` when a parked handler's wait is over. */
+ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
+                           ms_request_cb on_resume, void *data);
+/* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set
+ * so that workers can share the port. Returns 0 or a negative code. */
+int ms_server_listen(ms_server_t *s, const char *addr, int backlog);
+/* The port actually bound by the last listen (useful with port 0). */
+int ms_server_port(ms_server_t *s);
+/* Stops accepting, closes idle connections, lets in-flight requests finish. `done` runs when
+ * no connection is left. */
+void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s));
+/* Frees the server; the loop must have run until `done` was called. */
+void ms_server_free(ms_server_t *s);
+uv_loop_t *ms_server_loop(ms_server_t *s);
+const ms_server_stats_t *ms_server_stats(ms_server_t *s);
+
+/* The logger: one line per event, to stderr unless replaced. */
+typedef void (*ms_log_fn)(int level, const char *msg, size_t len);
+enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
+void ms_log_set(ms_log_fn fn, int level);
+void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* -- Connections without sockets ---------------------------------------------------------
+ * The engine is transport-agnostic: a connection writes through an ms_io_t. The server
+ * uses libuv TCP; tests, fuzzers and benchmarks use a memory transport and feed bytes. */
+
+typedef struct ms_io_s {
+    /* Writes what it can now: returns bytes written, UV_EAGAIN, or a negative code. */
+    int (*try_write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
+    /* Writes all of it later, then calls ms_conn_write_done(c, status). */
+    int (*write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
+    void (*read_stop)(ms_conn_t *c);
+    void (*read_start)(ms_conn_t *c);
+    /* Closes the transport; once it is closed it calls ms_conn_closed(c). */
+    void (*close)(ms_conn_t *c, int graceful);
+    /* Writes the peer's address as text, for log lines. May be NULL. */
+    void (*peer)(ms_conn_t *c, char *buf, size_t len);
+} ms_io_t;
+
+/* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */
+ms_conn_t *ms_conn_new(ms_server_t *s, const ms_io_t *io, size_t extra);
+/* Bytes from the peer. `data` may be the worker's shared buffer: the engine copies out
+ * whatever it still needs before returning. */
+void ms_conn_feed(ms_conn_t *c, const char *data, size_t len);
+/* The peer closed its side (or an error): nread < 0 from libuv. */
+void ms_conn_eof(ms_conn_t *c, int err);
+void ms_conn_write_done(ms_conn_t *c, int status);
+void ms_conn_closed(ms_conn_t *c);
+/* For transports: the buffer to read into next (the connection's own when it holds a
+ * partial head, else the worker's shared one). */
+void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf);
+/* The transport's extra bytes. */
+void *ms_conn_io_data(ms_conn_t *c);
+ms_server_t *ms_conn_server(ms_conn_t *c);
+
+#endif

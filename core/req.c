@@ -1,0 +1,324 @@
+/* req.c: what a handler does with a request: fields, body, waits, reply, finish. */
+#include "moonserve.h"
+
+#include "internal.h"
+
+void ms__req_init(ms_req_t *r)
+{
+    r->headers = r->hdr_inline;
+    r->headers_cap = MS_HEADERS_INLINE;
+    ms__req_reset(r);
+}
+
+void ms__req_reset(ms_req_t *r)
+{
+    ms_pool_reset(&r->pool);
+    memset(&r->v, 0, sizeof(r->v));
+    r->v.status = 200;
+    r->v.handler = -1;
+    r->v.content_length = -1;
+    r->headers = r->hdr_inline;
+    r->headers_cap = MS_HEADERS_INLINE;
+    r->head.base = NULL;
+    r->head.len = 0;
+    r->res_headers.base = NULL;
+    r->res_headers.len = r->res_headers.cap = 0;
+    r->body.len = 0;
+    r->body_seen = 0;
+}
+
+void ms__req_wake(ms_req_t *r, int wait)
+{
+    if (r->v.wait != wait)
+        return;
+    r->v.wait = MS_WAIT_NONE;
+    ms_server_t *s = r->conn->server;
+    s->on_resume(r, s->data);
+}
+
+void ms__req_abort(ms_req_t *r)
+{
+    r->v.flags |= MS_REQ_ABORTED;
+    if (r->v.wait == MS_WAIT_BODY || r->v.wait == MS_WAIT_DRAIN)
+        ms__req_wake(r, r->v.wait);
+}
+
+const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len)
+{
+    for (int i = 0; i < r->v.nheaders; i++) {
+        const ms_header_t *h = &r->headers[i];
+        if (h->name.len == len && ms__ieq(h->name.base, name, len))
+            return &h->value;
+    }
+    return NULL;
+}
+
+/* -- Parking ----------------------------------------------------------------------------- */
+
+static inline void rebase(ms_str_t *s, const char *from, size_t len, ptrdiff_t delta)
+{
+    if (s->base >= from && s->base < from + len)
+        s->base += delta;
+}
+
+void ms_req_park(ms_req_t *r)
+{
+    if (r->v.flags & MS_REQ_PARKED)
+        return;
+    r->v.flags |= MS_REQ_PARKED;
+    const char *from = r->head.base;
+    size_t len = r->head.len;
+    char *to = ms_pool_alloc(&r->pool, len);
+    memcpy(to, from, len);
+    ptrdiff_t d = to - from;
+    rebase(&r->v.method, from, len, d);
+    rebase(&r->v.target, from, len, d);
+    rebase(&r->v.path, from, len, d);
+    rebase(&r->v.query, from, len, d);
+    for (int i = 0; i < r->v.nheaders; i++) {
+        rebase(&r->headers[i].name, from, len, d);
+        rebase(&r->headers[i].value, from, len, d);
+    }
+    r->head.base = to;
+}
+
+/* -- Reply ------------------------------------------------------------------------------- */
+
+static int is_tchar(unsigned char ch)
+{
+    static const char ok[] = "!#$%&'*+-.^_`|~";
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch != 0 && memchr(ok, ch, sizeof(ok) - 1) != NULL);
+}
+
+int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    if (nlen == 0)
+        return MS_EBADHEADER;
+    for (size_t i = 0; i < nlen; i++)
+        if (!is_tchar((unsigned char)name[i]))
+            return MS_EBADHEADER;
+    for (size_t i = 0; i < vlen; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        if (ch == '\r' || ch == '\n' || ch == 0)
+            return MS_EBADHEADER; /* no response splitting */
+    }
+    if ((nlen == 14 && ms__ieq(name, "content-length", 14)) ||
+        (nlen == 17 && ms__ieq(name, "transfer-encoding", 17)) ||
+        (nlen == 4 && ms__ieq(name, "date", 4)))
+        return MS_ERESERVED;
+    if (nlen == 10 && ms__ieq(name, "connection", 10)) {
+        if (vlen == 5 && ms__ieq(value, "close", 5)) {
+            r->v.flags |= MS_REQ_CLOSE;
+            return 0;
+        }
+        return MS_ERESERVED;
+    }
+    ms_buf_t *b = &r->res_headers;
+    size_t need = nlen + vlen + 4;
+    if (b->cap - b->len < need) {
+        size_t cap = b->cap ? b->cap * 2 : 512;
+        while (cap - b->len < need)
+            cap *= 2;
+        char *p = ms_pool_alloc(&r->pool, cap);
+        if (b->len)
+            memcpy(p, b->base, b->len);
+        b->base = p;
+        b->cap = cap;
+    }
+    char *w = b->base + b->len;
+    memcpy(w, name, nlen);
+    w += nlen;
+    *w++ = ':';
+    *w++ = ' ';
+    memcpy(w, value, vlen);
+    w += vlen;
+    *w++ = '\r';
+    *w++ = '\n';
+    b->len = (size_t)(w - b->base);
+    return 0;
+}
+
+static void drop_anchor(ms_server_t *s, int owner, int32_t anchor)
+{
+    if (owner == MS_VEC_LUA && anchor >= 0)
+        s->anchor_released[s->anchor_released_n++] = anchor;
+}
+
+/* Queues a body piece: copied if small or not ours to keep, referenced otherwise. */
+static void queue_body(ms_conn_t *c, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms_out_t *o = ms__conn_out(c);
+    if (owner == MS_VEC_OUT || (len <= MS_COPY_BODY_MAX && owner == MS_VEC_LUA)) {
+        ms__out_text(c->server, o, p, len);
+        drop_anchor(c->server, owner, anchor);
+    } else {
+        ms__out_vec(c->server, o, p, len, owner, anchor);
+    }
+}
+
+static inline int bodyless(const ms_req_t *r)
+{
+    int st = r->v.status;
+    return st < 200 || st == 204 || st == 304;
+}
+
+int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t anchor)
+{
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_HEAD_SENT) {
+        drop_anchor(c->server, owner, anchor);
+        return MS_ESENT;
+    }
+    r->v.flags |= MS_REQ_DONE;
+    if ((r->v.flags & MS_REQ_ABORTED) || (c->flags & MS_CONN_CLOSED)) {
+        r->v.flags |= MS_REQ_HEAD_SENT;
+        drop_anchor(c->server, owner, anchor);
+        return 0;
+    }
+    int none = bodyless(r);
+    ms__h1_reply_head(r, none ? -2 : (int64_t)len);
+    if (!none && !(r->v.flags & MS_REQ_IS_HEAD) && len > 0)
+        queue_body(c, body, len, owner, anchor);
+    else
+        drop_anchor(c->server, owner, anchor);
+    if (!(c->flags & MS_CONN_IN_FEED))
+        ms__conn_flush(c);
+    return 0;
+}
+
+int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor)
+{
+    ms_conn_t *c = r->conn;
+    ms_server_t *s = c->server;
+    if (r->v.flags & MS_REQ_DONE) {
+        drop_anchor(s, owner, anchor);
+        return MS_ESENT;
+    }
+    if ((r->v.flags & MS_REQ_ABORTED) || (c->flags & MS_CONN_CLOSED)) {
+        r->v.flags |= MS_REQ_HEAD_SENT;
+        drop_anchor(s, owner, anchor);
+        return MS_ECLOSED;
+    }
+    if (!(r->v.flags & MS_REQ_HEAD_SENT))
+        ms__h1_reply_head(r, bodyless(r) ? -2 : -1);
+    if (len == 0 || bodyless(r) || (r->v.flags & MS_REQ_IS_HEAD)) {
+        drop_anchor(s, owner, anchor);
+        return 0; /* an empty chunk would end the body */
+    }
+    ms_out_t *o = ms__conn_out(c);
+    if (r->v.flags & MS_REQ_CHUNKED_OUT) {
+        char *w = ms__out_reserve(o, 20);
+        int n = 0;
+        static const char hex[] = "0123456789abcdef";
+        char tmp[16];
+        for (size_t v = len; v != 0; v >>= 4)
+            tmp[n++] = hex[v & 15];
+        for (int i = 0; i < n; i++)
+            w[i] = tmp[n - 1 - i];
+        w[n] = '\r';
+        w[n + 1] = '\n';
+        ms__out_commit(s, o, (size_t)n + 2);
+    }
+    queue_body(c, chunk, len, owner, anchor);
+    if (r->v.flags & MS_REQ_CHUNKED_OUT)
+        ms__out_text(s, o, "\r\n", 2);
+    if (!(c->flags & MS_CONN_IN_FEED))
+        ms__conn_flush(c);
+    return 0;
+}
+
+void ms_req_finish(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+        ms_reply_send(r, "", 0, MS_VEC_STATIC, -1);
+    } else if (!(r->v.flags & MS_REQ_DONE)) {
+        r->v.flags |= MS_REQ_DONE;
+        if ((r->v.flags & MS_REQ_CHUNKED_OUT) && !(r->v.flags & MS_REQ_ABORTED) &&
+            !(c->flags & MS_CONN_CLOSED)) {
+            ms__out_text(c->server, ms__conn_out(c), "0\r\n\r\n", 5);
+            if (!(c->flags & MS_CONN_IN_FEED))
+                ms__conn_flush(c);
+        }
+    }
+    r->v.flags &= ~MS_REQ_IN_HANDLER;
+    r->v.wait = MS_WAIT_NONE;
+    r->body.len = 0;
+    ms_timer_stop(c->server, &r->timer);
+    ms__h1_req_finished(c);
+}
+
+/* -- Waiting ----------------------------------------------------------------------------- */
+
+int64_t ms_req_body_take(ms_req_t *r, const char **out)
+{
+    *out = NULL;
+    if (r->v.flags & MS_REQ_ABORTED)
+        return MS_ECLOSED;
+    if (r->v.flags & MS_REQ_BODY_ERROR)
+        return MS_EBADREQ;
+    size_t n = r->body.len;
+    if (n > 0) {
+        /* The bytes stay where they are until the core appends again, which happens only
+         * after the handler yields; Lua copies them before that. */
+        *out = r->body.base;
+        r->body.len = 0;
+        ms__h1_body_drained(r->conn);
+        return (int64_t)n;
+    }
+    return (r->v.flags & MS_REQ_BODY_DONE) ? 0 : UV_EAGAIN;
+}
+
+int ms_req_wait_body(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_ABORTED)
+        return MS_ECLOSED;
+    if (r->v.wait != MS_WAIT_NONE)
+        return MS_EBUSY;
+    if (r->v.flags & MS_REQ_EXPECT) {
+        /* The client holds the body back until we ask for it. */
+        r->v.flags &= ~MS_REQ_EXPECT;
+        if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+            ms__out_vec(c->server, ms__conn_out(c), "HTTP/1.1 100 Continue\r\n\r\n", 25,
+                        MS_VEC_STATIC, -1);
+            if (!(c->flags & MS_CONN_IN_FEED))
+                ms__conn_flush(c);
+        }
+    }
+    r->v.wait = MS_WAIT_BODY;
+    return 0;
+}
+
+static void sleep_done(ms_timer_t *t)
+{
+    ms_req_t *r = container_of(t, ms_req_t, timer);
+    ms__req_wake(r, MS_WAIT_TIMER);
+}
+
+int ms_req_sleep(ms_req_t *r, uint64_t ms)
+{
+    if (r->v.wait != MS_WAIT_NONE)
+        return MS_EBUSY;
+    r->v.wait = MS_WAIT_TIMER;
+    ms_timer_start(r->conn->server, &r->timer, ms, sleep_done);
+    return 0;
+}
+
+int ms_req_wait_drain(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_ABORTED)
+        return MS_ECLOSED;
+    if (r->v.wait != MS_WAIT_NONE)
+        return MS_EBUSY;
+    if (!(c->flags & MS_CONN_IN_FEED))
+        ms__conn_flush(c);
+    if (!ms_reply_congested(r))
+        return 1; /* the socket took it all: no need to wait */
+    r->v.wait = MS_WAIT_DRAIN;
+    return 0;
+}

@@ -1,0 +1,359 @@
+/* server.c: a worker's server: listeners, accepted TCP connections, logging. */
+#include "moonserve.h"
+
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Accept at most this many connections per readiness event: a connect flood must not
+ * starve reads on connections we already have. */
+#define MS_ACCEPT_BURST 64
+
+typedef struct ms_listener_s {
+    uv_tcp_t tcp;
+    ms_server_t *server;
+    struct ms_listener_s *next;
+} ms_listener_t;
+
+/* The transport's part of a TCP connection, right after its ms_conn_t. */
+typedef struct ms_tcp_s {
+    uv_tcp_t tcp;
+    uv_write_t *wreq;       /* from the worker's recycle list while a write is pending */
+    uv_shutdown_t *shutdown; /* while a graceful close is under way */
+} ms_tcp_t;
+
+/* -- Logging ----------------------------------------------------------------------------- */
+
+static void log_stderr(int level, const char *msg, size_t len)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    fprintf(stderr, "moonserve[%d] %s: %.*s\n", (int)getpid(), names[level], (int)len, msg);
+}
+
+static ms_log_fn log_fn = log_stderr;
+static int log_level = MS_LOG_INFO;
+
+void ms_log_set(ms_log_fn fn, int level)
+{
+    log_fn = fn ? fn : log_stderr;
+    log_level = level;
+}
+
+void ms_log(int level, const char *fmt, ...)
+{
+    if (level > log_level)
+        return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    log_fn(level, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+}
+
+/* -- TCP transport ----------------------------------------------------------------------- */
+
+static inline ms_tcp_t *tcp_of(ms_conn_t *c)
+{
+    return ms_conn_io_data(c);
+}
+
+static inline ms_conn_t *conn_of_handle(uv_handle_t *h)
+{
+    return (ms_conn_t *)((char *)h - offsetof(ms_tcp_t, tcp) - sizeof(ms_conn_t));
+}
+
+static int tcp_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    return uv_try_write((uv_stream_t *)&tcp_of(c)->tcp, bufs, n);
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    ms_conn_t *c = w->data;
+    ms_mem_free(w);
+    tcp_of(c)->wreq = NULL;
+    ms_conn_write_done(c, status);
+    ms__conn_release(c);
+}
+
+static int tcp_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    ms_tcp_t *t = tcp_of(c);
+    /* Only on a congested socket; not worth a recycle list. */
+    t->wreq = ms_mem_alloc(sizeof(*t->wreq));
+    t->wreq->data = c;
+    int rc = uv_write(t->wreq, (uv_stream_t *)&t->tcp, bufs, n, write_cb);
+    if (rc < 0) {
+        ms_mem_free(t->wreq);
+        t->wreq = NULL;
+        return rc;
+    }
+    c->refs++; /* the write request holds the connection */
+    return 0;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    ms_conn_read_buf(conn_of_handle(h), buf);
+}
+
+static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    ms_conn_t *c = conn_of_handle((uv_handle_t *)st);
+    if (nread > 0)
+        ms_conn_feed(c, buf->base, (size_t)nread);
+    else if (nread < 0)
+        ms_conn_eof(c, (int)nread);
+}
+
+static void tcp_read_stop(ms_conn_t *c)
+{
+    uv_read_stop((uv_stream_t *)&tcp_of(c)->tcp);
+}
+
+static void tcp_read_start(ms_conn_t *c)
+{
+    if (!(c->flags & MS_CONN_CLOSED))
+        uv_read_start((uv_stream_t *)&tcp_of(c)->tcp, alloc_cb, read_cb);
+}
+
+static void close_cb(uv_handle_t *h)
+{
+    ms_conn_closed(conn_of_handle(h));
+}
+
+static void shutdown_cb(uv_shutdown_t *req, int status)
+{
+    ms_conn_t *c = req->data;
+    (void)status;
+    ms_mem_free(req);
+    tcp_of(c)->shutdown = NULL;
+    uv_close((uv_handle_t *)&tcp_of(c)->tcp, close_cb);
+}
+
+static void tcp_close(ms_conn_t *c, int graceful)
+{
+    ms_tcp_t *t = tcp_of(c);
+    uv_read_stop((uv_stream_t *)&t->tcp);
+    if (graceful && t->wreq == NULL) {
+        /* Send FIN after the last reply rather than a reset that could destroy it. */
+        t->shutdown = ms_mem_alloc(sizeof(*t->shutdown));
+        t->shutdown->data = c;
+        if (uv_shutdown(t->shutdown, (uv_stream_t *)&t->tcp, shutdown_cb) == 0)
+            return;
+        ms_mem_free(t->shutdown);
+        t->shutdown = NULL;
+    }
+    uv_close((uv_handle_t *)&t->tcp, close_cb);
+}
+
+static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    int n = sizeof(ss);
+    buf[0] = 0;
+    if (uv_tcp_getpeername(&tcp_of(c)->tcp, (struct sockaddr *)&ss, &n) != 0)
+        return;
+    if (ss.ss_family == AF_INET6)
+        uv_ip6_name((struct sockaddr_in6 *)&ss, buf, len);
+    else
+        uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
+}
+
+static const ms_io_t tcp_io = {
+    .try_write = tcp_try_write,
+    .write = tcp_write,
+    .read_stop = tcp_read_stop,
+    .read_start = tcp_read_start,
+    .close = tcp_close,
+    .peer = tcp_peer,
+};
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+    ms_listener_t *l = (ms_listener_t *)ls;
+    ms_server_t *s = l->server;
+    if (status < 0) {
+        ms_log(MS_LOG_WARN, "accept: %s", uv_strerror(status));
+        return;
+    }
+    for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
+        ms_conn_t *c = ms_conn_new(s, &tcp_io, sizeof(ms_tcp_t));
+        ms_tcp_t *t = tcp_of(c);
+        t->wreq = NULL;
+        t->shutdown = NULL;
+        uv_tcp_init(s->loop, &t->tcp);
+        if (uv_accept(ls, (uv_stream_t *)&t->tcp) != 0) {
+            /* Nothing more to accept now: undo quietly. */
+            c->flags |= MS_CONN_CLOSED;
+            s->stats.accepted--;
+            uv_close((uv_handle_t *)&t->tcp, close_cb);
+            return;
+        }
+        uv_tcp_nodelay(&t->tcp, 1);
+        uv_read_start((uv_stream_t *)&t->tcp, alloc_cb, read_cb);
+        ms__conn_wait_input(c);
+    }
+}
+
+/* -- Server ------------------------------------------------------------------------------ */
+
+void ms_limits_default(ms_limits_t *l)
+{
+    l->head_bytes = 32 * 1024;
+    l->header_count = 100;
+    l->body_bytes = 8 * 1024 * 1024;
+    l->idle_timeout_ms = 15000;
+    l->requests_per_connection = 1000;
+}
+
+ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
+                           ms_request_cb on_resume, void *data)
+{
+    ms_server_t *s = ms_mem_alloc(sizeof(*s));
+    memset(s, 0, sizeof(*s));
+    s->loop = loop;
+    if (limits)
+        s->limits = *limits;
+    else
+        ms_limits_default(&s->limits);
+    s->on_request = on_request;
+    s->on_resume = on_resume;
+    s->data = data;
+    s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
+    s->conns.next = s->conns.prev = &s->conns;
+    uv_timer_init(loop, &s->uv_timer);
+    uv_unref((uv_handle_t *)&s->uv_timer); /* timers alone do not keep the loop alive */
+    return s;
+}
+
+static int parse_addr(const char *addr, struct sockaddr_storage *ss)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    if (colon == NULL)
+        return UV_EINVAL;
+    size_t hl = (size_t)(colon - addr);
+    if (hl >= sizeof(host))
+        return UV_EINVAL;
+    memcpy(host, addr, hl);
+    host[hl] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end != 0 || port < 0 || port > 65535 || end == colon + 1)
+        return UV_EINVAL;
+    if (hl == 0)
+        strcpy(host, "0.0.0.0");
+    if (host[0] == '[') {
+        size_t n = strlen(host);
+        if (host[n - 1] != ']')
+            return UV_EINVAL;
+        memmove(host, host + 1, n - 2);
+        host[n - 2] = 0;
+        return uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)ss);
+    }
+    if (strcmp(host, "localhost") == 0)
+        strcpy(host, "127.0.0.1");
+    return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
+}
+
+int ms_server_listen(ms_server_t *s, const char *addr, int backlog)
+{
+    struct sockaddr_storage ss;
+    int rc = parse_addr(addr, &ss);
+    if (rc < 0)
+        return rc;
+    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
+    l->server = s;
+    uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
+    uv_os_fd_t fd;
+    uv_fileno((uv_handle_t *)&l->tcp, &fd);
+    int one = 1;
+    /* Workers each listen on the same port; the kernel spreads connections among them. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : 511, on_connection);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+        return rc;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&bound, &blen);
+    s->listen_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                       : ((struct sockaddr_in *)&bound)->sin_port);
+    l->next = s->listeners;
+    s->listeners = l;
+    return 0;
+}
+
+int ms_server_port(ms_server_t *s)
+{
+    return (int)s->listen_port;
+}
+
+uv_loop_t *ms_server_loop(ms_server_t *s)
+{
+    return s->loop;
+}
+
+const ms_server_stats_t *ms_server_stats(ms_server_t *s)
+{
+    return &s->stats;
+}
+
+/* Called as each connection goes: a stopping server reports when the last is gone. */
+void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c)
+{
+    (void)c;
+    if (s->stopping && s->stats.conns == 0 && s->stopped != NULL) {
+        void (*done)(ms_server_t *) = s->stopped;
+        s->stopped = NULL;
+        done(s);
+    }
+}
+
+void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
+{
+    s->stopping = 1;
+    s->stopped = done;
+    for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
+        next = l->next;
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+    }
+    s->listeners = NULL;
+    /* Idle connections close now; busy ones close after their current reply. */
+    for (ms_conn_t *c = s->conns.next, *next; c != &s->conns; c = next) {
+        next = c->next;
+        if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
+            ms__conn_close(c, 0);
+        else
+            c->flags |= MS_CONN_CLOSING;
+    }
+    ms__server_conn_gone(s, NULL);
+}
+
+void ms_server_free(ms_server_t *s)
+{
+    ms__recycle_drain(&s->h1_free, ms__h1_destroy);
+    ms__recycle_drain(&s->out_free, ms__out_destroy);
+    if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
+        uv_close((uv_handle_t *)&s->uv_timer, NULL);
+    /* The uv_timer lives inside `s`: let the loop finish closing it first. */
+    uv_run(s->loop, UV_RUN_NOWAIT);
+    ms_mem_free(s->heap);
+    ms_mem_free(s->anchor_free);
+    ms_mem_free(s->anchor_released);
+    ms_mem_free(s->rbuf);
+    ms_mem_free(s);
+}

@@ -1,0 +1,103 @@
+/* timer.c: a binary heap of deadlines driven by one uv_timer per worker. */
+#include "moonserve.h"
+
+#include "internal.h"
+
+static void heap_swap(ms_timer_t **h, uint32_t a, uint32_t b)
+{
+    ms_timer_t *t = h[a];
+    h[a] = h[b];
+    h[b] = t;
+    h[a]->index = a + 1;
+    h[b]->index = b + 1;
+}
+
+static void sift_up(ms_timer_t **h, uint32_t i)
+{
+    while (i > 0) {
+        uint32_t parent = (i - 1) / 2;
+        if (h[parent]->due <= h[i]->due)
+            break;
+        heap_swap(h, i, parent);
+        i = parent;
+    }
+}
+
+static void sift_down(ms_timer_t **h, uint32_t n, uint32_t i)
+{
+    for (;;) {
+        uint32_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && h[l]->due < h[m]->due)
+            m = l;
+        if (r < n && h[r]->due < h[m]->due)
+            m = r;
+        if (m == i)
+            break;
+        heap_swap(h, i, m);
+        i = m;
+    }
+}
+
+static void arm(ms_server_t *s)
+{
+    if (s->heap_len == 0) {
+        uv_timer_stop(&s->uv_timer);
+        return;
+    }
+    uint64_t now = uv_now(s->loop), due = s->heap[0]->due;
+    uv_timer_start(&s->uv_timer, ms__timers_run,
+                   due > now ? due - now : 0, 0);
+}
+
+static void heap_remove(ms_server_t *s, ms_timer_t *t)
+{
+    uint32_t i = t->index - 1, last = --s->heap_len;
+    t->index = 0;
+    if (i == last)
+        return;
+    s->heap[i] = s->heap[last];
+    s->heap[i]->index = i + 1;
+    sift_up(s->heap, i);
+    sift_down(s->heap, s->heap_len, s->heap[i]->index - 1);
+}
+
+void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
+{
+    if (t->index == 0)
+        return;
+    int was_first = t->index == 1;
+    heap_remove(s, t);
+    if (was_first)
+        arm(s);
+}
+
+void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
+{
+    if (t->index != 0)
+        heap_remove(s, t);
+    t->due = uv_now(s->loop) + ms;
+    t->cb = cb;
+    if (s->heap_len == s->heap_cap) {
+        s->heap_cap = s->heap_cap ? s->heap_cap * 2 : 64;
+        s->heap = ms_mem_realloc(s->heap, s->heap_cap * sizeof(*s->heap));
+    }
+    s->heap[s->heap_len] = t;
+    t->index = ++s->heap_len;
+    sift_up(s->heap, s->heap_len - 1);
+    if (s->heap[0] == t)
+        arm(s);
+}
+
+/* Fires every timer that is due. A callback may start or stop timers, the one that fired
+ * included; the loop takes the heap's head afresh each time. */
+void ms__timers_run(uv_timer_t *ut)
+{
+    ms_server_t *s = container_of(ut, ms_server_t, uv_timer);
+    uint64_t now = uv_now(s->loop);
+    while (s->heap_len > 0 && s->heap[0]->due <= now) {
+        ms_timer_t *t = s->heap[0];
+        heap_remove(s, t);
+        t->cb(t);
+    }
+    arm(s);
+}

@@ -1,0 +1,545 @@
+/* h1_test.c: the HTTP/1 engine fed bytes through the memory transport. */
+#include "test.h"
+
+#include "../../core/h1.c"
+#include "../../core/memio.h"
+
+#define S(lit) lit, sizeof(lit) - 1
+
+/* -- Fixture: a server on a private loop and a handler that acts on the path ----------- */
+
+static uv_loop_t loop;
+static ms_server_t *srv;
+static ms_req_t *parked; /* a request whose handler is parked, for the test to finish */
+static char seen_host[64];
+static ms_buf_t echoed;   /* body bytes read by /echo */
+static int requests_seen;
+
+static void reply_text(ms_req_t *r, const char *s)
+{
+    ms_reply_header(r, S("content-type"), S("text/plain"));
+    ms_reply_send(r, s, strlen(s), MS_VEC_STATIC, -1);
+}
+
+/* /echo reads the whole body (waiting for it), then sends it back. */
+static void echo_step(ms_req_t *r)
+{
+    for (;;) {
+        const char *p;
+        int64_t n = ms_req_body_take(r, &p);
+        if (n > 0) {
+            ms__buf_append(&echoed, p, (size_t)n);
+            continue;
+        }
+        if (n == UV_EAGAIN) {
+            ms_req_wait_body(r);
+            return;
+        }
+        if (n < 0) {
+            r->v.status = 400;
+            reply_text(r, "bad body");
+        } else {
+            ms_reply_send(r, echoed.base ? echoed.base : "", echoed.len, MS_VEC_OUT, -1);
+        }
+        ms_req_finish(r);
+        return;
+    }
+}
+
+static int path_is(ms_req_t *r, const char *p)
+{
+    return r->v.path.len == strlen(p) && memcmp(r->v.path.base, p, r->v.path.len) == 0;
+}
+
+static void on_request(ms_req_t *r, void *data)
+{
+    (void)data;
+    requests_seen++;
+    const ms_str_t *host = ms_req_header(r, S("host"));
+    snprintf(seen_host, sizeof(seen_host), "%.*s", host ? (int)host->len : 0,
+             host ? host->base : "");
+    if (path_is(r, "/park")) {
+        ms_req_park(r);
+        parked = r;
+        return;
+    }
+    if (path_is(r, "/echo")) {
+        echoed.len = 0;
+        echo_step(r);
+        return;
+    }
+    if (path_is(r, "/stream")) {
+        ms_reply_write(r, S("a"), MS_VEC_STATIC, -1);
+        ms_reply_write(r, S("bb"), MS_VEC_STATIC, -1);
+        ms_req_finish(r);
+        return;
+    }
+    if (path_is(r, "/close")) {
+        ms_reply_header(r, S("connection"), S("close"));
+        reply_text(r, "bye");
+        ms_req_finish(r);
+        return;
+    }
+    if (path_is(r, "/query")) {
+        char buf[128];
+        snprintf(buf, sizeof(buf), "%.*s|%.*s", (int)r->v.path.len, r->v.path.base,
+                 (int)r->v.query.len, r->v.query.base ? r->v.query.base : "");
+        ms_reply_send(r, buf, strlen(buf), MS_VEC_OUT, -1);
+        ms_req_finish(r);
+        return;
+    }
+    reply_text(r, "hello world");
+    ms_req_finish(r);
+}
+
+static void on_resume(ms_req_t *r, void *data)
+{
+    (void)data;
+    if (path_is(r, "/echo"))
+        echo_step(r);
+}
+
+static void setup(void)
+{
+    uv_loop_init(&loop);
+    srv = ms_server_new(&loop, NULL, on_request, on_resume, NULL);
+    parked = NULL;
+    requests_seen = 0;
+    seen_host[0] = 0;
+    echoed.len = 0;
+}
+
+static void teardown(void)
+{
+    ms_server_free(srv);
+    uv_loop_close(&loop);
+    ms_mem_free(echoed.base);
+    echoed.base = NULL;
+    echoed.cap = 0;
+}
+
+/* The output as a C string (valid until the memio is freed). */
+static const char *output(ms_memio_t *m)
+{
+    ms__buf_append(&m->out, "", 1);
+    m->out.len--;
+    return m->out.base;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Feeds `in` in pieces of `step` bytes (0: all at once); returns the output, which the caller
+ * frees. The connection is closed by the peer afterwards. */
+static char *exchange(const char *in, size_t len, size_t step)
+{
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    if (step == 0)
+        step = len;
+    for (size_t off = 0; off < len; off += step)
+        ms_memio_feed(&m, in + off, off + step <= len ? step : len - off);
+    char *out = strdup(output(&m));
+    ms_memio_peer_close(&m, UV_ECONNRESET);
+    ms_memio_free(&m);
+    return out;
+}
+
+/* -- Tests ------------------------------------------------------------------------------ */
+
+TEST(h1_answers_a_single_request)
+{
+    setup();
+    char *out = exchange(S("GET /hello HTTP/1.1\r\nHost: example.org\r\n\r\n"), 0);
+    ASSERT_HAS(out, "HTTP/1.1 200 OK\r\n");
+    ASSERT_HAS(out, "content-length: 11\r\n");
+    ASSERT_HAS(out, "content-type: text/plain\r\n");
+    ASSERT_HAS(out, "\r\ndate: ");
+    ASSERT_HAS(out, "\r\n\r\nhello world");
+    ASSERT_LACKS(out, "connection:");
+    ASSERT_STR_EQ("example.org", seen_host);
+    free(out);
+    teardown();
+}
+
+TEST(h1_answers_a_pipelined_batch_in_order)
+{
+    setup();
+    char in[4096] = "";
+    for (int i = 0; i < 10; i++) {
+        char line[128];
+        snprintf(line, sizeof(line), "GET /query?n=%d HTTP/1.1\r\nHost: h\r\n\r\n", i);
+        strcat(in, line);
+    }
+    char *out = exchange(in, strlen(in), 0);
+    ASSERT_EQ(10, count(out, "HTTP/1.1 200 OK"));
+    const char *p = out;
+    for (int i = 0; i < 10; i++) {
+        char want[32];
+        snprintf(want, sizeof(want), "/query|n=%d", i);
+        p = strstr(p, want);
+        if (p == NULL)
+            TEST_FAIL("reply %d missing or out of order:\n%s", i, out);
+    }
+    free(out);
+    teardown();
+}
+
+TEST(h1_parses_requests_split_at_every_byte)
+{
+    setup();
+    static const char in[] = "POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+                             "GET /query?x=1 HTTP/1.1\r\nHost: h\r\n\r\n"
+                             "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             "3\r\nabc\r\n0\r\n\r\n";
+    for (size_t step = 1; step <= sizeof(in) - 1; step++) {
+        char *out = exchange(in, sizeof(in) - 1, step);
+        if (count(out, "HTTP/1.1 200 OK") != 3 || strstr(out, "\r\n\r\nhello") == NULL ||
+            strstr(out, "/query|x=1") == NULL || strstr(out, "\r\n\r\nabc") == NULL) {
+            TEST_FAIL("step %zu:\n%s", step, out);
+        }
+        free(out);
+    }
+    teardown();
+}
+
+TEST(h1_reads_chunked_bodies_with_extensions_and_trailers)
+{
+    setup();
+    char *out = exchange(S("POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "4;name=value\r\nWiki\r\n5\r\npedia\r\n0\r\nExpires: never\r\n\r\n"),
+                         0);
+    ASSERT_HAS(out, "HTTP/1.1 200 OK");
+    ASSERT_HAS(out, "content-length: 9\r\n");
+    ASSERT_HAS(out, "\r\n\r\nWikipedia");
+    free(out);
+    teardown();
+}
+
+TEST(h1_refuses_a_bad_chunk_size)
+{
+    setup();
+    char *out = exchange(S("POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "zz\r\nabc\r\n0\r\n\r\n"),
+                         0);
+    ASSERT_HAS(out, "HTTP/1.1 400 Bad Request");
+    ASSERT_HAS(out, "connection: close");
+    free(out);
+    teardown();
+}
+
+TEST(h1_sends_100_continue_only_when_the_body_is_read)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    static const char head[] =
+        "POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n";
+    ms_memio_feed(&m, head, sizeof(head) - 1);
+    ASSERT_STR_EQ("HTTP/1.1 100 Continue\r\n\r\n", output(&m));
+    ms_memio_feed(&m, S("abc"));
+    ASSERT_HAS(output(&m), "HTTP/1.1 200 OK");
+    ASSERT_HAS(output(&m), "\r\n\r\nabc");
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+
+    /* A handler that answers without reading: no 100, and the connection closes. */
+    ms_memio_open(srv, &m);
+    static const char head2[] =
+        "POST /hello HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n";
+    ms_memio_feed(&m, head2, sizeof(head2) - 1);
+    ASSERT_LACKS(output(&m), "100 Continue");
+    ASSERT_HAS(output(&m), "HTTP/1.1 200 OK");
+    ASSERT_HAS(output(&m), "connection: close");
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_answers_head_without_a_body_but_with_its_length)
+{
+    setup();
+    char *out = exchange(S("HEAD /hello HTTP/1.1\r\nHost: h\r\n\r\n"), 0);
+    ASSERT_HAS(out, "HTTP/1.1 200 OK");
+    ASSERT_HAS(out, "content-length: 11\r\n");
+    ASSERT_LACKS(out, "hello world");
+    free(out);
+    teardown();
+}
+
+TEST(h1_keeps_http10_alive_only_when_asked)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /hello HTTP/1.0\r\n\r\n"));
+    ASSERT_HAS(output(&m), "connection: close");
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+    ASSERT_HAS(output(&m), "connection: keep-alive");
+    ASSERT_EQ(0, m.closed);
+    ms_memio_peer_close(&m, UV_EOF);
+    ASSERT_EQ(2, m.closed);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_closes_after_connection_close)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+                        "GET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_EQ(1, count(output(&m), "HTTP/1.1 200"));
+    ASSERT_HAS(output(&m), "connection: close");
+    ASSERT_EQ(1, m.closed);
+    ASSERT_EQ(1, requests_seen);
+    ms_memio_free(&m);
+
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /close HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_HAS(output(&m), "connection: close");
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_streams_a_reply_with_chunked_encoding)
+{
+    setup();
+    char *out = exchange(S("GET /stream HTTP/1.1\r\nHost: h\r\n\r\n"), 0);
+    ASSERT_HAS(out, "transfer-encoding: chunked\r\n");
+    ASSERT_HAS(out, "\r\n\r\n1\r\na\r\n2\r\nbb\r\n0\r\n\r\n");
+    free(out);
+    /* HTTP/1.0 has no chunks: the body ends with the connection. */
+    out = exchange(S("GET /stream HTTP/1.0\r\n\r\n"), 0);
+    ASSERT_LACKS(out, "transfer-encoding");
+    ASSERT_HAS(out, "connection: close\r\n");
+    ASSERT_HAS(out, "\r\n\r\nabb");
+    free(out);
+    teardown();
+}
+
+TEST(h1_holds_the_next_request_until_a_parked_one_is_answered)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /park HTTP/1.1\r\nHost: first\r\n\r\n"
+                        "GET /hello HTTP/1.1\r\nHost: second\r\n\r\n"));
+    ASSERT(parked != NULL);
+    ASSERT_EQ(0, (int)m.out.len);
+    ASSERT_EQ(1, requests_seen);
+    /* The parked head was copied out of the read buffer: scribbling on it changes nothing. */
+    memset(srv->rbuf, 'x', 256);
+    const ms_str_t *host = ms_req_header(parked, S("host"));
+    ASSERT(host != NULL && host->len == 5 && memcmp(host->base, "first", 5) == 0);
+    reply_text(parked, "first reply");
+    ms_req_finish(parked);
+    ASSERT_EQ(2, requests_seen);
+    const char *out = output(&m);
+    const char *a = strstr(out, "first reply"), *b = strstr(out, "hello world");
+    ASSERT(a != NULL && b != NULL && a < b);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_drops_the_reply_of_a_request_whose_client_left)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /park HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT(parked != NULL);
+    ms_memio_peer_close(&m, UV_ECONNRESET);
+    ASSERT_EQ(2, m.closed);
+    ASSERT(parked->v.flags & MS_REQ_ABORTED);
+    reply_text(parked, "nobody listens");
+    ms_req_finish(parked); /* frees the connection */
+    ASSERT_EQ(0, (int)srv->stats.conns);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_writes_later_what_the_socket_cannot_take_now)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    m.congested = 1;
+    ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\nGET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_EQ(0, (int)m.out.len);
+    ASSERT(m.held.len > 0);
+    m.congested = 0;
+    ms_memio_drain(&m);
+    ASSERT_EQ(2, count(output(&m), "hello world"));
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_splits_target_into_path_and_query)
+{
+    setup();
+    char *out = exchange(S("GET /query?a=1&b=2 HTTP/1.1\r\nHost: h\r\n\r\n"
+                           "GET http://example.org/query?z HTTP/1.1\r\nHost: example.org\r\n\r\n"),
+                         0);
+    ASSERT_HAS(out, "/query|a=1&b=2");
+    ASSERT_HAS(out, "/query|z");
+    free(out);
+    teardown();
+}
+
+/* Each of these must get the status given and a close, and never reach the handler. */
+#define R(lit, status) {lit, sizeof(lit) - 1, status}
+static const struct {
+    const char *in;
+    size_t len;
+    int status;
+} refused[] = {
+    R("GET / HTTP/1.1\r\n\r\n", 400),                                      /* no Host */
+    R("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),                /* two Hosts */
+    R("GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),                         /* bad Host */
+    R("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),                         /* bad Host */
+    R("GET / HTTP/1.1\nHost: a\r\n\r\n", 400),                             /* LF without CR */
+    R("GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n", 400),                     /* bare CR */
+    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n", 400),                /* NUL */
+    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", 400),             /* obs-fold */
+    R("GET / HTTP/1.1\r\n Host: a\r\n\r\n", 400),                          /* space first */
+    R("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400),                          /* space before colon */
+    R("GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n", 400),            /* space in name */
+    R("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),                           /* unknown version */
+    R("GET / HTTP/3.1\r\nHost: a\r\n\r\n", 400),
+    R("GET /\r\n\r\n", 505),                                               /* HTTP/0.9 */
+    R("GET / FOO/1.1\r\nHost: a\r\n\r\n", 400),
+    R("G@T / HTTP/1.1\r\nHost: a\r\n\r\n", 400),                           /* bad method */
+    R("GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400),                          /* double space */
+    R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
+    R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),
+    R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n", 400),
+    R("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    R("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400),
+    R("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n", 405),
+    R("POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx", 417),
+    R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999\r\n\r\n", 413),
+};
+
+TEST(h1_refuses_malformed_requests_with_a_status_and_a_close)
+{
+    setup();
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        const char *in = refused[i].in;
+        size_t len = refused[i].len;
+        ms_memio_t m;
+        ms_memio_open(srv, &m);
+        requests_seen = 0;
+        ms_memio_feed(&m, in, len);
+        char want[32];
+        snprintf(want, sizeof(want), "HTTP/1.1 %d ", refused[i].status);
+        const char *out = output(&m);
+        if (strncmp(out, want, strlen(want)) != 0 || strstr(out, "connection: close") == NULL ||
+            m.closed != 1 || requests_seen != 0) {
+            TEST_FAIL("case %zu (%s): closed %d, handler %d, got:\n%s", i, in, m.closed,
+                      requests_seen, out);
+        }
+        ms_memio_free(&m);
+    }
+    teardown();
+}
+
+TEST(h1_refuses_oversized_heads)
+{
+    setup();
+    char big[40000];
+    memset(big, 'a', sizeof(big));
+    memcpy(big, "GET /", 5);
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, big, sizeof(big));
+    ASSERT_HAS(output(&m), "HTTP/1.1 414 ");
+    ms_memio_free(&m);
+
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: a\r\n"));
+    for (int i = 0; i < 1000; i++)
+        ms_memio_feed(&m, S("X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n"));
+    ASSERT_HAS(output(&m), "HTTP/1.1 431 ");
+    ms_memio_free(&m);
+
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: a\r\n"));
+    for (int i = 0; i < 101; i++)
+        ms_memio_feed(&m, S("X: y\r\n"));
+    ms_memio_feed(&m, S("\r\n"));
+    ASSERT_HAS(output(&m), "HTTP/1.1 431 ");
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_ignores_empty_lines_before_a_request)
+{
+    setup();
+    char *out = exchange(S("\r\n\r\nGET /hello HTTP/1.1\r\nHost: h\r\n\r\n"), 0);
+    ASSERT_HAS(out, "HTTP/1.1 200 OK");
+    free(out);
+    teardown();
+}
+
+TEST(h1_serves_a_warm_keepalive_request_without_allocating)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    return; /* recycling is off under ASan, on purpose */
+#endif
+    setup();
+    srv->limits.requests_per_connection = 100000;
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    static const char req[] = "GET /hello HTTP/1.1\r\nHost: example.org\r\nUser-Agent: t\r\n\r\n";
+    for (int i = 0; i < 10; i++) {
+        ms_memio_feed(&m, req, sizeof(req) - 1);
+        m.out.len = 0;
+    }
+    ms_mem_stats_t before = ms_mem_stats;
+    for (int i = 0; i < 1000; i++) {
+        ms_memio_feed(&m, req, sizeof(req) - 1);
+        m.out.len = 0;
+    }
+    ASSERT_EQ(1010, requests_seen);
+    ASSERT_EQ(before.allocs, ms_mem_stats.allocs);
+    ASSERT_EQ(before.reallocs, ms_mem_stats.reallocs);
+    ASSERT_EQ(before.frees, ms_mem_stats.frees);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_idle_connection_holds_no_buffers)
+{
+    setup();
+    ms_memio_t m;
+    ms_conn_t *c = ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT(c->h1 == NULL);
+    ASSERT(c->pend == NULL && c->flight == NULL);
+    ms_memio_feed(&m, S("GET /hel"));
+    ASSERT(c->h1 != NULL); /* a partial head keeps its bytes */
+    ms_memio_feed(&m, S("lo HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT(c->h1 == NULL);
+    ASSERT_EQ(2, count(output(&m), "hello world"));
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST_MAIN()

@@ -17,6 +17,7 @@ H2O_MRUBY=0        # 1 when h2o was built with mruby (scripted handlers)
 STARTED_PIDS=()    # every process this run started and has not yet seen die
 USED_PORTS=" "
 declare -A SRV_PORT SRV_H2PORT SRV_PID SRV_LAUNCHER
+START_WHY=""       # why the last start_server failed
 
 log() { printf '%s\n' "$*" >&2; }
 die() {
@@ -345,10 +346,16 @@ EOF
 
 # -- Starting and stopping -----------------------------------------------------
 
+# Logs why a server is skipped and keeps the reason for the caller's report.
+skip() {
+    START_WHY=$2
+    log "skip $1: $2"
+}
+
 # start_server NAME [idle]: starts NAME pinned to SERVER_CPU and waits for its port.
 # Sets SRV_PORT, SRV_H2PORT (empty when it has no HTTP/2 listener) and SRV_PID (the
 # process holding the listening socket, whose CPU and memory get measured). On failure
-# prints one line saying why and returns 1; the caller goes on without it.
+# prints one line saying why, sets START_WHY and returns 1; the caller goes on without it.
 start_server() {
     local name=$1 mode=${2:-} dir="$WORK/$1" port h2port="" cmd=()
     mkdir -p "$dir"
@@ -357,11 +364,11 @@ start_server() {
     case $name in
     nginx | nginx-lua)
         if ! command -v nginx >/dev/null; then
-            log "skip $name: nginx is not installed"
+            skip "$name" "nginx is not installed"
             return 1
         fi
         if [ "$name" = nginx-lua ] && [ -z "$NGINX_MODULES" ]; then
-            log "skip nginx-lua: the ndk and lua modules (libnginx-mod-http-lua) are not installed"
+            skip "$name" "the ndk and lua modules (libnginx-mod-http-lua) are not installed"
             return 1
         fi
         h2port=$(free_port)
@@ -370,7 +377,7 @@ start_server() {
         ;;
     h2o)
         if ! command -v h2o >/dev/null; then
-            log "skip h2o: it is not installed"
+            skip "$name" "it is not installed"
             return 1
         fi
         write_h2o_conf "$dir" "$port"
@@ -379,7 +386,7 @@ start_server() {
         ;;
     node)
         if ! command -v node >/dev/null; then
-            log "skip node: it is not installed"
+            skip "$name" "it is not installed"
             return 1
         fi
         write_node_app "$dir"
@@ -388,7 +395,7 @@ start_server() {
     moonserve)
         read -r -a cmd <<<"$MOONSERVE"
         if [ ${#cmd[@]} -eq 0 ] || ! command -v "${cmd[0]}" >/dev/null; then
-            log "skip moonserve: command '$MOONSERVE' not found (set MOONSERVE to run it)"
+            skip "$name" "command '$MOONSERVE' not found (set MOONSERVE to run it)"
             return 1
         fi
         cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers 0)
@@ -408,9 +415,12 @@ start_server() {
     local launcher=$!
     STARTED_PIDS+=("$launcher")
     if ! wait_port "$port" "$launcher" 15; then
-        log "skip $name: it did not open 127.0.0.1:$port; its last words:"
-        tail -n 5 "$dir/out.log" "$dir/error.log" 2>/dev/null | sed 's/^/    /' >&2 || true
         stop_pid "$launcher"
+        skip "$name" "it did not start on 127.0.0.1:$port"
+        local f
+        for f in "$dir/out.log" "$dir/error.log"; do
+            [ -s "$f" ] && tail -n 5 "$f" | sed 's/^/    /' >&2
+        done
         return 1
     fi
     # The launcher may be a wrapper; measure the process that holds the socket, as long

@@ -31,6 +31,13 @@ ms_server_t *ms_conn_server(ms_conn_t *c)
     return c->server;
 }
 
+void ms_conn_peer(ms_conn_t *c, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (c->io->peer != NULL && !(c->flags & MS_CONN_CLOSED))
+        c->io->peer(c, buf, len);
+}
+
 static void out_release(ms_server_t *s, ms_out_t *o);
 
 static void conn_free(ms_conn_t *c)

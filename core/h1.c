@@ -182,6 +182,12 @@ static int on_headers_complete(llhttp_t *p)
     ms_req_t *r = &h->req;
     if (p->http_major != 1)
         return refuse_cb(p, 505, "unsupported HTTP version");
+    /* One space on each side of the target: llhttp lets runs of spaces through, and
+     * parsers that disagree on a request line are how requests get smuggled. */
+    const char *t = r->v.target.base;
+    if (t != r->v.method.base + r->v.method.len + 1 || t[r->v.target.len] != ' ' ||
+        t[r->v.target.len + 1] != 'H')
+        return refuse_cb(p, 400, "malformed request line");
     r->v.version = p->http_minor == 0 ? 10 : 11;
     if (p->method == HTTP_CONNECT)
         return refuse_cb(p, 405, "CONNECT is not served");
@@ -357,9 +363,8 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
 {
     ms_server_t *s = c->server;
     ms_req_t *r = &h->req;
-    char peer[64] = "?";
-    if (c->io->peer != NULL)
-        c->io->peer(c, peer, sizeof(peer));
+    char peer[64];
+    ms_conn_peer(c, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, reason(status), why ? why : "malformed");
     s->stats.bad_requests++;
     h->state = MS_H1_DEAD;
@@ -468,7 +473,7 @@ static void dispatch(ms_conn_t *c, ms_h1_t *h)
     s->stats.requests++;
     if (c->requests >= s->limits.requests_per_connection)
         r->v.flags |= MS_REQ_CLOSE;
-    s->on_request(r, s->data);
+    ms__server_call(s, s->on_request, r);
 }
 
 /* Feeds body bytes to llhttp; returns how far it read. */
@@ -663,6 +668,21 @@ void ms__h1_req_finished(ms_conn_t *c)
         return;
     }
     c->refs--; /* the transport's reference remains: the connection is open */
+    if (c->server->depth > 0) {
+        /* Called from inside a handler's call into the core (LuaJIT FFI), where calling
+         * back into Lua is not allowed: serve what comes next once the callback returns. */
+        ms__server_defer(c->server, c);
+        return;
+    }
+    ms__h1_continue(c);
+}
+
+/* Serves whatever came in behind a finished request. */
+void ms__h1_continue(ms_conn_t *c)
+{
+    ms_h1_t *h = c->h1;
+    if (h == NULL || (c->flags & MS_CONN_CLOSED))
+        return;
     if (c->flags & MS_CONN_READ_OFF) {
         c->flags &= ~MS_CONN_READ_OFF;
         c->io->read_start(c);

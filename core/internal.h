@@ -64,6 +64,7 @@ struct ms_conn_s {
     ms_timer_t timer;    /* idle timeout */
     uint32_t flags;
     uint32_t requests;   /* served on this connection */
+    ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;            /* 1 for the transport, 1 while a handler holds the request */
 };
 
@@ -109,6 +110,8 @@ struct ms_server_s {
     uint32_t next_req_id;
     int stopping;
     void (*stopped)(ms_server_t *s);
+    int depth;              /* calls into the handler under way */
+    ms_conn_t *deferred;    /* connections to move on once those calls return */
     struct ms_listener_s *listeners;
     uint32_t listen_port;
     ms_server_stats_t stats;
@@ -129,11 +132,14 @@ char *ms__out_reserve(ms_out_t *o, size_t n);
 void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n);
 void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n);
 void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c);
+void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
+void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
 /* h1.c */
 void ms__h1_feed(ms_conn_t *c, const char *data, size_t len);
 void ms__h1_eof(ms_conn_t *c);
 void ms__h1_req_finished(ms_conn_t *c);
+void ms__h1_continue(ms_conn_t *c);
 void ms__h1_body_drained(ms_conn_t *c);
 int ms__h1_reply_head(ms_req_t *r, int64_t content_length);
 int ms__h1_send_error(ms_conn_t *c, int status, const char *why);

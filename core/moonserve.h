@@ -190,6 +190,10 @@ int ms_req_wait_drain(ms_req_t *r);
  * empty body, or the last chunk), and lets the connection move on. `r` is invalid after. */
 void ms_req_finish(ms_req_t *r);
 
+/* The handler failed: a reply already under way is cut off and the connection closes;
+ * call ms_req_finish() after. */
+void ms_req_fail(ms_req_t *r);
+
 /* Called by the binding when the handler yields: copies the head out of the shared read
  * buffer into the request's pool, so that buffer can serve other connections. */
 void ms_req_park(ms_req_t *r);
@@ -277,5 +281,7 @@ void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf);
 /* The transport's extra bytes. */
 void *ms_conn_io_data(ms_conn_t *c);
 ms_server_t *ms_conn_server(ms_conn_t *c);
+/* The peer's address as text ("" when the transport cannot tell). */
+void ms_conn_peer(ms_conn_t *c, char *buf, size_t len);
 
 #endif

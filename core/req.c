@@ -33,7 +33,7 @@ void ms__req_wake(ms_req_t *r, int wait)
         return;
     r->v.wait = MS_WAIT_NONE;
     ms_server_t *s = r->conn->server;
-    s->on_resume(r, s->data);
+    ms__server_call(s, s->on_resume, r);
 }
 
 void ms__req_abort(ms_req_t *r)
@@ -228,6 +228,15 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
     if (!(c->flags & MS_CONN_IN_FEED))
         ms__conn_flush(c);
     return 0;
+}
+
+void ms_req_fail(ms_req_t *r)
+{
+    /* A reply cut short must not look complete: no last chunk, and the connection closes. */
+    if ((r->v.flags & MS_REQ_HEAD_SENT) && !(r->v.flags & MS_REQ_DONE)) {
+        r->v.flags |= MS_REQ_DONE | MS_REQ_CLOSE;
+        r->conn->flags |= MS_CONN_CLOSING;
+    }
 }
 
 void ms_req_finish(ms_req_t *r)

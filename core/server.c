@@ -312,6 +312,31 @@ const ms_server_stats_t *ms_server_stats(ms_server_t *s)
     return &s->stats;
 }
 
+/* Every call into the handler goes through here. Work the handler's calls into the core
+ * could not do on the spot (it may not call back into Lua) is done when the outermost
+ * call returns. */
+void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
+{
+    s->depth++;
+    cb(r, s->data);
+    if (--s->depth > 0)
+        return;
+    while (s->deferred != NULL) {
+        ms_conn_t *c = s->deferred;
+        s->deferred = c->deferred_next;
+        c->deferred_next = NULL;
+        ms__h1_continue(c);
+        ms__conn_release(c);
+    }
+}
+
+void ms__server_defer(ms_server_t *s, ms_conn_t *c)
+{
+    c->refs++;
+    c->deferred_next = s->deferred;
+    s->deferred = c;
+}
+
 /* Called as each connection goes: a stopping server reports when the last is gone. */
 void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c)
 {

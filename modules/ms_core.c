@@ -1,0 +1,347 @@
+/* ms_core.c: the moonserve.core module: setting up servers through the Lua C API, and the
+ * one crossing per request from the core into the Lua dispatcher. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memio.h"
+#include "moonserve.h"
+
+#define SERVER_MT "moonserve.server"
+#define MEMCONN_MT "moonserve.memconn"
+
+typedef struct binding_s {
+    ms_server_t *server;
+    uv_loop_t *loop;
+    lua_State *L;       /* the state that runs the loop; handlers run in its coroutines */
+    int on_request_ref; /* the Lua dispatcher: function(req_ptr) */
+    int on_resume_ref;  /* function(req_ptr) */
+    uv_signal_t sigint, sigterm;
+    int signals;        /* the signal handles are initialised */
+    int stopped;
+} binding_t;
+
+static int ms_lua_fail(lua_State *L, int rc)
+{
+    lua_pushnil(L);
+    lua_pushfstring(L, "%s: %s", ms_err_name(rc), ms_strerror(rc));
+    lua_pushstring(L, ms_err_name(rc));
+    return 3;
+}
+
+/* -- Dispatch ------------------------------------------------------------------------------ */
+
+/* When the dispatcher itself fails (never a handler: those are caught in Lua), the request
+ * still gets an answer, so that no client hangs. */
+static void dispatch_failed(ms_req_t *r, lua_State *L)
+{
+    ms_log(MS_LOG_ERR, "dispatcher failed: %s", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    if ((r->v.flags & MS_REQ_IN_HANDLER) && r->v.handler < 0) {
+        r->v.status = 500;
+        ms_reply_send(r, "500 Internal Server Error\n", 26, MS_VEC_STATIC, -1);
+        ms_req_finish(r);
+    }
+}
+
+static void call_lua(binding_t *b, int ref, ms_req_t *r)
+{
+    lua_State *L = b->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
+    lua_pushlightuserdata(L, r);
+    if (lua_pcall(L, 1, 0, 0) != 0)
+        dispatch_failed(r, L);
+}
+
+static void on_request(ms_req_t *r, void *data)
+{
+    binding_t *b = data;
+    call_lua(b, b->on_request_ref, r);
+}
+
+static void on_resume(ms_req_t *r, void *data)
+{
+    binding_t *b = data;
+    call_lua(b, b->on_resume_ref, r);
+}
+
+/* -- Server ------------------------------------------------------------------------------- */
+
+static uint64_t opt_number(lua_State *L, int t, const char *key, uint64_t def, double scale)
+{
+    lua_getfield(L, t, key);
+    uint64_t v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isnumber(L, -1))
+            luaL_error(L, "bad limit %s (number expected)", key);
+        double d = lua_tonumber(L, -1) * scale;
+        if (d < 0)
+            luaL_error(L, "bad limit %s (must not be negative)", key);
+        v = (uint64_t)d;
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* core.server{ on_request = f, on_resume = g, limits = { ... } } */
+static int server_new(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lua_getfield(L, 1, "limits");
+    if (lua_istable(L, -1)) {
+        int t = lua_gettop(L);
+        lim.head_bytes = (uint32_t)opt_number(L, t, "head_bytes", lim.head_bytes, 1);
+        lim.header_count = (uint32_t)opt_number(L, t, "header_count", lim.header_count, 1);
+        lim.body_bytes = opt_number(L, t, "body_bytes", lim.body_bytes, 1);
+        lim.idle_timeout_ms =
+            (uint32_t)opt_number(L, t, "idle_timeout", lim.idle_timeout_ms, 1000);
+        lim.requests_per_connection = (uint32_t)opt_number(L, t, "requests_per_connection",
+                                                           lim.requests_per_connection, 1);
+    }
+    lua_pop(L, 1);
+    binding_t *b = lua_newuserdata(L, sizeof(*b));
+    memset(b, 0, sizeof(*b));
+    b->on_request_ref = b->on_resume_ref = LUA_NOREF;
+    luaL_getmetatable(L, SERVER_MT);
+    lua_setmetatable(L, -2);
+    lua_getfield(L, 1, "on_request");
+    luaL_checktype(L, -1, LUA_TFUNCTION);
+    b->on_request_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_getfield(L, 1, "on_resume");
+    luaL_checktype(L, -1, LUA_TFUNCTION);
+    b->on_resume_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    b->loop = uv_default_loop();
+    b->L = L;
+    b->server = ms_server_new(b->loop, &lim, on_request, on_resume, b);
+    return 1;
+}
+
+static binding_t *check_server(lua_State *L)
+{
+    binding_t *b = luaL_checkudata(L, 1, SERVER_MT);
+    if (b->server == NULL)
+        luaL_error(L, "server is closed");
+    return b;
+}
+
+/* server:listen("127.0.0.1:8080"[, backlog]) -> port */
+static int server_listen(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    const char *addr = luaL_checkstring(L, 2);
+    int rc = ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, 511));
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushinteger(L, ms_server_port(b->server));
+    return 1;
+}
+
+static void stopped(ms_server_t *s)
+{
+    (void)s;
+    /* The loop ends by itself once nothing is left on it. */
+}
+
+static void on_signal(uv_signal_t *sig, int signum)
+{
+    binding_t *b = sig->data;
+    ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
+    uv_close((uv_handle_t *)&b->sigint, NULL);
+    uv_close((uv_handle_t *)&b->sigterm, NULL);
+    b->signals = 0;
+    ms_server_stop(b->server, stopped);
+}
+
+/* server:run(): serves until stopped (server:stop(), SIGINT or SIGTERM). */
+static int server_run(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    b->L = L;
+    if (!b->signals) {
+        uv_signal_init(b->loop, &b->sigint);
+        uv_signal_init(b->loop, &b->sigterm);
+        b->sigint.data = b->sigterm.data = b;
+        uv_signal_start(&b->sigint, on_signal, SIGINT);
+        uv_signal_start(&b->sigterm, on_signal, SIGTERM);
+        /* Signals alone do not keep the loop running once the server has stopped. */
+        uv_unref((uv_handle_t *)&b->sigint);
+        uv_unref((uv_handle_t *)&b->sigterm);
+        b->signals = 1;
+        signal(SIGPIPE, SIG_IGN);
+    }
+    uv_run(b->loop, UV_RUN_DEFAULT);
+    return 0;
+}
+
+/* server:stop(): stops accepting; the loop ends when in-flight requests are done. */
+static int server_stop(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    if (b->signals) {
+        uv_close((uv_handle_t *)&b->sigint, NULL);
+        uv_close((uv_handle_t *)&b->sigterm, NULL);
+        b->signals = 0;
+    }
+    ms_server_stop(b->server, stopped);
+    return 0;
+}
+
+/* server:pointer(): the ms_server_t *, for the FFI side. */
+static int server_pointer(lua_State *L)
+{
+    lua_pushlightuserdata(L, check_server(L)->server);
+    return 1;
+}
+
+static int server_stats(lua_State *L)
+{
+    const ms_server_stats_t *st = ms_server_stats(check_server(L)->server);
+    lua_createtable(L, 0, 5);
+    lua_pushnumber(L, (lua_Number)st->accepted);
+    lua_setfield(L, -2, "accepted");
+    lua_pushnumber(L, (lua_Number)st->closed);
+    lua_setfield(L, -2, "closed");
+    lua_pushnumber(L, (lua_Number)st->requests);
+    lua_setfield(L, -2, "requests");
+    lua_pushnumber(L, (lua_Number)st->bad_requests);
+    lua_setfield(L, -2, "bad_requests");
+    lua_pushnumber(L, (lua_Number)st->conns);
+    lua_setfield(L, -2, "connections");
+    return 1;
+}
+
+/* server:close(): frees the server once its loop has ended. */
+static int server_gc(lua_State *L)
+{
+    binding_t *b = luaL_checkudata(L, 1, SERVER_MT);
+    if (b->server == NULL)
+        return 0;
+    if (ms_server_stats(b->server)->conns > 0) {
+        /* Still serving: the loop is running or will be; leave it be. */
+        return 0;
+    }
+    ms_server_free(b->server);
+    b->server = NULL;
+    luaL_unref(L, LUA_REGISTRYINDEX, b->on_request_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->on_resume_ref);
+    return 0;
+}
+
+/* -- In-process connections ---------------------------------------------------------------
+ * server:memconn() -> conn; conn:feed(bytes) -> what the server wrote since the last call.
+ * Requests go through the same engine and dispatch as over a socket, without one. */
+
+typedef struct memconn_s {
+    ms_memio_t io;
+    int open;
+} memconn_t;
+
+static int memconn_new(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    memconn_t *m = lua_newuserdata(L, sizeof(*m));
+    luaL_getmetatable(L, MEMCONN_MT);
+    lua_setmetatable(L, -2);
+    ms_memio_open(b->server, &m->io);
+    m->open = 1;
+    b->L = L;
+    return 1;
+}
+
+static int memconn_feed(lua_State *L)
+{
+    memconn_t *m = luaL_checkudata(L, 1, MEMCONN_MT);
+    size_t n;
+    const char *p = luaL_optlstring(L, 2, "", &n);
+    m->io.out.len = 0;
+    if (n > 0)
+        ms_memio_feed(&m->io, p, n);
+    lua_pushlstring(L, m->io.out.base ? m->io.out.base : "", m->io.out.len);
+    lua_pushboolean(L, m->io.conn == NULL);
+    return 2;
+}
+
+/* conn:take(): what was written since the last feed or take (after timers or resumes). */
+static int memconn_take(lua_State *L)
+{
+    memconn_t *m = luaL_checkudata(L, 1, MEMCONN_MT);
+    lua_pushlstring(L, m->io.out.base ? m->io.out.base : "", m->io.out.len);
+    m->io.out.len = 0;
+    lua_pushboolean(L, m->io.conn == NULL);
+    return 2;
+}
+
+static int memconn_close(lua_State *L)
+{
+    memconn_t *m = luaL_checkudata(L, 1, MEMCONN_MT);
+    if (m->open) {
+        m->open = 0;
+        ms_memio_peer_close(&m->io, UV_EOF);
+        ms_memio_free(&m->io);
+    }
+    return 0;
+}
+
+/* -- Module -------------------------------------------------------------------------------- */
+
+static int core_log(lua_State *L)
+{
+    int level = (int)luaL_checkinteger(L, 1);
+    size_t n;
+    const char *msg = luaL_checklstring(L, 2, &n);
+    ms_log(level, "%.*s", (int)n, msg);
+    return 0;
+}
+
+static int core_run_once(lua_State *L)
+{
+    /* Runs due timers and events without waiting: in-process tests drive the loop. */
+    lua_pushboolean(L, uv_run(uv_default_loop(), UV_RUN_NOWAIT));
+    return 1;
+}
+
+static int core_now(lua_State *L)
+{
+    uv_update_time(uv_default_loop());
+    lua_pushnumber(L, (lua_Number)uv_now(uv_default_loop()) / 1000.0);
+    return 1;
+}
+
+MS_EXPORT int luaopen_moonserve_core(lua_State *L)
+{
+    static const luaL_Reg server_methods[] = {
+        {"listen", server_listen}, {"run", server_run},         {"stop", server_stop},
+        {"pointer", server_pointer}, {"stats", server_stats}, {"memconn", memconn_new},
+        {"close", server_gc},      {NULL, NULL}};
+    static const luaL_Reg memconn_methods[] = {
+        {"feed", memconn_feed}, {"take", memconn_take}, {"close", memconn_close}, {NULL, NULL}};
+    static const luaL_Reg funcs[] = {{"server", server_new},
+                                     {"log", core_log},
+                                     {"run_once", core_run_once},
+                                     {"now", core_now},
+                                     {NULL, NULL}};
+
+    luaL_newmetatable(L, SERVER_MT);
+    lua_newtable(L);
+    luaL_register(L, NULL, server_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, server_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+
+    luaL_newmetatable(L, MEMCONN_MT);
+    lua_newtable(L);
+    luaL_register(L, NULL, memconn_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, memconn_close);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+
+    lua_newtable(L);
+    luaL_register(L, NULL, funcs);
+    return 1;
+}

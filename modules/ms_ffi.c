@@ -1,0 +1,135 @@
+/* ms_ffi.c: the hot path Lua calls through LuaJIT's FFI: flat arguments, caller-owned
+ * out-buffers, int results. Declared again in lua/moonserve/base.lua. */
+#include <string.h>
+
+#include "moonserve.h"
+
+#define MS_FFI MS_EXPORT
+
+/* Bodies up to this size are copied next to the reply head; larger Lua strings are
+ * referenced and the caller anchors them (see ms_ffi_res_send). */
+#define COPY_MAX 1024
+
+static inline int fold(char ch)
+{
+    return ch >= 'A' && ch <= 'Z' ? ch | 0x20 : ch;
+}
+
+/* The header whose name matches `name` in any case. Returns its value and length, or NULL. */
+MS_FFI const char *ms_ffi_req_header(ms_req_t *r, const char *name, size_t len, size_t *vlen)
+{
+    for (int i = 0; i < r->v.nheaders; i++) {
+        const ms_header_t *h = &r->headers[i];
+        if (h->name.len != len)
+            continue;
+        size_t k = 0;
+        while (k < len && fold(h->name.base[k]) == fold(name[k]))
+            k++;
+        if (k == len) {
+            *vlen = h->value.len;
+            return h->value.base;
+        }
+    }
+    return NULL;
+}
+
+/* The request's fields, for req:headers(). Returns how many there are; fills at most n. */
+MS_FFI int ms_ffi_req_headers(ms_req_t *r, ms_header_t *out, int n)
+{
+    int k = r->v.nheaders < n ? r->v.nheaders : n;
+    memcpy(out, r->headers, (size_t)k * sizeof(*out));
+    return r->v.nheaders;
+}
+
+MS_FFI int ms_ffi_req_peer(ms_req_t *r, char *buf, size_t len)
+{
+    ms_conn_peer(r->conn, buf, len);
+    return (int)strlen(buf);
+}
+
+MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
+                             size_t vlen)
+{
+    return ms_reply_header(r, name, nlen, value, vlen);
+}
+
+/* Sends the reply. Returns 0, a negative code, or slot + 1 when `body` is referenced by the
+ * write: the caller keeps the string in its anchor table at that slot. */
+MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len)
+{
+    if (len <= COPY_MAX)
+        return ms_reply_send(r, body, len, MS_VEC_OUT, -1);
+    int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
+    int rc = ms_reply_send(r, body, len, MS_VEC_LUA, slot);
+    return rc < 0 ? rc : slot + 1;
+}
+
+/* Streams a piece of the reply; returns as ms_ffi_res_send. */
+MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len)
+{
+    if (len <= COPY_MAX)
+        return ms_reply_write(r, chunk, len, MS_VEC_OUT, -1);
+    int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
+    int rc = ms_reply_write(r, chunk, len, MS_VEC_LUA, slot);
+    return rc < 0 ? rc : slot + 1;
+}
+
+MS_FFI int ms_ffi_res_congested(ms_req_t *r)
+{
+    return ms_reply_congested(r);
+}
+
+MS_FFI int ms_ffi_anchor_drain(ms_server_t *s, int32_t *out, int n)
+{
+    return ms_anchor_drain(s, out, n);
+}
+
+MS_FFI int64_t ms_ffi_req_body_take(ms_req_t *r, const char **out)
+{
+    return ms_req_body_take(r, out);
+}
+
+MS_FFI int ms_ffi_req_wait_body(ms_req_t *r)
+{
+    return ms_req_wait_body(r);
+}
+
+MS_FFI int ms_ffi_req_sleep(ms_req_t *r, double seconds)
+{
+    return ms_req_sleep(r, seconds <= 0 ? 0 : (uint64_t)(seconds * 1000.0 + 0.5));
+}
+
+MS_FFI int ms_ffi_req_wait_drain(ms_req_t *r)
+{
+    return ms_req_wait_drain(r);
+}
+
+MS_FFI void ms_ffi_req_park(ms_req_t *r)
+{
+    ms_req_park(r);
+}
+
+MS_FFI void ms_ffi_req_finish(ms_req_t *r)
+{
+    ms_req_finish(r);
+}
+
+MS_FFI void ms_ffi_req_fail(ms_req_t *r)
+{
+    ms_req_fail(r);
+}
+
+MS_FFI const char *ms_ffi_err_name(int err)
+{
+    return ms_err_name(err);
+}
+
+MS_FFI const char *ms_ffi_strerror(int err)
+{
+    return ms_strerror(err);
+}
+
+MS_FFI void ms_ffi_log(int level, const char *msg, size_t len)
+{
+    ms_log(level, "%.*s", (int)len, msg);
+}

@@ -157,6 +157,9 @@ const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
 int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
                     size_t vlen);
 
+/* Forgets the fields added so far (an error page replaces the reply). MS_ESENT if too late. */
+int ms_reply_reset(ms_req_t *r);
+
 /* Sends the whole reply with `body`. If `anchor` is >= 0, body is a Lua string kept alive by
  * that slot until written; otherwise it is copied or static as `owner` says. Returns 0 or a
  * negative code. A request whose connection is gone accepts and drops the reply. */

@@ -141,6 +141,15 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
     return 0;
 }
 
+int ms_reply_reset(ms_req_t *r)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    r->res_headers.len = 0;
+    r->v.status = 200;
+    return 0;
+}
+
 static void drop_anchor(ms_server_t *s, int owner, int32_t anchor)
 {
     if (owner == MS_VEC_LUA && anchor >= 0)

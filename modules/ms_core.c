@@ -1,5 +1,7 @@
 /* ms_core.c: the moonserve.core module: setting up servers through the Lua C API, and the
  * one crossing per request from the core into the Lua dispatcher. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <signal.h>
@@ -297,6 +299,12 @@ static int core_log(lua_State *L)
     return 0;
 }
 
+static int core_log_level(lua_State *L)
+{
+    ms_log_set(NULL, (int)luaL_checkinteger(L, 1));
+    return 0;
+}
+
 static int core_run_once(lua_State *L)
 {
     /* Runs due timers and events without waiting: in-process tests drive the loop. */
@@ -321,6 +329,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
         {"feed", memconn_feed}, {"take", memconn_take}, {"close", memconn_close}, {NULL, NULL}};
     static const luaL_Reg funcs[] = {{"server", server_new},
                                      {"log", core_log},
+                                     {"log_level", core_log_level},
                                      {"run_once", core_run_once},
                                      {"now", core_now},
                                      {NULL, NULL}};
@@ -343,5 +352,11 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 
     lua_newtable(L);
     luaL_register(L, NULL, funcs);
+    /* Where this file is, so the FFI side can load the very same one. */
+    Dl_info info;
+    if (dladdr((void *)luaopen_moonserve_core, &info) != 0 && info.dli_fname != NULL) {
+        lua_pushstring(L, info.dli_fname);
+        lua_setfield(L, -2, "path");
+    }
     return 1;
 }

@@ -53,6 +53,11 @@ MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const c
     return ms_reply_header(r, name, nlen, value, vlen);
 }
 
+MS_FFI int ms_ffi_res_reset(ms_req_t *r)
+{
+    return ms_reply_reset(r);
+}
+
 /* Sends the reply. Returns 0, a negative code, or slot + 1 when `body` is referenced by the
  * write: the caller keeps the string in its anchor table at that slot. */
 MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len)

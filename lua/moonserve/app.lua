@@ -1,0 +1,116 @@
+-- moonserve/app.lua: an application: routes, middleware and sites, and how a request goes
+-- through them.
+local router = require "moonserve.router"
+
+local lower, match, type = string.lower, string.match, type
+
+local App = {}
+App.__index = App
+
+local _M = { methods = App }
+
+function _M.new(opts)
+    return setmetatable({ router = router.new(), middleware = {}, sites = nil,
+        opts = opts or {} }, App)
+end
+
+function App:route(method, path, handler)
+    if type(method) ~= "string" then
+        error("bad method (string expected)", 2)
+    end
+    self.router:add(method:upper(), path, handler)
+    return self
+end
+
+for _, m in ipairs { "get", "post", "put", "patch", "delete", "options", "head" } do
+    local M = m:upper()
+    App[m] = function(self, path, handler)
+        self.router:add(M, path, handler)
+        return self
+    end
+end
+
+-- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
+-- gets back what the rest returned).
+function App:use(fn)
+    if type(fn) ~= "function" then
+        error("bad middleware (function expected)", 2)
+    end
+    self.middleware[#self.middleware + 1] = fn
+    return self
+end
+
+-- A site for one host: the same methods, its own routes and middleware. The app's own
+-- routes serve hosts that have no site.
+function App:site(host)
+    if type(host) ~= "string" or host == "" then
+        error("bad host (string expected)", 2)
+    end
+    self.sites = self.sites or {}
+    host = lower(host)
+    local s = self.sites[host]
+    if not s then
+        s = _M.new()
+        self.sites[host] = s
+    end
+    return s
+end
+
+local function not_found(req, res)
+    return res:status(404):send("Not Found\n")
+end
+
+local function run_chain(mw, i, req, res, final)
+    local fn = mw[i]
+    if fn == nil then
+        return final(req, res)
+    end
+    return fn(req, res, function()
+        return run_chain(mw, i + 1, req, res, final)
+    end)
+end
+
+-- Runs the request through sites, middleware and routes; returns what the handler
+-- returned (the `return status, body, headers` form).
+function App:handle(req, res)
+    local app = self
+    if self.sites then
+        local host = req:header("host")
+        if host then
+            host = lower(match(host, "^%[?([^%]]-)%]?:%d+$") or host)
+            app = self.sites[host] or self
+        end
+    end
+    local handler, params, allow = app.router:match(req.method, req.path)
+    local final
+    if handler then
+        req.params = params
+        final = handler
+    elseif allow then
+        final = function(_, r)
+            return r:status(405):header("allow", allow):send("Method Not Allowed\n")
+        end
+    else
+        final = not_found
+    end
+    local mw = app.middleware
+    if #mw == 0 and app ~= self then
+        mw = self.middleware
+    elseif app ~= self and #self.middleware > 0 then
+        -- the app's middleware runs first, then the site's
+        local all = {}
+        for i = 1, #self.middleware do all[#all + 1] = self.middleware[i] end
+        for i = 1, #mw do all[#all + 1] = mw[i] end
+        mw = all
+    end
+    if #mw == 0 then
+        return final(req, res)
+    end
+    return run_chain(mw, 1, req, res, final)
+end
+
+function App:run(opts)
+    return require("moonserve.server").run(self, opts)
+end
+
+return _M

@@ -1,0 +1,100 @@
+-- moonserve/cli.lua: the `moonserve` command.
+local _M = {}
+
+local USAGE = [[
+usage: moonserve [APP.lua] [options]
+
+Serves APP.lua (a file that returns an app), or the bundled demo site.
+
+options:
+  --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one)
+  --workers N          worker processes; 0 runs one process with no master (default 0)
+  --limit KEY=VALUE    set a limit (head_bytes, header_count, body_bytes, idle_timeout,
+                       requests_per_connection); repeatable
+  --quiet              log errors and warnings only
+  -h, --help           this text
+  -v, --version        the version
+]]
+
+local function die(msg)
+    io.stderr:write("moonserve: ", msg, "\n")
+    return 2
+end
+
+function _M.main(args)
+    local opts = { limits = nil }
+    local app_file
+    local i = 1
+    while i <= #args do
+        local a = args[i]
+        local function value()
+            i = i + 1
+            local v = args[i]
+            if v == nil then
+                error({ usage = a .. " needs a value" })
+            end
+            return v
+        end
+        if a == "-h" or a == "--help" then
+            io.stdout:write(USAGE)
+            return 0
+        elseif a == "-v" or a == "--version" then
+            io.stdout:write("moonserve ", require("moonserve")._VERSION, "\n")
+            return 0
+        elseif a == "--listen" then
+            opts.listen = value()
+        elseif a == "--workers" then
+            local n = tonumber(value())
+            if not n or n < 0 or n % 1 ~= 0 then
+                return die("--workers needs a whole number")
+            end
+            opts.workers = n
+        elseif a == "--limit" then
+            local k, v = value():match("^([%w_]+)=(.+)$")
+            if not k or not tonumber(v) then
+                return die("--limit needs KEY=NUMBER")
+            end
+            opts.limits = opts.limits or {}
+            opts.limits[k] = tonumber(v)
+        elseif a == "--quiet" then
+            opts.quiet = true
+        elseif a:sub(1, 1) == "-" then
+            return die("unknown option " .. a .. " (see --help)")
+        elseif app_file then
+            return die("one app file at most")
+        else
+            app_file = a
+        end
+        i = i + 1
+    end
+    local app
+    if app_file then
+        local chunk, err = loadfile(app_file)
+        if not chunk then
+            return die(err)
+        end
+        app = chunk()
+        if type(app) ~= "table" or type(app.handle) ~= "function" then
+            return die(app_file .. " must return an app (moonserve.app())")
+        end
+    else
+        local ok, demo = pcall(require, "moonserve.demo")
+        if not ok then
+            ok, demo = pcall(require, "demo") -- from a source tree: examples/ on the path
+        end
+        if not ok then
+            return die("the demo site is not installed: " .. tostring(demo))
+        end
+        app = demo
+    end
+    if opts.quiet then
+        require("moonserve.base").core.log_level(1)
+    end
+    local ok, err = pcall(app.run, app, opts)
+    if not ok then
+        return die(tostring(err))
+    end
+    return 0
+end
+
+return _M

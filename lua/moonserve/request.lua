@@ -1,0 +1,209 @@
+-- moonserve/request.lua: the request a handler gets: lazy fields over the core's FFI view.
+local ffi = require "ffi"
+local base = require "moonserve.base"
+local codec = require "moonserve.codec"
+
+local C = base.C
+local ffi_str = ffi.string
+local co_yield = coroutine.yield
+local concat, lower, sub, find = table.concat, string.lower, string.sub, string.find
+local PARK, EAGAIN = base.PARK, base.EAGAIN
+
+local vlen = ffi.new("size_t[1]")          -- reused; never held across a yield
+local body_ptr = ffi.new("const char *[1]")
+local peer_buf = ffi.new("char[64]")
+local header_buf = ffi.new("ms_header_t[64]")
+
+local Request = {}
+local getters = {}
+
+local function view(self)
+    local r = self.r
+    if not r then
+        error("request is finished: its fields can no longer be read", 3)
+    end
+    return r
+end
+
+function getters.method(self)
+    local r = view(self)
+    return ffi_str(r.method.base, r.method.len)
+end
+
+function getters.path(self)
+    local r = view(self)
+    return ffi_str(r.path.base, r.path.len)
+end
+
+function getters.target(self)
+    local r = view(self)
+    return ffi_str(r.target.base, r.target.len)
+end
+
+function getters.query_string(self)
+    local r = view(self)
+    return r.query.len > 0 and ffi_str(r.query.base, r.query.len) or ""
+end
+
+function getters.query(self)
+    return codec.parse_form(self.query_string)
+end
+
+function getters.params()
+    return {}
+end
+
+function getters.ctx()
+    return {}
+end
+
+function getters.id(self)
+    return tonumber(view(self).id)
+end
+
+function getters.http_version(self)
+    return view(self).version == 10 and 1.0 or 1.1
+end
+
+function getters.client_ip(self)
+    local n = C.ms_ffi_req_peer(view(self), peer_buf, 64)
+    return ffi_str(peer_buf, n)
+end
+
+local mt = {
+    __index = function(self, k)
+        local get = getters[k]
+        if get then
+            local v = get(self)
+            rawset(self, k, v)
+            return v
+        end
+        return Request[k]
+    end,
+}
+
+local _M = { getters = getters, methods = Request }
+
+function _M.new(r)
+    return setmetatable({ r = r }, mt)
+end
+
+-- The first value of a header field, by name in any case, or nil.
+function Request:header(name)
+    if type(name) ~= "string" then
+        error("bad header name (string expected)", 2)
+    end
+    local p = C.ms_ffi_req_header(view(self), name, #name, vlen)
+    if p == nil then
+        return nil
+    end
+    return ffi_str(p, vlen[0])
+end
+
+-- All fields as a table with lowercase names. Repeated fields are joined with ", "
+-- (with "; " for cookie, RFC 9113 8.2.3).
+function Request:headers()
+    local r = view(self)
+    local n = C.ms_ffi_req_headers(r, header_buf, 64)
+    local buf = header_buf
+    if n > 64 then -- rare: more fields than the scratch array holds
+        buf = ffi.new("ms_header_t[?]", n)
+        C.ms_ffi_req_headers(r, buf, n)
+    end
+    local t = base.new_tab(0, n)
+    for i = 0, n - 1 do
+        local h = buf[i]
+        local k = lower(ffi_str(h.name.base, h.name.len))
+        local v = ffi_str(h.value.base, h.value.len)
+        local old = t[k]
+        if old == nil then
+            t[k] = v
+        else
+            t[k] = old .. (k == "cookie" and "; " or ", ") .. v
+        end
+    end
+    return t
+end
+
+-- The next piece of the body: a string, or nil at its end, or nil and an error. Yields
+-- (parks the handler) while the client has not sent more.
+function Request:read()
+    local r = view(self)
+    while true do
+        local n = C.ms_ffi_req_body_take(r, body_ptr)
+        if n > 0 then
+            return ffi_str(body_ptr[0], n)
+        elseif n == 0 then
+            return nil
+        elseif n ~= EAGAIN then
+            return base.fail(tonumber(n))
+        end
+        local rc = C.ms_ffi_req_wait_body(r)
+        if rc < 0 then
+            return base.fail(rc)
+        end
+        co_yield(PARK)
+    end
+end
+
+-- The whole body (what read() has not taken yet) as one string, or nil and an error.
+function Request:body()
+    local cached = rawget(self, "_body")
+    if cached then
+        return cached
+    end
+    local parts, n = {}, 0
+    while true do
+        local piece, err, name = self:read()
+        if piece == nil then
+            if err then
+                return nil, err, name
+            end
+            break
+        end
+        n = n + 1
+        parts[n] = piece
+    end
+    local body = n == 1 and parts[1] or concat(parts)
+    rawset(self, "_body", body)
+    return body
+end
+
+local function media_type(self)
+    local ct = self:header("content-type")
+    if not ct then
+        return nil
+    end
+    local semi = find(ct, ";", 1, true)
+    return lower(semi and sub(ct, 1, semi - 1):match("^%s*(.-)%s*$") or ct:match("^%s*(.-)%s*$"))
+end
+
+-- The body as an urlencoded form ({ name = value }), or nil and an error.
+function Request:form()
+    local mt_ = media_type(self)
+    if mt_ ~= "application/x-www-form-urlencoded" then
+        return nil, "not an urlencoded form (content-type is " .. tostring(mt_) .. ")"
+    end
+    local body, err = self:body()
+    if not body then
+        return nil, err
+    end
+    return codec.parse_form(body)
+end
+
+local cjson_safe
+-- The body decoded as JSON, or nil and an error.
+function Request:json()
+    local body, err = self:body()
+    if not body then
+        return nil, err
+    end
+    cjson_safe = cjson_safe or require "cjson.safe"
+    local v, jerr = cjson_safe.decode(body)
+    if v == nil and jerr then
+        return nil, "invalid JSON: " .. jerr
+    end
+    return v
+end
+
+return _M

@@ -1,0 +1,253 @@
+-- moonserve/server.lua: the dispatcher the core calls once per request, and running a server.
+-- Each request runs in a coroutine from a pool; one that parks (waits for its body, a timer,
+-- a slow reader) is resumed by the core when its wait is over.
+local ffi = require "ffi"
+local bit = require "bit"
+local base = require "moonserve.base"
+local request = require "moonserve.request"
+local response = require "moonserve.response"
+
+local C, core = base.C, base.core
+local band = bit.band
+local co_create, co_resume, co_yield = coroutine.create, coroutine.resume, coroutine.yield
+local traceback, format, type = debug.traceback, string.format, type
+local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
+local REQ_IN_HANDLER = 0x400
+
+local view_ptr = ffi.typeof("ms_req_view_t *")
+local anchors = base.anchors
+local released = ffi.new("int32_t[256]")
+
+local _M = {}
+
+local DONE = setmetatable({}, { __tostring = function() return "moonserve.DONE" end })
+local POOL_MAX = 256
+
+local app          -- the application this worker serves
+local server_ptr   -- its ms_server_t *
+local current      -- the request whose handler runs right now
+local pool, npool = {}, 0
+local parked, free_slots, nfree = {}, {}, 0
+
+math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+
+-- A short id that ties an error page to its log line.
+local function reference(r)
+    return format("%06x%04x", math.random(0, 0xffffff), tonumber(r.id) % 0x10000)
+end
+
+local function fail(r, req, res, err)
+    local ref = reference(r)
+    local ok, method, path = pcall(function() return req.method, req.path end)
+    if not ok then
+        method, path = "?", "?"
+    end
+    base.log(base.LOG_ERR, format("[%s] %s %s: %s", ref, method, path, tostring(err)))
+    if band(r.flags, HEAD_SENT) == 0 then
+        C.ms_ffi_res_reset(r)
+        r.status = 500
+        res.has_type = false
+        res:send("500 Internal Server Error\nreference: " .. ref .. "\n")
+    else
+        C.ms_ffi_req_fail(r) -- part of the reply is out: cut it off
+    end
+end
+
+-- Applies the `return status, body, headers` form of a handler.
+local function reply_with(res, status, body, headers)
+    if res:sent() then
+        return
+    end
+    if type(status) == "number" then
+        res:status(status)
+    elseif body == nil then
+        body, status = status, nil -- return "text" means 200 "text"
+    end
+    if headers then
+        for k, v in pairs(headers) do
+            res:header(k, v)
+        end
+    end
+    if type(body) == "table" then
+        return res:json(body)
+    end
+    return res:send(body)
+end
+
+local function handle(req, res)
+    local status, body, headers = app:handle(req, res)
+    if status ~= nil then
+        reply_with(res, status, body, headers)
+    end
+end
+
+-- The body of every pooled coroutine: one request per turn, then back to the pool.
+local function worker(r)
+    while true do
+        local req, res = request.new(r), response.new(r)
+        local ok, err = xpcall(handle, traceback, req, res)
+        if not ok then
+            fail(r, req, res, err)
+        end
+        req.r, res.r = false, false -- the core reuses the request once finished
+        C.ms_ffi_req_finish(r)
+        r = co_yield(DONE)
+    end
+end
+
+local function drain_anchors()
+    while true do
+        local n = C.ms_ffi_anchor_drain(server_ptr, released, 256)
+        for i = 0, n - 1 do
+            anchors[released[i]] = nil
+        end
+        if n < 256 then
+            return
+        end
+    end
+end
+
+-- After a resume: back to the pool, or parked until the core resumes it.
+local function settle(co, r, ok, sig)
+    if not ok then
+        -- An error outside the handler's protection: a bug in the dispatcher itself.
+        base.log(base.LOG_ERR, "handler coroutine died: " .. traceback(co, tostring(sig)))
+        if band(r.flags, REQ_IN_HANDLER) ~= 0 then
+            C.ms_ffi_req_finish(r)
+        end
+        return
+    end
+    if sig == DONE then
+        if npool < POOL_MAX then
+            npool = npool + 1
+            pool[npool] = co
+        end
+        return
+    end
+    if sig ~= PARK then
+        -- A handler yielded on its own (a coroutine of its own, used wrongly): finish it.
+        base.log(base.LOG_ERR, "handler yielded outside moonserve's waits; request aborted")
+        C.ms_ffi_req_fail(r)
+        C.ms_ffi_req_finish(r)
+        return
+    end
+    if r.handler < 0 then
+        C.ms_ffi_req_park(r) -- the head leaves the shared read buffer
+        local slot
+        if nfree > 0 then
+            slot = free_slots[nfree]
+            nfree = nfree - 1
+        else
+            slot = #parked + 1
+        end
+        parked[slot] = co
+        r.handler = slot
+    end
+end
+
+local function on_request(ptr)
+    local r = view_ptr(ptr)
+    drain_anchors()
+    local co
+    if npool > 0 then
+        co = pool[npool]
+        pool[npool] = nil
+        npool = npool - 1
+    else
+        co = co_create(worker)
+    end
+    local prev = current
+    current = r
+    local ok, sig = co_resume(co, r)
+    current = prev
+    settle(co, r, ok, sig)
+end
+
+local function on_resume(ptr)
+    local r = view_ptr(ptr)
+    local slot = r.handler
+    local co = parked[slot]
+    local prev = current
+    current = r
+    local ok, sig = co_resume(co)
+    current = prev
+    if not ok or sig ~= PARK then
+        parked[slot] = false
+        nfree = nfree + 1
+        free_slots[nfree] = slot
+    end
+    settle(co, r, ok, sig)
+end
+
+-- Parks the running handler for `seconds`; other requests are served meanwhile.
+function _M.sleep(seconds)
+    local r = current
+    if r == nil then
+        error("moonserve.sleep: not inside a handler", 2)
+    end
+    if type(seconds) ~= "number" or seconds < 0 then
+        error("bad seconds (non-negative number expected)", 2)
+    end
+    local rc = C.ms_ffi_req_sleep(r, seconds)
+    if rc < 0 then
+        return base.fail(rc)
+    end
+    co_yield(PARK)
+    return true
+end
+
+-- Makes the core server for `the_app` in this process.
+function _M.create(the_app, limits)
+    app = the_app
+    local srv = core.server { on_request = on_request, on_resume = on_resume, limits = limits }
+    server_ptr = ffi.cast("ms_server_t *", srv:pointer())
+    return srv
+end
+
+local function parse_limits(t)
+    if t == nil then
+        return nil
+    end
+    if type(t) ~= "table" then
+        error("bad limits (table expected)", 3)
+    end
+    local known = { head_bytes = true, header_count = true, body_bytes = true,
+        idle_timeout = true, requests_per_connection = true }
+    for k in pairs(t) do
+        if not known[k] then
+            error("unknown limit " .. tostring(k), 3)
+        end
+    end
+    return t
+end
+
+-- Serves `the_app`: opts.listen ("127.0.0.1:8080"), opts.workers (0: one process),
+-- opts.limits, opts.on_listen(port) called once listening.
+function _M.run(the_app, opts)
+    opts = opts or {}
+    local workers = opts.workers or 0
+    if workers ~= 0 then
+        error("workers = " .. tostring(workers) .. ": only single-process mode (workers = 0) " ..
+            "is available so far", 2)
+    end
+    local srv = _M.create(the_app, parse_limits(opts.limits))
+    local listen = opts.listen or "127.0.0.1:8080"
+    local port, err = srv:listen(listen)
+    if not port then
+        error("cannot listen on " .. listen .. ": " .. err, 2)
+    end
+    local host = listen:match("^(.*):%d+$")
+    if host == "" then
+        host = "0.0.0.0"
+    end
+    base.log(base.LOG_INFO, format("listening on http://%s:%d/", host, port))
+    if opts.on_listen then
+        opts.on_listen(port)
+    end
+    srv:run()
+    base.log(base.LOG_INFO, "stopped")
+    srv:close()
+    return true
+end
+
+return _M

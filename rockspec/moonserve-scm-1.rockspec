@@ -1,0 +1,51 @@
+rockspec_format = "3.0"
+package = "moonserve"
+version = "scm-1"
+source = {
+   url = "file://.",
+}
+description = {
+   summary = "A Lua-scriptable HTTP server: a C core on libuv, llhttp and nghttp2, the site in LuaJIT.",
+   detailed = [[
+moonserve runs web applications written in Lua. Accepting, parsing, limits, timers and
+writing replies are C; routing, middleware and site logic are Lua, reached once per request
+and talking to the core through LuaJIT's FFI.
+]],
+   license = "MIT",
+   labels = { "http", "server", "web", "luajit" },
+}
+-- LuaJIT only: the framework talks to the core through the FFI. lua-cjson comes from the
+-- system's packages (Debian lua-cjson).
+dependencies = {
+   "lua >= 5.1, < 5.2",
+}
+build = {
+   type = "command",
+   -- meson builds the core and the module; LuaRocks installs the files listed below.
+   build_command = [[
+      if [ -d build-rock ]; then meson setup --reconfigure build-rock --buildtype=release -Dlua_tests=false >/dev/null;
+      else meson setup build-rock --buildtype=release -Dlua_tests=false >/dev/null; fi &&
+      ninja -C build-rock modules/core.so
+   ]],
+   install_command = "true",
+   install = {
+      lua = {
+         ["moonserve"] = "lua/moonserve/init.lua",
+         ["moonserve.app"] = "lua/moonserve/app.lua",
+         ["moonserve.base"] = "lua/moonserve/base.lua",
+         ["moonserve.cli"] = "lua/moonserve/cli.lua",
+         ["moonserve.codec"] = "lua/moonserve/codec.lua",
+         ["moonserve.request"] = "lua/moonserve/request.lua",
+         ["moonserve.response"] = "lua/moonserve/response.lua",
+         ["moonserve.router"] = "lua/moonserve/router.lua",
+         ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.demo"] = "examples/demo.lua",
+      },
+      lib = {
+         ["moonserve.core"] = "build-rock/modules/core.so",
+      },
+      bin = {
+         moonserve = "lua/bin/moonserve",
+      },
+   },
+}

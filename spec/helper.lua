@@ -1,0 +1,251 @@
+-- spec/helper.lua: starting real servers, talking to them, and running apps in-process.
+local socket = require "socket"
+
+local helper = {}
+
+local ROOT = os.getenv("MOONSERVE_SRC") or "."
+helper.root = ROOT
+local BIN = os.getenv("MOONSERVE_BIN") or (ROOT .. "/lua/bin/moonserve")
+
+local function sh_quote(s)
+    return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+helper.sh_quote = sh_quote
+
+local function read_file(path)
+    local f = io.open(path, "rb")
+    if not f then
+        return ""
+    end
+    local s = f:read("*a")
+    f:close()
+    return s
+end
+helper.read_file = read_file
+
+local function alive(pid)
+    return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+end
+
+-- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
+-- (relative to the source root); opts.args: more command-line arguments. Returns a
+-- server with .port, .pid, :log() and :stop().
+function helper.spawn_server(opts)
+    local log = os.tmpname()
+    local app = opts.app and sh_quote(ROOT .. "/" .. opts.app) or ""
+    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
+        sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    local p = io.popen(cmd)
+    local pid = p:read("*l")
+    p:close()
+    local port
+    for _ = 1, 200 do -- 10 s at most
+        port = read_file(log):match("listening on http://[^:]+:(%d+)/")
+        if port or not alive(pid) then
+            break
+        end
+        socket.sleep(0.05)
+    end
+    if not port then
+        local text = read_file(log)
+        os.execute("kill -9 " .. pid .. " 2>/dev/null")
+        os.remove(log)
+        error("server did not start:\n" .. text, 2)
+    end
+    local srv = { pid = pid, port = tonumber(port), logfile = log }
+    function srv:log()
+        return read_file(self.logfile)
+    end
+    function srv:alive()
+        return alive(self.pid)
+    end
+    -- Stops the server with SIGTERM (SIGKILL after 5 s); returns true if it exited by itself.
+    function srv:stop()
+        os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
+        for _ = 1, 100 do
+            if not alive(self.pid) then
+                os.remove(self.logfile)
+                return true
+            end
+            socket.sleep(0.05)
+        end
+        os.execute("kill -9 " .. self.pid .. " 2>/dev/null")
+        return false
+    end
+    return srv
+end
+
+-- A raw TCP connection to the server.
+function helper.connect(port, timeout)
+    local s = assert(socket.tcp())
+    s:settimeout(timeout or 10)
+    assert(s:connect("127.0.0.1", port))
+    return s
+end
+
+local function receive_exact(s, n)
+    local parts, got = {}, 0
+    while got < n do
+        local data, err, partial = s:receive(math.min(n - got, 65536))
+        data = data or partial
+        if data and #data > 0 then
+            parts[#parts + 1] = data
+            got = got + #data
+        end
+        if err then
+            return nil, err, table.concat(parts)
+        end
+    end
+    return table.concat(parts)
+end
+
+-- Reads one response from a raw connection: { status, reason, headers (lowercase names;
+-- repeated ones joined with ", "), body, raw_head }. HEAD replies pass head_only = true.
+function helper.read_response(s, head_only)
+    local line, err = s:receive("*l")
+    if not line then
+        return nil, err
+    end
+    local status, reason = line:match("^HTTP/1%.1 (%d%d%d) ?(.*)$")
+    if not status then
+        return nil, "bad status line: " .. line
+    end
+    local headers, raw = {}, { line }
+    while true do
+        local l = assert(s:receive("*l"))
+        if l == "" then
+            break
+        end
+        raw[#raw + 1] = l
+        local k, v = l:match("^([^:]+):%s*(.-)%s*$")
+        k = k:lower()
+        headers[k] = headers[k] and (headers[k] .. ", " .. v) or v
+    end
+    local res = { status = tonumber(status), reason = reason, headers = headers,
+        raw_head = table.concat(raw, "\r\n") }
+    local code = res.status
+    if head_only or code == 204 or code == 304 or code < 200 then
+        res.body = ""
+    elseif headers["content-length"] then
+        res.body = assert(receive_exact(s, tonumber(headers["content-length"])))
+    elseif headers["transfer-encoding"] == "chunked" then
+        local parts = {}
+        while true do
+            local size = tonumber(assert(s:receive("*l")):match("^%x+"), 16)
+            if size == 0 then
+                repeat
+                    local l = assert(s:receive("*l"))
+                until l == ""
+                break
+            end
+            parts[#parts + 1] = assert(receive_exact(s, size))
+            assert(s:receive("*l") == "")
+        end
+        res.body = table.concat(parts)
+    else
+        res.body = s:receive("*a")
+    end
+    return res
+end
+
+-- One request on a fresh connection; returns the response.
+function helper.request(port, raw, head_only)
+    local s = helper.connect(port)
+    assert(s:send(raw))
+    local res, err = helper.read_response(s, head_only)
+    s:close()
+    return res, err
+end
+
+-- Whether the peer closed the connection (reads until EOF, within `timeout`).
+function helper.closed(s, timeout)
+    s:settimeout(timeout or 5)
+    local _, err = s:receive("*a")
+    return err == nil or err == "closed"
+end
+
+-- Runs a shell command; returns its output and exit status.
+function helper.run(cmd)
+    local p = io.popen(cmd .. "; echo \"__status=$?\"")
+    local out = p:read("*a")
+    p:close()
+    local status = tonumber(out:match("__status=(%d+)%s*$"))
+    return out:gsub("__status=%d+%s*$", ""), status
+end
+
+-- curl with the given arguments against the server; returns its output.
+function helper.curl(args)
+    local out = helper.run("curl -sS --max-time 30 " .. args .. " 2>&1")
+    return out
+end
+
+-- In-process: the app served through the real engine and dispatch, over a memory
+-- connection instead of a socket. Returns a function(raw_request) -> raw_response.
+function helper.memory_server(app, limits)
+    local server = require "moonserve.server"
+    local core = require("moonserve.base").core
+    local srv = server.create(app, limits)
+    return function(raw, wait)
+        local conn = srv:memconn()
+        local out = { (conn:feed(raw)) }
+        -- Parked handlers (sleep) finish when the loop runs their timers.
+        local deadline = core.now() + (wait or 0)
+        while core.now() < deadline do
+            core.run_once()
+            out[#out + 1] = (conn:take())
+            socket.sleep(0.005)
+        end
+        conn:close()
+        return table.concat(out)
+    end
+end
+
+-- Runs a request through `app` in-process; returns status, headers, body.
+function helper.simulate(app, method, path, opts)
+    opts = opts or {}
+    local run = helper.memory_server(app)
+    local lines = { method .. " " .. path .. " HTTP/1.1", "Host: " .. (opts.host or "test") }
+    for k, v in pairs(opts.headers or {}) do
+        lines[#lines + 1] = k .. ": " .. v
+    end
+    if opts.body then
+        lines[#lines + 1] = "Content-Length: " .. #opts.body
+    end
+    local raw = table.concat(lines, "\r\n") .. "\r\n\r\n" .. (opts.body or "")
+    local out = run(raw, opts.wait)
+    local head, body = out:match("^(.-)\r\n\r\n(.*)$")
+    assert(head, "no response: " .. out)
+    local status = tonumber(head:match("^HTTP/1%.1 (%d+)"))
+    local headers = {}
+    for k, v in head:gmatch("\r\n([^:]+): ([^\r]*)") do
+        headers[k:lower()] = v
+    end
+    if headers["transfer-encoding"] == "chunked" then
+        local parts, pos = {}, 1
+        while true do
+            local size, next_pos = body:match("^(%x+)\r\n()", pos)
+            size = tonumber(size, 16)
+            if not size or size == 0 then
+                break
+            end
+            parts[#parts + 1] = body:sub(next_pos, next_pos + size - 1)
+            pos = next_pos + size + 2
+        end
+        body = table.concat(parts)
+    end
+    return status, headers, body
+end
+
+-- Runs fn with the JIT's trace log on; returns the log text.
+function helper.jit_log(fn)
+    local v = require "jit.v"
+    local file = os.tmpname()
+    v.on(file)
+    fn()
+    v.off()
+    local text = read_file(file)
+    os.remove(file)
+    return text
+end
+
+return helper

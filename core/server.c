@@ -231,8 +231,8 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->data = data;
     s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
     s->conns.next = s->conns.prev = &s->conns;
-    uv_timer_init(loop, &s->uv_timer);
-    uv_unref((uv_handle_t *)&s->uv_timer); /* timers alone do not keep the loop alive */
+    uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
+                                        * is work still to do */
     return s;
 }
 

@@ -7,6 +7,17 @@ local lower, match, type = string.lower, string.match, type
 local App = {}
 App.__index = App
 
+local function add(self, method, path, handler)
+    if type(path) ~= "string" then
+        error("bad route path (string expected)", 3)
+    end
+    if type(handler) ~= "function" then
+        error("bad handler for " .. method .. " " .. path .. " (function expected)", 3)
+    end
+    self.router:add(method, path, handler)
+    return self
+end
+
 local _M = { methods = App }
 
 function _M.new(opts)
@@ -18,15 +29,13 @@ function App:route(method, path, handler)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
     end
-    self.router:add(method:upper(), path, handler)
-    return self
+    return add(self, method:upper(), path, handler)
 end
 
 for _, m in ipairs { "get", "post", "put", "patch", "delete", "options", "head" } do
     local M = m:upper()
     App[m] = function(self, path, handler)
-        self.router:add(M, path, handler)
-        return self
+        return add(self, M, path, handler)
     end
 end
 

@@ -2,7 +2,7 @@
 -- patterns (":name" segments, a trailing "*") are tried in order of precedence.
 local codec = require "moonserve.codec"
 
-local find, sub, gmatch = string.find, string.sub, string.gmatch
+local find, sub = string.find, string.sub
 
 local LITERAL, PARAM, SPLAT = 1, 2, 3
 
@@ -15,12 +15,26 @@ function _M.new()
     return setmetatable({ exact = {}, patterns = {}, methods = {} }, Router)
 end
 
+-- "/a/b/" -> { "a", "b", "" }: exactly the pieces between slashes.
+local function split(path)
+    local parts, pos = {}, 2
+    while true do
+        local slash = find(path, "/", pos, true)
+        if not slash then
+            parts[#parts + 1] = sub(path, pos)
+            return parts
+        end
+        parts[#parts + 1] = sub(path, pos, slash - 1)
+        pos = slash + 1
+    end
+end
+
 local function compile(path)
     if sub(path, 1, 1) ~= "/" then
         error("bad route path " .. path .. " (must start with /)", 3)
     end
     local segs, dynamic = {}, false
-    for seg in gmatch(sub(path, 2), "[^/]*") do
+    for _, seg in ipairs(split(path)) do
         if seg == "*" then
             segs[#segs + 1] = { kind = SPLAT }
             dynamic = true
@@ -50,9 +64,6 @@ local function precedes(a, b)
 end
 
 function Router:add(method, path, handler)
-    if type(handler) ~= "function" and type(handler) ~= "table" then
-        error("bad handler for " .. method .. " " .. path .. " (function expected)", 2)
-    end
     self.methods[method] = true
     local segs, dynamic = compile(path)
     if not dynamic then
@@ -67,14 +78,6 @@ function Router:add(method, path, handler)
     self.patterns[method] = list
     list[#list + 1] = { segs = segs, handler = handler, order = #list + 1 }
     table.sort(list, precedes)
-end
-
-local function split(path)
-    local parts = {}
-    for seg in gmatch(sub(path, 2), "[^/]*") do
-        parts[#parts + 1] = seg
-    end
-    return parts
 end
 
 local function try(route, parts, path)

@@ -1,0 +1,182 @@
+-- The framework through the real engine and dispatch, in-process (no socket).
+describe("moonserve.app", function()
+    local moonserve = require "moonserve"
+    local helper = require "helper"
+
+    it("routes to a handler and sends text by default", function()
+        local app = moonserve.app()
+        app:get("/users/:id", function(req, res) res:send("user " .. req.params.id) end)
+        local status, headers, body = helper.simulate(app, "GET", "/users/7")
+        assert.equal(200, status)
+        assert.equal("user 7", body)
+        assert.equal("text/plain; charset=utf-8", headers["content-type"])
+    end)
+
+    it("takes status, body and headers returned by a handler", function()
+        local app = moonserve.app()
+        app:get("/t", function() return 201, "made", { ["x-a"] = "1" } end)
+        app:get("/s", function() return "just text" end)
+        app:get("/j", function() return 200, { ok = true } end)
+        local status, headers, body = helper.simulate(app, "GET", "/t")
+        assert.equal(201, status)
+        assert.equal("made", body)
+        assert.equal("1", headers["x-a"])
+        status, _, body = helper.simulate(app, "GET", "/s")
+        assert.equal(200, status)
+        assert.equal("just text", body)
+        _, headers, body = helper.simulate(app, "GET", "/j")
+        assert.equal("application/json", headers["content-type"])
+        assert.equal('{"ok":true}', body)
+    end)
+
+    it("answers 404 and 405 with Allow", function()
+        local app = moonserve.app()
+        app:post("/only-post", function(_, res) res:send("x") end)
+        assert.equal(404, (helper.simulate(app, "GET", "/nope")))
+        local status, headers = helper.simulate(app, "GET", "/only-post")
+        assert.equal(405, status)
+        assert.equal("POST", headers["allow"])
+    end)
+
+    it("runs middleware around the handler, which may answer itself", function()
+        local app = moonserve.app()
+        local order = {}
+        app:use(function(req, res, next)
+            order[#order + 1] = "before"
+            res:header("x-mw", "1")
+            local r = next()
+            order[#order + 1] = "after"
+            return r
+        end)
+        app:use(function(req, res, next)
+            if req.query.deny then return res:status(403):send("no") end
+            return next()
+        end)
+        app:get("/", function(_, res) order[#order + 1] = "handler"; res:send("ok") end)
+        local status, headers = helper.simulate(app, "GET", "/")
+        assert.equal(200, status)
+        assert.equal("1", headers["x-mw"])
+        assert.same({ "before", "handler", "after" }, order)
+        assert.equal(403, (helper.simulate(app, "GET", "/?deny=1")))
+    end)
+
+    it("serves sites by host, case-insensitively and without the port", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res) res:send("main") end)
+        app:site("Example.ORG"):get("/", function(_, res) res:send("site") end)
+        assert.equal("site", select(3, helper.simulate(app, "GET", "/", { host = "example.org:8080" })))
+        assert.equal("main", select(3, helper.simulate(app, "GET", "/", { host = "other" })))
+    end)
+
+    it("reads query, headers, form and JSON bodies", function()
+        local app = moonserve.app()
+        app:post("/f", function(req, res)
+            local form = assert(req:form())
+            res:json { q = req.query.q, a = form.a, ua = req:header("User-Agent"),
+                ua2 = req:headers()["user-agent"] }
+        end)
+        app:post("/j", function(req, res)
+            local v, err = req:json()
+            if not v then return res:status(400):send(err) end
+            res:send(tostring(v.n + 1))
+        end)
+        local _, _, body = helper.simulate(app, "POST", "/f?q=1", { body = "a=x+y",
+            headers = { ["content-type"] = "application/x-www-form-urlencoded",
+                ["user-agent"] = "spec" } })
+        assert.same({ q = "1", a = "x y", ua = "spec", ua2 = "spec" }, require("cjson").decode(body))
+        assert.equal("42", select(3, helper.simulate(app, "POST", "/j", { body = '{"n":41}' })))
+        local status, _, err = helper.simulate(app, "POST", "/j", { body = "{nope" })
+        assert.equal(400, status)
+        assert.truthy(err:find("invalid JSON", 1, true))
+    end)
+
+    it("turns an error into a 500 page with a reference id, and drops headers set before", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res)
+            res:header("content-type", "application/json")
+            error("broken")
+        end)
+        local status, headers, body = helper.simulate(app, "GET", "/")
+        assert.equal(500, status)
+        assert.truthy(body:match("reference: %x+"))
+        assert.equal("text/plain; charset=utf-8", headers["content-type"])
+    end)
+
+    it("raises on misuse: bad status, bad header, header after send", function()
+        local app = moonserve.app()
+        local errors = {}
+        app:get("/", function(_, res)
+            errors[1] = select(2, pcall(res.status, res, 99))
+            errors[2] = select(2, pcall(res.header, res, "x", "a\r\nb: c"))
+            errors[3] = select(2, pcall(res.header, res, "content-length", "5"))
+            res:send("ok")
+            errors[4] = select(2, pcall(res.header, res, "x-late", "1"))
+            local ok, err = res:send("again")
+            errors[5] = err
+            assert(ok == nil)
+        end)
+        assert.equal("ok", select(3, helper.simulate(app, "GET", "/")))
+        assert.truthy(errors[1]:find("bad status"))
+        assert.truthy(errors[2]:find("EBADHEADER"))
+        assert.truthy(errors[3]:find("ERESERVED"))
+        assert.truthy(errors[4]:find("ESENT"))
+        assert.truthy(errors[5]:find("ESENT"))
+    end)
+
+    it("sets cookies with every attribute", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res)
+            res:cookie("sid", "abc", { path = "/", domain = "example.org", max_age = 60,
+                expires = 0, secure = true, http_only = true, same_site = "lax" })
+            res:send("ok")
+        end)
+        local _, headers = helper.simulate(app, "GET", "/")
+        assert.equal("sid=abc; Path=/; Domain=example.org; Max-Age=60; "
+            .. "Expires=Thu, 01 Jan 1970 00:00:00 GMT; Secure; HttpOnly; SameSite=Lax",
+            headers["set-cookie"])
+        assert.has_error(function()
+            local a = moonserve.app()
+            local res = { }
+            require("moonserve.response").methods.cookie(res, "bad name", "v")
+        end)
+    end)
+
+    it("redirects", function()
+        local app = moonserve.app()
+        app:get("/old", function(_, res) res:redirect("/new", 301) end)
+        local status, headers = helper.simulate(app, "GET", "/old")
+        assert.equal(301, status)
+        assert.equal("/new", headers["location"])
+    end)
+
+    it("parks a handler in moonserve.sleep and finishes it when the timer fires", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res)
+            moonserve.sleep(0.05)
+            res:send("woke")
+        end)
+        assert.equal("woke", select(3, helper.simulate(app, "GET", "/", { wait = 0.3 })))
+    end)
+
+    it("refuses moonserve.sleep outside a handler", function()
+        assert.has_error(function() moonserve.sleep(1) end)
+    end)
+
+    it("keeps header lookup on trace", function()
+        local app = moonserve.app()
+        local log
+        app:get("/", function(req, res)
+            log = helper.jit_log(function()
+                local n = 0
+                for _ = 1, 300 do
+                    if req:header("host") then n = n + 1 end
+                end
+                assert(n == 300)
+            end)
+            res:send("ok")
+        end)
+        helper.simulate(app, "GET", "/")
+        assert.matches("TRACE%s+%d+ .- loop", log)
+        assert.not_matches("NYI", log)
+    end)
+end)

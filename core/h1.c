@@ -138,13 +138,10 @@ static int on_header_value_complete(llhttp_t *p)
     return 0;
 }
 
-/* Host is reg-name, IPv4 or an IP literal, with an optional port (RFC 3986 3.2.2). */
 static int valid_host(const ms_str_t *v)
 {
-    static const char ok[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                             "-._~!$&'()*+,;=:[]%";
     for (size_t i = 0; i < v->len; i++)
-        if (v->base[i] == 0 || memchr(ok, v->base[i], sizeof(ok) - 1) == NULL)
+        if (!ms__hostchar[(unsigned char)v->base[i]])
             return 0;
     return 1;
 }

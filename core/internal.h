@@ -100,6 +100,7 @@ struct ms_server_s {
     uv_timer_t uv_timer;
     ms_timer_t **heap;
     uint32_t heap_len, heap_cap;
+    uint64_t armed_due; /* when the uv_timer fires; 0 when it is not armed */
     /* anchors */
     int32_t *anchor_free, *anchor_released;
     uint32_t anchor_free_n, anchor_released_n, anchor_cap;
@@ -172,6 +173,11 @@ static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
     b->len += n;
     return 0;
 }
+
+/* Byte classes for validating fields: token characters (RFC 9110 5.6.2), and what a Host
+ * may hold. */
+extern const uint8_t ms__tchar[256];
+extern const uint8_t ms__hostchar[256];
 
 static inline int ms__lower(int ch)
 {

@@ -157,6 +157,9 @@ const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
 int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
                     size_t vlen);
 
+/* Adds a whole field line ("name: value\r\n") that the caller vouches for: no checks. */
+int ms_reply_field(ms_req_t *r, const char *line, size_t len);
+
 /* Forgets the fields added so far (an error page replaces the reply). MS_ESENT if too late. */
 int ms_reply_reset(ms_req_t *r);
 

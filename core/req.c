@@ -84,11 +84,21 @@ void ms_req_park(ms_req_t *r)
 
 /* -- Reply ------------------------------------------------------------------------------- */
 
-static int is_tchar(unsigned char ch)
+/* Room for `need` more bytes of reply fields, in the request's pool. */
+static char *reserve_field(ms_req_t *r, size_t need)
 {
-    static const char ok[] = "!#$%&'*+-.^_`|~";
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           (ch != 0 && memchr(ok, ch, sizeof(ok) - 1) != NULL);
+    ms_buf_t *b = &r->res_headers;
+    if (b->cap - b->len < need) {
+        size_t cap = b->cap ? b->cap * 2 : 512;
+        while (cap - b->len < need)
+            cap *= 2;
+        char *p = ms_pool_alloc(&r->pool, cap);
+        if (b->len)
+            memcpy(p, b->base, b->len);
+        b->base = p;
+        b->cap = cap;
+    }
+    return b->base + b->len;
 }
 
 int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
@@ -98,7 +108,7 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
     if (nlen == 0)
         return MS_EBADHEADER;
     for (size_t i = 0; i < nlen; i++)
-        if (!is_tchar((unsigned char)name[i]))
+        if (!ms__tchar[(unsigned char)name[i]])
             return MS_EBADHEADER;
     for (size_t i = 0; i < vlen; i++) {
         unsigned char ch = (unsigned char)value[i];
@@ -116,19 +126,7 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
         }
         return MS_ERESERVED;
     }
-    ms_buf_t *b = &r->res_headers;
-    size_t need = nlen + vlen + 4;
-    if (b->cap - b->len < need) {
-        size_t cap = b->cap ? b->cap * 2 : 512;
-        while (cap - b->len < need)
-            cap *= 2;
-        char *p = ms_pool_alloc(&r->pool, cap);
-        if (b->len)
-            memcpy(p, b->base, b->len);
-        b->base = p;
-        b->cap = cap;
-    }
-    char *w = b->base + b->len;
+    char *w = reserve_field(r, nlen + vlen + 4);
     memcpy(w, name, nlen);
     w += nlen;
     *w++ = ':';
@@ -137,7 +135,16 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
     w += vlen;
     *w++ = '\r';
     *w++ = '\n';
-    b->len = (size_t)(w - b->base);
+    r->res_headers.len = (size_t)(w - r->res_headers.base);
+    return 0;
+}
+
+int ms_reply_field(ms_req_t *r, const char *line, size_t len)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    memcpy(reserve_field(r, len), line, len);
+    r->res_headers.len += len;
     return 0;
 }
 

@@ -38,15 +38,19 @@ static void sift_down(ms_timer_t **h, uint32_t n, uint32_t i)
     }
 }
 
+/* Points the uv_timer at the earliest deadline. It is only moved earlier, never later:
+ * firing early is cheap (nothing is due, it re-arms) and saves a libuv call per request,
+ * since every request pushes its connection's idle deadline later. */
 static void arm(ms_server_t *s)
 {
-    if (s->heap_len == 0) {
-        uv_timer_stop(&s->uv_timer);
+    if (s->heap_len == 0)
         return;
-    }
-    uint64_t now = uv_now(s->loop), due = s->heap[0]->due;
-    uv_timer_start(&s->uv_timer, ms__timers_run,
-                   due > now ? due - now : 0, 0);
+    uint64_t due = s->heap[0]->due;
+    if (s->armed_due != 0 && s->armed_due <= due)
+        return;
+    uint64_t now = uv_now(s->loop);
+    s->armed_due = due;
+    uv_timer_start(&s->uv_timer, ms__timers_run, due > now ? due - now : 0, 0);
 }
 
 static void heap_remove(ms_server_t *s, ms_timer_t *t)
@@ -65,10 +69,12 @@ void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
 {
     if (t->index == 0)
         return;
-    int was_first = t->index == 1;
     heap_remove(s, t);
-    if (was_first)
-        arm(s);
+    if (s->heap_len == 0) {
+        /* Nothing left to wait for: an armed uv_timer would keep a stopping loop alive. */
+        uv_timer_stop(&s->uv_timer);
+        s->armed_due = 0;
+    }
 }
 
 void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
@@ -94,6 +100,7 @@ void ms__timers_run(uv_timer_t *ut)
 {
     ms_server_t *s = container_of(ut, ms_server_t, uv_timer);
     uint64_t now = uv_now(s->loop);
+    s->armed_due = 0;
     while (s->heap_len > 0 && s->heap[0]->due <= now) {
         ms_timer_t *t = s->heap[0];
         heap_remove(s, t);

@@ -14,12 +14,16 @@
 #define SERVER_MT "moonserve.server"
 #define MEMCONN_MT "moonserve.memconn"
 
+/* The request a call into Lua is about: Lua reads it through the FFI, which the JIT
+ * compiles, where converting a light userdata argument would stop the trace. */
+MS_EXPORT ms_req_t *ms_ffi_current;
+
 typedef struct binding_s {
     ms_server_t *server;
     uv_loop_t *loop;
     lua_State *L;       /* the state that runs the loop; handlers run in its coroutines */
-    int on_request_ref; /* the Lua dispatcher: function(req_ptr) */
-    int on_resume_ref;  /* function(req_ptr) */
+    int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
+    int on_resume_ref;  /* function(), likewise */
     uv_signal_t sigint, sigterm;
     int signals;        /* the signal handles are initialised */
     int stopped;
@@ -51,10 +55,12 @@ static void dispatch_failed(ms_req_t *r, lua_State *L)
 static void call_lua(binding_t *b, int ref, ms_req_t *r)
 {
     lua_State *L = b->L;
+    ms_req_t *prev = ms_ffi_current;
+    ms_ffi_current = r;
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
-    lua_pushlightuserdata(L, r);
-    if (lua_pcall(L, 1, 0, 0) != 0)
+    if (lua_pcall(L, 0, 0, 0) != 0)
         dispatch_failed(r, L);
+    ms_ffi_current = prev;
 }
 
 static void on_request(ms_req_t *r, void *data)

@@ -58,10 +58,15 @@ MS_FFI int ms_ffi_res_reset(ms_req_t *r)
     return ms_reply_reset(r);
 }
 
-/* Sends the reply. Returns 0, a negative code, or slot + 1 when `body` is referenced by the
- * write: the caller keeps the string in its anchor table at that slot. */
-MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len)
+static const char default_type[] = "content-type: text/plain; charset=utf-8\r\n";
+
+/* Sends the reply, with the default content type if `text` (the handler set none). Returns
+ * 0, a negative code, or slot + 1 when `body` is referenced by the write: the caller keeps
+ * the string in its anchor table at that slot. */
+MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len, int text)
 {
+    if (text && len > 0)
+        ms_reply_field(r, default_type, sizeof(default_type) - 1);
     if (len <= COPY_MAX)
         return ms_reply_send(r, body, len, MS_VEC_OUT, -1);
     int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
@@ -70,8 +75,10 @@ MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len)
 }
 
 /* Streams a piece of the reply; returns as ms_ffi_res_send. */
-MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len)
+MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len, int text)
 {
+    if (text && !(r->v.flags & MS_REQ_HEAD_SENT))
+        ms_reply_field(r, default_type, sizeof(default_type) - 1);
     if (len <= COPY_MAX)
         return ms_reply_write(r, chunk, len, MS_VEC_OUT, -1);
     int32_t slot = ms_anchor_get(ms_conn_server(r->conn));

@@ -46,6 +46,10 @@ function App:use(fn)
         error("bad middleware (function expected)", 2)
     end
     self.middleware[#self.middleware + 1] = fn
+    self.chain = nil
+    for _, site in pairs(self.sites or {}) do
+        site.chain = nil
+    end
     return self
 end
 
@@ -60,6 +64,7 @@ function App:site(host)
     local s = self.sites[host]
     if not s then
         s = _M.new()
+        s.parent = self
         self.sites[host] = s
     end
     return s
@@ -69,6 +74,11 @@ local function not_found(req, res)
     return res:status(404):send("Not Found\n")
 end
 
+local function method_not_allowed(req, res)
+    return res:status(405):header("allow", rawget(req, "_allow")):send("Method Not Allowed\n")
+end
+
+-- Middleware closures are made per request only for apps that have middleware.
 local function run_chain(mw, i, req, res, final)
     local fn = mw[i]
     if fn == nil then
@@ -79,43 +89,54 @@ local function run_chain(mw, i, req, res, final)
     end)
 end
 
+-- The middleware a request goes through: the app's, then its site's.
+local function chain(app)
+    local c = app.chain
+    if c == nil then
+        c = {}
+        local parent = app.parent
+        if parent then
+            for i = 1, #parent.middleware do
+                c[#c + 1] = parent.middleware[i]
+            end
+        end
+        for i = 1, #app.middleware do
+            c[#c + 1] = app.middleware[i]
+        end
+        app.chain = c
+    end
+    return c
+end
+
 -- Runs the request through sites, middleware and routes; returns what the handler
--- returned (the `return status, body, headers` form).
+-- returned (the `return status, body, headers` form). Makes no closure on the way: the JIT
+-- compiles this path whole.
 function App:handle(req, res)
     local app = self
-    if self.sites then
+    local sites = self.sites
+    if sites then
         local host = req:header("host")
         if host then
             host = lower(match(host, "^%[?([^%]]-)%]?:%d+$") or host)
-            app = self.sites[host] or self
+            app = sites[host] or self
         end
     end
     local handler, params, allow = app.router:match(req.method, req.path)
-    local final
     if handler then
-        req.params = params
-        final = handler
-    elseif allow then
-        final = function(_, r)
-            return r:status(405):header("allow", allow):send("Method Not Allowed\n")
+        if params then
+            req.params = params
         end
+    elseif allow then
+        rawset(req, "_allow", allow)
+        handler = method_not_allowed
     else
-        final = not_found
+        handler = not_found
     end
-    local mw = app.middleware
-    if #mw == 0 and app ~= self then
-        mw = self.middleware
-    elseif app ~= self and #self.middleware > 0 then
-        -- the app's middleware runs first, then the site's
-        local all = {}
-        for i = 1, #self.middleware do all[#all + 1] = self.middleware[i] end
-        for i = 1, #mw do all[#all + 1] = mw[i] end
-        mw = all
+    local mw = chain(app)
+    if mw[1] == nil then
+        return handler(req, res)
     end
-    if #mw == 0 then
-        return final(req, res)
-    end
-    return run_chain(mw, 1, req, res, final)
+    return run_chain(mw, 1, req, res, handler)
 end
 
 function App:run(opts)

@@ -87,8 +87,6 @@ local function anchor(rc, s)
     return true
 end
 
-local DEFAULT_TYPE = "text/plain; charset=utf-8"
-
 -- Sends the whole reply. Returns true, or nil and an error (the reply was already sent, or
 -- the client has gone).
 function Response:send(body)
@@ -101,10 +99,7 @@ function Response:send(body)
         end
         body = tostring(body)
     end
-    if not self.has_type and #body > 0 and band(r.flags, HEAD_SENT) == 0 then
-        add_header(self, "content-type", DEFAULT_TYPE, 1)
-    end
-    return anchor(C.ms_ffi_res_send(r, body, #body), body)
+    return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body)
 end
 
 local cjson
@@ -142,10 +137,8 @@ function Response:write(chunk)
         end
         chunk = tostring(chunk)
     end
-    if not self.has_type and band(r.flags, HEAD_SENT) == 0 then
-        add_header(self, "content-type", DEFAULT_TYPE, 1)
-    end
-    local ok, err, name = anchor(C.ms_ffi_res_write(r, chunk, #chunk), chunk)
+    local ok, err, name = anchor(C.ms_ffi_res_write(r, chunk, #chunk, self.has_type and 0 or 1),
+        chunk)
     if not ok then
         return nil, err, name
     end

@@ -121,7 +121,7 @@ local function lookup(self, method, path, parts)
     local t = self.exact[method]
     local h = t and t[path]
     if h then
-        return h, {}
+        return h -- no captures: the request makes its params table only if asked
     end
     local list = self.patterns[method]
     if list then
@@ -136,7 +136,7 @@ local function lookup(self, method, path, parts)
     return nil, nil, parts
 end
 
--- Returns handler, params; or nil, nil, allow (the methods that have the path: 405) when
+-- Returns handler, params (nil for a literal route); or nil, nil, allow (the methods that have the path: 405) when
 -- the path is known for other methods; or nil when nothing matches (404). HEAD falls back to
 -- GET.
 function Router:match(method, path)

@@ -14,7 +14,6 @@ local traceback, format, type = debug.traceback, string.format, type
 local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
 local REQ_IN_HANDLER = 0x400
 
-local view_ptr = ffi.typeof("ms_req_view_t *")
 local anchors = base.anchors
 local released = ffi.new("int32_t[256]")
 
@@ -145,8 +144,8 @@ local function settle(co, r, ok, sig)
     end
 end
 
-local function on_request(ptr)
-    local r = view_ptr(ptr)
+local function on_request()
+    local r = C.ms_ffi_current
     drain_anchors()
     local co
     if npool > 0 then
@@ -163,8 +162,8 @@ local function on_request(ptr)
     settle(co, r, ok, sig)
 end
 
-local function on_resume(ptr)
-    local r = view_ptr(ptr)
+local function on_resume()
+    local r = C.ms_ffi_current
     local slot = r.handler
     local co = parked[slot]
     local prev = current

@@ -36,7 +36,9 @@ bench_init() {
     # A server or a client holding 10k connections needs a descriptor for each.
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
     find_lua_modules || true
-    if command -v h2o >/dev/null && h2o --version 2>&1 | grep -qi 'mruby: *yes'; then
+    local v
+    v=$(h2o --version 2>&1 || true)
+    if [[ ${v,,} =~ mruby:\ *yes ]]; then
         H2O_MRUBY=1
     fi
     make_static_files

@@ -84,8 +84,13 @@ local mt = {
 
 local _M = { getters = getters, methods = Request }
 
+local new_tab = base.new_tab
+
 function _M.new(r)
-    return setmetatable({ r = r }, mt)
+    -- Room for the fields a handler usually reads, so caching them does not rehash.
+    local t = new_tab(0, 6)
+    t.r = r
+    return setmetatable(t, mt)
 end
 
 -- The first value of a header field, by name in any case, or nil.

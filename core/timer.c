@@ -70,11 +70,8 @@ void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
     if (t->index == 0)
         return;
     heap_remove(s, t);
-    if (s->heap_len == 0) {
-        /* Nothing left to wait for: an armed uv_timer would keep a stopping loop alive. */
-        uv_timer_stop(&s->uv_timer);
-        s->armed_due = 0;
-    }
+    if (s->heap_len == 0) /* nothing to wait for: let a stopping loop end; stays armed */
+        uv_unref((uv_handle_t *)&s->uv_timer);
 }
 
 void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
@@ -87,6 +84,8 @@ void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
         s->heap_cap = s->heap_cap ? s->heap_cap * 2 : 64;
         s->heap = ms_mem_realloc(s->heap, s->heap_cap * sizeof(*s->heap));
     }
+    if (s->heap_len == 0)
+        uv_ref((uv_handle_t *)&s->uv_timer);
     s->heap[s->heap_len] = t;
     t->index = ++s->heap_len;
     sift_up(s->heap, s->heap_len - 1);

@@ -346,7 +346,11 @@ static void idle_expired(ms_timer_t *t)
 /* The connection waits for the client: idle between requests or inside a head. */
 void ms__conn_wait_input(ms_conn_t *c)
 {
-    ms_timer_start(c->server, &c->timer, c->server->limits.idle_timeout_ms, idle_expired);
+    ms_server_t *s = c->server;
+    uint32_t ms = s->limits.idle_timeout_ms;
+    if (s->stopping && ms > MS_STOP_GRACE_MS)
+        ms = MS_STOP_GRACE_MS;
+    ms_timer_start(s, &c->timer, ms, idle_expired);
 }
 
 /* Resumes a handler waiting for the reply queue to drain, once it has. */

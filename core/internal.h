@@ -18,6 +18,8 @@
 #define MS_OUT_HIGH_WATER (256 * 1024)
 /* Unread request body past this stops reading from the socket until the handler reads. */
 #define MS_BODY_HIGH_WATER (256 * 1024)
+/* How long a stopping server waits for the next request on a keep-alive connection. */
+#define MS_STOP_GRACE_MS 1000
 /* Free objects kept per recycle list; beyond this they go back to the allocator. */
 #define MS_RECYCLE_MAX 1024
 

@@ -239,6 +239,13 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
 /* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set
  * so that workers can share the port. Returns 0 or a negative code. */
 int ms_server_listen(ms_server_t *s, const char *addr, int backlog);
+/* Serves on an already listening socket (a worker's, inherited from the master). */
+int ms_server_listen_fd(ms_server_t *s, int fd);
+/* A listening TCP socket for "HOST:PORT" with SO_REUSEPORT; `port` >= 0 overrides the
+ * address's port. Returns the fd or a negative code. */
+int ms_listen_fd(const char *addr, int backlog, int port);
+/* The local port of a socket. */
+int ms_fd_port(int fd);
 /* The port actually bound by the last listen (useful with port 0). */
 int ms_server_port(ms_server_t *s);
 /* Stops accepting, closes idle connections, lets in-flight requests finish. `done` runs when
@@ -254,6 +261,10 @@ typedef void (*ms_log_fn)(int level, const char *msg, size_t len);
 enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
 void ms_log_set(ms_log_fn fn, int level);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Logs to a file (appending) instead of stderr; NULL goes back to stderr. */
+int ms_log_open(const char *path);
+/* Reopens the log file (after rotation: SIGUSR1). */
+int ms_log_reopen(void);
 
 /* -- Connections without sockets ---------------------------------------------------------
  * The engine is transport-agnostic: a connection writes through an ms_io_t. The server

@@ -2,6 +2,8 @@
 #include "moonserve.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +31,47 @@ typedef struct ms_tcp_s {
 
 /* -- Logging ----------------------------------------------------------------------------- */
 
+static int log_fd = 2;
+static char *log_path;
+
+/* One write per line, so that lines of several workers on one file never interleave. */
 static void log_stderr(int level, const char *msg, size_t len)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
-    fprintf(stderr, "moonserve[%d] %s: %.*s\n", (int)getpid(), names[level], (int)len, msg);
+    char line[1200];
+    int n = snprintf(line, sizeof(line), "moonserve[%d] %s: %.*s\n", (int)getpid(), names[level],
+                     (int)len, msg);
+    if (n > (int)sizeof(line))
+        n = (int)sizeof(line);
+    if (n > 0 && write(log_fd, line, (size_t)n) < 0) {
+        /* nowhere left to say it */
+    }
+}
+
+int ms_log_open(const char *path)
+{
+    int fd = 2;
+    if (path != NULL) {
+        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return -errno;
+    }
+    if (log_fd != 2)
+        close(log_fd);
+    log_fd = fd;
+    free(log_path);
+    log_path = path ? strdup(path) : NULL;
+    return 0;
+}
+
+int ms_log_reopen(void)
+{
+    if (log_path == NULL)
+        return 0;
+    char *path = strdup(log_path);
+    int rc = ms_log_open(path);
+    free(path);
+    return rc;
 }
 
 static ms_log_fn log_fn = log_stderr;
@@ -266,6 +305,61 @@ static int parse_addr(const char *addr, struct sockaddr_storage *ss)
     return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
 }
 
+int ms_listen_fd(const char *addr, int backlog, int port)
+{
+    struct sockaddr_storage ss;
+    int rc = parse_addr(addr, &ss);
+    if (rc < 0)
+        return rc;
+    if (port >= 0) {
+        if (ss.ss_family == AF_INET6)
+            ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
+        else
+            ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, backlog > 0 ? backlog : 511) < 0) {
+        rc = -errno;
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int ms_fd_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+        return -errno;
+    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port);
+}
+
+int ms_server_listen_fd(ms_server_t *s, int fd)
+{
+    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
+    l->server = s;
+    uv_tcp_init(s->loop, &l->tcp);
+    int rc = uv_tcp_open(&l->tcp, fd);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&l->tcp, 511, on_connection);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+        return rc;
+    }
+    s->listen_port = (uint32_t)ms_fd_port(fd);
+    l->next = s->listeners;
+    s->listeners = l;
+    return 0;
+}
+
 int ms_server_listen(ms_server_t *s, const char *addr, int backlog)
 {
     struct sockaddr_storage ss;
@@ -357,14 +451,12 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
         uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
     }
     s->listeners = NULL;
-    /* Idle connections close now; busy ones close after their current reply. */
-    for (ms_conn_t *c = s->conns.next, *next; c != &s->conns; c = next) {
-        next = c->next;
+    /* Every reply from now on says "connection: close". A connection waiting for its next
+     * request gets a short grace to send it (a busy keep-alive client always has one on the
+     * way, and closing under it would be an error on its side); then it closes. */
+    for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
         if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
-            ms__conn_close(c, 0);
-        else
-            c->flags |= MS_CONN_CLOSING;
-    }
+            ms__conn_wait_input(c);
     ms__server_conn_gone(s, NULL);
 }
 

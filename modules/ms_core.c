@@ -4,10 +4,15 @@
 #include <dlfcn.h>
 #include <lauxlib.h>
 #include <lua.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "master.h"
 #include "memio.h"
 #include "moonserve.h"
 
@@ -24,7 +29,7 @@ typedef struct binding_s {
     lua_State *L;       /* the state that runs the loop; handlers run in its coroutines */
     int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
     int on_resume_ref;  /* function(), likewise */
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sigusr1;
     int signals;        /* the signal handles are initialised */
     int stopped;
 } binding_t;
@@ -154,13 +159,28 @@ static void stopped(ms_server_t *s)
     /* The loop ends by itself once nothing is left on it. */
 }
 
+static void close_signals(binding_t *b)
+{
+    if (!b->signals)
+        return;
+    uv_close((uv_handle_t *)&b->sigint, NULL);
+    uv_close((uv_handle_t *)&b->sigterm, NULL);
+    uv_close((uv_handle_t *)&b->sigusr1, NULL);
+    b->signals = 0;
+}
+
+static void on_usr1(uv_signal_t *sig, int signum)
+{
+    (void)sig;
+    (void)signum;
+    ms_log_reopen();
+}
+
 static void on_signal(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
     ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
-    uv_close((uv_handle_t *)&b->sigint, NULL);
-    uv_close((uv_handle_t *)&b->sigterm, NULL);
-    b->signals = 0;
+    close_signals(b);
     ms_server_stop(b->server, stopped);
 }
 
@@ -173,13 +193,17 @@ static int server_run(lua_State *L)
         uv_signal_init(b->loop, &b->sigint);
         uv_signal_init(b->loop, &b->sigterm);
         b->sigint.data = b->sigterm.data = b;
+        uv_signal_init(b->loop, &b->sigusr1);
         uv_signal_start(&b->sigint, on_signal, SIGINT);
         uv_signal_start(&b->sigterm, on_signal, SIGTERM);
+        uv_signal_start(&b->sigusr1, on_usr1, SIGUSR1);
         /* Signals alone do not keep the loop running once the server has stopped. */
         uv_unref((uv_handle_t *)&b->sigint);
         uv_unref((uv_handle_t *)&b->sigterm);
+        uv_unref((uv_handle_t *)&b->sigusr1);
         b->signals = 1;
         signal(SIGPIPE, SIG_IGN);
+        signal(SIGHUP, SIG_IGN); /* reloading is the master's; a worker keeps serving */
     }
     uv_run(b->loop, UV_RUN_DEFAULT);
     return 0;
@@ -189,13 +213,20 @@ static int server_run(lua_State *L)
 static int server_stop(lua_State *L)
 {
     binding_t *b = check_server(L);
-    if (b->signals) {
-        uv_close((uv_handle_t *)&b->sigint, NULL);
-        uv_close((uv_handle_t *)&b->sigterm, NULL);
-        b->signals = 0;
-    }
+    close_signals(b);
     ms_server_stop(b->server, stopped);
     return 0;
+}
+
+/* server:listen_fd(fd) -> port: serves on an inherited listening socket. */
+static int server_listen_fd(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    int rc = ms_server_listen_fd(b->server, (int)luaL_checkinteger(L, 2));
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushinteger(L, ms_server_port(b->server));
+    return 1;
 }
 
 /* server:pointer(): the ms_server_t *, for the FFI side. */
@@ -311,6 +342,91 @@ static int core_log_level(lua_State *L)
     return 0;
 }
 
+/* -- Master and workers -------------------------------------------------------------------- */
+
+static void master_listening(const ms_master_opts_t *o)
+{
+    for (int i = 0; i < o->nlisten; i++) {
+        const char *colon = strrchr(o->listen[i], ':');
+        int hl = (int)(colon - o->listen[i]);
+        ms_log(MS_LOG_INFO, "listening on http://%.*s:%d/ (%d workers)", hl ? hl : 7,
+               hl ? o->listen[i] : "0.0.0.0", o->ports[i], o->workers);
+    }
+}
+
+/* core.master{ argv = {...}, listen = {...}, workers = n, stop_timeout = s, backlog = n }:
+ * runs the master until it is stopped. */
+static int core_master(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    ms_master_opts_t o;
+    memset(&o, 0, sizeof(o));
+    lua_getfield(L, 1, "argv");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    int argc = (int)lua_objlen(L, -1);
+    char **argv = lua_newuserdata(L, sizeof(char *) * ((size_t)argc + 1));
+    for (int i = 0; i < argc; i++) {
+        lua_rawgeti(L, -2, i + 1);
+        argv[i] = (char *)luaL_checkstring(L, -1);
+        lua_pop(L, 1); /* the argv table keeps the strings alive */
+    }
+    argv[argc] = NULL;
+    o.argv = argv;
+    lua_getfield(L, 1, "listen");
+    luaL_checktype(L, -1, LUA_TTABLE);
+    o.nlisten = (int)lua_objlen(L, -1);
+    if (o.nlisten < 1 || o.nlisten > 16)
+        return luaL_error(L, "listen: 1 to 16 addresses");
+    const char *addrs[16];
+    int ports[16];
+    for (int i = 0; i < o.nlisten; i++) {
+        lua_rawgeti(L, -1, i + 1);
+        addrs[i] = luaL_checkstring(L, -1);
+        lua_pop(L, 1);
+    }
+    o.listen = addrs;
+    o.ports = ports;
+    lua_getfield(L, 1, "workers");
+    o.workers = (int)luaL_checkinteger(L, -1);
+    lua_getfield(L, 1, "stop_timeout");
+    o.stop_timeout = luaL_optnumber(L, -1, 30);
+    lua_getfield(L, 1, "backlog");
+    o.backlog = (int)luaL_optinteger(L, -1, 511);
+    o.on_listen = master_listening;
+    int rc = ms_master_run(&o);
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.worker_ready(): tells the master this worker listens (writes a byte on fd 3), and
+ * asks the kernel to stop this worker if the master dies. */
+static int core_worker_ready(lua_State *L)
+{
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (write(3, "r", 1) != 1)
+        return ms_lua_fail(L, uv_translate_sys_error(errno));
+    close(3);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int core_log_open(lua_State *L)
+{
+    int rc = ms_log_open(luaL_optstring(L, 1, NULL));
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int core_cpus(lua_State *L)
+{
+    lua_pushinteger(L, (lua_Integer)uv_available_parallelism());
+    return 1;
+}
+
 static int core_run_once(lua_State *L)
 {
     /* Runs due timers and events without waiting: in-process tests drive the loop. */
@@ -328,7 +444,8 @@ static int core_now(lua_State *L)
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {
-        {"listen", server_listen}, {"run", server_run},         {"stop", server_stop},
+        {"listen", server_listen}, {"listen_fd", server_listen_fd},
+        {"run", server_run},       {"stop", server_stop},
         {"pointer", server_pointer}, {"stats", server_stats}, {"memconn", memconn_new},
         {"close", server_gc},      {NULL, NULL}};
     static const luaL_Reg memconn_methods[] = {
@@ -336,6 +453,10 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
     static const luaL_Reg funcs[] = {{"server", server_new},
                                      {"log", core_log},
                                      {"log_level", core_log_level},
+                                     {"log_open", core_log_open},
+                                     {"master", core_master},
+                                     {"worker_ready", core_worker_ready},
+                                     {"cpus", core_cpus},
                                      {"run_once", core_run_once},
                                      {"now", core_now},
                                      {NULL, NULL}};

@@ -28,10 +28,12 @@ local function alive(pid)
 end
 
 -- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
--- (relative to the source root); opts.args: more command-line arguments. Returns a
--- server with .port, .pid, :log() and :stop().
+-- (relative to the source root); opts.args: more command-line arguments; opts.log: the
+-- file the server logs to, when the arguments say --log. Returns a server with .port,
+-- .pid, :log() and :stop().
 function helper.spawn_server(opts)
     local log = os.tmpname()
+    local logfile = opts.log or log
     local app = opts.app and sh_quote(ROOT .. "/" .. opts.app) or ""
     local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
         sh_quote(BIN), app, opts.args or "", sh_quote(log))
@@ -40,7 +42,7 @@ function helper.spawn_server(opts)
     p:close()
     local port
     for _ = 1, 200 do -- 10 s at most
-        port = read_file(log):match("listening on http://[^:]+:(%d+)/")
+        port = read_file(logfile):match("listening on http://[^:]+:(%d+)/")
         if port or not alive(pid) then
             break
         end
@@ -52,7 +54,7 @@ function helper.spawn_server(opts)
         os.remove(log)
         error("server did not start:\n" .. text, 2)
     end
-    local srv = { pid = pid, port = tonumber(port), logfile = log }
+    local srv = { pid = pid, port = tonumber(port), logfile = logfile }
     function srv:log()
         return read_file(self.logfile)
     end

@@ -8,10 +8,16 @@ Serves APP.lua (a file that returns an app), or the bundled demo site.
 
 options:
   --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one)
-  --workers N          worker processes; 0 runs one process with no master (default 0)
+  --workers N          worker processes under a master (default: one per CPU);
+                       0 runs a single process with no master
   --limit KEY=VALUE    set a limit (head_bytes, header_count, body_bytes, idle_timeout,
                        requests_per_connection); repeatable
+  --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
+  --stop-timeout S     seconds a stopping worker may take to finish (default 30)
   --quiet              log errors and warnings only
+
+signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
+now, which take over while the old ones finish; USR1 reopens the log file.
   -h, --help           this text
   -v, --version        the version
 ]]
@@ -22,7 +28,7 @@ local function die(msg)
 end
 
 function _M.main(args)
-    local opts = { limits = nil }
+    local opts = {}
     local app_file
     local i = 1
     while i <= #args do
@@ -56,6 +62,13 @@ function _M.main(args)
             end
             opts.limits = opts.limits or {}
             opts.limits[k] = tonumber(v)
+        elseif a == "--log" then
+            opts.log = value()
+        elseif a == "--stop-timeout" then
+            opts.stop_timeout = tonumber(value())
+            if not opts.stop_timeout then
+                return die("--stop-timeout needs a number of seconds")
+            end
         elseif a == "--quiet" then
             opts.quiet = true
         elseif a:sub(1, 1) == "-" then

@@ -220,33 +220,95 @@ local function parse_limits(t)
     return t
 end
 
--- Serves `the_app`: opts.listen ("127.0.0.1:8080"), opts.workers (0: one process),
--- opts.limits, opts.on_listen(port) called once listening.
-function _M.run(the_app, opts)
-    opts = opts or {}
-    local workers = opts.workers or 0
-    if workers ~= 0 then
-        error("workers = " .. tostring(workers) .. ": only single-process mode (workers = 0) " ..
-            "is available so far", 2)
+-- The command line that started this program, to start workers with: the interpreter
+-- and its options (arg's negative indexes), the script, its arguments.
+local function command_line()
+    if type(arg) ~= "table" or arg[0] == nil then
+        error("workers > 0 need the program's command line (run the app with luajit or "
+            .. "moonserve), or use workers = 0", 3)
     end
-    local srv = _M.create(the_app, parse_limits(opts.limits))
-    local listen = opts.listen or "127.0.0.1:8080"
-    local port, err = srv:listen(listen)
-    if not port then
-        error("cannot listen on " .. listen .. ": " .. err, 2)
+    local lo = 0
+    while arg[lo - 1] ~= nil do
+        lo = lo - 1
     end
-    local host = listen:match("^(.*):%d+$")
-    if host == "" then
-        host = "0.0.0.0"
+    local argv = {}
+    for i = lo, #arg do
+        argv[#argv + 1] = arg[i]
     end
-    base.log(base.LOG_INFO, format("listening on http://%s:%d/", host, port))
-    if opts.on_listen then
-        opts.on_listen(port)
+    return argv
+end
+
+local function listen_list(listen)
+    if listen == nil then
+        return { "127.0.0.1:8080" }
+    elseif type(listen) == "string" then
+        return { listen }
+    elseif type(listen) == "table" and #listen > 0 then
+        return listen
     end
+    error("bad listen (\"HOST:PORT\" or a list of them expected)", 3)
+end
+
+local function serve(srv)
     srv:run()
     base.log(base.LOG_INFO, "stopped")
     srv:close()
     return true
+end
+
+-- Serves `the_app`. opts.listen: "HOST:PORT" or a list (default "127.0.0.1:8080");
+-- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
+-- process; opts.limits; opts.log: a log file instead of stderr; opts.stop_timeout: seconds
+-- a stopping worker may take (default 30); opts.on_listen(port) in single-process mode.
+function _M.run(the_app, opts)
+    opts = opts or {}
+    if opts.log then
+        local ok, err = core.log_open(opts.log)
+        if not ok then
+            error("cannot open log " .. opts.log .. ": " .. err, 2)
+        end
+    end
+    local limits = parse_limits(opts.limits)
+    local listen = listen_list(opts.listen)
+
+    if os.getenv("MOONSERVE_WORKER") then
+        -- A worker: the master bound the sockets; they start at fd 4.
+        local srv = _M.create(the_app, limits)
+        for i = 0, (tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1) - 1 do
+            assert(srv:listen_fd(4 + i))
+        end
+        assert(core.worker_ready())
+        return serve(srv)
+    end
+
+    local workers = opts.workers or core.cpus()
+    if type(workers) ~= "number" or workers < 0 or workers % 1 ~= 0 then
+        error("bad workers (a whole number expected)", 2)
+    end
+    if workers > 0 then
+        local ok, err = core.master { argv = command_line(), listen = listen, workers = workers,
+            stop_timeout = opts.stop_timeout }
+        if not ok then
+            error("cannot listen on " .. table.concat(listen, ", ") .. ": " .. err, 2)
+        end
+        base.log(base.LOG_INFO, "stopped")
+        return true
+    end
+
+    local srv = _M.create(the_app, limits)
+    for _, addr in ipairs(listen) do
+        local port, err = srv:listen(addr)
+        if not port then
+            error("cannot listen on " .. addr .. ": " .. err, 2)
+        end
+        local host = addr:match("^(.*):%d+$")
+        base.log(base.LOG_INFO, format("listening on http://%s:%d/",
+            host ~= "" and host or "0.0.0.0", port))
+        if opts.on_listen then
+            opts.on_listen(port)
+        end
+    end
+    return serve(srv)
 end
 
 return _M

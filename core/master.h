@@ -1,0 +1,27 @@
+/* master.h: the master process of the master/worker model. */
+#ifndef MS_MASTER_H
+#define MS_MASTER_H
+
+#include "moonserve.h"
+
+typedef struct ms_master_opts_s ms_master_opts_t;
+struct ms_master_opts_s {
+    char **argv;         /* the command that runs a worker: this program again */
+    const char **listen; /* "HOST:PORT" addresses */
+    int *ports;          /* out: the port bound for each address */
+    int nlisten;         /* 1 to 16 */
+    int workers;
+    int backlog;
+    double stop_timeout; /* seconds a stopping worker gets before SIGKILL */
+    /* Called once the sockets are bound, before the workers start. */
+    void (*on_listen)(const ms_master_opts_t *o);
+};
+
+/* Binds the sockets, starts the workers and supervises them until SIGTERM or SIGINT, when
+ * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
+ * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
+ * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on) and tells the master it
+ * is ready by writing a byte to fd 3. Returns 0 or a negative code. */
+int ms_master_run(const ms_master_opts_t *o);
+
+#endif

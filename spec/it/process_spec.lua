@@ -1,0 +1,122 @@
+-- spec/it/process_spec.lua: the master and its workers, and signals, on a real server.
+local helper = require "helper"
+local socket = require "socket"
+
+local function children(pid)
+    local out = helper.run("pgrep -P " .. pid)
+    local pids = {}
+    for p in out:gmatch("%d+") do
+        pids[#pids + 1] = p
+    end
+    table.sort(pids)
+    return pids
+end
+
+local function wait_for(fn, seconds)
+    for _ = 1, (seconds or 10) * 20 do
+        if fn() then
+            return true
+        end
+        socket.sleep(0.05)
+    end
+    return false
+end
+
+local function get(port, path)
+    return helper.request(port, "GET " .. path .. " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+end
+
+describe("moonserve with workers", function()
+    it("spreads connections over its workers", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        local seen, n = {}, 0
+        for _ = 1, 40 do
+            local pid = get(srv.port, "/pid").body
+            if not seen[pid] then
+                seen[pid] = true
+                n = n + 1
+            end
+        end
+        assert.equal(2, n)
+        assert.is_true(srv:stop())
+    end)
+
+    it("replaces a worker that is killed, and keeps serving", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        local before = children(srv.pid)
+        os.execute("kill -9 " .. before[1])
+        assert.is_true(wait_for(function()
+            local now = children(srv.pid)
+            return #now == 2 and now[1] ~= before[1] and now[2] ~= before[1]
+        end))
+        assert.truthy(srv:log():find("died (status 0, signal 9); replacing it", 1, true))
+        for _ = 1, 20 do
+            assert.equal(200, get(srv.port, "/hello").status)
+        end
+        assert.is_true(srv:stop())
+    end)
+
+    it("reloads on SIGHUP under load with no failed request, running the new code", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir -p " .. dir) == 0)
+        local app = dir .. "/app.lua"
+        assert(helper.run(("cp %s/spec/fixtures/versioned.lua %s"):format(helper.root, app)))
+        -- spawn_server takes paths relative to the source root
+        local srv = helper.spawn_server { app = "../../" .. app, args = "--workers 2" }
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        assert.equal("v1", get(srv.port, "/").body)
+        assert(helper.run(("sed -i 's/v1/v2/' %s"):format(app)))
+        local wrk = io.popen(("wrk -t1 -c16 -d3s http://127.0.0.1:%d/ 2>&1"):format(srv.port))
+        socket.sleep(1)
+        os.execute("kill -HUP " .. srv.pid)
+        local out = wrk:read("*a")
+        wrk:close()
+        assert.truthy(out:find("requests in", 1, true), out)
+        assert.falsy(out:find("Socket errors", 1, true), out)
+        assert.falsy(out:find("Non-2xx", 1, true), out)
+        local _, took = srv:log():gsub("took over", "")
+        assert.equal(2, took)
+        assert.equal("v2", get(srv.port, "/").body)
+        assert.is_true(srv:stop())
+        os.execute("rm -rf " .. dir)
+    end)
+
+    it("finishes requests in flight when stopped with SIGTERM", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 1" }
+        assert.is_true(wait_for(function() return #children(srv.pid) == 1 end))
+        local s = helper.connect(srv.port)
+        assert(s:send("GET /slow?s=1 HTTP/1.1\r\nHost: t\r\n\r\n"))
+        socket.sleep(0.2)
+        os.execute("kill -TERM " .. srv.pid)
+        local res = helper.read_response(s)
+        assert.equal("slow done", res.body)
+        assert.equal("close", res.headers["connection"])
+        assert.is_true(wait_for(function() return not srv:alive() end))
+        -- no longer listening
+        local c = socket.tcp()
+        c:settimeout(1)
+        assert.is_nil(c:connect("127.0.0.1", srv.port))
+    end)
+
+    it("reopens its log file on SIGUSR1", function()
+        local log = os.tmpname()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua",
+            args = "--workers 1 --log " .. log, log = log }
+        assert.is_true(wait_for(function() return #children(srv.pid) == 1 end))
+        os.rename(log, log .. ".1")
+        os.execute("kill -USR1 " .. srv.pid)
+        -- the master reopens at once; the worker when its loop sees the signal
+        assert.is_true(wait_for(function() return io.open(log) ~= nil end))
+        socket.sleep(0.3)
+        assert.equal(500, get(srv.port, "/error").status)
+        assert.is_true(wait_for(function()
+            return helper.read_file(log):find("boom in handler", 1, true) ~= nil
+        end))
+        assert.falsy(helper.read_file(log .. ".1"):find("boom in handler", 1, true))
+        assert.is_true(srv:stop())
+        os.remove(log .. ".1")
+    end)
+end)

@@ -50,6 +50,8 @@ static void conn_free(ms_conn_t *c)
         out_release(s, c->pend);
     if (c->flight != NULL)
         out_release(s, c->flight);
+    if (c->has_source)
+        ms__source_remove(s, c);
     c->prev->next = c->next;
     c->next->prev = c->prev;
     s->stats.closed++;
@@ -118,7 +120,9 @@ void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
 
 void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
 {
-    ms_timer_stop(c->server, &c->timer);
+    /* Bytes are progress for a body and the end of idleness; a head's deadline stays. */
+    if (c->phase == MS_PHASE_BODY || c->phase == MS_PHASE_IDLE)
+        c->phase = MS_PHASE_NONE;
     ms__h1_feed(c, data, len);
 }
 
@@ -260,6 +264,8 @@ void ms__conn_flush(ms_conn_t *c)
     rc = c->io->write(c, iov + k, n - k);
     if (rc < 0)
         ms__conn_close(c, 0);
+    else
+        ms__conn_rearm(c);
 }
 
 void ms_conn_write_done(ms_conn_t *c, int status)
@@ -277,8 +283,11 @@ void ms_conn_write_done(ms_conn_t *c, int status)
         ms__conn_close(c, 0);
         return;
     }
+    if (c->phase == MS_PHASE_SEND)
+        c->phase = MS_PHASE_NONE; /* progress */
     ms__conn_flush(c);
     ms__conn_drain_check(c);
+    ms__conn_rearm(c);
 }
 
 int ms_reply_congested(ms_req_t *r)
@@ -337,20 +346,69 @@ void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n)
     ms__out_commit(s, o, n);
 }
 
-static void idle_expired(ms_timer_t *t)
+static void timer_expired(ms_timer_t *t)
 {
     ms_conn_t *c = container_of(t, ms_conn_t, timer);
-    ms__conn_close(c, 0);
+    int phase = c->phase;
+    c->phase = MS_PHASE_NONE;
+    if (phase == MS_PHASE_IDLE) {
+        ms__conn_close(c, 0);
+        return;
+    }
+    c->server->stats.timeouts++;
+    ms__h1_timeout(c, phase);
 }
 
-/* The connection waits for the client: idle between requests or inside a head. */
-void ms__conn_wait_input(ms_conn_t *c)
+static void arm(ms_conn_t *c, int phase, uint32_t ms)
+{
+    c->phase = (uint8_t)phase;
+    ms_timer_start(c->server, &c->timer, ms, timer_expired);
+}
+
+/* Points the connection's one timer at what it waits for now: the socket to take a reply
+ * (send_timeout, reset by progress), a body (body_timeout, reset by each read), the rest of
+ * a head (head_timeout, from its first byte: trickling bytes does not extend it), or the
+ * next request (idle_timeout). A handler at work has no deadline here. */
+void ms__conn_rearm(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
-    uint32_t ms = s->limits.idle_timeout_ms;
+    const ms_limits_t *lim = &s->limits;
+    ms_h1_t *h = c->h1;
+    if (c->flags & MS_CONN_CLOSED)
+        return;
+    if (c->flight != NULL) {
+        if (c->phase != MS_PHASE_SEND)
+            arm(c, MS_PHASE_SEND, lim->send_timeout_ms);
+        return;
+    }
+    if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF)) {
+        if (c->phase != MS_PHASE_BODY)
+            arm(c, MS_PHASE_BODY, lim->body_timeout_ms);
+        return;
+    }
+    if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
+        c->phase = MS_PHASE_NONE;
+        ms_timer_stop(s, &c->timer);
+        return;
+    }
+    if (c->flags & MS_CONN_CLOSING)
+        return;
+    if (h != NULL && h->state == MS_H1_HEAD && (h->scan > 0 || h->in.len > h->in_off)) {
+        if (c->phase != MS_PHASE_HEAD)
+            arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
+        return;
+    }
+    uint32_t ms = lim->idle_timeout_ms;
     if (s->stopping && ms > MS_STOP_GRACE_MS)
         ms = MS_STOP_GRACE_MS;
-    ms_timer_start(s, &c->timer, ms, idle_expired);
+    if (c->phase != MS_PHASE_IDLE || s->stopping)
+        arm(c, MS_PHASE_IDLE, ms);
+}
+
+/* A new connection gets head_timeout for its first request. */
+void ms__conn_start(ms_conn_t *c)
+{
+    arm(c, MS_PHASE_HEAD, c->server->limits.head_timeout_ms);
 }
 
 /* Resumes a handler waiting for the reply queue to drain, once it has. */

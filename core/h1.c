@@ -365,29 +365,31 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
     ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, reason(status), why ? why : "malformed");
     s->stats.bad_requests++;
     h->state = MS_H1_DEAD;
+    if (c->flags & MS_CONN_CLOSED) {
+        /* nothing to send */
+    } else if (r->v.flags & MS_REQ_HEAD_SENT) {
+        ms__conn_close(c, 0); /* part of a reply is out: closing is the only answer left */
+    } else {
+        r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE | MS_REQ_CLOSE;
+        ms_out_t *o = ms__conn_out(c);
+        char *w = ms__out_reserve(o, 512);
+        int n = snprintf(w, 512,
+                         "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: text/plain; "
+                         "charset=utf-8\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%d %s\n",
+                         status, reason(status), ms__date_line(s), strlen(reason(status)) + 5,
+                         status, reason(status));
+        ms__out_commit(s, o, (size_t)n);
+        c->flags |= MS_CONN_CLOSING;
+        if (!(c->flags & MS_CONN_IN_FEED))
+            ms__conn_flush(c);
+    }
+    /* A handler reading the body learns it will not come, after the answer is decided, so
+     * that its own reply cannot take the refusal's place. */
     if (r->v.flags & MS_REQ_IN_HANDLER) {
         r->v.flags |= MS_REQ_BODY_ERROR;
         if (r->v.wait == MS_WAIT_BODY)
             ms__req_wake(r, MS_WAIT_BODY);
     }
-    if (c->flags & MS_CONN_CLOSED)
-        return;
-    if (r->v.flags & MS_REQ_HEAD_SENT) {
-        ms__conn_close(c, 0); /* part of a reply is out: closing is the only answer left */
-        return;
-    }
-    r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE | MS_REQ_CLOSE;
-    ms_out_t *o = ms__conn_out(c);
-    char *w = ms__out_reserve(o, 512);
-    int n = snprintf(w, 512,
-                     "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: text/plain; "
-                     "charset=utf-8\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%d %s\n",
-                     status, reason(status), ms__date_line(s), strlen(reason(status)) + 5,
-                     status, reason(status));
-    ms__out_commit(s, o, (size_t)n);
-    c->flags |= MS_CONN_CLOSING;
-    if (!(c->flags & MS_CONN_IN_FEED))
-        ms__conn_flush(c);
 }
 
 /* -- Replies ----------------------------------------------------------------------------- */
@@ -461,10 +463,43 @@ int ms__h1_reply_head(ms_req_t *r, int64_t clen)
 
 /* -- Reading ----------------------------------------------------------------------------- */
 
+/* Over the in-flight cap: 503 from the core, no Lua. Cheap on purpose: shedding load must
+ * cost far less than serving it. The connection stays open unless a body would follow. */
+static void refuse_busy(ms_conn_t *c, ms_h1_t *h)
+{
+    ms_server_t *s = c->server;
+    ms_req_t *r = &h->req;
+    static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nserver: moonserve\r\n"
+                               "retry-after: 1\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                               "content-length: 24\r\n";
+    static const char body[] = "\r\n503 Service Unavailable\n";
+    s->stats.refused_busy++;
+    ms__log_refusals(s);
+    int close = !h->msg_done || (r->v.flags & MS_REQ_CLOSE);
+    ms_out_t *o = ms__conn_out(c);
+    ms__out_vec(s, o, busy, sizeof(busy) - 1, MS_VEC_STATIC, -1);
+    ms__out_text(s, o, ms__date_line(s), 37);
+    if (close)
+        ms__out_vec(s, o, "connection: close\r\n", 19, MS_VEC_STATIC, -1);
+    ms__out_vec(s, o, body, sizeof(body) - 1, MS_VEC_STATIC, -1);
+    r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE;
+    h->discard_body = 1;
+    c->requests++;
+    if (close) {
+        c->flags |= MS_CONN_CLOSING;
+        h->state = MS_H1_DEAD;
+    }
+}
+
 static void dispatch(ms_conn_t *c, ms_h1_t *h)
 {
     ms_server_t *s = c->server;
     ms_req_t *r = &h->req;
+    if (MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight)) {
+        refuse_busy(c, h);
+        return;
+    }
+    s->stats.in_flight++;
     r->v.flags |= MS_REQ_IN_HANDLER;
     c->refs++;
     c->requests++;
@@ -606,9 +641,7 @@ static void maybe_idle(ms_conn_t *c)
         ms__h1_free(c->server, h);
         ms__conn_idle(c);
     }
-    if (!(c->flags & MS_CONN_CLOSING) &&
-        (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER)))
-        ms__conn_wait_input(c);
+    ms__conn_rearm(c);
 }
 
 void ms__h1_feed(ms_conn_t *c, const char *data, size_t len)
@@ -691,6 +724,25 @@ void ms__h1_continue(ms_conn_t *c)
     }
     ms__conn_flush(c);
     maybe_idle(c);
+}
+
+/* A deadline passed: the head or the body did not come in time (408), or the client stopped
+ * reading a reply (close). */
+void ms__h1_timeout(ms_conn_t *c, int phase)
+{
+    ms_h1_t *h = c->h1;
+    char peer[64];
+    ms_conn_peer(c, peer, sizeof(peer));
+    if (phase == MS_PHASE_SEND || h == NULL) {
+        ms_log(MS_LOG_INFO, "%s: closed: the client read nothing for send_timeout", peer);
+        ms__conn_close(c, 0);
+        return;
+    }
+    c->refs++;
+    refuse(c, h, 408, phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
+                                             : "body stalled for body_timeout");
+    ms__conn_flush(c);
+    ms__conn_release(c);
 }
 
 void ms__h1_body_drained(ms_conn_t *c)

@@ -3,6 +3,7 @@
 #define MS_INTERNAL_H
 
 #include <llhttp.h>
+#include <sys/socket.h>
 #include <string.h>
 
 #include "moonserve.h"
@@ -63,12 +64,18 @@ struct ms_conn_s {
     ms_out_t *pend;      /* replies not yet written */
     ms_out_t *flight;    /* replies handed to io->write, until ms_conn_write_done() */
     ms_conn_t *prev, *next; /* the worker's list of open connections */
-    ms_timer_t timer;    /* idle timeout */
+    ms_timer_t timer;    /* the deadline of what it waits for: MS_PHASE_* */
+    uint8_t phase;
+    uint8_t has_source;  /* counted in the worker's per-source table */
+    uint8_t source[16];  /* the peer's address (IPv4 mapped into IPv6) */
     uint32_t flags;
     uint32_t requests;   /* served on this connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;            /* 1 for the transport, 1 while a handler holds the request */
 };
+
+/* What a connection's timer waits for. */
+enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
 
 /* HTTP/1 state of an active connection: dropped back to the worker when it goes idle. */
 enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
@@ -114,6 +121,9 @@ struct ms_server_s {
     int stopping;
     void (*stopped)(ms_server_t *s);
     int depth;              /* calls into the handler under way */
+    struct ms_sources_s *sources; /* open connections per source address */
+    uint64_t refused_logged_at;   /* refusals of floods are logged once a second */
+    uint64_t refused_conns_logged, refused_busy_logged;
     ms_conn_t *deferred;    /* connections to move on once those calls return */
     struct ms_listener_s *listeners;
     uint32_t listen_port;
@@ -125,7 +135,8 @@ void ms__conn_close(ms_conn_t *c, int graceful);
 void ms__conn_flush(ms_conn_t *c);
 void ms__conn_release(ms_conn_t *c);
 void ms__conn_idle(ms_conn_t *c);
-void ms__conn_wait_input(ms_conn_t *c);
+void ms__conn_rearm(ms_conn_t *c);
+void ms__conn_start(ms_conn_t *c);
 void ms__conn_drain_check(ms_conn_t *c);
 void ms__out_destroy(void *p);
 ms_out_t *ms__conn_out(ms_conn_t *c);
@@ -138,6 +149,12 @@ void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c);
 void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
+/* caps.c */
+int ms__source_add(ms_server_t *s, ms_conn_t *c, const struct sockaddr *sa);
+void ms__source_remove(ms_server_t *s, ms_conn_t *c);
+void ms__sources_free(ms_server_t *s);
+void ms__log_refusals(ms_server_t *s);
+
 /* h1.c */
 void ms__h1_feed(ms_conn_t *c, const char *data, size_t len);
 void ms__h1_eof(ms_conn_t *c);
@@ -148,6 +165,7 @@ int ms__h1_reply_head(ms_req_t *r, int64_t content_length);
 int ms__h1_send_error(ms_conn_t *c, int status, const char *why);
 void ms__h1_free(ms_server_t *s, ms_h1_t *h);
 void ms__h1_destroy(void *p);
+void ms__h1_timeout(ms_conn_t *c, int phase);
 
 /* timer.c */
 void ms__timers_run(uv_timer_t *ut);

@@ -78,6 +78,7 @@ ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m)
     *(ms_memio_t **)ms_conn_io_data(c) = m;
     m->conn = c;
     m->reading = 1;
+    ms__conn_start(c);
     return c;
 }
 

@@ -217,10 +217,16 @@ int ms_anchor_drain(ms_server_t *s, int32_t *out, int n);
 typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
 typedef struct ms_limits_s {
+    uint32_t connections;  /* open connections per worker; past it, new ones are closed */
+    uint32_t per_source;   /* open connections from one address */
+    uint32_t in_flight;    /* requests in handlers per worker; past it, 503 */
     uint32_t head_bytes;   /* request line plus fields */
     uint32_t header_count; /* number of fields */
     uint64_t body_bytes;   /* request body */
-    uint32_t idle_timeout_ms;
+    uint32_t head_timeout_ms; /* a whole head, from its first byte: 408 */
+    uint32_t body_timeout_ms; /* between two reads of a body: 408 */
+    uint32_t idle_timeout_ms; /* keep-alive between requests: close */
+    uint32_t send_timeout_ms; /* a reply that makes no progress: close */
     uint32_t requests_per_connection;
 } ms_limits_t;
 
@@ -229,7 +235,11 @@ void ms_limits_default(ms_limits_t *l);
 
 typedef struct ms_server_stats_s {
     uint64_t accepted, closed, requests, bad_requests;
-    uint64_t conns; /* open now */
+    uint64_t refused_conns;  /* over `connections` or `per_source` */
+    uint64_t refused_busy;   /* 503 over `in_flight` */
+    uint64_t timeouts;
+    uint64_t conns;     /* open now */
+    uint64_t in_flight; /* requests in handlers now */
 } ms_server_stats_t;
 
 /* Creates a worker's server on `loop`. `on_request` is called once per request (the one

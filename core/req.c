@@ -270,6 +270,7 @@ void ms_req_finish(ms_req_t *r)
         }
     }
     r->v.flags &= ~MS_REQ_IN_HANDLER;
+    c->server->stats.in_flight--;
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
     ms_timer_stop(c->server, &r->timer);

@@ -238,9 +238,21 @@ static void on_connection(uv_stream_t *ls, int status)
             uv_close((uv_handle_t *)&t->tcp, close_cb);
             return;
         }
+        /* Caps on open connections, per worker and per source address: over them the
+         * connection is closed at once, before any byte is read. */
+        struct sockaddr_storage ss;
+        int sl = sizeof(ss);
+        if (s->stats.conns > s->limits.connections ||
+            (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &sl) == 0 &&
+             ms__source_add(s, c, (struct sockaddr *)&ss) < 0)) {
+            s->stats.refused_conns++;
+            ms__log_refusals(s);
+            ms__conn_close(c, 0);
+            continue;
+        }
         uv_tcp_nodelay(&t->tcp, 1);
         uv_read_start((uv_stream_t *)&t->tcp, alloc_cb, read_cb);
-        ms__conn_wait_input(c);
+        ms__conn_start(c);
     }
 }
 
@@ -248,10 +260,16 @@ static void on_connection(uv_stream_t *ls, int status)
 
 void ms_limits_default(ms_limits_t *l)
 {
+    l->connections = 16384;
+    l->per_source = 256;
+    l->in_flight = 1024;
     l->head_bytes = 32 * 1024;
     l->header_count = 100;
     l->body_bytes = 8 * 1024 * 1024;
+    l->head_timeout_ms = 10000;
+    l->body_timeout_ms = 30000;
     l->idle_timeout_ms = 15000;
+    l->send_timeout_ms = 30000;
     l->requests_per_connection = 1000;
 }
 
@@ -456,13 +474,14 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
      * way, and closing under it would be an error on its side); then it closes. */
     for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
         if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
-            ms__conn_wait_input(c);
+            ms__conn_rearm(c);
     ms__server_conn_gone(s, NULL);
 }
 
 void ms_server_free(ms_server_t *s)
 {
     ms__recycle_drain(&s->h1_free, ms__h1_destroy);
+    ms__sources_free(s);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);

@@ -98,7 +98,7 @@ static uint64_t opt_number(lua_State *L, int t, const char *key, uint64_t def, d
     return v;
 }
 
-/* core.server{ on_request = f, on_resume = g, limits = { ... } } */
+/* core.server{ on_request = f, on_resume = g, limits = { ... } }; times in seconds. */
 static int server_new(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -107,6 +107,15 @@ static int server_new(lua_State *L)
     lua_getfield(L, 1, "limits");
     if (lua_istable(L, -1)) {
         int t = lua_gettop(L);
+        lim.connections = (uint32_t)opt_number(L, t, "connections", lim.connections, 1);
+        lim.per_source = (uint32_t)opt_number(L, t, "per_source", lim.per_source, 1);
+        lim.in_flight = (uint32_t)opt_number(L, t, "in_flight", lim.in_flight, 1);
+        lim.head_timeout_ms =
+            (uint32_t)opt_number(L, t, "head_timeout", lim.head_timeout_ms, 1000);
+        lim.body_timeout_ms =
+            (uint32_t)opt_number(L, t, "body_timeout", lim.body_timeout_ms, 1000);
+        lim.send_timeout_ms =
+            (uint32_t)opt_number(L, t, "send_timeout", lim.send_timeout_ms, 1000);
         lim.head_bytes = (uint32_t)opt_number(L, t, "head_bytes", lim.head_bytes, 1);
         lim.header_count = (uint32_t)opt_number(L, t, "header_count", lim.header_count, 1);
         lim.body_bytes = opt_number(L, t, "body_bytes", lim.body_bytes, 1);
@@ -239,7 +248,7 @@ static int server_pointer(lua_State *L)
 static int server_stats(lua_State *L)
 {
     const ms_server_stats_t *st = ms_server_stats(check_server(L)->server);
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 9);
     lua_pushnumber(L, (lua_Number)st->accepted);
     lua_setfield(L, -2, "accepted");
     lua_pushnumber(L, (lua_Number)st->closed);
@@ -250,6 +259,14 @@ static int server_stats(lua_State *L)
     lua_setfield(L, -2, "bad_requests");
     lua_pushnumber(L, (lua_Number)st->conns);
     lua_setfield(L, -2, "connections");
+    lua_pushnumber(L, (lua_Number)st->in_flight);
+    lua_setfield(L, -2, "in_flight");
+    lua_pushnumber(L, (lua_Number)st->refused_conns);
+    lua_setfield(L, -2, "refused_connections");
+    lua_pushnumber(L, (lua_Number)st->refused_busy);
+    lua_setfield(L, -2, "refused_busy");
+    lua_pushnumber(L, (lua_Number)st->timeouts);
+    lua_setfield(L, -2, "timeouts");
     return 1;
 }
 

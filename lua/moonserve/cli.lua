@@ -10,8 +10,9 @@ options:
   --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one)
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
-  --limit KEY=VALUE    set a limit (head_bytes, header_count, body_bytes, idle_timeout,
-                       requests_per_connection); repeatable
+  --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source, in_flight,
+                       head_bytes, header_count, body_bytes, head_timeout, body_timeout,
+                       idle_timeout, send_timeout (seconds), requests_per_connection
   --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
   --stop-timeout S     seconds a stopping worker may take to finish (default 30)
   --quiet              log errors and warnings only

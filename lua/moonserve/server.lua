@@ -210,8 +210,10 @@ local function parse_limits(t)
     if type(t) ~= "table" then
         error("bad limits (table expected)", 3)
     end
-    local known = { head_bytes = true, header_count = true, body_bytes = true,
-        idle_timeout = true, requests_per_connection = true }
+    local known = { connections = true, per_source = true, in_flight = true,
+        head_bytes = true, header_count = true, body_bytes = true, head_timeout = true,
+        body_timeout = true, idle_timeout = true, send_timeout = true,
+        requests_per_connection = true }
     for k in pairs(t) do
         if not known[k] then
             error("unknown limit " .. tostring(k), 3)

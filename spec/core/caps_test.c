@@ -1,0 +1,118 @@
+/* caps_test.c: the per-source table and the in-flight cap. */
+#include "test.h"
+
+#include <arpa/inet.h>
+
+#include "../../core/caps.c"
+#include "../../core/memio.h"
+
+static struct sockaddr_in v4(const char *ip)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    inet_pton(AF_INET, ip, &sa.sin_addr);
+    return sa;
+}
+
+static void on_request_park(ms_req_t *r, void *data)
+{
+    ms_req_t **slot = data;
+    ms_req_park(r);
+    *slot = r;
+}
+
+static void on_resume_none(ms_req_t *r, void *data)
+{
+    (void)r;
+    (void)data;
+}
+
+TEST(caps_counts_connections_per_source_up_to_the_cap)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.per_source = 2;
+    ms_server_t *s = ms_server_new(&loop, &lim, NULL, NULL, NULL);
+    ms_conn_t conns[600];
+    memset(conns, 0, sizeof(conns));
+    struct sockaddr_in a = v4("10.0.0.1"), b = v4("10.0.0.2");
+    ASSERT_EQ(0, ms__source_add(s, &conns[0], (struct sockaddr *)&a));
+    ASSERT_EQ(0, ms__source_add(s, &conns[1], (struct sockaddr *)&a));
+    ASSERT_EQ(MS_EBUSY, ms__source_add(s, &conns[2], (struct sockaddr *)&a));
+    ASSERT_EQ(0, conns[2].has_source);
+    ASSERT_EQ(0, ms__source_add(s, &conns[3], (struct sockaddr *)&b)); /* others go on */
+    ms__source_remove(s, &conns[0]);
+    ASSERT_EQ(0, ms__source_add(s, &conns[2], (struct sockaddr *)&a));
+    /* Many sources: the table grows, and every one can be removed and found again. */
+    for (int i = 10; i < 600; i++) {
+        char ip[32];
+        snprintf(ip, sizeof(ip), "192.168.%d.%d", i / 250, i % 250);
+        struct sockaddr_in x = v4(ip);
+        ASSERT_EQ(0, ms__source_add(s, &conns[i], (struct sockaddr *)&x));
+    }
+    for (int i = 10; i < 600; i += 2)
+        ms__source_remove(s, &conns[i]);
+    for (int i = 11; i < 600; i += 2) {
+        char ip[32];
+        snprintf(ip, sizeof(ip), "192.168.%d.%d", i / 250, i % 250);
+        struct sockaddr_in x = v4(ip);
+        ms_conn_t extra;
+        memset(&extra, 0, sizeof(extra));
+        ASSERT_EQ(0, ms__source_add(s, &extra, (struct sockaddr *)&x)); /* second of 2 */
+        ASSERT_EQ(MS_EBUSY, ms__source_add(s, &extra, (struct sockaddr *)&x));
+        ms__source_remove(s, &extra);
+        ms__source_remove(s, &conns[i]);
+    }
+    ASSERT_EQ(2, (int)s->sources->len); /* a (two connections) and b remain */
+    ms__source_remove(s, &conns[1]);
+    ms__source_remove(s, &conns[2]);
+    ms__source_remove(s, &conns[3]);
+    ASSERT_EQ(0, (int)s->sources->len);
+    ms_server_free(s);
+    uv_loop_close(&loop);
+}
+
+TEST(caps_answers_503_past_in_flight_without_running_the_handler)
+{
+    ms_log_set(NULL, MS_LOG_ERR);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.in_flight = 1;
+    ms_req_t *parked = NULL;
+    ms_server_t *s = ms_server_new(&loop, &lim, on_request_park, on_resume_none, &parked);
+    ms_memio_t m1, m2;
+    ms_memio_open(s, &m1);
+    ms_memio_open(s, &m2);
+    ms_memio_feed(&m1, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", 27);
+    ASSERT(parked != NULL);
+    ms_req_t *first = parked;
+    parked = NULL;
+    ms_memio_feed(&m2, "GET / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", 54);
+    ASSERT(parked == NULL);
+    ms__buf_append(&m2.out, "", 1);
+    ASSERT(strncmp(m2.out.base, "HTTP/1.1 503 Service Unavailable\r\n", 34) == 0);
+    ASSERT(strstr(m2.out.base, "retry-after: 1\r\n") != NULL);
+    ASSERT(strstr(m2.out.base + 10, "HTTP/1.1 503") != NULL); /* both, on a live connection */
+    ASSERT_EQ(0, m2.closed);
+    ASSERT_EQ(2, (int)s->stats.refused_busy);
+    /* Once the first finishes, the next request is served. */
+    ms_reply_send(first, "ok", 2, MS_VEC_STATIC, -1);
+    ms_req_finish(first);
+    ms_memio_feed(&m2, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", 27);
+    ASSERT(parked != NULL);
+    ms_reply_send(parked, "ok", 2, MS_VEC_STATIC, -1);
+    ms_req_finish(parked);
+    ms_memio_peer_close(&m1, UV_EOF);
+    ms_memio_peer_close(&m2, UV_EOF);
+    ms_memio_free(&m1);
+    ms_memio_free(&m2);
+    ms_server_free(s);
+    uv_loop_close(&loop);
+}
+
+TEST_MAIN()

@@ -1,0 +1,126 @@
+-- spec/it/caps_spec.lua: limits and slow or greedy clients against a real server. In every
+-- attack a well-behaved client must keep getting answers.
+local helper = require "helper"
+local socket = require "socket"
+
+local function hello_ok(port, from)
+    local s = assert(socket.tcp())
+    s:settimeout(5)
+    if from then
+        assert(s:bind(from, 0))
+    end
+    assert(s:connect("127.0.0.1", port))
+    assert(s:send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n"))
+    local res = helper.read_response(s)
+    s:close()
+    return res and res.status == 200 and res.body == "hello world"
+end
+
+describe("moonserve's limits", function()
+    local srv
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = table.concat({
+            "--limit head_timeout=1", "--limit body_timeout=1", "--limit send_timeout=1",
+            "--limit in_flight=4", "--limit per_source=40" }, " ") }
+    end)
+
+    teardown(function()
+        srv:stop()
+    end)
+
+    it("answers 408 to a head trickled in too slowly, however busy the trickle", function()
+        local s = helper.connect(srv.port)
+        assert(s:send("GET /hello HTTP/1.1\r\n"))
+        local t0 = socket.gettime()
+        for i = 1, 8 do -- a byte every 0.25 s: each byte is progress, the deadline still holds
+            socket.sleep(0.25)
+            if not s:send("X") then
+                break
+            end
+            assert.is_true(hello_ok(srv.port), "a second client must be served meanwhile")
+        end
+        local res = helper.read_response(s)
+        assert.equal(408, res.status)
+        assert.is_true(helper.closed(s))
+        assert.is_true(socket.gettime() - t0 < 3)
+        assert.truthy(srv:log():find("head not complete within head_timeout", 1, true))
+    end)
+
+    it("answers 408 to a body that stalls", function()
+        local s = helper.connect(srv.port)
+        assert(s:send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789"))
+        assert.is_true(hello_ok(srv.port))
+        local res = helper.read_response(s)
+        assert.equal(408, res.status)
+        assert.is_true(helper.closed(s))
+    end)
+
+    it("closes on a client that stops reading a reply", function()
+        local s = helper.connect(srv.port)
+        assert(s:send("GET /huge HTTP/1.1\r\nHost: t\r\n\r\n"))
+        socket.sleep(2.5) -- read nothing: the reply stalls, then send_timeout passes
+        assert.is_true(hello_ok(srv.port))
+        s:settimeout(5)
+        local got, err, partial = s:receive("*a")
+        local n = #(got or partial or "")
+        assert.is_true(n < 32 * 1024 * 1024, "the reply was cut off")
+        assert.truthy(srv:log():find("send_timeout", 1, true))
+        s:close()
+    end)
+
+    it("answers 503 with Retry-After past in_flight, without running the handler", function()
+        local conns = {}
+        for i = 1, 10 do
+            conns[i] = helper.connect(srv.port)
+            assert(conns[i]:send("GET /slow?s=1 HTTP/1.1\r\nHost: t\r\n\r\n"))
+        end
+        local served, refused = 0, 0
+        for i = 1, 10 do
+            local res = helper.read_response(conns[i])
+            if res.status == 200 then
+                served = served + 1
+            elseif res.status == 503 then
+                refused = refused + 1
+                assert.equal("1", res.headers["retry-after"])
+            end
+            conns[i]:close()
+        end
+        assert.equal(4, served)
+        assert.equal(6, refused)
+        assert.is_true(hello_ok(srv.port))
+    end)
+end)
+
+describe("moonserve's per-source cap", function()
+    it("refuses the 257th connection from one address while others are served", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua" }
+        local conns, open = {}, 0
+        for i = 1, 300 do
+            local s = assert(socket.tcp())
+            s:settimeout(5)
+            assert(s:connect("127.0.0.1", srv.port))
+            conns[i] = s
+        end
+        for i = 1, 300 do
+            local s = conns[i]
+            s:send("GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")
+            local res = helper.read_response(s)
+            if res and res.status == 200 then
+                open = open + 1
+            end
+        end
+        assert.equal(256, open)
+        -- another address is not affected
+        assert.is_true(hello_ok(srv.port, "127.0.0.2"))
+        for i = 1, 300 do
+            conns[i]:close()
+        end
+        -- and once they are gone, the first address is served again
+        socket.sleep(0.2)
+        assert.is_true(hello_ok(srv.port))
+        assert.truthy(srv:log():find("refused 44 connections", 1, true) or
+            srv:log():find("refused %d+ connections"))
+        srv:stop()
+    end)
+end)

@@ -52,7 +52,7 @@ static void grow(ms_sources_t *t)
 }
 
 /* The address as 16 bytes: IPv6 as is, IPv4 mapped (::ffff:a.b.c.d). */
-static int address_key(const struct sockaddr *sa, uint8_t key[16])
+int ms__source_key(const struct sockaddr *sa, uint8_t key[16])
 {
     if (sa->sa_family == AF_INET6) {
         memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
@@ -67,12 +67,10 @@ static int address_key(const struct sockaddr *sa, uint8_t key[16])
     return -1;
 }
 
-/* Counts a new connection from `sa`. Returns 0, or MS_EBUSY when the source already has
+/* Counts a connection from c->source. Returns 0, or MS_EBUSY when the source already has
  * `per_source` open (the connection is then not counted). */
-int ms__source_add(ms_server_t *s, ms_conn_t *c, const struct sockaddr *sa)
+int ms__source_add(ms_server_t *s, ms_conn_t *c)
 {
-    if (address_key(sa, c->source) < 0)
-        return 0;
     ms_sources_t *t = s->sources;
     if (t == NULL) {
         t = s->sources = ms_mem_alloc(sizeof(*t));
@@ -91,7 +89,7 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c, const struct sockaddr *sa)
         return MS_EBUSY;
     }
     r->count++;
-    c->has_source = 1;
+    c->source_counted = 1;
     return 0;
 }
 
@@ -101,7 +99,7 @@ void ms__source_remove(ms_server_t *s, ms_conn_t *c)
     uint32_t mask = t->cap - 1, j = hash(c->source) & mask;
     while (memcmp(t->rows[j].addr, c->source, 16) != 0)
         j = (j + 1) & mask;
-    c->has_source = 0;
+    c->source_counted = 0;
     if (--t->rows[j].count > 0)
         return;
     /* Backward shift: pull later rows of the same run into the hole. */

@@ -34,7 +34,9 @@ ms_server_t *ms_conn_server(ms_conn_t *c)
 void ms_conn_peer(ms_conn_t *c, char *buf, size_t len)
 {
     buf[0] = 0;
-    if (c->io->peer != NULL && !(c->flags & MS_CONN_CLOSED))
+    if (c->source_known)
+        ms__format_ip(c->source, buf, len);
+    else if (c->io->peer != NULL && !(c->flags & MS_CONN_CLOSED))
         c->io->peer(c, buf, len);
 }
 
@@ -50,7 +52,7 @@ static void conn_free(ms_conn_t *c)
         out_release(s, c->pend);
     if (c->flight != NULL)
         out_release(s, c->flight);
-    if (c->has_source)
+    if (c->source_counted)
         ms__source_remove(s, c);
     c->prev->next = c->next;
     c->next->prev = c->prev;

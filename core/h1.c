@@ -568,6 +568,39 @@ static void next_request(ms_h1_t *h)
     h->scan = 0;
 }
 
+/* Reads the PROXY header a proxy-protocol listener's connection starts with. Returns how far
+ * it got: `p` when more bytes are needed, `end` when the connection is done for. */
+static MS_NOINLINE const char *read_proxy_header(ms_conn_t *c, const char *p, const char *end)
+{
+    ms_server_t *s = c->server;
+    uint8_t src[16];
+    int known;
+    ssize_t n = ms__proxy_parse(p, (size_t)(end - p), src, &known);
+    if (n == 0)
+        return p;
+    char peer[64];
+    ms_conn_peer(c, peer, sizeof(peer));
+    if (n < 0) {
+        ms_log(MS_LOG_INFO, "%s: closed: no valid PROXY protocol header", peer);
+        s->stats.bad_requests++;
+        ms__conn_close(c, 0);
+        return end;
+    }
+    c->flags &= ~MS_CONN_PROXY;
+    if (known) {
+        memcpy(c->source, src, 16);
+        c->source_known = 1;
+    }
+    /* The client behind the proxy is the source the per-source cap counts. */
+    if (c->source_known && !ms__trusted(s, c->source) && ms__source_add(s, c) < 0) {
+        s->stats.refused_conns++;
+        ms__log_refusals(s);
+        ms__conn_close(c, 0);
+        return end;
+    }
+    return p + n;
+}
+
 /* The state machine over the bytes at hand. Returns how far it got; the caller keeps the
  * rest for later. Requests are answered strictly in order: while a handler holds one,
  * the bytes of the next stay unparsed. */
@@ -577,6 +610,13 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
     while (p < end) {
         if (c->flags & MS_CONN_CLOSING)
             return end; /* closing after this reply: whatever comes next is dropped */
+        if (MS_UNLIKELY(c->flags & MS_CONN_PROXY)) {
+            const char *q = read_proxy_header(c, p, end);
+            if (q == p || q == end)
+                return q;
+            p = q;
+            continue;
+        }
         switch (h->state) {
         case MS_H1_HEAD: {
             if (h->scan == 0) {

@@ -54,7 +54,8 @@ enum {
     MS_CONN_IN_FEED = 1 << 2,   /* inside ms_conn_feed: flush at its end */
     MS_CONN_READ_OFF = 1 << 3,  /* reading stopped for backpressure */
     MS_CONN_EOF = 1 << 4,       /* the peer will send no more */
-    MS_CONN_GRACEFUL = 1 << 5   /* close with shutdown after the last write */
+    MS_CONN_GRACEFUL = 1 << 5,  /* close with shutdown after the last write */
+    MS_CONN_PROXY = 1 << 6      /* a PROXY protocol header must come first */
 };
 
 struct ms_conn_s {
@@ -66,13 +67,21 @@ struct ms_conn_s {
     ms_conn_t *prev, *next; /* the worker's list of open connections */
     ms_timer_t timer;    /* the deadline of what it waits for: MS_PHASE_* */
     uint8_t phase;
-    uint8_t has_source;  /* counted in the worker's per-source table */
-    uint8_t source[16];  /* the peer's address (IPv4 mapped into IPv6) */
+    uint8_t source_known;   /* `source` holds the client's address */
+    uint8_t source_counted; /* and it is counted in the worker's per-source table */
+    uint8_t source[16];     /* the client's address (IPv4 mapped into IPv6): the peer's, or
+                             * the one a PROXY header gave */
     uint32_t flags;
     uint32_t requests;   /* served on this connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;            /* 1 for the transport, 1 while a handler holds the request */
 };
+
+/* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
+typedef struct ms_cidr_s {
+    uint8_t addr[16];
+    uint8_t bits;
+} ms_cidr_t;
 
 /* What a connection's timer waits for. */
 enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
@@ -122,6 +131,8 @@ struct ms_server_s {
     void (*stopped)(ms_server_t *s);
     int depth;              /* calls into the handler under way */
     struct ms_sources_s *sources; /* open connections per source address */
+    ms_cidr_t *trusted;           /* proxies whose X-Forwarded-For is believed */
+    uint32_t ntrusted;
     uint64_t refused_logged_at;   /* refusals of floods are logged once a second */
     uint64_t refused_conns_logged, refused_busy_logged;
     ms_conn_t *deferred;    /* connections to move on once those calls return */
@@ -150,10 +161,16 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
 /* caps.c */
-int ms__source_add(ms_server_t *s, ms_conn_t *c, const struct sockaddr *sa);
+int ms__source_key(const struct sockaddr *sa, uint8_t key[16]);
+int ms__source_add(ms_server_t *s, ms_conn_t *c);
 void ms__source_remove(ms_server_t *s, ms_conn_t *c);
 void ms__sources_free(ms_server_t *s);
 void ms__log_refusals(ms_server_t *s);
+
+/* proxy.c */
+int ms__trusted(const ms_server_t *s, const uint8_t a[16]);
+void ms__format_ip(const uint8_t a[16], char *buf, size_t len);
+ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);
 
 /* h1.c */
 void ms__h1_feed(ms_conn_t *c, const char *data, size_t len);

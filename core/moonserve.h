@@ -146,6 +146,11 @@ struct ms_req_s {
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
 
+/* The client's address as text: the peer, or the address a PROXY header named, or, when
+ * that is a trusted proxy, the first untrusted address of X-Forwarded-For from the right.
+ * Returns its length. */
+int ms_req_client_ip(ms_req_t *r, char *buf, size_t len);
+
 /* Header lookup by lowercase name. Returns the first value or NULL. */
 const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
 
@@ -246,11 +251,17 @@ typedef struct ms_server_stats_s {
  * crossing into the handler); `on_resume` when a parked handler's wait is over. */
 ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
                            ms_request_cb on_resume, void *data);
+/* Listener flags. */
+enum { MS_LISTEN_PROXY = 1 /* every connection starts with a PROXY protocol header */ };
+
 /* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set
  * so that workers can share the port. Returns 0 or a negative code. */
-int ms_server_listen(ms_server_t *s, const char *addr, int backlog);
+int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags);
 /* Serves on an already listening socket (a worker's, inherited from the master). */
-int ms_server_listen_fd(ms_server_t *s, int fd);
+int ms_server_listen_fd(ms_server_t *s, int fd, int flags);
+/* Trusts a proxy address range ("10.0.0.0/8", "::1"): X-Forwarded-For from it is believed,
+ * and its connections are not capped as one source. Returns 0 or UV_EINVAL. */
+int ms_server_trust(ms_server_t *s, const char *cidr);
 /* A listening TCP socket for "HOST:PORT" with SO_REUSEPORT; `port` >= 0 overrides the
  * address's port. Returns the fd or a negative code. */
 int ms_listen_fd(const char *addr, int backlog, int port);

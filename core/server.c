@@ -19,6 +19,7 @@
 typedef struct ms_listener_s {
     uv_tcp_t tcp;
     ms_server_t *server;
+    int flags; /* MS_LISTEN_* */
     struct ms_listener_s *next;
 } ms_listener_t;
 
@@ -239,12 +240,19 @@ static void on_connection(uv_stream_t *ls, int status)
             return;
         }
         /* Caps on open connections, per worker and per source address: over them the
-         * connection is closed at once, before any byte is read. */
+         * connection is closed at once, before any byte is read. A trusted proxy's
+         * connections carry many clients and are not counted as one source; behind a PROXY
+         * header, the client it names is counted once the header is read. */
         struct sockaddr_storage ss;
         int sl = sizeof(ss);
+        if (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &sl) == 0 &&
+            ms__source_key((struct sockaddr *)&ss, c->source) == 0)
+            c->source_known = 1;
+        if (l->flags & MS_LISTEN_PROXY)
+            c->flags |= MS_CONN_PROXY;
         if (s->stats.conns > s->limits.connections ||
-            (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &sl) == 0 &&
-             ms__source_add(s, c, (struct sockaddr *)&ss) < 0)) {
+            (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
+             ms__source_add(s, c) < 0)) {
             s->stats.refused_conns++;
             ms__log_refusals(s);
             ms__conn_close(c, 0);
@@ -360,10 +368,11 @@ int ms_fd_port(int fd)
                                           : ((struct sockaddr_in *)&ss)->sin_port);
 }
 
-int ms_server_listen_fd(ms_server_t *s, int fd)
+int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
 {
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
+    l->flags = flags;
     uv_tcp_init(s->loop, &l->tcp);
     int rc = uv_tcp_open(&l->tcp, fd);
     if (rc == 0)
@@ -378,7 +387,7 @@ int ms_server_listen_fd(ms_server_t *s, int fd)
     return 0;
 }
 
-int ms_server_listen(ms_server_t *s, const char *addr, int backlog)
+int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
 {
     struct sockaddr_storage ss;
     int rc = parse_addr(addr, &ss);
@@ -386,6 +395,7 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog)
         return rc;
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
+    l->flags = flags;
     uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
     uv_os_fd_t fd;
     uv_fileno((uv_handle_t *)&l->tcp, &fd);
@@ -482,6 +492,7 @@ void ms_server_free(ms_server_t *s)
 {
     ms__recycle_drain(&s->h1_free, ms__h1_destroy);
     ms__sources_free(s);
+    ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);

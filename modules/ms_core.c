@@ -150,12 +150,13 @@ static binding_t *check_server(lua_State *L)
     return b;
 }
 
-/* server:listen("127.0.0.1:8080"[, backlog]) -> port */
+/* server:listen("127.0.0.1:8080"[, backlog[, proxy_protocol]]) -> port */
 static int server_listen(lua_State *L)
 {
     binding_t *b = check_server(L);
     const char *addr = luaL_checkstring(L, 2);
-    int rc = ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, 511));
+    int flags = lua_toboolean(L, 4) ? MS_LISTEN_PROXY : 0;
+    int rc = ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, 511), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
     lua_pushinteger(L, ms_server_port(b->server));
@@ -227,14 +228,26 @@ static int server_stop(lua_State *L)
     return 0;
 }
 
-/* server:listen_fd(fd) -> port: serves on an inherited listening socket. */
+/* server:listen_fd(fd[, proxy_protocol]) -> port: serves on an inherited listening socket. */
 static int server_listen_fd(lua_State *L)
 {
     binding_t *b = check_server(L);
-    int rc = ms_server_listen_fd(b->server, (int)luaL_checkinteger(L, 2));
+    int flags = lua_toboolean(L, 3) ? MS_LISTEN_PROXY : 0;
+    int rc = ms_server_listen_fd(b->server, (int)luaL_checkinteger(L, 2), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
     lua_pushinteger(L, ms_server_port(b->server));
+    return 1;
+}
+
+/* server:trust("10.0.0.0/8"): believe X-Forwarded-For from that range. */
+static int server_trust(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    int rc = ms_server_trust(b->server, luaL_checkstring(L, 2));
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushboolean(L, 1);
     return 1;
 }
 
@@ -462,7 +475,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {
         {"listen", server_listen}, {"listen_fd", server_listen_fd},
-        {"run", server_run},       {"stop", server_stop},
+        {"run", server_run},       {"stop", server_stop},       {"trust", server_trust},
         {"pointer", server_pointer}, {"stats", server_stats}, {"memconn", memconn_new},
         {"close", server_gc},      {NULL, NULL}};
     static const luaL_Reg memconn_methods[] = {

@@ -41,10 +41,9 @@ MS_FFI int ms_ffi_req_headers(ms_req_t *r, ms_header_t *out, int n)
     return r->v.nheaders;
 }
 
-MS_FFI int ms_ffi_req_peer(ms_req_t *r, char *buf, size_t len)
+MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
 {
-    ms_conn_peer(r->conn, buf, len);
-    return (int)strlen(buf);
+    return ms_req_client_ip(r, buf, len);
 }
 
 MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const char *value,

@@ -42,7 +42,7 @@ function helper.spawn_server(opts)
     p:close()
     local port
     for _ = 1, 200 do -- 10 s at most
-        port = read_file(logfile):match("listening on http://[^:]+:(%d+)/")
+        port = read_file(logfile):match("listening on http://[^ ]+:(%d+)/")
         if port or not alive(pid) then
             break
         end
@@ -54,7 +54,10 @@ function helper.spawn_server(opts)
         os.remove(log)
         error("server did not start:\n" .. text, 2)
     end
-    local srv = { pid = pid, port = tonumber(port), logfile = logfile }
+    local srv = { pid = pid, port = tonumber(port), logfile = logfile, ports = {} }
+    for p in read_file(logfile):gmatch("listening on http://[^ ]+:(%d+)/") do
+        srv.ports[#srv.ports + 1] = tonumber(p)
+    end
     function srv:log()
         return read_file(self.logfile)
     end

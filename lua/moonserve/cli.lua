@@ -7,7 +7,12 @@ usage: moonserve [APP.lua] [options]
 Serves APP.lua (a file that returns an app), or the bundled demo site.
 
 options:
-  --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one)
+  --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one);
+                       repeatable
+  --listen-proxy ADDR:PORT
+                       a listener whose connections start with a PROXY protocol header
+                       (v1 or v2), whose address then is the client's
+  --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
   --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source, in_flight,
@@ -48,8 +53,12 @@ function _M.main(args)
         elseif a == "-v" or a == "--version" then
             io.stdout:write("moonserve ", require("moonserve")._VERSION, "\n")
             return 0
-        elseif a == "--listen" then
-            opts.listen = value()
+        elseif a == "--listen" or a == "--listen-proxy" then
+            opts.listen = opts.listen or {}
+            opts.listen[#opts.listen + 1] = { value(), proxy_protocol = a == "--listen-proxy" }
+        elseif a == "--trusted-proxy" then
+            opts.trusted_proxies = opts.trusted_proxies or {}
+            opts.trusted_proxies[#opts.trusted_proxies + 1] = value()
         elseif a == "--workers" then
             local n = tonumber(value())
             if not n or n < 0 or n % 1 ~= 0 then

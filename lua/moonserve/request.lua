@@ -66,7 +66,7 @@ function getters.http_version(self)
 end
 
 function getters.client_ip(self)
-    local n = C.ms_ffi_req_peer(view(self), peer_buf, 64)
+    local n = C.ms_ffi_req_client_ip(view(self), peer_buf, 64)
     return ffi_str(peer_buf, n)
 end
 

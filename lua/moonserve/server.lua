@@ -240,15 +240,50 @@ local function command_line()
     return argv
 end
 
+-- Listeners as { addr = "HOST:PORT", proxy_protocol = bool }, from "HOST:PORT", a table
+-- { "HOST:PORT", proxy_protocol = true }, or a list of those.
 local function listen_list(listen)
     if listen == nil then
-        return { "127.0.0.1:8080" }
-    elseif type(listen) == "string" then
-        return { listen }
-    elseif type(listen) == "table" and #listen > 0 then
-        return listen
+        listen = "127.0.0.1:8080"
     end
-    error("bad listen (\"HOST:PORT\" or a list of them expected)", 3)
+    if type(listen) == "string" or (type(listen) == "table" and type(listen[1]) == "string"
+            and listen.proxy_protocol ~= nil) then
+        listen = { listen }
+    end
+    if type(listen) ~= "table" or #listen == 0 then
+        error("bad listen (\"HOST:PORT\" or a list of them expected)", 3)
+    end
+    local out = {}
+    for i, l in ipairs(listen) do
+        if type(l) == "string" then
+            out[i] = { addr = l, proxy_protocol = false }
+        elseif type(l) == "table" and type(l[1]) == "string" then
+            out[i] = { addr = l[1], proxy_protocol = l.proxy_protocol == true }
+        else
+            error("bad listen entry " .. i, 3)
+        end
+    end
+    return out
+end
+
+local function addresses(listen)
+    local t = {}
+    for i, l in ipairs(listen) do
+        t[i] = l.addr
+    end
+    return t
+end
+
+-- Makes the core server with the options every mode shares.
+local function make(the_app, opts, limits)
+    local srv = _M.create(the_app, limits)
+    for _, cidr in ipairs(opts.trusted_proxies or {}) do
+        local ok, err = srv:trust(cidr)
+        if not ok then
+            error("bad trusted proxy " .. tostring(cidr) .. ": " .. err, 3)
+        end
+    end
+    return srv
 end
 
 local function serve(srv)
@@ -258,7 +293,9 @@ local function serve(srv)
     return true
 end
 
--- Serves `the_app`. opts.listen: "HOST:PORT" or a list (default "127.0.0.1:8080");
+-- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or a
+-- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
+-- X-Forwarded-For is believed;
 -- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
 -- process; opts.limits; opts.log: a log file instead of stderr; opts.stop_timeout: seconds
 -- a stopping worker may take (default 30); opts.on_listen(port) in single-process mode.
@@ -274,10 +311,10 @@ function _M.run(the_app, opts)
     local listen = listen_list(opts.listen)
 
     if os.getenv("MOONSERVE_WORKER") then
-        -- A worker: the master bound the sockets; they start at fd 4.
-        local srv = _M.create(the_app, limits)
-        for i = 0, (tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1) - 1 do
-            assert(srv:listen_fd(4 + i))
+        -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.
+        local srv = make(the_app, opts, limits)
+        for i = 1, tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1 do
+            assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol))
         end
         assert(core.worker_ready())
         return serve(srv)
@@ -288,18 +325,19 @@ function _M.run(the_app, opts)
         error("bad workers (a whole number expected)", 2)
     end
     if workers > 0 then
-        local ok, err = core.master { argv = command_line(), listen = listen, workers = workers,
-            stop_timeout = opts.stop_timeout }
+        local ok, err = core.master { argv = command_line(), listen = addresses(listen),
+            workers = workers, stop_timeout = opts.stop_timeout }
         if not ok then
-            error("cannot listen on " .. table.concat(listen, ", ") .. ": " .. err, 2)
+            error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
         base.log(base.LOG_INFO, "stopped")
         return true
     end
 
-    local srv = _M.create(the_app, limits)
-    for _, addr in ipairs(listen) do
-        local port, err = srv:listen(addr)
+    local srv = make(the_app, opts, limits)
+    for _, l in ipairs(listen) do
+        local addr = l.addr
+        local port, err = srv:listen(addr, nil, l.proxy_protocol)
         if not port then
             error("cannot listen on " .. addr .. ": " .. err, 2)
         end

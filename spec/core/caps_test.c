@@ -6,13 +6,16 @@
 #include "../../core/caps.c"
 #include "../../core/memio.h"
 
-static struct sockaddr_in v4(const char *ip)
+/* A connection record from `ip`, as accept would fill it. */
+static void from(ms_conn_t *c, const char *ip)
 {
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    inet_pton(AF_INET, ip, &sa.sin_addr);
-    return sa;
+    struct sockaddr_storage ss;
+    struct sockaddr_in *sa = (struct sockaddr_in *)&ss;
+    memset(&ss, 0, sizeof(ss));
+    sa->sin_family = AF_INET;
+    inet_pton(AF_INET, ip, &sa->sin_addr);
+    ms__source_key((struct sockaddr *)&ss, c->source);
+    c->source_known = 1;
 }
 
 static void on_request_park(ms_req_t *r, void *data)
@@ -38,31 +41,33 @@ TEST(caps_counts_connections_per_source_up_to_the_cap)
     ms_server_t *s = ms_server_new(&loop, &lim, NULL, NULL, NULL);
     ms_conn_t conns[600];
     memset(conns, 0, sizeof(conns));
-    struct sockaddr_in a = v4("10.0.0.1"), b = v4("10.0.0.2");
-    ASSERT_EQ(0, ms__source_add(s, &conns[0], (struct sockaddr *)&a));
-    ASSERT_EQ(0, ms__source_add(s, &conns[1], (struct sockaddr *)&a));
-    ASSERT_EQ(MS_EBUSY, ms__source_add(s, &conns[2], (struct sockaddr *)&a));
-    ASSERT_EQ(0, conns[2].has_source);
-    ASSERT_EQ(0, ms__source_add(s, &conns[3], (struct sockaddr *)&b)); /* others go on */
+    for (int i = 0; i < 3; i++)
+        from(&conns[i], "10.0.0.1");
+    from(&conns[3], "10.0.0.2");
+    ASSERT_EQ(0, ms__source_add(s, &conns[0]));
+    ASSERT_EQ(0, ms__source_add(s, &conns[1]));
+    ASSERT_EQ(MS_EBUSY, ms__source_add(s, &conns[2]));
+    ASSERT_EQ(0, conns[2].source_counted);
+    ASSERT_EQ(0, ms__source_add(s, &conns[3])); /* others go on */
     ms__source_remove(s, &conns[0]);
-    ASSERT_EQ(0, ms__source_add(s, &conns[2], (struct sockaddr *)&a));
+    ASSERT_EQ(0, ms__source_add(s, &conns[2]));
     /* Many sources: the table grows, and every one can be removed and found again. */
     for (int i = 10; i < 600; i++) {
         char ip[32];
         snprintf(ip, sizeof(ip), "192.168.%d.%d", i / 250, i % 250);
-        struct sockaddr_in x = v4(ip);
-        ASSERT_EQ(0, ms__source_add(s, &conns[i], (struct sockaddr *)&x));
+        from(&conns[i], ip);
+        ASSERT_EQ(0, ms__source_add(s, &conns[i]));
     }
     for (int i = 10; i < 600; i += 2)
         ms__source_remove(s, &conns[i]);
     for (int i = 11; i < 600; i += 2) {
         char ip[32];
         snprintf(ip, sizeof(ip), "192.168.%d.%d", i / 250, i % 250);
-        struct sockaddr_in x = v4(ip);
         ms_conn_t extra;
         memset(&extra, 0, sizeof(extra));
-        ASSERT_EQ(0, ms__source_add(s, &extra, (struct sockaddr *)&x)); /* second of 2 */
-        ASSERT_EQ(MS_EBUSY, ms__source_add(s, &extra, (struct sockaddr *)&x));
+        from(&extra, ip);
+        ASSERT_EQ(0, ms__source_add(s, &extra)); /* second of 2 */
+        ASSERT_EQ(MS_EBUSY, ms__source_add(s, &extra));
         ms__source_remove(s, &extra);
         ms__source_remove(s, &conns[i]);
     }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "memio.h"
 #include "moonserve.h"
 
@@ -75,9 +76,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (size < 2)
         return 0;
-    /* First byte: the piece size the input is fed in (1..256). Second: congestion. */
+    /* First byte: the piece size the input is fed in (1..256). Second: congestion, and
+     * whether a PROXY protocol header comes first. */
     size_t step = (size_t)data[0] + 1;
-    int congested = data[1] & 1;
+    int congested = data[1] & 1, proxy = data[1] & 2;
     data += 2;
     size -= 2;
 
@@ -89,8 +91,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     lim.body_bytes = 65536;
     ms_server_t *s = ms_server_new(&loop, &lim, on_request, on_resume, NULL);
     ms_memio_t m;
-    ms_memio_open(s, &m);
+    ms_conn_t *c = ms_memio_open(s, &m);
     m.congested = congested;
+    if (proxy)
+        c->flags |= MS_CONN_PROXY;
     nparked = 0;
     for (size_t off = 0; off < size && m.conn != NULL; off += step) {
         size_t n = size - off < step ? size - off : step;

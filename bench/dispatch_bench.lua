@@ -1,7 +1,7 @@
 -- dispatch_bench.lua: keep-alive GETs through the engine and the Lua dispatch of a hello
 -- handler, in-process over the memory transport (no socket). For callgrind, like
 -- engine_bench.c: two counts, the difference divided.
---   luajit bench/dispatch_bench.lua N [PIPELINE] [framework|raw]   (or MODE=raw)
+--   luajit bench/dispatch_bench.lua N [PIPELINE] [framework|raw]   (or MODE=...)
 local n = tonumber(arg[1]) or 100000
 local pipeline = tonumber(arg[2]) or 1
 local mode = arg[3] or os.getenv("MODE") or "framework"

@@ -1,6 +1,9 @@
-/* engine_bench.c: keep-alive GETs through the HTTP/1 engine alone, fed bytes through the
- * memory transport, answered by a C hello handler. For callgrind: run it with two counts
- * and divide the difference in instructions by the difference in requests. */
+/* engine_bench.c: GETs through the HTTP/1 engine alone, fed bytes through the memory
+ * transport, answered by a C hello handler. For callgrind: run it with two counts and
+ * divide the difference in instructions by the difference in requests.
+ *   engine_bench N [PIPELINE] [keepalive|churn|refuse]
+ * churn: a new connection per request; refuse: the same with the in-flight cap at 0, so
+ * the core answers 503 and closes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,8 @@ int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 100000;
     int pipeline = argc > 2 ? atoi(argv[2]) : 1;
+    const char *mode = argc > 3 ? argv[3] : getenv("MODE") ? getenv("MODE") : "keepalive";
+    int churn = strcmp(mode, "churn") == 0 || strcmp(mode, "refuse") == 0;
     static const char req[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
                               "User-Agent: bench\r\nAccept: */*\r\n\r\n";
     size_t len = sizeof(req) - 1;
@@ -32,11 +37,19 @@ int main(int argc, char **argv)
     ms_limits_t lim;
     ms_limits_default(&lim);
     lim.requests_per_connection = 0xffffffffu;
+    if (strcmp(mode, "refuse") == 0)
+        lim.in_flight = 0;
+    ms_log_set(NULL, MS_LOG_ERR);
     ms_server_t *s = ms_server_new(&loop, &lim, on_request, NULL, NULL);
     ms_memio_t m;
     ms_memio_open(s, &m);
     size_t out = 0;
     for (long i = 0; i < n; i += pipeline) {
+        if (churn && i > 0) {
+            ms_memio_peer_close(&m, UV_EOF);
+            ms_memio_free(&m);
+            ms_memio_open(s, &m);
+        }
         ms_memio_feed(&m, batch, len * (size_t)pipeline);
         out += m.out.len;
         m.out.len = 0;

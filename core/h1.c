@@ -463,42 +463,30 @@ int ms__h1_reply_head(ms_req_t *r, int64_t clen)
 
 /* -- Reading ----------------------------------------------------------------------------- */
 
-/* Over the in-flight cap: 503 from the core, no Lua. Cheap on purpose: shedding load must
- * cost far less than serving it. The connection stays open unless a body would follow. */
-static void refuse_busy(ms_conn_t *c, ms_h1_t *h)
+/* Over the in-flight cap: 503 from the core before the head is even parsed, and a close.
+ * Shedding load must cost far less than serving it: what it costs here is finding the end
+ * of the head, one write and the close; the client comes back on a new connection, later. */
+static void refuse_busy(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
-    ms_req_t *r = &h->req;
     static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nserver: moonserve\r\n"
                                "retry-after: 1\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                               "content-length: 24\r\n";
+                               "content-length: 24\r\nconnection: close\r\n";
     static const char body[] = "\r\n503 Service Unavailable\n";
     s->stats.refused_busy++;
     ms__log_refusals(s);
-    int close = !h->msg_done || (r->v.flags & MS_REQ_CLOSE);
     ms_out_t *o = ms__conn_out(c);
     ms__out_vec(s, o, busy, sizeof(busy) - 1, MS_VEC_STATIC, -1);
     ms__out_text(s, o, ms__date_line(s), 37);
-    if (close)
-        ms__out_vec(s, o, "connection: close\r\n", 19, MS_VEC_STATIC, -1);
     ms__out_vec(s, o, body, sizeof(body) - 1, MS_VEC_STATIC, -1);
-    r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE;
-    h->discard_body = 1;
-    c->requests++;
-    if (close) {
-        c->flags |= MS_CONN_CLOSING;
-        h->state = MS_H1_DEAD;
-    }
+    c->h1->state = MS_H1_DEAD;
+    c->flags |= MS_CONN_CLOSING;
 }
 
 static void dispatch(ms_conn_t *c, ms_h1_t *h)
 {
     ms_server_t *s = c->server;
     ms_req_t *r = &h->req;
-    if (MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight)) {
-        refuse_busy(c, h);
-        return;
-    }
     s->stats.in_flight++;
     r->v.flags |= MS_REQ_IN_HANDLER;
     c->refs++;
@@ -641,6 +629,10 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 return end;
             }
             h->scan = 0;
+            if (MS_UNLIKELY(c->server->stats.in_flight >= lim->in_flight)) {
+                refuse_busy(c);
+                return end;
+            }
             if (start_request(c, h, p, (size_t)n) < 0)
                 return end;
             p += n;

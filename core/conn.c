@@ -88,7 +88,6 @@ void ms__conn_release(ms_conn_t *c)
 
 void ms_conn_eof(ms_conn_t *c, int err)
 {
-    c->flags |= MS_CONN_EOF;
     if (err != UV_EOF) {
         ms__conn_close(c, 0);
         return;

@@ -53,9 +53,7 @@ enum {
     MS_CONN_CLOSED = 1 << 1,    /* the transport is closed or closing */
     MS_CONN_IN_FEED = 1 << 2,   /* inside ms_conn_feed: flush at its end */
     MS_CONN_READ_OFF = 1 << 3,  /* reading stopped for backpressure */
-    MS_CONN_EOF = 1 << 4,       /* the peer will send no more */
-    MS_CONN_GRACEFUL = 1 << 5,  /* close with shutdown after the last write */
-    MS_CONN_PROXY = 1 << 6      /* a PROXY protocol header must come first */
+    MS_CONN_PROXY = 1 << 4      /* a PROXY protocol header must come first */
 };
 
 struct ms_conn_s {
@@ -111,7 +109,6 @@ struct ms_server_s {
     ms_request_cb on_request, on_resume;
     void *data;
     char *rbuf;          /* owned: the shared read buffer */
-    int rbuf_busy;       /* a read into rbuf is being processed */
     ms_conn_t conns;     /* sentinel of the open connection list */
     ms_recycle_t h1_free, out_free;
     /* timers */

@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,20 +83,51 @@ static void on_resume(ms_req_t *r, void *data)
 
 /* -- Server ------------------------------------------------------------------------------- */
 
-static uint64_t opt_number(lua_State *L, int t, const char *key, uint64_t def, double scale)
+/* The limits Lua may set: name, where, and seconds to milliseconds for times. */
+static const struct {
+    const char *name;
+    size_t offset;
+    int wide;  /* uint64_t rather than uint32_t */
+    int scale; /* 1000 for times, given in seconds */
+} limit_keys[] = {
+#define LIMIT(name, field, wide, scale) {name, offsetof(ms_limits_t, field), wide, scale}
+    LIMIT("connections", connections, 0, 1),
+    LIMIT("per_source", per_source, 0, 1),
+    LIMIT("in_flight", in_flight, 0, 1),
+    LIMIT("head_bytes", head_bytes, 0, 1),
+    LIMIT("header_count", header_count, 0, 1),
+    LIMIT("body_bytes", body_bytes, 1, 1),
+    LIMIT("head_timeout", head_timeout_ms, 0, 1000),
+    LIMIT("body_timeout", body_timeout_ms, 0, 1000),
+    LIMIT("idle_timeout", idle_timeout_ms, 0, 1000),
+    LIMIT("send_timeout", send_timeout_ms, 0, 1000),
+    LIMIT("requests_per_connection", requests_per_connection, 0, 1),
+#undef LIMIT
+};
+
+/* Reads the table at `t` into `lim`; misuse (an unknown key, a bad value) raises. */
+static void read_limits(lua_State *L, int t, ms_limits_t *lim)
 {
-    lua_getfield(L, t, key);
-    uint64_t v = def;
-    if (!lua_isnil(L, -1)) {
+    lua_pushnil(L);
+    while (lua_next(L, t) != 0) {
+        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "?";
+        size_t i = 0, n = sizeof(limit_keys) / sizeof(limit_keys[0]);
+        while (i < n && strcmp(limit_keys[i].name, key) != 0)
+            i++;
+        if (i == n)
+            luaL_error(L, "unknown limit %s", key);
         if (!lua_isnumber(L, -1))
             luaL_error(L, "bad limit %s (number expected)", key);
-        double d = lua_tonumber(L, -1) * scale;
-        if (d < 0)
-            luaL_error(L, "bad limit %s (must not be negative)", key);
-        v = (uint64_t)d;
+        double d = lua_tonumber(L, -1) * limit_keys[i].scale;
+        if (d < 0 || d > (limit_keys[i].wide ? 1.8e19 : 4294967295.0))
+            luaL_error(L, "bad limit %s (out of range)", key);
+        char *field = (char *)lim + limit_keys[i].offset;
+        if (limit_keys[i].wide)
+            *(uint64_t *)field = (uint64_t)d;
+        else
+            *(uint32_t *)field = (uint32_t)d;
+        lua_pop(L, 1);
     }
-    lua_pop(L, 1);
-    return v;
 }
 
 /* core.server{ on_request = f, on_resume = g, limits = { ... } }; times in seconds. */
@@ -105,25 +137,8 @@ static int server_new(lua_State *L)
     ms_limits_t lim;
     ms_limits_default(&lim);
     lua_getfield(L, 1, "limits");
-    if (lua_istable(L, -1)) {
-        int t = lua_gettop(L);
-        lim.connections = (uint32_t)opt_number(L, t, "connections", lim.connections, 1);
-        lim.per_source = (uint32_t)opt_number(L, t, "per_source", lim.per_source, 1);
-        lim.in_flight = (uint32_t)opt_number(L, t, "in_flight", lim.in_flight, 1);
-        lim.head_timeout_ms =
-            (uint32_t)opt_number(L, t, "head_timeout", lim.head_timeout_ms, 1000);
-        lim.body_timeout_ms =
-            (uint32_t)opt_number(L, t, "body_timeout", lim.body_timeout_ms, 1000);
-        lim.send_timeout_ms =
-            (uint32_t)opt_number(L, t, "send_timeout", lim.send_timeout_ms, 1000);
-        lim.head_bytes = (uint32_t)opt_number(L, t, "head_bytes", lim.head_bytes, 1);
-        lim.header_count = (uint32_t)opt_number(L, t, "header_count", lim.header_count, 1);
-        lim.body_bytes = opt_number(L, t, "body_bytes", lim.body_bytes, 1);
-        lim.idle_timeout_ms =
-            (uint32_t)opt_number(L, t, "idle_timeout", lim.idle_timeout_ms, 1000);
-        lim.requests_per_connection = (uint32_t)opt_number(L, t, "requests_per_connection",
-                                                           lim.requests_per_connection, 1);
-    }
+    if (lua_istable(L, -1))
+        read_limits(L, lua_gettop(L), &lim);
     lua_pop(L, 1);
     binding_t *b = lua_newuserdata(L, sizeof(*b));
     memset(b, 0, sizeof(*b));

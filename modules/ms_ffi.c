@@ -59,6 +59,18 @@ MS_FFI int ms_ffi_res_reset(ms_req_t *r)
 
 static const char default_type[] = "content-type: text/plain; charset=utf-8\r\n";
 
+typedef int (*reply_fn)(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor);
+
+/* Hands a Lua string to `fn`: copied when small, else referenced under an anchor slot. */
+static int queue(ms_req_t *r, reply_fn fn, const char *p, size_t len)
+{
+    if (len <= COPY_MAX)
+        return fn(r, p, len, MS_VEC_OUT, -1);
+    int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
+    int rc = fn(r, p, len, MS_VEC_LUA, slot);
+    return rc < 0 ? rc : slot + 1;
+}
+
 /* Sends the reply, with the default content type if `text` (the handler set none). Returns
  * 0, a negative code, or slot + 1 when `body` is referenced by the write: the caller keeps
  * the string in its anchor table at that slot. */
@@ -66,11 +78,7 @@ MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len, int text)
 {
     if (text && len > 0)
         ms_reply_field(r, default_type, sizeof(default_type) - 1);
-    if (len <= COPY_MAX)
-        return ms_reply_send(r, body, len, MS_VEC_OUT, -1);
-    int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
-    int rc = ms_reply_send(r, body, len, MS_VEC_LUA, slot);
-    return rc < 0 ? rc : slot + 1;
+    return queue(r, ms_reply_send, body, len);
 }
 
 /* Streams a piece of the reply; returns as ms_ffi_res_send. */
@@ -78,11 +86,7 @@ MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len, int text
 {
     if (text && !(r->v.flags & MS_REQ_HEAD_SENT))
         ms_reply_field(r, default_type, sizeof(default_type) - 1);
-    if (len <= COPY_MAX)
-        return ms_reply_write(r, chunk, len, MS_VEC_OUT, -1);
-    int32_t slot = ms_anchor_get(ms_conn_server(r->conn));
-    int rc = ms_reply_write(r, chunk, len, MS_VEC_LUA, slot);
-    return rc < 0 ? rc : slot + 1;
+    return queue(r, ms_reply_write, chunk, len);
 }
 
 MS_FFI int ms_ffi_res_congested(ms_req_t *r)

@@ -158,6 +158,20 @@ describe("moonserve.app", function()
         assert.equal("woke", select(3, helper.simulate(app, "GET", "/", { wait = 0.3 })))
     end)
 
+    it("refuses unknown limits and out-of-range values", function()
+        local server = require "moonserve.server"
+        assert.has_error(function() server.create(moonserve.app(), { bogus = 1 }) end,
+            nil)
+        local ok, err = pcall(server.create, moonserve.app(), { bogus = 1 })
+        assert.is_false(ok)
+        assert.truthy(err:find("unknown limit bogus", 1, true))
+        ok, err = pcall(server.create, moonserve.app(), { head_timeout = -1 })
+        assert.truthy(err:find("bad limit head_timeout", 1, true))
+        ok, err = pcall(server.create, moonserve.app(), { per_source = "many" })
+        assert.truthy(err:find("number expected", 1, true))
+        assert.truthy(server.create(moonserve.app(), { per_source = 10, head_timeout = 0.5 }))
+    end)
+
     it("refuses moonserve.sleep outside a handler", function()
         assert.has_error(function() moonserve.sleep(1) end)
     end)

@@ -121,11 +121,11 @@ int main(int argc, char **argv)
         }
     }
 
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     static const char req[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     /* A server that stalls must not hang the benchmark. */
-    struct timeval tv = { .tv_sec = 5 };
+    struct timeval tv = {.tv_sec = 5};
 
     int *fds = calloc((size_t)n, sizeof(int));
     if (!fds)
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
     if (!pfds)
         return 1;
     for (int i = 0; i < n; i++)
-        pfds[i] = (struct pollfd){ .fd = fds[i], .events = POLLIN | POLLRDHUP };
+        pfds[i] = (struct pollfd){.fd = fds[i], .events = POLLIN | POLLRDHUP};
     poll(pfds, (nfds_t)n, 0);
     int open = 0;
     for (int i = 0; i < n; i++)

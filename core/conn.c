@@ -212,8 +212,8 @@ int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int o
 /* Closes a connection that has nothing left to write and was told to close. */
 static void maybe_close(ms_conn_t *c)
 {
-    if ((c->flags & (MS_CONN_CLOSING | MS_CONN_CLOSED)) == MS_CONN_CLOSING &&
-        c->flight == NULL && (c->pend == NULL || c->pend->nvecs == 0))
+    if ((c->flags & (MS_CONN_CLOSING | MS_CONN_CLOSED)) == MS_CONN_CLOSING && c->flight == NULL &&
+        (c->pend == NULL || c->pend->nvecs == 0))
         ms__conn_close(c, 1);
 }
 
@@ -316,8 +316,7 @@ int32_t ms_anchor_get(ms_server_t *s)
     if ((uint32_t)s->anchor_next == s->anchor_cap) {
         s->anchor_cap = s->anchor_cap ? s->anchor_cap * 2 : 256;
         s->anchor_free = ms_mem_realloc(s->anchor_free, s->anchor_cap * sizeof(int32_t));
-        s->anchor_released =
-            ms_mem_realloc(s->anchor_released, s->anchor_cap * sizeof(int32_t));
+        s->anchor_released = ms_mem_realloc(s->anchor_released, s->anchor_cap * sizeof(int32_t));
     }
     return s->anchor_next++;
 }

@@ -23,9 +23,9 @@ const char *ms__date_line(ms_server_t *s)
         time_t t = (time_t)sec;
         struct tm tm;
         gmtime_r(&t, &tm);
-        snprintf(s->date_line, sizeof(s->date_line), "date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n",
-                 days[tm.tm_wday], tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour,
-                 tm.tm_min, tm.tm_sec);
+        snprintf(s->date_line, sizeof(s->date_line),
+                 "date: %s, %02d %s %04d %02d:%02d:%02d GMT\r\n", days[tm.tm_wday], tm.tm_mday,
+                 months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
         s->date_sec = sec;
     }
     return s->date_line;

@@ -34,7 +34,9 @@ static ssize_t scan_head(const char *base, size_t len, size_t *scan, const char 
             continue;
         }
         if (*p != '\r') {
-            *why = *p == '\n' ? "LF without CR" : *p == 0 ? "NUL in head" : "control character in head";
+            *why = *p == '\n' ? "LF without CR"
+                   : *p == 0  ? "NUL in head"
+                              : "control character in head";
             return MS_EBADREQ;
         }
         if (end - p < 3)
@@ -625,7 +627,8 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                     return p;
                 int line_done = memchr(p, '\n', (size_t)(end - p)) != NULL;
                 refuse(c, h, line_done ? 431 : 414,
-                       line_done ? "head larger than head_bytes" : "request line larger than head_bytes");
+                       line_done ? "head larger than head_bytes"
+                                 : "request line larger than head_bytes");
                 return end;
             }
             h->scan = 0;
@@ -644,16 +647,13 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 dispatch(c, h);
             break;
         }
-        case MS_H1_BODY:
-            p = feed_body(c, h, p, end);
-            break;
+        case MS_H1_BODY: p = feed_body(c, h, p, end); break;
         case MS_H1_WAIT_NEXT:
             if (h->req.v.flags & MS_REQ_IN_HANDLER)
                 return p;
             next_request(h);
             break;
-        default: /* MS_H1_DEAD */
-            return end;
+        default: /* MS_H1_DEAD */ return end;
         }
     }
     if (h->state == MS_H1_WAIT_NEXT && !(h->req.v.flags & MS_REQ_IN_HANDLER))
@@ -771,8 +771,9 @@ void ms__h1_timeout(ms_conn_t *c, int phase)
         return;
     }
     c->refs++;
-    refuse(c, h, 408, phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
-                                             : "body stalled for body_timeout");
+    refuse(c, h, 408,
+           phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
+                                  : "body stalled for body_timeout");
     ms__conn_flush(c);
     ms__conn_release(c);
 }

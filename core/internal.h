@@ -49,30 +49,30 @@ struct ms_out_s {
 };
 
 enum {
-    MS_CONN_CLOSING = 1 << 0,   /* no more reading; close once the output is written */
-    MS_CONN_CLOSED = 1 << 1,    /* the transport is closed or closing */
-    MS_CONN_IN_FEED = 1 << 2,   /* inside ms_conn_feed: flush at its end */
-    MS_CONN_READ_OFF = 1 << 3,  /* reading stopped for backpressure */
-    MS_CONN_PROXY = 1 << 4      /* a PROXY protocol header must come first */
+    MS_CONN_CLOSING = 1 << 0,  /* no more reading; close once the output is written */
+    MS_CONN_CLOSED = 1 << 1,   /* the transport is closed or closing */
+    MS_CONN_IN_FEED = 1 << 2,  /* inside ms_conn_feed: flush at its end */
+    MS_CONN_READ_OFF = 1 << 3, /* reading stopped for backpressure */
+    MS_CONN_PROXY = 1 << 4     /* a PROXY protocol header must come first */
 };
 
 struct ms_conn_s {
     ms_server_t *server;
     const ms_io_t *io;
-    ms_h1_t *h1;         /* from the worker's recycle list while the connection is active */
-    ms_out_t *pend;      /* replies not yet written */
-    ms_out_t *flight;    /* replies handed to io->write, until ms_conn_write_done() */
+    ms_h1_t *h1;            /* from the worker's recycle list while the connection is active */
+    ms_out_t *pend;         /* replies not yet written */
+    ms_out_t *flight;       /* replies handed to io->write, until ms_conn_write_done() */
     ms_conn_t *prev, *next; /* the worker's list of open connections */
-    ms_timer_t timer;    /* the deadline of what it waits for: MS_PHASE_* */
+    ms_timer_t timer;       /* the deadline of what it waits for: MS_PHASE_* */
     uint8_t phase;
     uint8_t source_known;   /* `source` holds the client's address */
     uint8_t source_counted; /* and it is counted in the worker's per-source table */
     uint8_t source[16];     /* the client's address (IPv4 mapped into IPv6): the peer's, or
                              * the one a PROXY header gave */
     uint32_t flags;
-    uint32_t requests;   /* served on this connection */
+    uint32_t requests;        /* served on this connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
-    int refs;            /* 1 for the transport, 1 while a handler holds the request */
+    int refs;                 /* 1 for the transport, 1 while a handler holds the request */
 };
 
 /* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
@@ -90,15 +90,15 @@ enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
 struct ms_h1_s {
     ms_h1_t *next_free;
     llhttp_t parser;
-    ms_buf_t in;     /* owned: bytes kept between reads (partial head, pipelined requests) */
-    size_t in_off;   /* consumed prefix of `in` */
-    size_t scan;     /* how far the head scan got in `in` */
-    int state;       /* MS_H1_* */
-    int msg_done;    /* llhttp finished the current message */
-    int field_open; /* a header name is being read */
+    ms_buf_t in;      /* owned: bytes kept between reads (partial head, pipelined requests) */
+    size_t in_off;    /* consumed prefix of `in` */
+    size_t scan;      /* how far the head scan got in `in` */
+    int state;        /* MS_H1_* */
+    int msg_done;     /* llhttp finished the current message */
+    int field_open;   /* a header name is being read */
     int discard_body; /* the handler is done: body bytes still coming are dropped */
-    int status;      /* the status a refused request gets */
-    const char *why; /* why the request was refused, for the log */
+    int status;       /* the status a refused request gets */
+    const char *why;  /* why the request was refused, for the log */
     const ms_limits_t *conn_limits; /* the worker's */
     ms_req_t req;
 };
@@ -108,8 +108,8 @@ struct ms_server_s {
     ms_limits_t limits;
     ms_request_cb on_request, on_resume;
     void *data;
-    char *rbuf;          /* owned: the shared read buffer */
-    ms_conn_t conns;     /* sentinel of the open connection list */
+    char *rbuf;      /* owned: the shared read buffer */
+    ms_conn_t conns; /* sentinel of the open connection list */
     ms_recycle_t h1_free, out_free;
     /* timers */
     uv_timer_t uv_timer;
@@ -126,13 +126,13 @@ struct ms_server_s {
     uint32_t next_req_id;
     int stopping;
     void (*stopped)(ms_server_t *s);
-    int depth;              /* calls into the handler under way */
+    int depth;                    /* calls into the handler under way */
     struct ms_sources_s *sources; /* open connections per source address */
     ms_cidr_t *trusted;           /* proxies whose X-Forwarded-For is believed */
     uint32_t ntrusted;
-    uint64_t refused_logged_at;   /* refusals of floods are logged once a second */
+    uint64_t refused_logged_at; /* refusals of floods are logged once a second */
     uint64_t refused_conns_logged, refused_busy_logged;
-    ms_conn_t *deferred;    /* connections to move on once those calls return */
+    ms_conn_t *deferred; /* connections to move on once those calls return */
     struct ms_listener_s *listeners;
     uint32_t listen_port;
     ms_server_stats_t stats;

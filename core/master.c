@@ -15,7 +15,7 @@
 /* A worker that dies sooner than this after starting is not restarted at once: a broken
  * app would otherwise fork in a tight loop. */
 #define MS_RESPAWN_DELAY_MS 1000
-#define MS_QUICK_DEATH_MS 1000
+#define MS_QUICK_DEATH_MS   1000
 
 typedef struct worker_s worker_t;
 
@@ -94,9 +94,10 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
     uint64_t lived = uv_now(M.loop) - w->started;
     if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old one stays. */
-        ms_log(MS_LOG_ERR, "worker %d (pid %d) exited (status %lld, signal %d) before it was "
-               "ready: reload failed, the old worker keeps serving", s->index, p->pid,
-               (long long)status, sig);
+        ms_log(MS_LOG_ERR,
+               "worker %d (pid %d) exited (status %lld, signal %d) before it was "
+               "ready: reload failed, the old worker keeps serving",
+               s->index, p->pid, (long long)status, sig);
         s->next = NULL;
     } else if (w == s->current) {
         s->current = NULL;
@@ -197,8 +198,7 @@ static void spawn_into(slot_t *s, worker_t **where)
     int rc = uv_spawn(M.loop, &w->proc, &po);
     free(env);
     if (rc < 0) {
-        ms_log(MS_LOG_ERR, "worker %d: cannot start %s: %s", s->index, o->argv[0],
-               uv_strerror(rc));
+        ms_log(MS_LOG_ERR, "worker %d: cannot start %s: %s", s->index, o->argv[0], uv_strerror(rc));
         w->handles = 1;
         uv_close((uv_handle_t *)&w->ready, worker_handle_closed);
         uv_timer_start(&s->respawn, respawn_cb, MS_RESPAWN_DELAY_MS, 0);
@@ -264,8 +264,7 @@ static void on_signal(uv_signal_t *h, int signum)
         ms_log_reopen();
         kill_all(SIGUSR1);
         break;
-    case SIGCHLD:
-        break; /* libuv reaps; the handle is here so that nothing else does */
+    case SIGCHLD: break; /* libuv reaps; the handle is here so that nothing else does */
     }
 }
 

@@ -166,26 +166,26 @@ void ms_pool_free(ms_pool_t *p)
 
 /* -- Byte classes -------------------------------------------------------------------------- */
 
-#define MS_ALNUM(X)                                                                            \
-    ['0'] = X, ['1'] = X, ['2'] = X, ['3'] = X, ['4'] = X, ['5'] = X, ['6'] = X, ['7'] = X,     \
-    ['8'] = X, ['9'] = X, ['a'] = X, ['b'] = X, ['c'] = X, ['d'] = X, ['e'] = X, ['f'] = X,     \
-    ['g'] = X, ['h'] = X, ['i'] = X, ['j'] = X, ['k'] = X, ['l'] = X, ['m'] = X, ['n'] = X,     \
-    ['o'] = X, ['p'] = X, ['q'] = X, ['r'] = X, ['s'] = X, ['t'] = X, ['u'] = X, ['v'] = X,     \
-    ['w'] = X, ['x'] = X, ['y'] = X, ['z'] = X, ['A'] = X, ['B'] = X, ['C'] = X, ['D'] = X,     \
-    ['E'] = X, ['F'] = X, ['G'] = X, ['H'] = X, ['I'] = X, ['J'] = X, ['K'] = X, ['L'] = X,     \
-    ['M'] = X, ['N'] = X, ['O'] = X, ['P'] = X, ['Q'] = X, ['R'] = X, ['S'] = X, ['T'] = X,     \
+#define MS_ALNUM(X)                                                                                \
+    ['0'] = X, ['1'] = X, ['2'] = X, ['3'] = X, ['4'] = X, ['5'] = X, ['6'] = X, ['7'] = X,        \
+    ['8'] = X, ['9'] = X, ['a'] = X, ['b'] = X, ['c'] = X, ['d'] = X, ['e'] = X, ['f'] = X,        \
+    ['g'] = X, ['h'] = X, ['i'] = X, ['j'] = X, ['k'] = X, ['l'] = X, ['m'] = X, ['n'] = X,        \
+    ['o'] = X, ['p'] = X, ['q'] = X, ['r'] = X, ['s'] = X, ['t'] = X, ['u'] = X, ['v'] = X,        \
+    ['w'] = X, ['x'] = X, ['y'] = X, ['z'] = X, ['A'] = X, ['B'] = X, ['C'] = X, ['D'] = X,        \
+    ['E'] = X, ['F'] = X, ['G'] = X, ['H'] = X, ['I'] = X, ['J'] = X, ['K'] = X, ['L'] = X,        \
+    ['M'] = X, ['N'] = X, ['O'] = X, ['P'] = X, ['Q'] = X, ['R'] = X, ['S'] = X, ['T'] = X,        \
     ['U'] = X, ['V'] = X, ['W'] = X, ['X'] = X, ['Y'] = X, ['Z'] = X
 
 const uint8_t ms__tchar[256] = {
     MS_ALNUM(1), ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1,
-    ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['+'] = 1,   ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1,  ['~'] = 1,
 };
 
 /* reg-name, IPv4 or an IP literal, and a port (RFC 3986 3.2.2). */
 const uint8_t ms__hostchar[256] = {
-    MS_ALNUM(1), ['-'] = 1, ['.'] = 1, ['_'] = 1, ['~'] = 1, ['!'] = 1, ['$'] = 1, ['&'] = 1,
-    ['\''] = 1, ['('] = 1, [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1, [';'] = 1, ['='] = 1,
-    [':'] = 1, ['['] = 1, [']'] = 1, ['%'] = 1,
+    MS_ALNUM(1), ['-'] = 1,  ['.'] = 1, ['_'] = 1, ['~'] = 1, ['!'] = 1, ['$'] = 1,
+    ['&'] = 1,   ['\''] = 1, ['('] = 1, [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1,
+    [';'] = 1,   ['='] = 1,  [':'] = 1, ['['] = 1, [']'] = 1, ['%'] = 1,
 };
 
 /* -- Errors ------------------------------------------------------------------------------- */
@@ -193,9 +193,8 @@ const uint8_t ms__hostchar[256] = {
 const char *ms_err_name(int err)
 {
     switch (err) {
-#define MS_ERR_NAME(name, value, msg)                                                          \
-    case MS_##name:                                                                           \
-        return #name;
+#define MS_ERR_NAME(name, value, msg)                                                              \
+    case MS_##name: return #name;
         MS_ERRNO_MAP(MS_ERR_NAME)
 #undef MS_ERR_NAME
     }
@@ -205,9 +204,8 @@ const char *ms_err_name(int err)
 const char *ms_strerror(int err)
 {
     switch (err) {
-#define MS_ERR_MSG(name, value, msg)                                                           \
-    case MS_##name:                                                                           \
-        return msg;
+#define MS_ERR_MSG(name, value, msg)                                                               \
+    case MS_##name: return msg;
         MS_ERRNO_MAP(MS_ERR_MSG)
 #undef MS_ERR_MSG
     }

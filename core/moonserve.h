@@ -8,13 +8,13 @@
 
 #include "errors.h"
 
-#define MS_LIKELY(x) __builtin_expect(!!(x), 1)
+#define MS_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define MS_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define MS_NOINLINE __attribute__((noinline))
-#define MS_EXPORT __attribute__((visibility("default")))
+#define MS_NOINLINE    __attribute__((noinline))
+#define MS_EXPORT      __attribute__((visibility("default")))
 
 #ifndef container_of
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #endif
 
 typedef struct ms_server_s ms_server_t;
@@ -107,7 +107,7 @@ typedef struct ms_req_view_s {
     int32_t handler;  /* free for the binding: it keeps the handler coroutine's slot here */
     int32_t wait;     /* MS_WAIT_*: what the parked handler waits for */
     int32_t nheaders;
-    uint32_t flags;   /* MS_REQ_* below */
+    uint32_t flags;         /* MS_REQ_* below */
     int64_t content_length; /* -1 when unknown (chunked or none sent) */
 } ms_req_view_t;
 
@@ -159,8 +159,7 @@ const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
 /* Adds a reply field. Names must be tokens, values must not hold CR, LF or NUL.
  * content-length, transfer-encoding and date belong to the core (MS_ERESERVED);
  * "connection: close" asks the core to close after this reply. */
-int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
-                    size_t vlen);
+int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
 
 /* Adds a whole field line ("name: value\r\n") that the caller vouches for: no checks. */
 int ms_reply_field(ms_req_t *r, const char *line, size_t len);
@@ -222,12 +221,12 @@ int ms_anchor_drain(ms_server_t *s, int32_t *out, int n);
 typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
 typedef struct ms_limits_s {
-    uint32_t connections;  /* open connections per worker; past it, new ones are closed */
-    uint32_t per_source;   /* open connections from one address */
-    uint32_t in_flight;    /* requests in handlers per worker; past it, 503 */
-    uint32_t head_bytes;   /* request line plus fields */
-    uint32_t header_count; /* number of fields */
-    uint64_t body_bytes;   /* request body */
+    uint32_t connections;     /* open connections per worker; past it, new ones are closed */
+    uint32_t per_source;      /* open connections from one address */
+    uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
+    uint32_t head_bytes;      /* request line plus fields */
+    uint32_t header_count;    /* number of fields */
+    uint64_t body_bytes;      /* request body */
     uint32_t head_timeout_ms; /* a whole head, from its first byte: 408 */
     uint32_t body_timeout_ms; /* between two reads of a body: 408 */
     uint32_t idle_timeout_ms; /* keep-alive between requests: close */
@@ -240,8 +239,8 @@ void ms_limits_default(ms_limits_t *l);
 
 typedef struct ms_server_stats_s {
     uint64_t accepted, closed, requests, bad_requests;
-    uint64_t refused_conns;  /* over `connections` or `per_source` */
-    uint64_t refused_busy;   /* 503 over `in_flight` */
+    uint64_t refused_conns; /* over `connections` or `per_source` */
+    uint64_t refused_busy;  /* 503 over `in_flight` */
     uint64_t timeouts;
     uint64_t conns;     /* open now */
     uint64_t in_flight; /* requests in handlers now */

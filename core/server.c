@@ -26,7 +26,7 @@ typedef struct ms_listener_s {
 /* The transport's part of a TCP connection, right after its ms_conn_t. */
 typedef struct ms_tcp_s {
     uv_tcp_t tcp;
-    uv_write_t *wreq;       /* from the worker's recycle list while a write is pending */
+    uv_write_t *wreq;        /* from the worker's recycle list while a write is pending */
     uv_shutdown_t *shutdown; /* while a graceful close is under way */
 } ms_tcp_t;
 
@@ -349,7 +349,8 @@ int ms_listen_fd(const char *addr, int backlog, int port)
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    socklen_t len =
+        ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
     if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, backlog > 0 ? backlog : 511) < 0) {
         rc = -errno;
         close(fd);

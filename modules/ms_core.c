@@ -17,7 +17,7 @@
 #include "memio.h"
 #include "moonserve.h"
 
-#define SERVER_MT "moonserve.server"
+#define SERVER_MT  "moonserve.server"
 #define MEMCONN_MT "moonserve.memconn"
 
 /* The request a call into Lua is about: Lua reads it through the FFI, which the JIT
@@ -31,7 +31,7 @@ typedef struct binding_s {
     int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
     int on_resume_ref;  /* function(), likewise */
     uv_signal_t sigint, sigterm, sigusr1;
-    int signals;        /* the signal handles are initialised */
+    int signals; /* the signal handles are initialised */
     int stopped;
 } binding_t;
 
@@ -90,7 +90,10 @@ static const struct {
     int wide;  /* uint64_t rather than uint32_t */
     int scale; /* 1000 for times, given in seconds */
 } limit_keys[] = {
-#define LIMIT(name, field, wide, scale) {name, offsetof(ms_limits_t, field), wide, scale}
+#define LIMIT(name, field, wide, scale)                                                            \
+    {                                                                                              \
+        name, offsetof(ms_limits_t, field), wide, scale                                            \
+    }
     LIMIT("connections", connections, 0, 1),
     LIMIT("per_source", per_source, 0, 1),
     LIMIT("in_flight", in_flight, 0, 1),
@@ -490,8 +493,9 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {
         {"listen", server_listen}, {"listen_fd", server_listen_fd},
-        {"run", server_run},       {"stop", server_stop},       {"trust", server_trust},
-        {"pointer", server_pointer}, {"stats", server_stats}, {"memconn", memconn_new},
+        {"run", server_run},       {"stop", server_stop},
+        {"trust", server_trust},   {"pointer", server_pointer},
+        {"stats", server_stats},   {"memconn", memconn_new},
         {"close", server_gc},      {NULL, NULL}};
     static const luaL_Reg memconn_methods[] = {
         {"feed", memconn_feed}, {"take", memconn_take}, {"close", memconn_close}, {NULL, NULL}};

@@ -12,7 +12,7 @@ static uv_loop_t loop;
 static ms_server_t *srv;
 static ms_req_t *parked; /* a request whose handler is parked, for the test to finish */
 static char seen_host[64];
-static ms_buf_t echoed;   /* body bytes read by /echo */
+static ms_buf_t echoed; /* body bytes read by /echo */
 static int requests_seen;
 
 static void reply_text(ms_req_t *r, const char *s)
@@ -378,7 +378,8 @@ TEST(h1_writes_later_what_the_socket_cannot_take_now)
     ms_memio_t m;
     ms_memio_open(srv, &m);
     m.congested = 1;
-    ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\nGET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ms_memio_feed(
+        &m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\nGET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
     ASSERT_EQ(0, (int)m.out.len);
     ASSERT(m.held.len > 0);
     m.congested = 0;
@@ -402,29 +403,32 @@ TEST(h1_splits_target_into_path_and_query)
 }
 
 /* Each of these must get the status given and a close, and never reach the handler. */
-#define R(lit, status) {lit, sizeof(lit) - 1, status}
+#define R(lit, status)                                                                             \
+    {                                                                                              \
+        lit, sizeof(lit) - 1, status                                                               \
+    }
 static const struct {
     const char *in;
     size_t len;
     int status;
 } refused[] = {
-    R("GET / HTTP/1.1\r\n\r\n", 400),                                      /* no Host */
-    R("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),                /* two Hosts */
-    R("GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),                         /* bad Host */
-    R("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),                         /* bad Host */
-    R("GET / HTTP/1.1\nHost: a\r\n\r\n", 400),                             /* LF without CR */
-    R("GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n", 400),                     /* bare CR */
-    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n", 400),                /* NUL */
-    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", 400),             /* obs-fold */
-    R("GET / HTTP/1.1\r\n Host: a\r\n\r\n", 400),                          /* space first */
-    R("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400),                          /* space before colon */
-    R("GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n", 400),            /* space in name */
-    R("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),                           /* unknown version */
+    R("GET / HTTP/1.1\r\n\r\n", 400),                           /* no Host */
+    R("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),     /* two Hosts */
+    R("GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),              /* bad Host */
+    R("GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),              /* bad Host */
+    R("GET / HTTP/1.1\nHost: a\r\n\r\n", 400),                  /* LF without CR */
+    R("GET / HTTP/1.1\r\nHost: a\rX: y\r\n\r\n", 400),          /* bare CR */
+    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n", 400),     /* NUL */
+    R("GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", 400),  /* obs-fold */
+    R("GET / HTTP/1.1\r\n Host: a\r\n\r\n", 400),               /* space first */
+    R("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400),               /* space before colon */
+    R("GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n", 400), /* space in name */
+    R("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),                /* unknown version */
     R("GET / HTTP/3.1\r\nHost: a\r\n\r\n", 400),
-    R("GET /\r\n\r\n", 505),                                               /* HTTP/0.9 */
+    R("GET /\r\n\r\n", 505), /* HTTP/0.9 */
     R("GET / FOO/1.1\r\nHost: a\r\n\r\n", 400),
-    R("G@T / HTTP/1.1\r\nHost: a\r\n\r\n", 400),                           /* bad method */
-    R("GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400),                          /* double space */
+    R("G@T / HTTP/1.1\r\nHost: a\r\n\r\n", 400),  /* bad method */
+    R("GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400), /* double space */
     R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
     R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
     R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),

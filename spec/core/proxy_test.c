@@ -40,7 +40,8 @@ TEST(proxy_refuses_bad_v1_headers)
     ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(S("PROXY TCP4 1.2.3 4.5.6.7 1 2\r\n"), src, &known));
     ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(S("PROXY TCP4 ::1 ::1 1 2\r\n"), src, &known));
     ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(S("PROXY UDP4 1.2.3.4 1.2.3.4 1 2\r\n"), src, &known));
-    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(S("PROXY TCP4 1.2.3.4 1.2.3.4 1 99999\r\n"), src, &known));
+    ASSERT_EQ(MS_EBADREQ,
+              ms__proxy_parse(S("PROXY TCP4 1.2.3.4 1.2.3.4 1 99999\r\n"), src, &known));
     ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(S("PROXY TCP4 1.2.3.4 1.2.3.4 1 2\rX"), src, &known));
     char longline[200];
     memset(longline, 'a', sizeof(longline));
@@ -110,23 +111,33 @@ TEST(proxy_walks_x_forwarded_for_through_trusted_hops_only)
     ASSERT_EQ(UV_EINVAL, ms_server_trust(s, "10.0.0.0/33"));
     ASSERT_EQ(UV_EINVAL, ms_server_trust(s, "nonsense"));
     /* An untrusted peer's header is ignored. */
-    ASSERT_STR_EQ("192.0.2.1", client_of(s, "192.0.2.1",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"));
+    ASSERT_STR_EQ(
+        "192.0.2.1",
+        client_of(s, "192.0.2.1", "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"));
     /* From a trusted proxy: the rightmost untrusted entry. */
     ASSERT_STR_EQ("198.51.100.7", client_of(s, "10.1.2.3",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6, 198.51.100.7, 10.9.9.9\r\n\r\n"));
+                                            "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: "
+                                            "6.6.6.6, 198.51.100.7, 10.9.9.9\r\n\r\n"));
     /* Repeated fields read as one list, in order. */
-    ASSERT_STR_EQ("198.51.100.8", client_of(s, "10.1.2.3",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6, 198.51.100.8\r\n"
-        "X-Forwarded-For: 10.0.0.5\r\n\r\n"));
+    ASSERT_STR_EQ(
+        "198.51.100.8",
+        client_of(s, "10.1.2.3",
+                  "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6, 198.51.100.8\r\n"
+                  "X-Forwarded-For: 10.0.0.5\r\n\r\n"));
     /* Every hop trusted: the leftmost. */
-    ASSERT_STR_EQ("10.0.0.9", client_of(s, "10.1.2.3",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.0.0.9 ,10.0.0.8\r\n\r\n"));
+    ASSERT_STR_EQ(
+        "10.0.0.9",
+        client_of(s, "10.1.2.3",
+                  "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.0.0.9 ,10.0.0.8\r\n\r\n"));
     /* Garbage stops the walk at the last good hop. */
-    ASSERT_STR_EQ("10.0.0.8", client_of(s, "10.1.2.3",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6, bogus, 10.0.0.8\r\n\r\n"));
-    ASSERT_STR_EQ("2001:db9::1", client_of(s, "2001:db8::5",
-        "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 2001:db9::1\r\n\r\n"));
+    ASSERT_STR_EQ(
+        "10.0.0.8",
+        client_of(
+            s, "10.1.2.3",
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 6.6.6.6, bogus, 10.0.0.8\r\n\r\n"));
+    ASSERT_STR_EQ("2001:db9::1",
+                  client_of(s, "2001:db8::5",
+                            "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 2001:db9::1\r\n\r\n"));
     ASSERT_STR_EQ("10.1.2.3", client_of(s, "10.1.2.3", "GET / HTTP/1.1\r\nHost: a\r\n\r\n"));
     ms_server_free(s);
     uv_loop_close(&loop);

@@ -38,9 +38,7 @@ static void on_request(ms_req_t *r, void *data)
     /* The path's last byte picks the behaviour, so the fuzzer can steer it. */
     unsigned char k = r->v.path.len ? (unsigned char)r->v.path.base[r->v.path.len - 1] : 0;
     switch (k % 4) {
-    case 0:
-        answer(r);
-        break;
+    case 0: answer(r); break;
     case 1:
         if (nparked < 64) {
             ms_req_park(r);
@@ -49,9 +47,7 @@ static void on_request(ms_req_t *r, void *data)
             answer(r);
         }
         break;
-    case 2:
-        read_body(r);
-        break;
+    case 2: read_body(r); break;
     default:
         ms_reply_write(r, "a", 1, MS_VEC_STATIC, -1);
         ms_reply_write(r, "bc", 2, MS_VEC_STATIC, -1);

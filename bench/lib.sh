@@ -1,15 +1,18 @@
 # lib.sh: what compare, idle and syscalls share: the peers, their configs, starting and stopping them.
 #
 # Sourced by the scripts next to it, never run. Every server gets one worker (or one
-# process), a free loopback port, the same keep-alive limits, and CPU BENCH_SERVER_CPU;
-# load generators belong on BENCH_CLIENT_CPU. Everything a run writes lives in one
-# temporary directory that is removed on exit (set BENCH_KEEP=1 to keep it).
+# process; compare may ask for more with set_workers), a free loopback port, the same
+# keep-alive limits, and CPU BENCH_SERVER_CPU; load generators belong on BENCH_CLIENT_CPU.
+# Everything a run writes lives in one temporary directory that is removed on exit (set
+# BENCH_KEEP=1 to keep it).
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SERVER_CPU=${BENCH_SERVER_CPU:-0}
 CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
 MOONSERVE=${MOONSERVE:-moonserve}
 ALL_SERVERS=(moonserve nginx-lua nginx h2o node)
+WORKERS=1          # workers per server; only compare changes it (set_workers)
+SERVER_NCPU=1      # CPUs the server's CPU share is a percentage of
 
 WORK=""            # the run's temporary directory
 NGINX_MODULES=""   # directory holding the ndk and lua modules for nginx-lua
@@ -92,6 +95,39 @@ stop_pid() {
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     forget_pid "$pid"
+}
+
+# -- Workers and CPUs ----------------------------------------------------------
+
+# Prints the CPUs of a taskset list such as "0-2,5", one per line.
+cpu_list() {
+    tr ',' '\n' <<<"$1" | awk -F- '{ for (c = $1; c <= ($2 == "" ? $1 : $2); c++) print c }'
+}
+
+# True if the two CPU lists have a CPU in common.
+cpus_shared() {
+    [ -n "$(comm -12 <(cpu_list "$1" | sort) <(cpu_list "$2" | sort))" ]
+}
+
+# set_workers N: N workers per server. One keeps the rule of one server CPU and one client
+# CPU. With more, N workers need N CPUs: the server gets CPUs 0..N-1 (all of them when N is
+# at least the number of CPUs) and the client the next one, or, when none is left, the
+# server's CPUs, where the two then compete. BENCH_SERVER_CPU and BENCH_CLIENT_CPU still win.
+set_workers() {
+    WORKERS=$1
+    [ "$WORKERS" -gt 1 ] || return 0
+    local n last
+    n=$(nproc)
+    last=$(((WORKERS < n ? WORKERS : n) - 1))
+    SERVER_CPU=${BENCH_SERVER_CPU:-0-$last}
+    if [ "$WORKERS" -lt "$n" ]; then
+        CLIENT_CPU=${BENCH_CLIENT_CPU:-$WORKERS}
+    else
+        CLIENT_CPU=${BENCH_CLIENT_CPU:-$SERVER_CPU}
+    fi
+    # N workers can use at most N CPUs, and no more than they are pinned to.
+    SERVER_NCPU=$(cpu_list "$SERVER_CPU" | wc -l)
+    [ "$SERVER_NCPU" -le "$WORKERS" ] || SERVER_NCPU=$WORKERS
 }
 
 # -- Peers ---------------------------------------------------------------------
@@ -193,14 +229,32 @@ is_own_process() {
     return 1
 }
 
-# Prints "utime stime" in clock ticks: fields 14 and 15 of /proc/PID/stat, summed over
-# all of the process's threads. The name field may hold spaces, so cut after its ")".
+# tree_stats PID: prints "pid utime stime" (clock ticks: fields 14 and 15 of /proc/PID/stat)
+# for PID and each of its descendants, PID first, found through their parent PIDs; nothing
+# if PID is gone. A process's line already sums all of its threads. Every stat file is read
+# in one go, since a process may exit meanwhile; the name field may hold spaces, so the
+# fields are counted after its ")".
+tree_stats() {
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v root="$1" '
+        { pid = $1; sub(/.*\) /, ""); kids[$2] = kids[$2] " " pid; ticks[pid] = $12 " " $13 }
+        END {
+            todo = (root in ticks) ? root : ""
+            while (todo != "") {
+                n = split(todo, q, " "); todo = ""
+                for (i = 1; i <= n; i++) { print q[i], ticks[q[i]]; todo = todo kids[q[i]] }
+            }
+        }'
+}
+
+# Prints PID and all its descendants, one per line, PID first.
+process_tree() {
+    tree_stats "$1" | cut -d' ' -f1
+}
+
+# Prints "utime stime" in clock ticks for the whole server: PID and its descendants (a
+# master and its workers), each with all its threads. Fails if PID is gone.
 cpu_ticks() {
-    local line rest
-    read -r line <"/proc/$1/stat"
-    rest=${line##*) }
-    set -- $rest
-    echo "${12} ${13}"
+    tree_stats "$1" | awk '{ u += $2; s += $3 } END { if (NR == 0) exit 1; print u, s }'
 }
 
 # -- Server configs ------------------------------------------------------------
@@ -238,10 +292,13 @@ write_nginx_conf() {
             echo "load_module $NGINX_MODULES/ndk_http_module.so;"
             echo "load_module $NGINX_MODULES/ngx_http_lua_module.so;"
         fi
+        # One worker runs alone, with no master; more run under a master, as in production.
+        local master=off
+        [ "$WORKERS" -gt 1 ] && master=on
         cat <<EOF
-worker_processes 1;
+worker_processes $WORKERS;
 daemon off;
-master_process off;
+master_process $master;
 pid $dir/nginx.pid;
 error_log $dir/error.log warn;
 worker_rlimit_nofile $nofile;
@@ -289,7 +346,7 @@ write_h2o_conf() {
 listen:
   host: 127.0.0.1
   port: $port
-num-threads: 1
+num-threads: $WORKERS
 max-connections: 20000
 http1-request-timeout: 300
 http2-idle-timeout: 300
@@ -356,7 +413,8 @@ skip() {
 
 # start_server NAME [idle]: starts NAME pinned to SERVER_CPU and waits for its port.
 # Sets SRV_PORT, SRV_H2PORT (empty when it has no HTTP/2 listener) and SRV_PID (the
-# process holding the listening socket, whose CPU and memory get measured). On failure
+# process whose CPU, with its descendants', and memory get measured: the one holding the
+# listening socket, or with several workers the master the launcher started). On failure
 # prints one line saying why, sets START_WHY and returns 1; the caller goes on without it.
 start_server() {
     local name=$1 mode=${2:-} dir="$WORK/$1" port h2port="" cmd=() limits=()
@@ -387,6 +445,10 @@ start_server() {
         cmd=(h2o -c "$dir/h2o.conf")
         ;;
     node)
+        if [ "$WORKERS" -gt 1 ]; then
+            skip "$name" "one process only, it has no $WORKERS-worker mode"
+            return 1
+        fi
         if ! command -v node >/dev/null; then
             skip "$name" "it is not installed"
             return 1
@@ -400,7 +462,10 @@ start_server() {
             skip "$name" "command '$MOONSERVE' not found (set MOONSERVE to run it)"
             return 1
         fi
-        cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers 0)
+        # --workers 0 is one process with no master; N > 1 a master and N worker processes.
+        local w=0
+        [ "$WORKERS" -gt 1 ] && w=$WORKERS
+        cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers "$w")
         if [ "$mode" = idle ]; then
             # The defaults cap connections from one address well below 10k.
             limits=(--limit idle_timeout=300 --limit connections=20000 --limit per_source=20000)
@@ -433,9 +498,12 @@ start_server() {
         fi
     fi
     # The launcher may be a wrapper; measure the process that holds the socket, as long
-    # as it is one this run started.
-    local pid
-    pid=$(listen_pid "$port")
+    # as it is one this run started. With several workers the master and every worker hold
+    # it, and any of them may be listed first: measure from the launcher, whose descendants
+    # are the master and its workers (taskset and moonserve's script exec, so for nginx
+    # and moonserve it is the master itself).
+    local pid=""
+    [ "$WORKERS" -gt 1 ] || pid=$(listen_pid "$port")
     if [ -z "$pid" ] || ! is_own_process "$pid" "$launcher"; then
         pid=$launcher
     fi
@@ -462,9 +530,15 @@ launch() {
 }
 
 stop_server() {
-    local name=$1 pid=${SRV_PID[$1]:-} launcher=${SRV_LAUNCHER[$1]:-}
+    local name=$1 pid=${SRV_PID[$1]:-} launcher=${SRV_LAUNCHER[$1]:-} p rest=()
+    # A master stops its workers; any that outlive it are stopped by their PIDs, taken
+    # from its tree before it goes.
+    [ -n "$pid" ] && read -r -a rest <<<"$(process_tree "$pid" 2>/dev/null | tail -n +2 | tr '\n' ' ')"
     [ -n "$pid" ] && stop_pid "$pid"
     [ -n "$launcher" ] && [ "$launcher" != "$pid" ] && stop_pid "$launcher"
+    for p in "${rest[@]}"; do
+        if kill -0 "$p" 2>/dev/null; then stop_pid "$p"; fi
+    done
     unset "SRV_PID[$name]" "SRV_LAUNCHER[$name]"
     return 0
 }

@@ -269,13 +269,6 @@ static int server_trust(lua_State *L)
     return 1;
 }
 
-/* server:pointer(): the ms_server_t *, for the FFI side. */
-static int server_pointer(lua_State *L)
-{
-    lua_pushlightuserdata(L, check_server(L)->server);
-    return 1;
-}
-
 static int server_stats(lua_State *L)
 {
     const ms_server_stats_t *st = ms_server_stats(check_server(L)->server);
@@ -494,9 +487,9 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
     static const luaL_Reg server_methods[] = {
         {"listen", server_listen}, {"listen_fd", server_listen_fd},
         {"run", server_run},       {"stop", server_stop},
-        {"trust", server_trust},   {"pointer", server_pointer},
-        {"stats", server_stats},   {"memconn", memconn_new},
-        {"close", server_gc},      {NULL, NULL}};
+        {"trust", server_trust},   {"stats", server_stats},
+        {"memconn", memconn_new},  {"close", server_gc},
+        {NULL, NULL}};
     static const luaL_Reg memconn_methods[] = {
         {"feed", memconn_feed}, {"take", memconn_take}, {"close", memconn_close}, {NULL, NULL}};
     static const luaL_Reg funcs[] = {{"server", server_new},

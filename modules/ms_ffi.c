@@ -94,9 +94,10 @@ MS_FFI int ms_ffi_res_congested(ms_req_t *r)
     return ms_reply_congested(r);
 }
 
-MS_FFI int ms_ffi_anchor_drain(ms_server_t *s, int32_t *out, int n)
+/* The anchor slots whose writes are done, for Lua to let go of their strings. */
+MS_FFI int ms_ffi_anchor_drain(ms_req_t *r, int32_t *out, int n)
 {
-    return ms_anchor_drain(s, out, n);
+    return ms_anchor_drain(ms_conn_server(r->conn), out, n);
 }
 
 MS_FFI int64_t ms_ffi_req_body_take(ms_req_t *r, const char **out)

@@ -40,7 +40,7 @@ int ms_ffi_res_reset(ms_req_view_t *r);
 int ms_ffi_res_send(ms_req_view_t *r, const char *body, size_t len, int text);
 int ms_ffi_res_write(ms_req_view_t *r, const char *chunk, size_t len, int text);
 int ms_ffi_res_congested(ms_req_view_t *r);
-int ms_ffi_anchor_drain(ms_server_t *s, int32_t *out, int n);
+int ms_ffi_anchor_drain(ms_req_view_t *r, int32_t *out, int n);
 int64_t ms_ffi_req_body_take(ms_req_view_t *r, const char **out);
 int ms_ffi_req_wait_body(ms_req_view_t *r);
 int ms_ffi_req_sleep(ms_req_view_t *r, double seconds);

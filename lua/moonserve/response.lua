@@ -77,9 +77,27 @@ function Response:header(name, value)
     return self
 end
 
-local function anchor(rc, s)
+local released = ffi.new("int32_t[256]")
+
+-- Lets go of the strings whose writes are done. Called per request and per anchored
+-- write, so a long stream of large pieces does not pile them up.
+function _M.drain(r)
+    while true do
+        local n = C.ms_ffi_anchor_drain(r, released, 256)
+        for i = 0, n - 1 do
+            anchors[released[i]] = nil
+        end
+        if n < 256 then
+            return
+        end
+    end
+end
+local drain = _M.drain
+
+local function anchor(rc, s, r)
     if rc > 0 then
         anchors[rc - 1] = s -- the core writes from this string: keep it alive until then
+        drain(r)
         return true
     elseif rc < 0 then
         return base.fail(rc)
@@ -99,7 +117,7 @@ function Response:send(body)
         end
         body = tostring(body)
     end
-    return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body)
+    return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
 
 local cjson
@@ -138,7 +156,7 @@ function Response:write(chunk)
         chunk = tostring(chunk)
     end
     local ok, err, name = anchor(C.ms_ffi_res_write(r, chunk, #chunk, self.has_type and 0 or 1),
-        chunk)
+        chunk, r)
     if not ok then
         return nil, err, name
     end

@@ -14,8 +14,6 @@ local traceback, format, type = debug.traceback, string.format, type
 local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
 local REQ_IN_HANDLER = 0x400
 
-local anchors = base.anchors
-local released = ffi.new("int32_t[256]")
 
 local _M = {}
 
@@ -23,7 +21,6 @@ local DONE = setmetatable({}, { __tostring = function() return "moonserve.DONE" 
 local POOL_MAX = 256
 
 local app          -- the application this worker serves
-local server_ptr   -- its ms_server_t *
 local current      -- the request whose handler runs right now
 local pool, npool = {}, 0
 local parked, free_slots, nfree = {}, {}, 0
@@ -94,18 +91,6 @@ local function worker(r)
     end
 end
 
-local function drain_anchors()
-    while true do
-        local n = C.ms_ffi_anchor_drain(server_ptr, released, 256)
-        for i = 0, n - 1 do
-            anchors[released[i]] = nil
-        end
-        if n < 256 then
-            return
-        end
-    end
-end
-
 -- After a resume: back to the pool, or parked until the core resumes it.
 local function settle(co, r, ok, sig)
     if not ok then
@@ -146,7 +131,7 @@ end
 
 local function on_request()
     local r = C.ms_ffi_current
-    drain_anchors()
+    response.drain(r)
     local co
     if npool > 0 then
         co = pool[npool]
@@ -199,7 +184,6 @@ end
 function _M.create(the_app, limits)
     app = the_app
     local srv = core.server { on_request = on_request, on_resume = on_resume, limits = limits }
-    server_ptr = ffi.cast("ms_server_t *", srv:pointer())
     return srv
 end
 

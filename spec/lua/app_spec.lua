@@ -172,6 +172,25 @@ describe("moonserve.app", function()
         assert.truthy(server.create(moonserve.app(), { per_source = 10, head_timeout = 0.5 }))
     end)
 
+    it("lets go of large written strings as their writes complete", function()
+        local anchors = require("moonserve.base").anchors
+        local app = moonserve.app()
+        local piece = string.rep("z", 64 * 1024)
+        app:get("/", function(_, res)
+            for i = 1, 200 do
+                res:write(piece .. i) -- a new string each time, referenced by the core
+            end
+        end)
+        local status, _, body = helper.simulate(app, "GET", "/", { wait = 0.2 })
+        assert.equal(200, status)
+        assert.equal(200 * (64 * 1024) + 9 + 90 * 2 + 101 * 3, #body)
+        local held = 0
+        for _, v in pairs(anchors) do
+            if v then held = held + 1 end
+        end
+        assert.is_true(held < 10, held .. " strings still held")
+    end)
+
     it("refuses moonserve.sleep outside a handler", function()
         assert.has_error(function() moonserve.sleep(1) end)
     end)

@@ -240,6 +240,22 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     return 0;
 }
 
+/* Chunk extensions are parsed and ignored, up to a bound per chunk-size line. */
+static int on_chunk_extension(llhttp_t *p, const char *at, size_t n)
+{
+    ms_h1_t *h = p->data;
+    h->chunk_ext += (uint32_t)n;
+    if (MS_UNLIKELY(h->chunk_ext > MS_CHUNK_EXT_MAX))
+        return refuse_cb(p, 400, "chunk extensions longer than 4 KiB");
+    return 0;
+}
+
+static int on_chunk_header(llhttp_t *p)
+{
+    ((ms_h1_t *)p->data)->chunk_ext = 0;
+    return 0;
+}
+
 static int on_message_complete(llhttp_t *p)
 {
     ms_h1_t *h = p->data;
@@ -256,6 +272,9 @@ static const llhttp_settings_t h1_settings = {
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
+    .on_chunk_extension_name = on_chunk_extension,
+    .on_chunk_extension_value = on_chunk_extension,
+    .on_chunk_header = on_chunk_header,
     .on_message_complete = on_message_complete,
 };
 
@@ -555,7 +574,7 @@ static void next_request(ms_h1_t *h)
     llhttp_reset(&h->parser);
     h->state = MS_H1_HEAD;
     h->msg_done = h->discard_body = 0;
-    h->scan = 0;
+    h->scan = h->chunk_ext = 0;
 }
 
 /* Reads the PROXY header a proxy-protocol listener's connection starts with. Returns how far
@@ -621,16 +640,21 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 refuse(c, h, 400, h->why);
                 return end;
             }
-            if (n == 0 || (size_t)n > lim->head_bytes) {
-                size_t have = n ? (size_t)n : (size_t)(end - p);
-                if (have <= lim->head_bytes)
-                    return p;
-                int line_done = memchr(p, '\n', (size_t)(end - p)) != NULL;
-                refuse(c, h, line_done ? 431 : 414,
-                       line_done ? "head larger than head_bytes"
-                                 : "request line larger than head_bytes");
-                return end;
+            size_t have = n > 0 ? (size_t)n : (size_t)(end - p);
+            if (MS_UNLIKELY(have > lim->line_bytes)) {
+                /* Only a head longer than a request line may hold one that is too long. */
+                const char *lf = memchr(p, '\n', have);
+                if (lf == NULL ? have > lim->line_bytes : (size_t)(lf - p) > lim->line_bytes) {
+                    refuse(c, h, 414, "request line larger than line_bytes");
+                    return end;
+                }
+                if (have > lim->head_bytes) {
+                    refuse(c, h, 431, "head larger than head_bytes");
+                    return end;
+                }
             }
+            if (n == 0)
+                return p;
             h->scan = 0;
             if (MS_UNLIKELY(c->server->stats.in_flight >= lim->in_flight)) {
                 refuse_busy(c);

@@ -19,6 +19,8 @@
 #define MS_OUT_HIGH_WATER (256 * 1024)
 /* Unread request body past this stops reading from the socket until the handler reads. */
 #define MS_BODY_HIGH_WATER (256 * 1024)
+/* Extensions on one chunk-size line: more is refused (400), as nobody needs them. */
+#define MS_CHUNK_EXT_MAX 4096
 /* How long a stopping server waits for the next request on a keep-alive connection. */
 #define MS_STOP_GRACE_MS 1000
 /* Free objects kept per recycle list; beyond this they go back to the allocator. */
@@ -90,15 +92,16 @@ enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
 struct ms_h1_s {
     ms_h1_t *next_free;
     llhttp_t parser;
-    ms_buf_t in;      /* owned: bytes kept between reads (partial head, pipelined requests) */
-    size_t in_off;    /* consumed prefix of `in` */
-    size_t scan;      /* how far the head scan got in `in` */
-    int state;        /* MS_H1_* */
-    int msg_done;     /* llhttp finished the current message */
-    int field_open;   /* a header name is being read */
-    int discard_body; /* the handler is done: body bytes still coming are dropped */
-    int status;       /* the status a refused request gets */
-    const char *why;  /* why the request was refused, for the log */
+    ms_buf_t in;        /* owned: bytes kept between reads (partial head, pipelined requests) */
+    size_t in_off;      /* consumed prefix of `in` */
+    size_t scan;        /* how far the head scan got in `in` */
+    int state;          /* MS_H1_* */
+    int msg_done;       /* llhttp finished the current message */
+    int field_open;     /* a header name is being read */
+    int discard_body;   /* the handler is done: body bytes still coming are dropped */
+    uint32_t chunk_ext; /* bytes of extensions on the current chunk-size line */
+    int status;         /* the status a refused request gets */
+    const char *why;    /* why the request was refused, for the log */
     const ms_limits_t *conn_limits; /* the worker's */
     ms_req_t req;
 };

@@ -224,6 +224,7 @@ typedef struct ms_limits_s {
     uint32_t connections;     /* open connections per worker; past it, new ones are closed */
     uint32_t per_source;      /* open connections from one address */
     uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
+    uint32_t line_bytes;      /* request line */
     uint32_t head_bytes;      /* request line plus fields */
     uint32_t header_count;    /* number of fields */
     uint64_t body_bytes;      /* request body */

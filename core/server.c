@@ -271,6 +271,7 @@ void ms_limits_default(ms_limits_t *l)
     l->connections = 16384;
     l->per_source = 256;
     l->in_flight = 1024;
+    l->line_bytes = 8 * 1024;
     l->head_bytes = 32 * 1024;
     l->header_count = 100;
     l->body_bytes = 8 * 1024 * 1024;

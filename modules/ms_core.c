@@ -97,6 +97,7 @@ static const struct {
     LIMIT("connections", connections, 0, 1),
     LIMIT("per_source", per_source, 0, 1),
     LIMIT("in_flight", in_flight, 0, 1),
+    LIMIT("line_bytes", line_bytes, 0, 1),
     LIMIT("head_bytes", head_bytes, 0, 1),
     LIMIT("header_count", header_count, 0, 1),
     LIMIT("body_bytes", body_bytes, 1, 1),
@@ -484,12 +485,15 @@ static int core_now(lua_State *L)
 
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
-    static const luaL_Reg server_methods[] = {
-        {"listen", server_listen}, {"listen_fd", server_listen_fd},
-        {"run", server_run},       {"stop", server_stop},
-        {"trust", server_trust},   {"stats", server_stats},
-        {"memconn", memconn_new},  {"close", server_gc},
-        {NULL, NULL}};
+    static const luaL_Reg server_methods[] = {{"listen", server_listen},
+                                              {"listen_fd", server_listen_fd},
+                                              {"run", server_run},
+                                              {"stop", server_stop},
+                                              {"trust", server_trust},
+                                              {"stats", server_stats},
+                                              {"memconn", memconn_new},
+                                              {"close", server_gc},
+                                              {NULL, NULL}};
     static const luaL_Reg memconn_methods[] = {
         {"feed", memconn_feed}, {"take", memconn_take}, {"close", memconn_close}, {NULL, NULL}};
     static const luaL_Reg funcs[] = {{"server", server_new},

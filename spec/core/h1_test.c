@@ -234,6 +234,27 @@ TEST(h1_refuses_a_bad_chunk_size)
     teardown();
 }
 
+TEST(h1_refuses_chunk_extensions_over_4_kib)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        "3;"));
+    for (int i = 0; i < 500; i++)
+        ms_memio_feed(&m, S("name=value"));
+    ASSERT_HAS(output(&m), "HTTP/1.1 400 Bad Request");
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+    /* Below the bound, extensions on every chunk are fine. */
+    char *out = exchange(S("POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "1;a=b\r\nx\r\n1;c=d\r\ny\r\n0;e=f\r\n\r\n"),
+                         0);
+    ASSERT_HAS(out, "\r\n\r\nxy");
+    free(out);
+    teardown();
+}
+
 TEST(h1_sends_100_continue_only_when_the_body_is_read)
 {
     setup();

@@ -69,6 +69,28 @@ describe("moonserve's limits", function()
         s:close()
     end)
 
+    local heads = {
+        { "a request line over line_bytes", "GET /" .. string.rep("a", 9000) .. " HTTP/1.1\r\n", 414 },
+        { "a request line over line_bytes, in pieces", "GET /" .. string.rep("a", 40000), 414 },
+        { "fields over head_bytes", "GET / HTTP/1.1\r\nHost: t\r\n"
+            .. string.rep("X-Filler: " .. string.rep("b", 100) .. "\r\n", 400), 431 },
+        { "more than header_count fields", "GET / HTTP/1.1\r\nHost: t\r\n"
+            .. string.rep("X: y\r\n", 120) .. "\r\n", 431 },
+        { "a chunk-size line with 5 KiB of extensions", "POST /echo HTTP/1.1\r\nHost: t\r\n"
+            .. "Transfer-Encoding: chunked\r\n\r\n1;" .. string.rep("e", 5000) .. "\r\nx\r\n0\r\n\r\n", 400 },
+    }
+    for _, case in ipairs(heads) do
+        it("answers " .. case[3] .. " to " .. case[1] .. " and closes", function()
+            local s = helper.connect(srv.port)
+            s:send(case[2])
+            local res = helper.read_response(s)
+            assert.equal(case[3], res.status)
+            assert.equal("close", res.headers["connection"])
+            assert.is_true(helper.closed(s))
+            assert.is_true(hello_ok(srv.port))
+        end)
+    end
+
     it("answers 503 with Retry-After past in_flight, without running the handler", function()
         local conns = {}
         for i = 1, 10 do

@@ -42,15 +42,19 @@ describe("moonserve with workers", function()
         assert.is_true(srv:stop())
     end)
 
-    it("replaces a worker that is killed, and keeps serving", function()
+    it("replaces a worker killed under load, and keeps serving", function()
         local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
         local before = children(srv.pid)
-        os.execute("kill -9 " .. before[1])
+        local wrk = io.popen(("wrk -t1 -c8 -d2s http://127.0.0.1:%d/hello 2>&1"):format(srv.port))
+        socket.sleep(0.5)
+        os.execute("kill -9 " .. before[1]) -- under load
         assert.is_true(wait_for(function()
             local now = children(srv.pid)
             return #now == 2 and now[1] ~= before[1] and now[2] ~= before[1]
         end))
+        assert.truthy(wrk:read("*a"):find("requests in", 1, true))
+        wrk:close()
         assert.truthy(srv:log():find("died (status 0, signal 9); replacing it", 1, true))
         for _ = 1, 20 do
             assert.equal(200, get(srv.port, "/hello").status)

@@ -121,8 +121,8 @@ void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
 
 void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
 {
-    /* Bytes are progress for a body and the end of idleness; a head's deadline stays. */
-    if (c->phase == MS_PHASE_BODY || c->phase == MS_PHASE_IDLE)
+    /* Bytes end idleness; a head's and a body's deadlines stay (trickling earns nothing). */
+    if (c->phase == MS_PHASE_IDLE)
         c->phase = MS_PHASE_NONE;
     ms__h1_feed(c, data, len);
 }
@@ -359,7 +359,7 @@ static void timer_expired(ms_timer_t *t)
     ms__h1_timeout(c, phase);
 }
 
-static void arm(ms_conn_t *c, int phase, uint32_t ms)
+void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms)
 {
     c->phase = (uint8_t)phase;
     ms_timer_start(c->server, &c->timer, ms, timer_expired);
@@ -378,12 +378,17 @@ void ms__conn_rearm(ms_conn_t *c)
         return;
     if (c->flight != NULL) {
         if (c->phase != MS_PHASE_SEND)
-            arm(c, MS_PHASE_SEND, lim->send_timeout_ms);
+            ms__conn_arm(c, MS_PHASE_SEND, lim->send_timeout_ms);
         return;
     }
-    if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF)) {
-        if (c->phase != MS_PHASE_BODY)
-            arm(c, MS_PHASE_BODY, lim->body_timeout_ms);
+    /* A body we hold back (backpressure, or 100 Continue not yet sent) is not late. */
+    if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF) &&
+        !(h->req.v.flags & MS_REQ_EXPECT)) {
+        if (c->phase != MS_PHASE_BODY) {
+            h->body_start = uv_now(s->loop);
+            h->body_mark = h->req.body_seen;
+            ms__conn_arm(c, MS_PHASE_BODY, lim->body_timeout_ms);
+        }
         return;
     }
     if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
@@ -395,20 +400,20 @@ void ms__conn_rearm(ms_conn_t *c)
         return;
     if (h != NULL && h->state == MS_H1_HEAD && (h->scan > 0 || h->in.len > h->in_off)) {
         if (c->phase != MS_PHASE_HEAD)
-            arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
+            ms__conn_arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
         return;
     }
     uint32_t ms = lim->idle_timeout_ms;
     if (s->stopping && ms > MS_STOP_GRACE_MS)
         ms = MS_STOP_GRACE_MS;
     if (c->phase != MS_PHASE_IDLE || s->stopping)
-        arm(c, MS_PHASE_IDLE, ms);
+        ms__conn_arm(c, MS_PHASE_IDLE, ms);
 }
 
 /* A new connection gets head_timeout for its first request. */
 void ms__conn_start(ms_conn_t *c)
 {
-    arm(c, MS_PHASE_HEAD, c->server->limits.head_timeout_ms);
+    ms__conn_arm(c, MS_PHASE_HEAD, c->server->limits.head_timeout_ms);
 }
 
 /* Resumes a handler waiting for the reply queue to drain, once it has. */

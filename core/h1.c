@@ -794,10 +794,21 @@ void ms__h1_timeout(ms_conn_t *c, int phase)
         ms__conn_close(c, 0);
         return;
     }
+    if (phase == MS_PHASE_BODY) {
+        /* Past body_timeout, a body may go on while it keeps body_min_rate on average:
+         * a large upload on a good link is fine, a trickle is not. Looked at each second. */
+        const ms_limits_t *lim = &c->server->limits;
+        uint64_t ms = uv_now(c->server->loop) - h->body_start;
+        uint64_t got = h->req.body_seen - h->body_mark;
+        if (ms > 0 && got * 1000 / ms >= lim->body_min_rate) {
+            ms__conn_arm(c, MS_PHASE_BODY, 1000);
+            return;
+        }
+    }
     c->refs++;
     refuse(c, h, 408,
            phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
-                                  : "body stalled for body_timeout");
+                                  : "body not complete within body_timeout at body_min_rate");
     ms__conn_flush(c);
     ms__conn_release(c);
 }

@@ -92,16 +92,18 @@ enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
 struct ms_h1_s {
     ms_h1_t *next_free;
     llhttp_t parser;
-    ms_buf_t in;        /* owned: bytes kept between reads (partial head, pipelined requests) */
-    size_t in_off;      /* consumed prefix of `in` */
-    size_t scan;        /* how far the head scan got in `in` */
-    int state;          /* MS_H1_* */
-    int msg_done;       /* llhttp finished the current message */
-    int field_open;     /* a header name is being read */
-    int discard_body;   /* the handler is done: body bytes still coming are dropped */
-    uint32_t chunk_ext; /* bytes of extensions on the current chunk-size line */
-    int status;         /* the status a refused request gets */
-    const char *why;    /* why the request was refused, for the log */
+    ms_buf_t in;         /* owned: bytes kept between reads (partial head, pipelined requests) */
+    size_t in_off;       /* consumed prefix of `in` */
+    size_t scan;         /* how far the head scan got in `in` */
+    int state;           /* MS_H1_* */
+    int msg_done;        /* llhttp finished the current message */
+    int field_open;      /* a header name is being read */
+    int discard_body;    /* the handler is done: body bytes still coming are dropped */
+    uint32_t chunk_ext;  /* bytes of extensions on the current chunk-size line */
+    uint64_t body_start; /* when the wait for the body began (loop ms) */
+    uint64_t body_mark;  /* body bytes received by then */
+    int status;          /* the status a refused request gets */
+    const char *why;     /* why the request was refused, for the log */
     const ms_limits_t *conn_limits; /* the worker's */
     ms_req_t req;
 };
@@ -147,6 +149,7 @@ void ms__conn_flush(ms_conn_t *c);
 void ms__conn_release(ms_conn_t *c);
 void ms__conn_idle(ms_conn_t *c);
 void ms__conn_rearm(ms_conn_t *c);
+void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
 void ms__conn_start(ms_conn_t *c);
 void ms__conn_drain_check(ms_conn_t *c);
 void ms__out_destroy(void *p);

@@ -229,7 +229,8 @@ typedef struct ms_limits_s {
     uint32_t header_count;    /* number of fields */
     uint64_t body_bytes;      /* request body */
     uint32_t head_timeout_ms; /* a whole head, from its first byte: 408 */
-    uint32_t body_timeout_ms; /* between two reads of a body: 408 */
+    uint32_t body_timeout_ms; /* the whole body, unless it keeps body_min_rate: 408 */
+    uint32_t body_min_rate;   /* bytes a second a body must average past body_timeout */
     uint32_t idle_timeout_ms; /* keep-alive between requests: close */
     uint32_t send_timeout_ms; /* a reply that makes no progress: close */
     uint32_t requests_per_connection;

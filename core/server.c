@@ -277,6 +277,7 @@ void ms_limits_default(ms_limits_t *l)
     l->body_bytes = 8 * 1024 * 1024;
     l->head_timeout_ms = 10000;
     l->body_timeout_ms = 30000;
+    l->body_min_rate = 4096;
     l->idle_timeout_ms = 15000;
     l->send_timeout_ms = 30000;
     l->requests_per_connection = 1000;

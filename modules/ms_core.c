@@ -103,6 +103,7 @@ static const struct {
     LIMIT("body_bytes", body_bytes, 1, 1),
     LIMIT("head_timeout", head_timeout_ms, 0, 1000),
     LIMIT("body_timeout", body_timeout_ms, 0, 1000),
+    LIMIT("body_min_rate", body_min_rate, 0, 1),
     LIMIT("idle_timeout", idle_timeout_ms, 0, 1000),
     LIMIT("send_timeout", send_timeout_ms, 0, 1000),
     LIMIT("requests_per_connection", requests_per_connection, 0, 1),

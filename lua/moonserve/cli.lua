@@ -16,8 +16,8 @@ options:
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
   --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source, in_flight,
-                       line_bytes, head_bytes, header_count, body_bytes,
-                       requests_per_connection, and in seconds head_timeout,
+                       line_bytes, head_bytes, header_count, body_bytes, body_min_rate
+                       (bytes/s), requests_per_connection, and in seconds head_timeout,
                        body_timeout, idle_timeout, send_timeout
   --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
   --stop-timeout S     seconds a stopping worker may take to finish (default 30)

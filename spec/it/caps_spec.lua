@@ -47,6 +47,35 @@ describe("moonserve's limits", function()
         assert.truthy(srv:log():find("head not complete within head_timeout", 1, true))
     end)
 
+    it("answers 408 to a body trickled in below body_min_rate, however busy the trickle", function()
+        local s = helper.connect(srv.port)
+        assert(s:send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n"))
+        local t0 = socket.gettime()
+        for _ = 1, 12 do -- a byte every 0.25 s: far below 4096 bytes a second
+            socket.sleep(0.25)
+            if not s:send("x") then
+                break
+            end
+        end
+        local res = helper.read_response(s)
+        assert.equal(408, res.status)
+        assert.is_true(socket.gettime() - t0 < 3.5)
+        assert.is_true(hello_ok(srv.port))
+    end)
+
+    it("lets a body past body_timeout go on while it keeps body_min_rate", function()
+        local s = helper.connect(srv.port)
+        local n = 48 * 1024
+        assert(s:send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " .. n .. "\r\n\r\n"))
+        for _ = 1, 24 do -- 2 KiB every 0.1 s: 20 KiB a second for 2.4 s, over body_timeout
+            socket.sleep(0.1)
+            assert(s:send(string.rep("y", 2048)))
+        end
+        local res = helper.read_response(s)
+        assert.equal(200, res.status)
+        assert.equal(n, #res.body)
+    end)
+
     it("answers 408 to a body that stalls", function()
         local s = helper.connect(srv.port)
         assert(s:send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n0123456789"))

@@ -175,6 +175,11 @@ static void split_target(ms_req_t *r)
     }
 }
 
+static inline uint64_t max_body(const ms_limits_t *l)
+{
+    return l->body_bytes_max > l->body_bytes ? l->body_bytes_max : l->body_bytes;
+}
+
 static int on_headers_complete(llhttp_t *p)
 {
     ms_h1_t *h = p->data;
@@ -209,8 +214,10 @@ static int on_headers_complete(llhttp_t *p)
     if (r->v.version == 11 && hosts == 0)
         return refuse_cb(p, 400, "no Host");
     if (p->flags & F_CONTENT_LENGTH) {
+        /* Over what any route allows: refused before any Lua runs. Over this route's
+         * limit only: refused when the handler asks for the body (before 100 Continue). */
         r->v.content_length = (int64_t)p->content_length;
-        if (p->content_length > h->conn_limits->body_bytes)
+        if (p->content_length > max_body(h->conn_limits))
             return refuse_cb(p, 413, "body larger than body_bytes");
     }
     if ((p->flags & F_CHUNKED) || r->v.content_length > 0) {
@@ -232,7 +239,12 @@ static int on_body(llhttp_t *p, const char *at, size_t n)
     ms_h1_t *h = p->data;
     ms_req_t *r = &h->req;
     r->body_seen += n;
-    if (MS_UNLIKELY(r->body_seen > h->conn_limits->body_bytes))
+    /* Before dispatch the route is not known yet: hold the body to what any route allows;
+     * the route's own limit applies from then on. */
+    uint64_t limit = r->body_limit;
+    if (!(r->v.flags & MS_REQ_IN_HANDLER) && !h->discard_body)
+        limit = max_body(h->conn_limits);
+    if (MS_UNLIKELY(r->body_seen > limit))
         return refuse_cb(p, 413, "body larger than body_bytes");
     /* A handler that finished without reading the body: the rest is discarded. */
     if (!h->discard_body)
@@ -413,6 +425,12 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
     }
 }
 
+/* The handler asked for a body its route does not allow: 413, and a close. */
+void ms__h1_refuse_body(ms_conn_t *c)
+{
+    refuse(c, c->h1, 413, "body larger than the route's body_bytes");
+}
+
 /* -- Replies ----------------------------------------------------------------------------- */
 
 static char *put(char *w, const char *s, size_t n)
@@ -548,6 +566,7 @@ static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
 {
     ms_req_t *r = &h->req;
     r->v.id = ++c->server->next_req_id;
+    r->body_limit = c->server->limits.body_bytes;
     r->head.base = p;
     r->head.len = n;
     llhttp_errno_t e = llhttp_execute(&h->parser, p, n);

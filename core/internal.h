@@ -186,6 +186,7 @@ int ms__h1_send_error(ms_conn_t *c, int status, const char *why);
 void ms__h1_free(ms_server_t *s, ms_h1_t *h);
 void ms__h1_destroy(void *p);
 void ms__h1_timeout(ms_conn_t *c, int phase);
+void ms__h1_refuse_body(ms_conn_t *c);
 
 /* timer.c */
 void ms__timers_run(uv_timer_t *ut);

@@ -142,6 +142,7 @@ struct ms_req_s {
     ms_buf_t res_headers; /* the reply's fields as text, pooled */
     ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
     uint64_t body_seen;   /* request body bytes received so far */
+    uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
     ms_timer_t timer;     /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
@@ -190,6 +191,10 @@ int64_t ms_req_body_take(ms_req_t *r, const char **out);
  * client waits for it. Returns 0 (park now) or a negative code. */
 int ms_req_wait_body(ms_req_t *r);
 
+/* Sets how large this request's body may be (the route's limit), up to body_bytes_max.
+ * Call it before reading the body. Returns 0 or MS_ETOOBIG (over body_bytes_max). */
+int ms_req_body_limit(ms_req_t *r, uint64_t bytes);
+
 /* Parks the handler for `ms` milliseconds. */
 int ms_req_sleep(ms_req_t *r, uint64_t ms);
 
@@ -227,7 +232,9 @@ typedef struct ms_limits_s {
     uint32_t line_bytes;      /* request line */
     uint32_t head_bytes;      /* request line plus fields */
     uint32_t header_count;    /* number of fields */
-    uint64_t body_bytes;      /* request body */
+    uint64_t body_bytes;      /* request body, unless the route says otherwise */
+    uint64_t body_bytes_max;  /* the largest any route allows: longer declared bodies are
+                               * refused before any Lua runs (0: body_bytes) */
     uint32_t head_timeout_ms; /* a whole head, from its first byte: 408 */
     uint32_t body_timeout_ms; /* the whole body, unless it keeps body_min_rate: 408 */
     uint32_t body_min_rate;   /* bytes a second a body must average past body_timeout */

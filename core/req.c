@@ -279,13 +279,37 @@ void ms_req_finish(ms_req_t *r)
 
 /* -- Waiting ----------------------------------------------------------------------------- */
 
+int ms_req_body_limit(ms_req_t *r, uint64_t bytes)
+{
+    const ms_limits_t *l = &r->conn->server->limits;
+    uint64_t max = l->body_bytes_max > l->body_bytes ? l->body_bytes_max : l->body_bytes;
+    if (bytes > max)
+        return MS_ETOOBIG;
+    r->body_limit = bytes;
+    return 0;
+}
+
+/* Whether the body is over this request's limit, declared or received; if so the client
+ * gets 413 (once) and the connection closes. */
+static int over_limit(ms_req_t *r)
+{
+    uint64_t declared = r->v.content_length > 0 ? (uint64_t)r->v.content_length : 0;
+    if (declared <= r->body_limit && r->body_seen <= r->body_limit)
+        return 0;
+    if (!(r->v.flags & MS_REQ_BODY_ERROR))
+        ms__h1_refuse_body(r->conn);
+    return 1;
+}
+
 int64_t ms_req_body_take(ms_req_t *r, const char **out)
 {
     *out = NULL;
     if (r->v.flags & MS_REQ_ABORTED)
         return MS_ECLOSED;
+    if (MS_UNLIKELY(over_limit(r)))
+        return MS_ETOOBIG;
     if (r->v.flags & MS_REQ_BODY_ERROR)
-        return MS_EBADREQ;
+        return r->conn->h1 && r->conn->h1->status == 413 ? MS_ETOOBIG : MS_EBADREQ;
     size_t n = r->body.len;
     if (n > 0) {
         /* The bytes stay where they are until the core appends again, which happens only
@@ -303,6 +327,8 @@ int ms_req_wait_body(ms_req_t *r)
     ms_conn_t *c = r->conn;
     if (r->v.flags & MS_REQ_ABORTED)
         return MS_ECLOSED;
+    if (over_limit(r))
+        return MS_ETOOBIG; /* answered 413: the body will not be read */
     if (r->v.wait != MS_WAIT_NONE)
         return MS_EBUSY;
     if (r->v.flags & MS_REQ_EXPECT) {

@@ -101,6 +101,7 @@ static const struct {
     LIMIT("head_bytes", head_bytes, 0, 1),
     LIMIT("header_count", header_count, 0, 1),
     LIMIT("body_bytes", body_bytes, 1, 1),
+    LIMIT("body_bytes_max", body_bytes_max, 1, 1),
     LIMIT("head_timeout", head_timeout_ms, 0, 1000),
     LIMIT("body_timeout", body_timeout_ms, 0, 1000),
     LIMIT("body_min_rate", body_min_rate, 0, 1),
@@ -464,6 +465,23 @@ static int core_log_open(lua_State *L)
     return 1;
 }
 
+/* core.default_limits() -> { key = value }: the core's defaults, times in seconds. */
+static int core_default_limits(lua_State *L)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    size_t n = sizeof(limit_keys) / sizeof(limit_keys[0]);
+    lua_createtable(L, 0, (int)n);
+    for (size_t i = 0; i < n; i++) {
+        const char *field = (const char *)&lim + limit_keys[i].offset;
+        double v = limit_keys[i].wide ? (double)*(const uint64_t *)field
+                                      : (double)*(const uint32_t *)field;
+        lua_pushnumber(L, v / limit_keys[i].scale);
+        lua_setfield(L, -2, limit_keys[i].name);
+    }
+    return 1;
+}
+
 static int core_cpus(lua_State *L)
 {
     lua_pushinteger(L, (lua_Integer)uv_available_parallelism());
@@ -504,6 +522,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"master", core_master},
                                      {"worker_ready", core_worker_ready},
                                      {"cpus", core_cpus},
+                                     {"default_limits", core_default_limits},
                                      {"run_once", core_run_once},
                                      {"now", core_now},
                                      {NULL, NULL}};

@@ -105,6 +105,11 @@ MS_FFI int64_t ms_ffi_req_body_take(ms_req_t *r, const char **out)
     return ms_req_body_take(r, out);
 }
 
+MS_FFI int ms_ffi_req_body_limit(ms_req_t *r, double bytes)
+{
+    return ms_req_body_limit(r, bytes < 0 ? 0 : (uint64_t)bytes);
+}
+
 MS_FFI int ms_ffi_req_wait_body(ms_req_t *r)
 {
     return ms_req_wait_body(r);

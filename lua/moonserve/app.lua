@@ -7,14 +7,26 @@ local lower, match, type = string.lower, string.match, type
 local App = {}
 App.__index = App
 
-local function add(self, method, path, handler)
+-- A route is its handler, or { handler = fn, body_bytes = n } when it has options.
+local function add(self, method, path, handler, opts)
     if type(path) ~= "string" then
         error("bad route path (string expected)", 3)
     end
     if type(handler) ~= "function" then
         error("bad handler for " .. method .. " " .. path .. " (function expected)", 3)
     end
-    self.router:add(method, path, handler)
+    local route = handler
+    if opts ~= nil then
+        if type(opts) ~= "table" then
+            error("bad route options for " .. path .. " (table expected)", 3)
+        end
+        local bytes = opts.body_bytes
+        if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0) then
+            error("bad body_bytes for " .. path .. " (bytes expected)", 3)
+        end
+        route = { handler = handler, body_bytes = bytes }
+    end
+    self.router:add(method, path, route)
     return self
 end
 
@@ -25,17 +37,18 @@ function _M.new(opts)
         opts = opts or {} }, App)
 end
 
-function App:route(method, path, handler)
+-- app:route(method, path, handler[, opts]); opts.body_bytes: this route's body limit.
+function App:route(method, path, handler, opts)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
     end
-    return add(self, method:upper(), path, handler)
+    return add(self, method:upper(), path, handler, opts)
 end
 
 for _, m in ipairs { "get", "post", "put", "patch", "delete", "options", "head" } do
     local M = m:upper()
-    App[m] = function(self, path, handler)
-        return add(self, M, path, handler)
+    App[m] = function(self, path, handler, opts)
+        return add(self, M, path, handler, opts)
     end
 end
 
@@ -126,6 +139,12 @@ function App:handle(req, res)
         if params then
             req.params = params
         end
+        if type(handler) == "table" then -- a route with options
+            if handler.body_bytes then
+                req:body_limit(handler.body_bytes)
+            end
+            handler = handler.handler
+        end
     elseif allow then
         rawset(req, "_allow", allow)
         handler = method_not_allowed
@@ -137,6 +156,23 @@ function App:handle(req, res)
         return handler(req, res)
     end
     return run_chain(mw, 1, req, res, handler)
+end
+
+-- The largest body any route of the app or its sites allows beyond `default`.
+function App:max_body_bytes(default)
+    local max = default
+    local function visit(app)
+        for _, route in app.router:routes() do
+            if type(route) == "table" and route.body_bytes and route.body_bytes > max then
+                max = route.body_bytes
+            end
+        end
+    end
+    visit(self)
+    for _, site in pairs(self.sites or {}) do
+        visit(site)
+    end
+    return max
 end
 
 function App:run(opts)

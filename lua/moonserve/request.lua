@@ -151,6 +151,19 @@ function Request:read()
     end
 end
 
+-- Sets how large this request's body may be (the route's own limit), before reading it.
+-- Past it the client gets 413. Raises when over the server's body_bytes_max.
+function Request:body_limit(bytes)
+    if type(bytes) ~= "number" or bytes < 0 then
+        error("bad body limit (bytes expected)", 2)
+    end
+    local rc = C.ms_ffi_req_body_limit(view(self), bytes)
+    if rc < 0 then
+        error("body limit " .. bytes .. " is over the server's body_bytes_max", 2)
+    end
+    return self
+end
+
 -- The whole body (what read() has not taken yet) as one string, or nil and an error.
 function Request:body()
     local cached = rawget(self, "_body")

@@ -136,6 +136,22 @@ local function lookup(self, method, path, parts)
     return nil, nil, parts
 end
 
+-- Iterates over every route's value: for _, value in router:routes().
+function Router:routes()
+    local all = {}
+    for _, t in pairs(self.exact) do
+        for _, v in pairs(t) do
+            all[#all + 1] = v
+        end
+    end
+    for _, list in pairs(self.patterns) do
+        for _, r in ipairs(list) do
+            all[#all + 1] = r.handler
+        end
+    end
+    return ipairs(all)
+end
+
 -- Returns handler, params (nil for a literal route); or nil, nil, allow (the methods that have the path: 405) when
 -- the path is known for other methods; or nil when nothing matches (404). HEAD falls back to
 -- GET.

@@ -187,11 +187,25 @@ function _M.create(the_app, limits)
     return srv
 end
 
-local function parse_limits(t)
+-- The limits for the core, which checks keys and values. A route may allow a larger body
+-- than body_bytes; the core then lets declared lengths up to the largest through to the
+-- router, which holds each request to its route's limit.
+local function parse_limits(t, the_app)
     if t ~= nil and type(t) ~= "table" then
         error("bad limits (table expected)", 3)
     end
-    return t -- the core checks the keys and values
+    local limits = {}
+    for k, v in pairs(t or {}) do
+        limits[k] = v
+    end
+    if type(the_app.max_body_bytes) == "function" and limits.body_bytes_max == nil then
+        local default = limits.body_bytes or core.default_limits().body_bytes
+        local max = the_app:max_body_bytes(default)
+        if max > default then
+            limits.body_bytes_max = max
+        end
+    end
+    return limits
 end
 
 -- The command line that started this program, to start workers with: the interpreter
@@ -279,7 +293,7 @@ function _M.run(the_app, opts)
             error("cannot open log " .. opts.log .. ": " .. err, 2)
         end
     end
-    local limits = parse_limits(opts.limits)
+    local limits = parse_limits(opts.limits, the_app)
     local listen = listen_list(opts.listen)
 
     if os.getenv("MOONSERVE_WORKER") then

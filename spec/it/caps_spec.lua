@@ -143,6 +143,48 @@ describe("moonserve's limits", function()
     end)
 end)
 
+describe("moonserve's body limits per route", function()
+    local srv
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--limit body_bytes=1000" }
+    end)
+
+    teardown(function()
+        srv:stop()
+    end)
+
+    local function post(path, n, expect)
+        local s = helper.connect(srv.port)
+        assert(s:send(("POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n%s\r\n")
+            :format(path, n, expect and "Expect: 100-continue\r\n" or "")))
+        if not expect then
+            s:send(string.rep("b", n))
+        end
+        local res = helper.read_response(s)
+        s:close()
+        return res
+    end
+
+    it("holds a route without its own limit to body_bytes", function()
+        assert.equal(413, post("/echo", 2000).status)
+        assert.equal(200, post("/echo", 900).status)
+    end)
+
+    it("lets a route allow more", function()
+        local res = post("/upload", 100000)
+        assert.equal(200, res.status)
+        assert.equal("100000", res.body)
+    end)
+
+    it("refuses a body over the route's limit before 100 Continue", function()
+        local res = post("/upload", 300000, true)
+        assert.equal(413, res.status) -- over every route's limit: refused before any Lua
+        res = post("/echo", 2000, true)
+        assert.equal(413, res.status) -- over this route's: refused when the body is asked for
+    end)
+end)
+
 describe("moonserve's per-source cap", function()
     it("refuses the 257th connection from one address while others are served", function()
         local srv = helper.spawn_server { app = "spec/fixtures/app.lua" }

@@ -275,25 +275,26 @@ static int server_trust(lua_State *L)
 static int server_stats(lua_State *L)
 {
     const ms_server_stats_t *st = ms_server_stats(check_server(L)->server);
-    lua_createtable(L, 0, 9);
-    lua_pushnumber(L, (lua_Number)st->accepted);
-    lua_setfield(L, -2, "accepted");
-    lua_pushnumber(L, (lua_Number)st->closed);
-    lua_setfield(L, -2, "closed");
-    lua_pushnumber(L, (lua_Number)st->requests);
-    lua_setfield(L, -2, "requests");
-    lua_pushnumber(L, (lua_Number)st->bad_requests);
-    lua_setfield(L, -2, "bad_requests");
-    lua_pushnumber(L, (lua_Number)st->conns);
-    lua_setfield(L, -2, "connections");
-    lua_pushnumber(L, (lua_Number)st->in_flight);
-    lua_setfield(L, -2, "in_flight");
-    lua_pushnumber(L, (lua_Number)st->refused_conns);
-    lua_setfield(L, -2, "refused_connections");
-    lua_pushnumber(L, (lua_Number)st->refused_busy);
-    lua_setfield(L, -2, "refused_busy");
-    lua_pushnumber(L, (lua_Number)st->timeouts);
-    lua_setfield(L, -2, "timeouts");
+    const struct {
+        const char *name;
+        uint64_t value;
+    } fields[] = {
+        {"accepted", st->accepted},
+        {"closed", st->closed},
+        {"requests", st->requests},
+        {"bad_requests", st->bad_requests},
+        {"connections", st->conns},
+        {"in_flight", st->in_flight},
+        {"refused_connections", st->refused_conns},
+        {"refused_busy", st->refused_busy},
+        {"timeouts", st->timeouts},
+    };
+    int n = (int)(sizeof(fields) / sizeof(fields[0]));
+    lua_createtable(L, 0, n);
+    for (int i = 0; i < n; i++) {
+        lua_pushnumber(L, (lua_Number)fields[i].value);
+        lua_setfield(L, -2, fields[i].name);
+    }
     return 1;
 }
 

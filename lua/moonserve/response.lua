@@ -105,18 +105,23 @@ local function anchor(rc, s, r)
     return true
 end
 
+-- A body or chunk as a string: strings as they are, numbers as text; anything else is
+-- misuse and raises at the caller's caller.
+local function text(x, what)
+    local t = type(x)
+    if t == "string" then
+        return x
+    elseif t == "number" then
+        return tostring(x)
+    end
+    error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
+end
+
 -- Sends the whole reply. Returns true, or nil and an error (the reply was already sent, or
 -- the client has gone).
 function Response:send(body)
     local r = view(self)
-    if body == nil then
-        body = ""
-    elseif type(body) ~= "string" then
-        if type(body) ~= "number" then
-            error("bad body (string expected, got " .. type(body) .. ")", 2)
-        end
-        body = tostring(body)
-    end
+    body = body == nil and "" or text(body, "body")
     return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
 
@@ -149,12 +154,7 @@ end
 -- the handler) while the client reads slower than the handler writes.
 function Response:write(chunk)
     local r = view(self)
-    if type(chunk) ~= "string" then
-        if type(chunk) ~= "number" then
-            error("bad chunk (string expected, got " .. type(chunk) .. ")", 2)
-        end
-        chunk = tostring(chunk)
-    end
+    chunk = text(chunk, "chunk")
     local ok, err, name = anchor(C.ms_ffi_res_write(r, chunk, #chunk, self.has_type and 0 or 1),
         chunk, r)
     if not ok then

@@ -1,54 +1,85 @@
--- moonserve/app.lua: an application: routes, middleware and sites, and how a request goes
--- through them.
+-- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
+-- and how a request goes through them.
 local router = require "moonserve.router"
 
-local lower, match, type = string.lower, string.match, type
+local lower, match, sub, type, select = string.lower, string.match, string.sub, type, select
 
 local App = {}
 App.__index = App
 
--- A route is its handler, or { handler = fn, body_bytes = n } when it has options.
-local function add(self, method, path, handler, opts)
-    if type(path) ~= "string" then
-        error("bad route path (string expected)", 3)
-    end
-    if type(handler) ~= "function" then
-        error("bad handler for " .. method .. " " .. path .. " (function expected)", 3)
-    end
-    local route = handler
-    if opts ~= nil then
-        if type(opts) ~= "table" then
-            error("bad route options for " .. path .. " (table expected)", 3)
-        end
-        local bytes = opts.body_bytes
-        if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0) then
-            error("bad body_bytes for " .. path .. " (bytes expected)", 3)
-        end
-        route = { handler = handler, body_bytes = bytes }
-    end
-    self.router:add(method, path, route)
-    return self
-end
-
 local _M = { methods = App }
+
+local METHODS = { "get", "post", "put", "patch", "delete", "options", "head" }
 
 function _M.new(opts)
     return setmetatable({ router = router.new(), middleware = {}, sites = nil,
         opts = opts or {} }, App)
 end
 
--- app:route(method, path, handler[, opts]); opts.body_bytes: this route's body limit.
-function App:route(method, path, handler, opts)
+-- A route's value: its handler alone, or { handler, before = { middleware }, group,
+-- body_bytes } when it has any of those.
+--
+-- The arguments after the method: [name,] path, [middleware...,] handler[, opts].
+local function add(self, method, group, ...)
+    local n = select("#", ...)
+    local args = { ... }
+    local i, name = 1, nil
+    if type(args[2]) == "string" then -- a name comes first: ("user", "/users/:id", ...)
+        name, i = args[1], 2
+    end
+    local path = args[i]
+    if type(path) ~= "string" then
+        error("bad route path (string expected)", 3)
+    end
+    local opts
+    if type(args[n]) == "table" then
+        opts, n = args[n], n - 1
+    end
+    local handler = args[n]
+    if type(handler) ~= "function" or n <= i then
+        error("bad handler for " .. method .. " " .. path .. " (function expected)", 3)
+    end
+    local before = {}
+    for k = i + 1, n - 1 do
+        if type(args[k]) ~= "function" then
+            error("bad middleware for " .. method .. " " .. path .. " (function expected)", 3)
+        end
+        before[#before + 1] = args[k]
+    end
+    local bytes = opts and opts.body_bytes
+    if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0) then
+        error("bad body_bytes for " .. path .. " (bytes expected)", 3)
+    end
+    local value = handler
+    if #before > 0 or group or bytes then
+        value = { handler = handler, before = before[1] and before, group = group,
+            body_bytes = bytes }
+    end
+    if group then
+        path = group.prefix .. (path == "/" and "" or path)
+        if path == "" then
+            path = "/"
+        end
+    end
+    self.router:add(method, path, value, name)
+    return self
+end
+
+-- app:route(method, [name,] path, [middleware...,] handler[, opts]);
+-- opts.body_bytes: this route's body limit.
+function App:route(method, ...)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
     end
-    return add(self, method:upper(), path, handler, opts)
+    add(self, method:upper(), nil, ...)
+    return self
 end
 
-for _, m in ipairs { "get", "post", "put", "patch", "delete", "options", "head" } do
+for _, m in ipairs(METHODS) do
     local M = m:upper()
-    App[m] = function(self, path, handler, opts)
-        return add(self, M, path, handler, opts)
+    App[m] = function(self, ...)
+        add(self, M, nil, ...)
+        return self
     end
 end
 
@@ -65,6 +96,62 @@ function App:use(fn)
     end
     return self
 end
+
+-- -- Groups ---------------------------------------------------------------------------------
+
+local Group = {}
+Group.__index = Group
+
+-- A group of routes under a path prefix, with middleware of its own that runs after the
+-- app's and before the route's. app:group("/admin", function(g) g:get(...) end), or use
+-- the group it returns.
+function App:group(prefix, fn)
+    if type(prefix) ~= "string" or sub(prefix, 1, 1) ~= "/" then
+        error("bad group prefix (a path expected)", 2)
+    end
+    if sub(prefix, -1) == "/" then
+        prefix = sub(prefix, 1, -2)
+    end
+    local g = setmetatable({ app = self, prefix = prefix, middleware = {} }, Group)
+    if fn then
+        fn(g)
+    end
+    return g
+end
+
+function Group:use(fn)
+    if type(fn) ~= "function" then
+        error("bad middleware (function expected)", 2)
+    end
+    self.middleware[#self.middleware + 1] = fn
+    return self
+end
+
+function Group:route(method, ...)
+    add(self.app, method:upper(), self, ...)
+    return self
+end
+
+for _, m in ipairs(METHODS) do
+    local M = m:upper()
+    Group[m] = function(self, ...)
+        add(self.app, M, self, ...)
+        return self
+    end
+end
+
+function Group:group(prefix, fn)
+    local g = self.app:group(self.prefix .. prefix)
+    for _, mw in ipairs(self.middleware) do
+        g.middleware[#g.middleware + 1] = mw
+    end
+    if fn then
+        fn(g)
+    end
+    return g
+end
+
+-- -- Sites and mounted apps -------------------------------------------------------------------
 
 -- A site for one host: the same methods, its own routes and middleware. The app's own
 -- routes serve hosts that have no site.
@@ -83,6 +170,38 @@ function App:site(host)
     return s
 end
 
+-- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
+-- req.base_path holds the prefix.
+function App:mount(prefix, other)
+    if type(prefix) ~= "string" or sub(prefix, 1, 1) ~= "/" or prefix == "/" then
+        error("bad mount prefix (a path other than / expected)", 2)
+    end
+    if type(other) ~= "table" or type(other.handle) ~= "function" then
+        error("bad app to mount (an app expected)", 2)
+    end
+    if sub(prefix, -1) == "/" then
+        prefix = sub(prefix, 1, -2)
+    end
+    local function into(req, res)
+        local path = req.path
+        rawset(req, "base_path", (rawget(req, "base_path") or "") .. prefix)
+        rawset(req, "path", sub(path, #prefix + 1) ~= "" and sub(path, #prefix + 1) or "/")
+        return other:handle(req, res)
+    end
+    for _, m in ipairs(METHODS) do
+        self.router:add(m:upper(), prefix, into)
+        self.router:add(m:upper(), prefix .. "/*", into)
+    end
+    return self
+end
+
+-- The path of the route called `name`, filled from `params`.
+function App:url_for(name, params)
+    return self.router:url_for(name, params)
+end
+
+-- -- Handling -------------------------------------------------------------------------------
+
 local function not_found(req, res)
     return res:status(404):send("Not Found\n")
 end
@@ -91,7 +210,12 @@ local function method_not_allowed(req, res)
     return res:status(405):header("allow", rawget(req, "_allow")):send("Method Not Allowed\n")
 end
 
--- Middleware closures are made per request only for apps that have middleware.
+-- OPTIONS on a path without its own OPTIONS route: what it allows.
+local function options(req, res)
+    return res:status(204):header("allow", rawget(req, "_allow")):send()
+end
+
+-- Middleware closures are made per request only for requests that go through middleware.
 local function run_chain(mw, i, req, res, final)
     local fn = mw[i]
     if fn == nil then
@@ -102,28 +226,29 @@ local function run_chain(mw, i, req, res, final)
     end)
 end
 
+local function append(dst, src)
+    for i = 1, #src do
+        dst[#dst + 1] = src[i]
+    end
+end
+
 -- The middleware a request goes through: the app's, then its site's.
 local function chain(app)
     local c = app.chain
     if c == nil then
         c = {}
-        local parent = app.parent
-        if parent then
-            for i = 1, #parent.middleware do
-                c[#c + 1] = parent.middleware[i]
-            end
+        if app.parent then
+            append(c, app.parent.middleware)
         end
-        for i = 1, #app.middleware do
-            c[#c + 1] = app.middleware[i]
-        end
+        append(c, app.middleware)
         app.chain = c
     end
     return c
 end
 
 -- Runs the request through sites, middleware and routes; returns what the handler
--- returned (the `return status, body, headers` form). Makes no closure on the way: the JIT
--- compiles this path whole.
+-- returned (the `return status, body, headers` form). A request through no middleware
+-- makes no closure on the way: the JIT compiles this path whole.
 function App:handle(req, res)
     local app = self
     local sites = self.sites
@@ -134,24 +259,35 @@ function App:handle(req, res)
             app = sites[host] or self
         end
     end
-    local handler, params, allow = app.router:match(req.method, req.path)
+    local method = req.method
+    local handler, params, allow = app.router:match(method, req.path)
+    local mw = chain(app)
     if handler then
         if params then
             req.params = params
         end
-        if type(handler) == "table" then -- a route with options
-            if handler.body_bytes then
-                req:body_limit(handler.body_bytes)
+        if type(handler) == "table" then -- a route with middleware, a group or options
+            local route = handler
+            if route.body_bytes then
+                req:body_limit(route.body_bytes)
             end
-            handler = handler.handler
+            handler = route.handler
+            if route.group or route.before then
+                local all = {}
+                append(all, mw)
+                if route.group then
+                    append(all, route.group.middleware)
+                end
+                append(all, route.before or {})
+                mw = all
+            end
         end
-    elseif allow then
-        rawset(req, "_allow", allow)
-        handler = method_not_allowed
+    elseif allow or (method == "OPTIONS" and req.target == "*") then
+        rawset(req, "_allow", allow or "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT")
+        handler = method == "OPTIONS" and options or method_not_allowed
     else
         handler = not_found
     end
-    local mw = chain(app)
     if mw[1] == nil then
         return handler(req, res)
     end

@@ -1,18 +1,23 @@
--- moonserve/router.lua: method and path to handler. Literal paths are one hash lookup;
--- patterns (":name" segments, a trailing "*") are tried in order of precedence.
+-- moonserve/router.lua: method and path to a route, through a trie of path segments.
+-- A lookup walks the path's segments, one hash lookup each, so its cost depends on the
+-- path, not on how many routes there are. At each segment a literal beats ":name", which
+-- beats a trailing "*"; among equals the route added first wins.
 local codec = require "moonserve.codec"
 
-local find, sub = string.find, string.sub
-
-local LITERAL, PARAM, SPLAT = 1, 2, 3
+local find, sub, gsub, concat = string.find, string.sub, string.gsub, table.concat
 
 local Router = {}
 Router.__index = Router
 
 local _M = {}
 
+local function new_node()
+    return { children = nil, param = nil, splat = nil, routes = nil }
+end
+
 function _M.new()
-    return setmetatable({ exact = {}, patterns = {}, methods = {} }, Router)
+    return setmetatable({ root = new_node(), exact = {}, methods = {}, named = {},
+        all = {} }, Router)
 end
 
 -- "/a/b/" -> { "a", "b", "" }: exactly the pieces between slashes.
@@ -29,155 +34,210 @@ local function split(path)
     end
 end
 
-local function compile(path)
-    if sub(path, 1, 1) ~= "/" then
-        error("bad route path " .. path .. " (must start with /)", 3)
+-- Adds a route: `value` is what match() returns for it (a handler, or a table).
+-- Returns the route record { method, path, value, names, name }.
+function Router:add(method, path, value, name)
+    if type(path) ~= "string" or sub(path, 1, 1) ~= "/" then
+        error("bad route path " .. tostring(path) .. " (must start with /)", 2)
     end
-    local segs, dynamic = {}, false
-    for _, seg in ipairs(split(path)) do
+    local route = { method = method, path = path, value = value, names = {}, name = name }
+    local node, literal = self.root, true
+    local segs = split(path)
+    for i, seg in ipairs(segs) do
         if seg == "*" then
-            segs[#segs + 1] = { kind = SPLAT }
-            dynamic = true
+            if i ~= #segs then
+                error("bad route path " .. path .. " (* must come last)", 2)
+            end
+            node.splat = node.splat or new_node()
+            node = node.splat
+            route.splat = true
+            literal = false
         elseif sub(seg, 1, 1) == ":" then
-            segs[#segs + 1] = { kind = PARAM, name = sub(seg, 2) }
-            dynamic = true
-        else
-            if #segs > 0 and segs[#segs].kind == SPLAT then
-                error("bad route path " .. path .. " (* must come last)", 3)
+            if #seg == 1 then
+                error("bad route path " .. path .. " (a : without a name)", 2)
             end
-            segs[#segs + 1] = { kind = LITERAL, text = seg }
+            node.param = node.param or new_node()
+            node = node.param
+            route.names[#route.names + 1] = sub(seg, 2)
+            literal = false
+        else
+            node.children = node.children or {}
+            local child = node.children[seg]
+            if not child then
+                child = new_node()
+                node.children[seg] = child
+            end
+            node = child
         end
     end
-    return segs, dynamic
-end
-
--- A literal segment beats :param, which beats *; then the earlier route wins.
-local function precedes(a, b)
-    for i = 1, math.max(#a.segs, #b.segs) do
-        local ka = a.segs[i] and a.segs[i].kind or 0
-        local kb = b.segs[i] and b.segs[i].kind or 0
-        if ka ~= kb then
-            return ka < kb
-        end
+    node.routes = node.routes or {}
+    if node.routes[method] == nil then -- the first one added wins
+        node.routes[method] = route
     end
-    return a.order < b.order
-end
-
-function Router:add(method, path, handler)
+    if literal then
+        self.exact[path] = node
+    end
+    if name then
+        if self.named[name] then
+            error("route name " .. name .. " is taken", 2)
+        end
+        self.named[name] = route
+    end
     self.methods[method] = true
-    local segs, dynamic = compile(path)
-    if not dynamic then
-        local t = self.exact[method] or {}
-        self.exact[method] = t
-        if t[path] == nil then
-            t[path] = handler
-        end
-        return
-    end
-    local list = self.patterns[method] or {}
-    self.patterns[method] = list
-    list[#list + 1] = { segs = segs, handler = handler, order = #list + 1 }
-    table.sort(list, precedes)
+    self.all[#self.all + 1] = route
+    return route
 end
 
-local function try(route, parts, path)
-    local params
-    local segs = route.segs
-    for i = 1, #segs do
-        local s = segs[i]
-        local p = parts[i]
-        if s.kind == SPLAT then
-            -- the rest of the path, from this segment on
-            local pos = 1
-            for _ = 1, i do
-                pos = find(path, "/", pos, true) + 1
+-- Depth-first over the path's segments in precedence order (literal, then :param, then *),
+-- backtracking when a branch leads nowhere. Iterative, on stacks kept between calls (no
+-- handler runs inside, so nothing re-enters), and without splitting the path into a table:
+-- the JIT compiles it, where a recursive walk would not be.
+local S_node, S_pos, S_n, S_stage = {}, {}, {}, {}
+local caps = {} -- the segments taken by ":name", then caps.splat; read at once by the caller
+
+local function walk(root, path, method)
+    local len = #path
+    local top = 1
+    S_node[1], S_pos[1], S_n[1], S_stage[1] = root, 2, 0, 0
+    caps.splat = nil
+    while top > 0 do
+        local node, pos, n = S_node[top], S_pos[top], S_n[top]
+        if pos > len + 1 then -- every segment is matched
+            local routes = node.routes
+            local route = routes and routes[method]
+            if route then
+                return route, n
             end
-            params = params or {}
-            params.splat = codec.unescape(sub(path, pos))
-            return params
-        end
-        if p == nil then
-            return nil
-        end
-        if s.kind == LITERAL then
-            if p ~= s.text then
-                return nil
-            end
+            top = top - 1
         else
-            if p == "" then
-                return nil
-            end
-            params = params or {}
-            params[s.name] = codec.unescape(p)
-        end
-    end
-    if #parts ~= #segs then
-        return nil
-    end
-    return params or {}
-end
-
-local function lookup(self, method, path, parts)
-    local t = self.exact[method]
-    local h = t and t[path]
-    if h then
-        return h -- no captures: the request makes its params table only if asked
-    end
-    local list = self.patterns[method]
-    if list then
-        parts = parts or split(path)
-        for i = 1, #list do
-            local params = try(list[i], parts, path)
-            if params then
-                return list[i].handler, params
+            local slash = find(path, "/", pos, true) or len + 1
+            local stage = S_stage[top]
+            S_stage[top] = stage + 1
+            if stage == 0 then
+                local children = node.children
+                local child = children and children[sub(path, pos, slash - 1)]
+                if child then
+                    top = top + 1
+                    S_node[top], S_pos[top], S_n[top], S_stage[top] = child, slash + 1, n, 0
+                end
+            elseif stage == 1 then
+                if node.param and slash > pos then
+                    caps[n + 1] = sub(path, pos, slash - 1)
+                    top = top + 1
+                    S_node[top], S_pos[top], S_n[top], S_stage[top] = node.param, slash + 1, n + 1, 0
+                end
+            else
+                top = top - 1
+                local splat = node.splat
+                local route = splat and splat.routes and splat.routes[method]
+                if route then
+                    caps.splat = sub(path, pos)
+                    return route, n
+                end
             end
         end
     end
-    return nil, nil, parts
+    return nil
 end
 
--- Iterates over every route's value: for _, value in router:routes().
-function Router:routes()
-    local all = {}
-    for _, t in pairs(self.exact) do
-        for _, v in pairs(t) do
-            all[#all + 1] = v
-        end
+local function params_of(route)
+    local params = {}
+    for j = 1, #route.names do
+        params[route.names[j]] = codec.unescape(caps[j])
     end
-    for _, list in pairs(self.patterns) do
-        for _, r in ipairs(list) do
-            all[#all + 1] = r.handler
-        end
+    if caps.splat then
+        params.splat = codec.unescape(caps.splat)
     end
-    return ipairs(all)
+    return params
 end
 
--- Returns handler, params (nil for a literal route); or nil, nil, allow (the methods that have the path: 405) when
--- the path is known for other methods; or nil when nothing matches (404). HEAD falls back to
--- GET.
-function Router:match(method, path)
-    local h, params, parts = lookup(self, method, path)
-    if h then
-        return h, params
+local function lookup(self, method, path)
+    local node = self.exact[path]
+    local route = node and node.routes[method]
+    if route then
+        return route.value, nil -- no captures: params are made only if asked for
     end
-    if method == "HEAD" then
-        h, params, parts = lookup(self, "GET", path, parts)
-        if h then
-            return h, params
-        end
+    route = walk(self.root, path, method)
+    if route then
+        return route.value, params_of(route)
     end
-    local allow
+    return nil
+end
+
+-- The methods that have a route for `path`, sorted and joined for Allow.
+function Router:allowed(path)
+    local allow = {}
     for m in pairs(self.methods) do
-        if m ~= method and lookup(self, m, path, parts) then
-            allow = allow or {}
+        local node = self.exact[path]
+        if (node and node.routes[m]) or walk(self.root, path, m) then
             allow[#allow + 1] = m
         end
     end
-    if allow then
-        table.sort(allow)
-        return nil, nil, table.concat(allow, ", ")
+    if #allow == 0 then
+        return nil
     end
-    return nil
+    if self.methods.GET and not self.methods.HEAD then
+        for _, m in ipairs(allow) do
+            if m == "GET" then
+                allow[#allow + 1] = "HEAD"
+                break
+            end
+        end
+    end
+    table.sort(allow)
+    return concat(allow, ", ")
+end
+
+-- Returns value, params (nil for a literal route); or nil, nil, allow when the path has
+-- routes for other methods only (405); or nil (404). HEAD falls back to GET.
+function Router:match(method, path)
+    local value, params = lookup(self, method, path)
+    if value then
+        return value, params
+    end
+    if method == "HEAD" then
+        value, params = lookup(self, "GET", path)
+        if value then
+            return value, params
+        end
+    end
+    return nil, nil, self:allowed(path)
+end
+
+-- Every route's value: for _, value in router:routes().
+function Router:routes()
+    local values = {}
+    for i, route in ipairs(self.all) do
+        values[i] = route.value
+    end
+    return ipairs(values)
+end
+
+-- The path of the route called `name`, with its ":name" segments and "*" filled from
+-- `params` (escaped). Raises on an unknown name or a missing parameter.
+function Router:url_for(name, params)
+    local route = self.named[name]
+    if not route then
+        error("no route named " .. tostring(name), 2)
+    end
+    params = params or {}
+    local missing
+    local path = gsub(route.path, "/:([^/]+)", function(key)
+        local v = params[key]
+        if v == nil then
+            missing = key
+            return ""
+        end
+        return "/" .. codec.escape(tostring(v))
+    end)
+    if missing then
+        error("url_for " .. name .. ": no value for :" .. missing, 2)
+    end
+    if route.splat then
+        local rest = tostring(params.splat or "")
+        path = sub(path, 1, -2) .. gsub(rest, "[^/]+", codec.escape)
+    end
+    return path
 end
 
 return _M

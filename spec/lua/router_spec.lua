@@ -52,12 +52,65 @@ describe("moonserve.router", function()
         r:add("DELETE", "/y/:id", "del")
         local h, _, allow = r:match("PUT", "/x")
         assert.is_nil(h)
-        assert.equal("GET, POST", allow)
+        assert.equal("GET, HEAD, POST", allow) -- HEAD comes with GET
         assert.equal("DELETE", select(3, r:match("GET", "/y/3")))
         assert.is_nil(select(3, r:match("GET", "/nothing")))
     end)
 
     it("refuses a path that does not start with a slash", function()
         assert.has_error(function() router.new():add("GET", "x", "h") end)
+    end)
+end)
+
+describe("moonserve.router, as a trie", function()
+    local router = require "moonserve.router"
+
+    it("backtracks: a literal that leads nowhere gives way to a :param", function()
+        local r = router.new()
+        r:add("GET", "/a/b/c", "literal")
+        r:add("GET", "/a/:x/d", "param")
+        assert.equal("param", (r:match("GET", "/a/b/d")))
+        assert.equal("literal", (r:match("GET", "/a/b/c")))
+    end)
+
+    it("prefers a route for the method over a more literal one for another method", function()
+        local r = router.new()
+        r:add("GET", "/users/me", "me")
+        r:add("POST", "/users/:id", "post")
+        local h, params = r:match("POST", "/users/me")
+        assert.equal("post", h)
+        assert.equal("me", params.id)
+    end)
+
+    it("finds every one of 10,000 routes, and nothing else", function()
+        local r = router.new()
+        for i = 1, 5000 do
+            r:add("GET", "/items/" .. i, i)
+            r:add("GET", "/users/:id/things/" .. i, -i)
+        end
+        for i = 1, 5000, 97 do
+            assert.equal(i, (r:match("GET", "/items/" .. i)))
+            local h, params = r:match("GET", "/users/u" .. i .. "/things/" .. i)
+            assert.equal(-i, h)
+            assert.equal("u" .. i, params.id)
+        end
+        assert.is_nil((r:match("GET", "/items/5001")))
+        assert.is_nil((r:match("GET", "/users/x/things/0")))
+    end)
+
+    it("builds URLs for named routes, escaping what it fills in", function()
+        local r = router.new()
+        r:add("GET", "/users/:id/posts/:post", "h", "post")
+        r:add("GET", "/files/*", "f", "file")
+        assert.equal("/users/J%C3%B6rg/posts/7", r:url_for("post", { id = "Jörg", post = 7 }))
+        assert.equal("/files/a/b%20c", r:url_for("file", { splat = "a/b c" }))
+        assert.has_error(function() r:url_for("post", { id = 1 }) end)
+        assert.has_error(function() r:url_for("nope") end)
+        assert.has_error(function() r:add("GET", "/x", "h", "post") end) -- name taken
+    end)
+
+    it("refuses a * that is not last and a : without a name", function()
+        assert.has_error(function() router.new():add("GET", "/a/*/b", "h") end)
+        assert.has_error(function() router.new():add("GET", "/a/:", "h") end)
     end)
 end)

@@ -1,0 +1,248 @@
+-- moonserve/crypto.lua: random bytes, HMAC-SHA256, AES-256-GCM and base64url, over libcrypto.
+local ffi = require "ffi"
+local bit = require "bit"
+
+local ffi_new, ffi_str, ffi_gc = ffi.new, ffi.string, ffi.gc
+local band, bor, lshift, rshift = bit.band, bit.bor, bit.lshift, bit.rshift
+local byte, char, rep, sub, concat = string.byte, string.char, string.rep, string.sub, table.concat
+local type = type
+
+ffi.cdef[[
+typedef struct evp_md_st EVP_MD;
+typedef struct evp_cipher_st EVP_CIPHER;
+typedef struct evp_cipher_ctx_st EVP_CIPHER_CTX;
+typedef struct engine_st ENGINE;
+
+int RAND_bytes(unsigned char *buf, int num);
+int CRYPTO_memcmp(const void *a, const void *b, size_t len);
+
+const EVP_MD *EVP_sha256(void);
+unsigned char *HMAC(const EVP_MD *md, const void *key, int key_len,
+                    const unsigned char *data, size_t data_len,
+                    unsigned char *out, unsigned int *out_len);
+
+const EVP_CIPHER *EVP_aes_256_gcm(void);
+EVP_CIPHER_CTX *EVP_CIPHER_CTX_new(void);
+void EVP_CIPHER_CTX_free(EVP_CIPHER_CTX *ctx);
+int EVP_CIPHER_CTX_ctrl(EVP_CIPHER_CTX *ctx, int type, int arg, void *ptr);
+int EVP_EncryptInit_ex(EVP_CIPHER_CTX *ctx, const EVP_CIPHER *cipher, ENGINE *impl,
+                       const unsigned char *key, const unsigned char *iv);
+int EVP_EncryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
+                      const unsigned char *in, int inl);
+int EVP_EncryptFinal_ex(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl);
+int EVP_DecryptInit_ex(EVP_CIPHER_CTX *ctx, const EVP_CIPHER *cipher, ENGINE *impl,
+                       const unsigned char *key, const unsigned char *iv);
+int EVP_DecryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
+                      const unsigned char *in, int inl);
+int EVP_DecryptFinal_ex(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl);
+]]
+
+-- The versioned name first: the unversioned libcrypto.so only comes with the -dev package.
+local ok, C = pcall(ffi.load, "libcrypto.so.3")
+if not ok then
+    C = ffi.load("crypto")
+end
+
+local EVP_CTRL_GCM_GET_TAG = 0x10
+local EVP_CTRL_GCM_SET_TAG = 0x11
+local NONCE_LEN, TAG_LEN, KEY_LEN = 12, 16, 32
+
+local sha256 = C.EVP_sha256()
+local aes256gcm = C.EVP_aes_256_gcm()
+local outl = ffi_new("int[1]")           -- reused: nothing here yields between set and read
+local mac_buf = ffi_new("unsigned char[32]")
+
+local _M = { NONCE_LEN = NONCE_LEN, TAG_LEN = TAG_LEN }
+
+local function check_string(x, what, level)
+    if type(x) ~= "string" then
+        error("bad " .. what .. " (string expected, got " .. type(x) .. ")", level + 1)
+    end
+end
+
+-- n bytes from the system's CSPRNG, or nil and an error.
+function _M.random(n)
+    if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
+        error("bad byte count (non-negative integer expected)", 2)
+    end
+    if n == 0 then
+        return ""
+    end
+    local buf = ffi_new("unsigned char[?]", n)
+    if C.RAND_bytes(buf, n) ~= 1 then
+        return nil, "RAND_bytes failed: the random generator is not seeded"
+    end
+    return ffi_str(buf, n)
+end
+
+-- The 32-byte HMAC-SHA256 of `data` under `key`, as raw bytes.
+function _M.hmac_sha256(key, data)
+    check_string(key, "key", 2)
+    check_string(data, "data", 2)
+    if C.HMAC(sha256, key, #key, data, #data, mac_buf, nil) == nil then
+        return nil, "HMAC failed"
+    end
+    return ffi_str(mac_buf, 32)
+end
+
+-- Whether two strings are equal, in a time that depends only on their length, so that an
+-- attacker cannot learn a MAC byte by byte from how long the comparison takes.
+function _M.equal(a, b)
+    check_string(a, "first string", 2)
+    check_string(b, "second string", 2)
+    if #a ~= #b then
+        return false
+    end
+    return C.CRYPTO_memcmp(a, b, #a) == 0
+end
+
+local function new_ctx()
+    local ctx = C.EVP_CIPHER_CTX_new()
+    if ctx == nil then
+        return nil
+    end
+    return ffi_gc(ctx, C.EVP_CIPHER_CTX_free)
+end
+
+-- Frees the context now rather than at the next collection: each one holds key material.
+local function free_ctx(ctx)
+    C.EVP_CIPHER_CTX_free(ffi_gc(ctx, nil))
+end
+
+local function check_key(key, level)
+    if type(key) ~= "string" or #key ~= KEY_LEN then
+        error("bad key (32-byte string expected)", level + 1)
+    end
+end
+
+-- Encrypts with a fresh random nonce. Returns nonce .. ciphertext .. tag (12 + #plaintext + 16
+-- bytes), or nil and an error. `aad` is authenticated but not encrypted; it must be given
+-- again, the same, to decrypt.
+function _M.aes256gcm_encrypt(key, plaintext, aad)
+    check_key(key, 2)
+    check_string(plaintext, "plaintext", 2)
+    aad = aad or ""
+    check_string(aad, "aad", 2)
+    local nonce, err = _M.random(NONCE_LEN)
+    if not nonce then
+        return nil, err
+    end
+    local ctx = new_ctx()
+    if not ctx then
+        return nil, "out of memory"
+    end
+    local n = #plaintext
+    local out = ffi_new("unsigned char[?]", n + TAG_LEN)
+    local ok_ = C.EVP_EncryptInit_ex(ctx, aes256gcm, nil, key, nonce) == 1
+        and C.EVP_EncryptUpdate(ctx, nil, outl, aad, #aad) == 1
+        and C.EVP_EncryptUpdate(ctx, out, outl, plaintext, n) == 1
+        and C.EVP_EncryptFinal_ex(ctx, out + n, outl) == 1     -- GCM adds no bytes here
+        and C.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG_LEN, out + n) == 1
+    free_ctx(ctx)
+    if not ok_ then
+        return nil, "encryption failed"
+    end
+    return nonce .. ffi_str(out, n + TAG_LEN)
+end
+
+-- The plaintext of a blob from aes256gcm_encrypt, or nil, "authentication failed" when the
+-- blob, the key or the aad is not the one it was made with.
+function _M.aes256gcm_decrypt(key, blob, aad)
+    check_key(key, 2)
+    check_string(blob, "blob", 2)
+    aad = aad or ""
+    check_string(aad, "aad", 2)
+    local n = #blob - NONCE_LEN - TAG_LEN
+    if n < 0 then
+        return nil, "authentication failed"
+    end
+    local ctx = new_ctx()
+    if not ctx then
+        return nil, "out of memory"
+    end
+    -- The tag is handed to OpenSSL from a copy: the ctrl call takes a non-const pointer.
+    local tag = ffi_new("unsigned char[?]", TAG_LEN)
+    ffi.copy(tag, sub(blob, -TAG_LEN), TAG_LEN)
+    local out = ffi_new("unsigned char[?]", n + 1)   -- +1: never a zero-length array
+    local p = ffi.cast("const unsigned char *", blob)
+    local ok_ = C.EVP_DecryptInit_ex(ctx, aes256gcm, nil, key, p) == 1
+        and C.EVP_DecryptUpdate(ctx, nil, outl, aad, #aad) == 1
+        and C.EVP_DecryptUpdate(ctx, out, outl, p + NONCE_LEN, n) == 1
+        and C.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG_LEN, tag) == 1
+        and C.EVP_DecryptFinal_ex(ctx, out + n, outl) == 1     -- checks the tag
+    free_ctx(ctx)
+    if not ok_ then
+        return nil, "authentication failed"
+    end
+    return ffi_str(out, n)
+end
+
+-- -- base64url (RFC 4648 5), without padding ---------------------------------------------
+
+local ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+local enc, dec = {}, {}
+for i = 1, 64 do
+    local c = byte(ALPHABET, i)
+    enc[i - 1] = char(c)
+    dec[c] = i - 1
+end
+
+function _M.base64url_encode(s)
+    check_string(s, "data", 2)
+    local out, n, len = {}, 0, #s
+    for i = 1, len - 2, 3 do
+        local a, b, c = byte(s, i, i + 2)
+        local v = bor(lshift(a, 16), lshift(b, 8), c)
+        n = n + 1
+        out[n] = enc[rshift(v, 18)] .. enc[band(rshift(v, 12), 63)]
+            .. enc[band(rshift(v, 6), 63)] .. enc[band(v, 63)]
+    end
+    local rest = len % 3
+    if rest == 1 then
+        local a = byte(s, len)
+        out[n + 1] = enc[rshift(a, 2)] .. enc[lshift(band(a, 3), 4)]
+    elseif rest == 2 then
+        local a, b = byte(s, len - 1, len)
+        out[n + 1] = enc[rshift(a, 2)] .. enc[bor(lshift(band(a, 3), 4), rshift(b, 4))]
+            .. enc[lshift(band(b, 15), 2)]
+    end
+    return concat(out)
+end
+
+-- Decodes base64url without padding, or returns nil and an error. Strict: padding, other
+-- characters, an impossible length and unused bits that are not zero are all refused, so
+-- each byte string has exactly one encoding (a signed token cannot be altered in a way that
+-- still decodes to the same bytes).
+function _M.base64url_decode(s)
+    check_string(s, "text", 2)
+    local len = #s
+    if len % 4 == 1 then
+        return nil, "bad base64url length"
+    end
+    -- Filling the last group with "A" (zero bits) lets one loop decode every group; the
+    -- bytes that filling made are cut off below, and must be zero.
+    local rest = len % 4
+    local fill = rest == 0 and 0 or 4 - rest
+    s = s .. rep("A", fill)
+    local out, n = {}, 0
+    for i = 1, len + fill, 4 do
+        local a, b, c, d = byte(s, i, i + 3)
+        a, b, c, d = dec[a], dec[b], dec[c], dec[d]
+        if not (a and b and c and d) then
+            return nil, "bad base64url character"
+        end
+        local v = bor(lshift(a, 18), lshift(b, 12), lshift(c, 6), d)
+        n = n + 1
+        out[n] = char(rshift(v, 16), band(rshift(v, 8), 255), band(v, 255))
+    end
+    if fill > 0 then
+        local last = out[n]
+        if sub(last, 4 - fill) ~= rep("\0", fill) then
+            return nil, "bad base64url padding bits"
+        end
+        out[n] = sub(last, 1, 3 - fill)
+    end
+    return concat(out)
+end
+
+return _M

@@ -152,6 +152,9 @@ struct ms_req_s {
  * Returns its length. */
 int ms_req_client_ip(ms_req_t *r, char *buf, size_t len);
 
+/* Whether the peer is a trusted proxy, whose X-Forwarded-* fields may be believed. */
+int ms_req_peer_trusted(ms_req_t *r);
+
 /* Header lookup by lowercase name. Returns the first value or NULL. */
 const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
 

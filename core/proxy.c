@@ -105,6 +105,12 @@ static int walk_xff(const ms_server_t *s, const ms_str_t *v, uint8_t out[16])
     return 0;
 }
 
+int ms_req_peer_trusted(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    return c->source_known && ms__trusted(c->server, c->source);
+}
+
 int ms_req_client_ip(ms_req_t *r, char *buf, size_t len)
 {
     ms_conn_t *c = r->conn;

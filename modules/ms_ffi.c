@@ -46,6 +46,17 @@ MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
     return ms_req_client_ip(r, buf, len);
 }
 
+MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
+{
+    return ms_req_peer_trusted(r);
+}
+
+/* Adds field lines the framework built and checked once ("name: value\r\n"...). */
+MS_FFI int ms_ffi_res_fields(ms_req_t *r, const char *lines, size_t len)
+{
+    return ms_reply_field(r, lines, len);
+}
+
 MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
                              size_t vlen)
 {

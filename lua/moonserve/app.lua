@@ -1,6 +1,8 @@
 -- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
+local canon = require "moonserve.canon"
 local router = require "moonserve.router"
+local security = require "moonserve.security"
 
 local lower, match, sub, type, select = string.lower, string.match, string.sub, type, select
 
@@ -11,9 +13,77 @@ local _M = { methods = App }
 
 local METHODS = { "get", "post", "put", "patch", "delete", "options", "head" }
 
+-- moonserve.app(opts): opts.trailing_slash ("strip", the default: "/a/" redirects to
+-- "/a"; "add"; "keep"), opts.canonical (default true: non-canonical paths redirect with 308),
+-- opts.security (see app:security), opts.dev (error pages show the traceback).
 function _M.new(opts)
-    return setmetatable({ router = router.new(), middleware = {}, sites = nil,
-        opts = opts or {} }, App)
+    opts = opts or {}
+    local trailing = opts.trailing_slash or "strip"
+    if trailing ~= "strip" and trailing ~= "add" and trailing ~= "keep" then
+        error("bad trailing_slash (strip, add or keep)", 2)
+    end
+    local app = setmetatable({ router = router.new(), middleware = {}, sites = nil,
+        opts = opts, trailing = trailing, error_pages = {} }, App)
+    if opts.security ~= nil then
+        app:security(opts.security)
+    end
+    return app
+end
+
+-- Security headers for this app or site: false for none, or a table of nosniff, referrer,
+-- frame ("DENY", "SAMEORIGIN" or false), csp, hsts ({ max_age, include_subdomains,
+-- preload } or false; sent only to requests that came over TLS). A site without its own
+-- settings has its app's.
+function App:security(opts)
+    self.secure = security.compile(opts)
+    return self
+end
+
+local default_security = security.compile(nil)
+
+local function security_of(app)
+    return app.secure or (app.parent and app.parent.secure) or default_security
+end
+
+-- Adds the security headers to a reply.
+function App:secure_reply(req, res)
+    local sec = security_of(self)
+    if sec.always ~= "" then
+        res:fields(sec.always)
+    end
+    if sec.https ~= "" and req.scheme == "https" then
+        res:fields(sec.https)
+    end
+end
+
+-- An error page: fn(req, res, info) answers for `status` (info.status; for 5xx also
+-- info.ref, the id in the log line). A site without its own page uses its app's.
+function App:error_page(status, fn)
+    if type(status) ~= "number" or type(fn) ~= "function" then
+        error("bad error page (status and function expected)", 2)
+    end
+    self.error_pages[status] = fn
+    return self
+end
+
+local REASONS = { [400] = "Bad Request", [403] = "Forbidden", [404] = "Not Found",
+    [405] = "Method Not Allowed", [500] = "Internal Server Error" }
+
+-- Answers with the error page for info.status.
+function App:error(req, res, info)
+    local page = self.error_pages[info.status] or
+        (self.parent and self.parent.error_pages[info.status])
+    if page then
+        return page(req, res, info)
+    end
+    local text = info.status .. " " .. (REASONS[info.status] or "Error") .. "\n"
+    if info.ref then
+        text = text .. "reference: " .. info.ref .. "\n"
+    end
+    if info.trace and (self.opts.dev or (self.parent and self.parent.opts.dev)) then
+        text = text .. "\n" .. info.trace .. "\n"
+    end
+    return res:status(info.status):send(text)
 end
 
 -- A route's value: its handler alone, or { handler, before = { middleware }, group,
@@ -173,6 +243,7 @@ end
 -- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
 -- req.base_path holds the prefix.
 function App:mount(prefix, other)
+    -- (the mounted app's own canonical-path check sees a path that is canonical already)
     if type(prefix) ~= "string" or sub(prefix, 1, 1) ~= "/" or prefix == "/" then
         error("bad mount prefix (a path other than / expected)", 2)
     end
@@ -202,12 +273,15 @@ end
 
 -- -- Handling -------------------------------------------------------------------------------
 
+local NOT_FOUND = { status = 404 }
 local function not_found(req, res)
-    return res:status(404):send("Not Found\n")
+    return rawget(req, "_app"):error(req, res, NOT_FOUND)
 end
 
+local NOT_ALLOWED = { status = 405 }
 local function method_not_allowed(req, res)
-    return res:status(405):header("allow", rawget(req, "_allow")):send("Method Not Allowed\n")
+    res:header("allow", rawget(req, "_allow"))
+    return rawget(req, "_app"):error(req, res, NOT_ALLOWED)
 end
 
 -- OPTIONS on a path without its own OPTIONS route: what it allows.
@@ -259,8 +333,19 @@ function App:handle(req, res)
             app = sites[host] or self
         end
     end
+    local path = req.path
+    if app.opts.canonical ~= false then
+        -- One URL per resource: a non-canonical path redirects to the canonical one.
+        local c = canon.path(path, app.trailing)
+        if c ~= path then
+            local q = req.query_string
+            return res:redirect(q ~= "" and (c .. "?" .. q) or c, 308)
+        end
+    end
+    app:secure_reply(req, res)
+    rawset(req, "_app", app)
     local method = req.method
-    local handler, params, allow = app.router:match(method, req.path)
+    local handler, params, allow = app.router:match(method, path)
     local mw = chain(app)
     if handler then
         if params then

@@ -65,6 +65,18 @@ function getters.http_version(self)
     return view(self).version == 10 and 1.0 or 1.1
 end
 
+-- "https" when a trusted proxy says the client came over TLS, else "http" (the core has
+-- no TLS listener yet).
+function getters.scheme(self)
+    if C.ms_ffi_req_peer_trusted(view(self)) ~= 0 then
+        local proto = self:header("x-forwarded-proto")
+        if proto and lower(proto:match("([^,%s]+)%s*$") or "") == "https" then
+            return "https"
+        end
+    end
+    return "http"
+end
+
 function getters.client_ip(self)
     local n = C.ms_ffi_req_client_ip(view(self), peer_buf, 64)
     return ffi_str(peer_buf, n)
@@ -207,6 +219,48 @@ function Request:form()
         return nil, err
     end
     return codec.parse_form(body)
+end
+
+-- Short names for the media types handlers usually offer.
+local MEDIA = { json = "application/json", html = "text/html", text = "text/plain",
+    xml = "application/xml", css = "text/css", js = "text/javascript",
+    form = "application/x-www-form-urlencoded" }
+
+-- Which of the offered types (short names or full types) the client prefers, by its
+-- Accept header (RFC 9110 12.5.1: q-values, then specificity, then the order offered).
+-- No Accept header accepts anything: the first offered. Returns nil when none is acceptable.
+function Request:accepts(...)
+    local accept = self:header("accept")
+    if not accept or accept == "" then
+        return (...)
+    end
+    local ranges = {}
+    for item in accept:gmatch("[^,]+") do
+        local mtype = item:match("^%s*([^;%s]+)")
+        if mtype then
+            local q = tonumber(item:match(";%s*[qQ]%s*=%s*([%d.]+)")) or 1
+            ranges[#ranges + 1] = { lower(mtype), q }
+        end
+    end
+    local best, best_q, best_spec = nil, 0, -1
+    for i = 1, select("#", ...) do
+        local offer = select(i, ...)
+        local full = lower(MEDIA[offer] or offer)
+        local major = full:match("^([^/]+)/") or full
+        -- the most specific range that covers this offer decides its q
+        local q, spec = 0, -1
+        for _, r in ipairs(ranges) do
+            local s = r[1] == full and 2 or (r[1] == major .. "/*" and 1) or
+                (r[1] == "*/*" and 0) or -1
+            if s > spec then
+                q, spec = r[2], s
+            end
+        end
+        if q > best_q then
+            best, best_q, best_spec = offer, q, spec
+        end
+    end
+    return best
 end
 
 local cjson_safe

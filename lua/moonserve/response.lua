@@ -58,6 +58,17 @@ local function add_header(self, name, value, level)
     end
 end
 
+-- Adds field lines built and checked beforehand ("name: value\r\n"...): the framework's
+-- fixed headers, one call for all of them.
+function Response:fields(lines)
+    local rc = C.ms_ffi_res_fields(view(self), lines, #lines)
+    if rc < 0 then
+        local _, err = base.fail(rc)
+        error("cannot add fields: " .. err, 2)
+    end
+    return self
+end
+
 -- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
 -- given; lowercase is the convention.
 function Response:header(name, value)

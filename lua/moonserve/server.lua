@@ -41,9 +41,20 @@ local function fail(r, req, res, err)
     base.log(base.LOG_ERR, format("[%s] %s %s: %s", ref, method, path, tostring(err)))
     if band(r.flags, HEAD_SENT) == 0 then
         C.ms_ffi_res_reset(r)
-        r.status = 500
         res.has_type = false
-        res:send("500 Internal Server Error\nreference: " .. ref .. "\n")
+        local page_app = rawget(req, "_app") or app
+        local shown = type(page_app.error) == "function" and pcall(function()
+            if page_app.secure_reply then
+                page_app:secure_reply(req, res)
+            end
+            page_app:error(req, res, { status = 500, ref = ref, trace = tostring(err) })
+        end)
+        if not shown and band(r.flags, HEAD_SENT) == 0 then
+            C.ms_ffi_res_reset(r)
+            r.status = 500
+            res.has_type = false
+            res:send("500 Internal Server Error\nreference: " .. ref .. "\n")
+        end
     else
         C.ms_ffi_req_fail(r) -- part of the reply is out: cut it off
     end

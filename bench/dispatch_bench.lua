@@ -1,7 +1,11 @@
--- dispatch_bench.lua: keep-alive GETs through the engine and the Lua dispatch of a hello
--- handler, in-process over the memory transport (no socket). For callgrind, like
--- engine_bench.c: two counts, the difference divided.
---   luajit bench/dispatch_bench.lua N [PIPELINE] [framework|raw]   (or MODE=...)
+-- dispatch_bench.lua: keep-alive GETs through the engine and the Lua dispatch, in-process
+-- over the memory transport (no socket). For callgrind (bench/instructions): two counts,
+-- the difference divided. With GC=1 it prints the Lua heap bytes allocated per request.
+--   luajit bench/dispatch_bench.lua N [PIPELINE] [MODE]      (or MODE=... in the environment)
+-- Modes: raw (the bare dispatcher), framework (router, request and reply objects, default
+-- security headers), nosec (the same without security headers), params (a :param route),
+-- routes10k (the :param route among 10,000 routes), notfound (a 404 page), redirect (a
+-- non-canonical path answered 308), json (res:json of a small table).
 local n = tonumber(arg[1]) or 100000
 local pipeline = tonumber(arg[2]) or 1
 local mode = arg[3] or os.getenv("MODE") or "framework"
@@ -9,23 +13,52 @@ local mode = arg[3] or os.getenv("MODE") or "framework"
 local moonserve = require "moonserve"
 local server = require "moonserve.server"
 
+local path = "/"
 local app
 if mode == "raw" then
-    -- The dispatcher alone: an app object whose handle() answers directly.
     app = { handle = function(_, _, res) res:send("hello world") end }
 else
-    app = moonserve.app()
+    local opts = {}
+    if mode == "nosec" then
+        opts.security = false
+    end
+    app = moonserve.app(opts)
     app:get("/", function(_, res) res:send("hello world") end)
+    app:get("/users/:id", function(req, res) res:send(req.params.id) end)
+    app:get("/json", function(_, res) res:json { message = "hello world", n = 42 } end)
+    if mode == "routes10k" then
+        for i = 1, 5000 do
+            app:get("/items/" .. i, function(_, res) res:send("item") end)
+            app:get("/users/:id/things/" .. i, function(_, res) res:send("thing") end)
+        end
+    end
+    path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
+        redirect = "/users//42", json = "/json" })[mode] or "/"
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })
 local conn = srv:memconn()
-local req = "GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: bench\r\nAccept: */*\r\n\r\n"
+local req = "GET " .. path .. " HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: bench\r\n"
+    .. "Accept: */*\r\n\r\n"
 local batch = req:rep(pipeline)
+local measure_gc = os.getenv("GC") == "1"
+for _ = 1, 1000 do -- warm: traces compiled, pools filled
+    conn:feed(req)
+end
+if measure_gc then
+    collectgarbage()
+    collectgarbage("stop")
+end
+local before = collectgarbage("count")
 local bytes = 0
 for _ = 1, n, pipeline do
-    local out = conn:feed(batch)
-    bytes = bytes + #out
+    bytes = bytes + conn:feed(batch, true)
 end
+local allocated = (collectgarbage("count") - before) * 1024
 conn:close()
-print(("%d requests, %d bytes out (%s)"):format(n, bytes, mode))
+if measure_gc then
+    print(("%-10s %5.0f Lua heap bytes per request, %d reply bytes"):format(mode,
+        allocated / n, bytes / n))
+else
+    print(("%d requests, %d bytes out (%s)"):format(n, bytes, mode))
+end

@@ -14,8 +14,9 @@ and talking to the core through LuaJIT's FFI.
    license = "MIT",
    labels = { "http", "server", "web", "luajit" },
 }
--- LuaJIT only: the framework talks to the core through the FFI. lua-cjson comes from the
--- system's packages (Debian lua-cjson).
+-- LuaJIT only: the framework talks to the core through the FFI. lua-cjson and OpenSSL's
+-- libcrypto (sessions, CSRF tokens) come from the system's packages (Debian lua-cjson,
+-- libssl3).
 dependencies = {
    "lua >= 5.1, < 5.2",
 }
@@ -36,11 +37,17 @@ build = {
          ["moonserve.canon"] = "lua/moonserve/canon.lua",
          ["moonserve.cli"] = "lua/moonserve/cli.lua",
          ["moonserve.codec"] = "lua/moonserve/codec.lua",
+         ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
+         ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
+         ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
+         ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
          ["moonserve.request"] = "lua/moonserve/request.lua",
          ["moonserve.response"] = "lua/moonserve/response.lua",
          ["moonserve.router"] = "lua/moonserve/router.lua",
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.session"] = "lua/moonserve/session.lua",
+         ["moonserve.template"] = "lua/moonserve/template.lua",
          ["moonserve.demo"] = "examples/demo.lua",
       },
       lib = {

@@ -8,7 +8,7 @@ local _M = { MAX_PAIRS = 100 }
 local TOKEN = "^[%w!#$%%&'*+%-.^_`|~]+$"
 -- Anything but a cookie-octet (RFC 6265 4.1.1): controls, space, DQUOTE, comma, semicolon,
 -- backslash, DEL and every non-ASCII byte.
-local NOT_OCTET = "[^\33\35-\43\45-\58\60-\91\93-\126]"
+local NOT_OCTET = "[%c \",;\\\128-\255]"
 
 local function trim(s)
     return (s:match("^[ \t]*(.-)[ \t]*$"))

@@ -16,8 +16,8 @@ local function new_node()
 end
 
 function _M.new()
-    return setmetatable({ root = new_node(), exact = {}, methods = {}, named = {},
-        all = {} }, Router)
+    return setmetatable({ root = new_node(), exact = {}, methods = {}, method_list = {},
+        named = {}, all = {} }, Router)
 end
 
 -- "/a/b/" -> { "a", "b", "" }: exactly the pieces between slashes.
@@ -83,7 +83,10 @@ function Router:add(method, path, value, name)
         end
         self.named[name] = route
     end
-    self.methods[method] = true
+    if not self.methods[method] then
+        self.methods[method] = true
+        self.method_list[#self.method_list + 1] = method
+    end
     self.all[#self.all + 1] = route
     return route
 end
@@ -167,7 +170,9 @@ end
 -- The methods that have a route for `path`, sorted and joined for Allow.
 function Router:allowed(path)
     local allow = {}
-    for m in pairs(self.methods) do
+    local list = self.method_list
+    for k = 1, #list do -- a list, not pairs(): the JIT compiles it
+        local m = list[k]
         local node = self.exact[path]
         if (node and node.routes[m]) or walk(self.root, path, m) then
             allow[#allow + 1] = m

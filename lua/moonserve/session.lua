@@ -1,0 +1,359 @@
+-- moonserve/session.lua: sessions in a signed, optionally encrypted cookie, or in a store.
+--
+-- A cookie session's value is `token.mac`: token is the base64url of the JSON payload
+-- { i = id, e = expiry, d = data } (with `encrypt`, of its AES-256-GCM blob instead) and mac
+-- the base64url of HMAC-SHA256 over "name=token". With a store, token is the session id
+-- alone and the data stays on the server. The MAC covers the cookie's name, so a value
+-- cannot be moved into another cookie signed with the same secret.
+local cjson = require "cjson"
+local crypto = require "moonserve.crypto"
+local cookie = require "moonserve.cookie"
+
+local b64enc, b64dec = crypto.base64url_encode, crypto.base64url_decode
+local hmac, equal = crypto.hmac_sha256, crypto.equal
+local find, sub, format = string.find, string.sub, string.format
+local type, pairs, ipairs, next, pcall = type, pairs, ipairs, next, pcall
+local getmetatable, setmetatable = getmetatable, setmetatable
+
+local MAX_COOKIE = 4096   -- what browsers keep at least, attributes included (RFC 6265 6.1)
+local MIN_SECRET = 32     -- bytes: a shorter secret can be guessed offline from one cookie
+local ID_BYTES = 16       -- 128 random bits: ids cannot be guessed
+
+local _M = { MAX_COOKIE = MAX_COOKIE }
+
+local function new_id()
+    -- Without randomness there is no safe session to hand out: raising makes it a 500.
+    return b64enc(assert(crypto.random(ID_BYTES)))
+end
+
+-- -- The session a handler holds --------------------------------------------------------
+
+local Session = {}
+Session.__index = Session
+
+local function new_session(id, data, is_new)
+    return setmetatable({
+        id = id,            -- public: csrf tokens and logs may use it
+        is_new = is_new,    -- true when no valid cookie came with the request
+        _data = data,
+        _dirty = false,     -- save() writes a cookie only when something changed
+        _old_id = nil,      -- set by regenerate(): the stored record to delete on save
+    }, Session)
+end
+
+function Session:get(key)
+    return self._data[key]
+end
+
+-- Sets a value (nil removes it). Values must be what JSON can hold. A table changed in
+-- place after set() is not noticed: set it again.
+function Session:set(key, value)
+    if type(key) ~= "string" then
+        error("bad session key (string expected, got " .. type(key) .. ")", 2)
+    end
+    self._data[key] = value
+    self._dirty = true
+    return self
+end
+
+-- Gives the session a new id, keeping its data. Call it when privileges change (at login):
+-- an id planted by an attacker before then is worth nothing after.
+function Session:regenerate()
+    self._old_id = self._old_id or self.id
+    self.id = new_id()
+    self._dirty = true
+    return self
+end
+
+-- Empties the session under a new id; save() then clears the cookie (and the stored record).
+function Session:destroy()
+    self._data = {}
+    return self:regenerate()
+end
+
+-- -- The manager ------------------------------------------------------------------------
+
+local Manager = {}
+Manager.__index = Manager
+
+local function check_secret(s)
+    if type(s) ~= "string" or #s < MIN_SECRET then
+        error(format("bad session secret (string of %d bytes or more expected)", MIN_SECRET), 3)
+    end
+    -- One key per purpose, so that no value computed for one use is valid for the other.
+    return { sign = hmac(s, "moonserve.session.sign"), enc = hmac(s, "moonserve.session.encrypt") }
+end
+
+local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secure = false }
+
+-- opts: secret, or secrets = { newest, older... } (the first signs and encrypts, any of them
+-- is accepted); name ("session"); encrypt (true); max_age (86400 seconds); cookie
+-- (attributes for cookie.serialize: path "/", http_only, same_site "Lax"); store
+-- ({ get, set, delete }, for server-side data); now (the clock, os.time).
+function _M.new(opts)
+    if type(opts) ~= "table" then
+        error("bad session options (table expected)", 2)
+    end
+    local secrets = opts.secrets
+    if secrets and opts.secret then
+        error("give secret or secrets, not both", 2)
+    end
+    secrets = secrets or { opts.secret }
+    if type(secrets) ~= "table" or #secrets == 0 then
+        error("bad session options (secret or secrets expected)", 2)
+    end
+    local keys = {}
+    for i = 1, #secrets do
+        keys[i] = check_secret(secrets[i])
+    end
+
+    local m = setmetatable({
+        keys = keys,
+        name = opts.name or "session",
+        encrypt = opts.encrypt ~= false,
+        max_age = opts.max_age or 86400,
+        store = opts.store,
+        now = opts.now or os.time,
+    }, Manager)
+    if type(m.max_age) ~= "number" or m.max_age <= 0 or m.max_age % 1 ~= 0 then
+        error("bad session max_age (positive integer of seconds expected)", 2)
+    end
+    if type(m.now) ~= "function" then
+        error("bad session clock (function expected)", 2)
+    end
+    local store = m.store
+    if store ~= nil and (type(store) ~= "table" or type(store.get) ~= "function"
+            or type(store.set) ~= "function" or type(store.delete) ~= "function") then
+        error("bad session store (table with get, set and delete expected)", 2)
+    end
+
+    local attrs = {}
+    for k, v in pairs(COOKIE_DEFAULTS) do
+        attrs[k] = v
+    end
+    for k, v in pairs(opts.cookie or {}) do
+        attrs[k] = v
+    end
+    -- Two sets of attributes: one keeps the cookie for max_age, the other drops it now.
+    local gone = {}
+    for k, v in pairs(attrs) do
+        gone[k] = v
+    end
+    attrs.max_age, attrs.expires = m.max_age, nil
+    gone.max_age, gone.expires = 0, 0
+    -- Serializing once now raises here, at setup, on a bad name or bad attributes.
+    cookie.serialize(m.name, "", attrs)
+    m.attrs, m.attrs_gone = attrs, gone
+    return m
+end
+
+local function sign(key, name, token)
+    return b64enc(hmac(key.sign, name .. "=" .. token))
+end
+
+-- The token of a cookie value, the key that signed it and whether that key is an older one;
+-- or nil and why not.
+local function verify(self, value)
+    local dot = find(value, ".", 1, true)
+    if not dot then
+        return nil, "malformed cookie"
+    end
+    local token, mac = sub(value, 1, dot - 1), sub(value, dot + 1)
+    for i, key in ipairs(self.keys) do
+        if equal(mac, sign(key, self.name, token)) then
+            return token, key, i > 1
+        end
+    end
+    return nil, "bad signature"
+end
+
+local function decode(json)
+    local ok, p = pcall(cjson.decode, json)
+    if not ok or type(p) ~= "table" or type(p.e) ~= "number" or type(p.d) ~= "table" then
+        return nil, "bad payload"
+    end
+    return p
+end
+
+-- The payload inside a verified token, or nil and why not.
+local function open(self, token, key)
+    if self.store then
+        local raw, err = self.store.get(token)
+        if not raw then
+            return nil, err or "unknown session"
+        end
+        local p, perr = decode(raw)
+        if p then
+            p.i = token
+        end
+        return p, perr
+    end
+    local body = b64dec(token)
+    if not body then
+        return nil, "malformed cookie"
+    end
+    if self.encrypt then
+        body = crypto.aes256gcm_decrypt(key.enc, body, self.name)
+        if not body then
+            return nil, "decryption failed"
+        end
+    end
+    local p, err = decode(body)
+    if p and type(p.i) ~= "string" then
+        return nil, "bad payload"
+    end
+    return p, err
+end
+
+-- The session of a request: `from` is the request, or the Cookie field's value, or nil.
+-- Returns the session, and when a cookie came but was refused, why (it never raises on a bad
+-- cookie: tampered, truncated, expired or signed with an unknown key, the session is new
+-- and empty).
+function Manager:load(from)
+    local header = from
+    if type(from) == "table" then
+        header = from:header("cookie")
+    elseif from ~= nil and type(from) ~= "string" then
+        error("bad session source (request or cookie header expected)", 2)
+    end
+    local value = cookie.parse(header)[self.name]
+    if not value then
+        return new_session(new_id(), {}, true)
+    end
+    local token, key, rotated = verify(self, value)
+    local p, why
+    if token then
+        p, why = open(self, token, key)
+    else
+        why = key
+    end
+    if p and self.now() >= p.e then
+        p, why = nil, "expired"
+    end
+    if not p then
+        return new_session(new_id(), {}, true), why
+    end
+    local s = new_session(p.i, p.d, false)
+    -- Signed with an older secret: saving it again moves it to the newest one.
+    s._dirty = rotated
+    return s
+end
+
+-- The Set-Cookie value that stores the session, or nil when nothing changed (or nil and an
+-- error when the store failed). Raises when the data cannot be JSON, or is too big for a
+-- cookie.
+function Manager:save(s)
+    if getmetatable(s) ~= Session then
+        error("bad session (from load() expected)", 2)
+    end
+    if not s._dirty then
+        return nil
+    end
+    local store, name = self.store, self.name
+
+    if next(s._data) == nil then
+        -- Nothing to keep: drop the record and ask the browser to drop the cookie.
+        if store then
+            store.delete(s.id)
+            if s._old_id then
+                store.delete(s._old_id)
+            end
+        end
+        s._old_id, s._dirty, s.is_new = nil, false, false
+        return cookie.serialize(name, "", self.attrs_gone)
+    end
+
+    local expires = self.now() + self.max_age
+    local ok, json = pcall(cjson.encode, { i = (not store) and s.id or nil, e = expires,
+        d = s._data })
+    if not ok then
+        error("session data cannot be saved as JSON: " .. json, 2)
+    end
+
+    local key, token = self.keys[1]
+    if store then
+        local sok, err = store.set(s.id, json, self.max_age)
+        if not sok then
+            return nil, err or "session store failed"
+        end
+        token = s.id
+    elseif self.encrypt then
+        token = b64enc(assert(crypto.aes256gcm_encrypt(key.enc, json, name)))
+    else
+        token = b64enc(json)
+    end
+
+    local v = cookie.serialize(name, token .. "." .. sign(key, name, token), self.attrs)
+    if #v > MAX_COOKIE then
+        error(format("session too big for a cookie (%d bytes, at most %d): keep less in it, "
+            .. "or use a store", #v, MAX_COOKIE), 2)
+    end
+    -- The old record goes only once the new one is stored: a failed save loses nothing.
+    if store and s._old_id then
+        store.delete(s._old_id)
+    end
+    s._old_id, s._dirty, s.is_new = nil, false, false
+    return v
+end
+
+-- -- A store in this process --------------------------------------------------------------
+
+-- Keeps sessions in a table of this process, each until its ttl runs out. Each worker has its
+-- own, so it suits one worker (workers = 0) and tests; several workers need a shared store.
+-- opts: max (10000 sessions; then expired ones are swept out, and if none are, set fails),
+-- now (the clock).
+function _M.memory_store(opts)
+    opts = opts or {}
+    local now = opts.now or os.time
+    local max = opts.max or 10000
+    local items, count = {}, 0
+
+    local function drop(id)
+        items[id] = nil
+        count = count - 1
+    end
+
+    local store = {}
+
+    function store.get(id)
+        local it = items[id]
+        if not it then
+            return nil
+        end
+        if now() >= it.expires then
+            drop(id)
+            return nil
+        end
+        return it.data
+    end
+
+    function store.set(id, data, ttl)
+        if items[id] == nil then
+            if count >= max then
+                local t = now()
+                for k, it in pairs(items) do
+                    if t >= it.expires then
+                        drop(k)   -- clearing a field while traversing is allowed
+                    end
+                end
+                if count >= max then
+                    return nil, "memory store full"
+                end
+            end
+            count = count + 1
+        end
+        items[id] = { data = data, expires = now() + ttl }
+        return true
+    end
+
+    function store.delete(id)
+        if items[id] ~= nil then
+            drop(id)
+        end
+        return true
+    end
+
+    return store
+end
+
+return _M

@@ -143,6 +143,7 @@ struct ms_req_s {
     ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
     uint64_t body_seen;   /* request body bytes received so far */
     uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
+    uint64_t chain_left;  /* bytes a reply sent in pieces still owes (ms_reply_begin) */
     ms_timer_t timer;     /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
@@ -175,6 +176,14 @@ int ms_reply_reset(ms_req_t *r);
  * that slot until written; otherwise it is copied or static as `owner` says. Returns 0 or a
  * negative code. A request whose connection is gone accepts and drops the reply. */
 int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t anchor);
+
+/* A reply of `total` bytes sent as a chain of pieces: ms_reply_begin() sends the head
+ * (Content-Length: total), ms_reply_piece() queues each piece without joining them (copied
+ * when small, referenced otherwise, as in ms_reply_send), ms_reply_end() completes it. Pieces
+ * beyond `total` are MS_ETOOBIG; ending short of it cuts the connection (ms_req_fail). */
+int ms_reply_begin(ms_req_t *r, uint64_t total);
+int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor);
+int ms_reply_end(ms_req_t *r);
 
 /* Streams one piece of a reply of unknown length (chunked on HTTP/1.1). */
 int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor);

@@ -205,6 +205,56 @@ int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t 
     return 0;
 }
 
+int ms_reply_begin(ms_req_t *r, uint64_t total)
+{
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    r->chain_left = total;
+    if ((r->v.flags & MS_REQ_ABORTED) || (c->flags & MS_CONN_CLOSED)) {
+        r->v.flags |= MS_REQ_HEAD_SENT;
+        return 0;
+    }
+    ms__h1_reply_head(r, bodyless(r) ? -2 : (int64_t)total);
+    return 0;
+}
+
+int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms_conn_t *c = r->conn;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE)) {
+        drop_anchor(c->server, owner, anchor);
+        return MS_ESENT;
+    }
+    if (len > r->chain_left) {
+        drop_anchor(c->server, owner, anchor);
+        return MS_ETOOBIG;
+    }
+    r->chain_left -= len;
+    if ((r->v.flags & (MS_REQ_ABORTED | MS_REQ_IS_HEAD)) || (c->flags & MS_CONN_CLOSED) ||
+        bodyless(r) || len == 0) {
+        drop_anchor(c->server, owner, anchor);
+        return 0;
+    }
+    queue_body(c, p, len, owner, anchor);
+    return 0;
+}
+
+int ms_reply_end(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE))
+        return MS_ESENT;
+    if (r->chain_left > 0 && !bodyless(r) && !(r->v.flags & MS_REQ_IS_HEAD)) {
+        ms_req_fail(r); /* the length promised in the head was not sent: cut it off */
+        return MS_ETOOBIG;
+    }
+    r->v.flags |= MS_REQ_DONE;
+    if (!(c->flags & MS_CONN_IN_FEED))
+        ms__conn_flush(c);
+    return 0;
+}
+
 int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor)
 {
     ms_conn_t *c = r->conn;

@@ -92,6 +92,24 @@ MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len, int text)
     return queue(r, ms_reply_send, body, len);
 }
 
+/* A reply sent as a chain of pieces of `total` bytes: begin, pieces, end. */
+MS_FFI int ms_ffi_res_begin(ms_req_t *r, double total, int text)
+{
+    if (text && total > 0)
+        ms_reply_field(r, default_type, sizeof(default_type) - 1);
+    return ms_reply_begin(r, (uint64_t)total);
+}
+
+MS_FFI int ms_ffi_res_piece(ms_req_t *r, const char *p, size_t len)
+{
+    return queue(r, ms_reply_piece, p, len);
+}
+
+MS_FFI int ms_ffi_res_end(ms_req_t *r)
+{
+    return ms_reply_end(r);
+}
+
 /* Streams a piece of the reply; returns as ms_ffi_res_send. */
 MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len, int text)
 {

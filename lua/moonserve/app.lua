@@ -56,6 +56,13 @@ function App:secure_reply(req, res)
     end
 end
 
+-- Templates for res:render: opts as moonserve.template.new ({ root = "views", cache =
+-- true, helpers = {...} }). A site without its own views uses its app's.
+function App:views(opts)
+    self.views_engine = require("moonserve.template").new(opts)
+    return self.views_engine
+end
+
 -- An error page: fn(req, res, info) answers for `status` (info.status; for 5xx also
 -- info.ref, the id in the log line). A site without its own page uses its app's.
 function App:error_page(status, fn)
@@ -344,6 +351,10 @@ function App:handle(req, res)
     end
     app:secure_reply(req, res)
     rawset(req, "_app", app)
+    local views = app.views_engine or (app.parent and app.parent.views_engine)
+    if views then
+        res.views = views
+    end
     local method = req.method
     local handler, params, allow = app.router:match(method, path)
     local mw = chain(app)

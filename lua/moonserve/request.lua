@@ -57,6 +57,11 @@ function getters.ctx()
     return {}
 end
 
+-- The Cookie field as { name = value } (moonserve.cookie.parse).
+function getters.cookies(self)
+    return require("moonserve.cookie").parse(self:header("cookie"))
+end
+
 function getters.id(self)
     return tonumber(view(self).id)
 end
@@ -206,6 +211,13 @@ local function media_type(self)
     end
     local semi = find(ct, ";", 1, true)
     return lower(semi and sub(ct, 1, semi - 1):match("^%s*(.-)%s*$") or ct:match("^%s*(.-)%s*$"))
+end
+
+-- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
+-- (moonserve.multipart: part.name, part.filename, part:read(), part:body(), part:save(path)).
+-- Returns nil, err when the body is not multipart/form-data.
+function Request:parts(opts)
+    return require("moonserve.multipart").parts(self, opts)
 end
 
 -- The body as an urlencoded form ({ name = value }), or nil and an error.

@@ -9,6 +9,8 @@ local band = bit.band
 local lower, find, format, type, tostring = string.lower, string.find, string.format, type, tostring
 local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
 
+local cookie = require "moonserve.cookie"
+
 local anchors = base.anchors -- Lua strings the core still writes from, by slot
 
 local Response = {}
@@ -136,10 +138,53 @@ local function text(x, what)
     error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
 end
 
--- Sends the whole reply. Returns true, or nil and an error (the reply was already sent, or
--- the client has gone).
+-- Sends a body given as a list of string pieces (a template's output) without joining
+-- them: the head says the total length, small pieces are copied next to it, large ones are
+-- referenced.
+local function send_chain(self, r, pieces)
+    local total = 0
+    for i = 1, #pieces do
+        local p = pieces[i]
+        if type(p) ~= "string" then
+            error("bad body piece " .. i .. " (string expected, got " .. type(p) .. ")", 3)
+        end
+        total = total + #p
+    end
+    local rc = C.ms_ffi_res_begin(r, total, self.has_type and 0 or 1)
+    if rc < 0 then
+        return base.fail(rc)
+    end
+    for i = 1, #pieces do
+        local p = pieces[i]
+        anchor(C.ms_ffi_res_piece(r, p, #p), p, r)
+    end
+    rc = C.ms_ffi_res_end(r)
+    if rc < 0 then
+        return base.fail(rc)
+    end
+    return true
+end
+
+-- Sends the whole reply: a string, or a list of string pieces sent as one body without
+-- joining them. Returns true, or nil and an error (the reply was already sent, or the
+-- client has gone).
+-- The before_send hooks, once, while the head can still change.
+local function fire(self)
+    local hooks = rawget(self, "hooks")
+    if hooks then
+        self.hooks = nil
+        for i = 1, #hooks do
+            hooks[i](self)
+        end
+    end
+end
+
 function Response:send(body)
     local r = view(self)
+    fire(self)
+    if type(body) == "table" then
+        return send_chain(self, r, body)
+    end
     body = body == nil and "" or text(body, "body")
     return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
@@ -174,6 +219,7 @@ end
 function Response:write(chunk)
     local r = view(self)
     chunk = text(chunk, "chunk")
+    fire(self)
     local ok, err, name = anchor(C.ms_ffi_res_write(r, chunk, #chunk, self.has_type and 0 or 1),
         chunk, r)
     if not ok then
@@ -190,49 +236,50 @@ function Response:write(chunk)
     return true
 end
 
-local SAME_SITE = { strict = "Strict", lax = "Lax", none = "None" }
-
--- Sets a cookie. opts: path, domain, max_age (seconds), expires (a time, seconds since the
--- epoch), secure, http_only, same_site ("Strict", "Lax" or "None").
+-- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
+-- expires, secure, http_only, same_site, partitioned). Misuse raises.
 function Response:cookie(name, value, opts)
-    if type(name) ~= "string" or not find(name, "^[%w!#$%%&'*+%-.^_`|~]+$") then
-        error("bad cookie name", 2)
+    local ok, line = pcall(cookie.serialize, name, value, opts)
+    if not ok then
+        error(line, 2)
     end
-    value = tostring(value or "")
-    -- cookie-octet (RFC 6265 4.1.1): no controls, whitespace, DQUOTE, comma, semicolon or
-    -- backslash.
-    if find(value, "[%c%s\",;\\\127]") then
-        error("bad cookie value for " .. name .. " (escape it first)", 2)
-    end
-    local parts = { name .. "=" .. value }
-    opts = opts or {}
-    if opts.path then
-        parts[#parts + 1] = "Path=" .. opts.path
-    end
-    if opts.domain then
-        parts[#parts + 1] = "Domain=" .. opts.domain
-    end
-    if opts.max_age then
-        parts[#parts + 1] = format("Max-Age=%d", opts.max_age)
-    end
-    if opts.expires then
-        parts[#parts + 1] = "Expires=" .. os.date("!%a, %d %b %Y %H:%M:%S GMT", opts.expires)
-    end
-    if opts.secure then
-        parts[#parts + 1] = "Secure"
-    end
-    if opts.http_only then
-        parts[#parts + 1] = "HttpOnly"
-    end
-    if opts.same_site then
-        local ss = SAME_SITE[lower(opts.same_site)]
-        if not ss then
-            error("bad same_site (Strict, Lax or None expected)", 2)
-        end
-        parts[#parts + 1] = "SameSite=" .. ss
-    end
-    add_header(self, "set-cookie", table.concat(parts, "; "), 1)
+    add_header(self, "set-cookie", line, 1)
     return self
+end
+
+-- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
+function Response:before_send(fn)
+    if type(fn) ~= "function" then
+        error("bad hook (function expected)", 2)
+    end
+    local hooks = rawget(self, "hooks")
+    if not hooks then
+        hooks = {}
+        self.hooks = hooks
+    end
+    hooks[#hooks + 1] = fn
+    return self
+end
+
+-- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
+-- its pieces unjoined. A template error raises (a 500 with its reference id).
+function Response:render(name, vars)
+    local views = self.views
+    if not views then
+        error("no views: call app:views{ root = ... } first", 2)
+    end
+    vars = vars or {}
+    if vars.csrf_token == nil and self.csrf_token then
+        vars.csrf_token = self.csrf_token
+    end
+    local pieces, err = views:render(name, vars)
+    if not pieces then
+        error(err, 2)
+    end
+    if not self.has_type then
+        add_header(self, "content-type", "text/html; charset=utf-8", 1)
+    end
+    return self:send(pieces)
 end
 
 return _M

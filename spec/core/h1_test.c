@@ -14,6 +14,7 @@ static ms_req_t *parked; /* a request whose handler is parked, for the test to f
 static char seen_host[64];
 static ms_buf_t echoed; /* body bytes read by /echo */
 static int requests_seen;
+static int chain_overflow, chain_short;
 
 static void reply_text(ms_req_t *r, const char *s)
 {
@@ -71,6 +72,24 @@ static void on_request(ms_req_t *r, void *data)
     if (path_is(r, "/stream")) {
         ms_reply_write(r, S("a"), MS_VEC_STATIC, -1);
         ms_reply_write(r, S("bb"), MS_VEC_STATIC, -1);
+        ms_req_finish(r);
+        return;
+    }
+    if (path_is(r, "/chain")) {
+        /* 10 bytes promised; a piece too many is refused, then the rest completes it */
+        ms_reply_begin(r, 10);
+        ms_reply_piece(r, S("abc"), MS_VEC_STATIC, -1);
+        ms_reply_piece(r, S("defg"), MS_VEC_STATIC, -1);
+        chain_overflow = ms_reply_piece(r, S("too long"), MS_VEC_STATIC, -1);
+        ms_reply_piece(r, S("hij"), MS_VEC_STATIC, -1);
+        ms_reply_end(r);
+        ms_req_finish(r);
+        return;
+    }
+    if (path_is(r, "/short")) {
+        ms_reply_begin(r, 10);
+        ms_reply_piece(r, S("abc"), MS_VEC_STATIC, -1);
+        chain_short = ms_reply_end(r);
         ms_req_finish(r);
         return;
     }
@@ -348,6 +367,25 @@ TEST(h1_streams_a_reply_with_chunked_encoding)
     ASSERT_HAS(out, "connection: close\r\n");
     ASSERT_HAS(out, "\r\n\r\nabb");
     free(out);
+    teardown();
+}
+
+TEST(h1_sends_a_reply_in_pieces_with_the_promised_length)
+{
+    setup();
+    char *out = exchange(S("GET /chain HTTP/1.1\r\nHost: h\r\n\r\n"), 0);
+    ASSERT_HAS(out, "content-length: 10\r\n");
+    ASSERT_HAS(out, "\r\n\r\nabcdefghij");
+    ASSERT_EQ(MS_ETOOBIG, chain_overflow);
+    free(out);
+    /* Ending short of the promise cuts the connection: the client sees a truncated body. */
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /short HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_EQ(MS_ETOOBIG, chain_short);
+    ASSERT_HAS(output(&m), "content-length: 10\r\n");
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
     teardown();
 }
 

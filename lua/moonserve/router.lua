@@ -17,7 +17,7 @@ end
 
 function _M.new()
     return setmetatable({ root = new_node(), exact = {}, methods = {}, method_list = {},
-        named = {}, all = {} }, Router)
+        named = {}, all = {}, cache = {}, cache_allow = {}, cached = 0 }, Router)
 end
 
 -- "/a/b/" -> { "a", "b", "" }: exactly the pieces between slashes.
@@ -88,6 +88,8 @@ function Router:add(method, path, value, name)
         self.method_list[#self.method_list + 1] = method
     end
     self.all[#self.all + 1] = route
+    -- earlier walks may now have a better answer
+    self.cache, self.cache_allow, self.cached = {}, {}, 0
     return route
 end
 
@@ -143,13 +145,39 @@ local function walk(root, path, method)
     return nil
 end
 
-local function params_of(route)
-    local params = {}
-    for j = 1, #route.names do
-        params[route.names[j]] = codec.unescape(caps[j])
+-- A walk's result for one method and path, decoded: { route, name = value ... }.
+local function remember(route)
+    local hit = { route }
+    local names = route.names
+    for j = 1, #names do
+        hit[names[j]] = codec.unescape(caps[j])
     end
     if caps.splat then
-        params.splat = codec.unescape(caps.splat)
+        hit.splat = codec.unescape(caps.splat)
+    end
+    return hit
+end
+
+-- Recent walks are kept per method and path: the walk is a loop, which takes the request
+-- out of its compiled trace, while a hit is a table lookup. The cache is dropped when full
+-- (paths with ids are many) and when routes change.
+local CACHE_MAX = 4096
+
+-- A fresh params table from a cached walk (handlers may change theirs).
+local function params_from(hit, names, splat)
+    local params = {}
+    local k = #names
+    if k > 0 then
+        params[names[1]] = hit[names[1]]
+        if k > 1 then
+            params[names[2]] = hit[names[2]]
+            for j = 3, k do -- three or more captures: rare
+                params[names[j]] = hit[names[j]]
+            end
+        end
+    end
+    if splat then
+        params.splat = hit.splat
     end
     return params
 end
@@ -160,11 +188,27 @@ local function lookup(self, method, path)
     if route then
         return route.value, nil -- no captures: params are made only if asked for
     end
-    route = walk(self.root, path, method)
-    if route then
-        return route.value, params_of(route)
+    local cache = self.cache[method]
+    local hit = cache and cache[path]
+    if hit == nil then
+        route = walk(self.root, path, method)
+        hit = route and remember(route) or false
+        if self.cached >= CACHE_MAX then
+            self.cache, self.cache_allow, self.cached = {}, {}, 0
+            cache = nil
+        end
+        if not cache then
+            cache = {}
+            self.cache[method] = cache
+        end
+        cache[path] = hit
+        self.cached = self.cached + 1
     end
-    return nil
+    if not hit then
+        return nil
+    end
+    route = hit[1]
+    return route.value, params_from(hit, route.names, route.splat)
 end
 
 -- The methods that have a route for `path`, sorted and joined for Allow.
@@ -206,7 +250,19 @@ function Router:match(method, path)
             return value, params
         end
     end
-    return nil, nil, self:allowed(path)
+    -- The 405 check walks for every method: remembered like a walk (false: a 404).
+    local known = self.cache_allow
+    local allow = known[path]
+    if allow == nil then
+        if self.cached >= CACHE_MAX then
+            self.cache, self.cache_allow, self.cached = {}, {}, 0
+            known = self.cache_allow
+        end
+        allow = self:allowed(path) or false
+        known[path] = allow
+        self.cached = self.cached + 1
+    end
+    return nil, nil, allow or nil
 end
 
 -- Every route's value: for _, value in router:routes().

@@ -109,6 +109,23 @@ describe("moonserve.router, as a trie", function()
         assert.has_error(function() r:add("GET", "/x", "h", "post") end) -- name taken
     end)
 
+    it("gives each lookup its own params, and sees routes added after a miss", function()
+        local r = router.new()
+        r:add("GET", "/u/:id", "u")
+        local _, p1 = r:match("GET", "/u/1")
+        p1.id = "changed"
+        local _, p2 = r:match("GET", "/u/1")
+        assert.equal("1", p2.id)
+        assert.is_nil((r:match("GET", "/v/1")))
+        assert.is_nil(select(3, r:match("GET", "/v/1")))
+        r:add("GET", "/v/:id", "v")
+        assert.equal("v", (r:match("GET", "/v/1")))
+        for i = 1, 5000 do -- more paths than the cache holds: still right
+            local h, p = r:match("GET", "/u/" .. i)
+            assert(h == "u" and p.id == tostring(i))
+        end
+    end)
+
     it("refuses a * that is not last and a : without a name", function()
         assert.has_error(function() router.new():add("GET", "/a/*/b", "h") end)
         assert.has_error(function() router.new():add("GET", "/a/:", "h") end)

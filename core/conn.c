@@ -291,11 +291,14 @@ void ms_conn_write_done(ms_conn_t *c, int status)
     ms__conn_rearm(c);
 }
 
+size_t ms__conn_queued(ms_conn_t *c)
+{
+    return (c->pend ? c->pend->bytes : 0) + (c->flight ? c->flight->bytes : 0);
+}
+
 int ms_reply_congested(ms_req_t *r)
 {
-    ms_conn_t *c = r->conn;
-    size_t queued = (c->pend ? c->pend->bytes : 0) + (c->flight ? c->flight->bytes : 0);
-    return queued > MS_OUT_HIGH_WATER;
+    return ms__conn_queued(r->conn) > MS_OUT_HIGH_WATER;
 }
 
 /* Gives an idle connection's reply queue back to the worker. */
@@ -420,6 +423,7 @@ void ms__conn_start(ms_conn_t *c)
 void ms__conn_drain_check(ms_conn_t *c)
 {
     ms_h1_t *h = c->h1;
-    if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN && !ms_reply_congested(&h->req))
+    if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN &&
+        (h->req.drain_all ? ms__conn_queued(c) == 0 : !ms_reply_congested(&h->req)))
         ms__req_wake(&h->req, MS_WAIT_DRAIN);
 }

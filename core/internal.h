@@ -149,6 +149,7 @@ void ms__conn_flush(ms_conn_t *c);
 void ms__conn_release(ms_conn_t *c);
 void ms__conn_idle(ms_conn_t *c);
 void ms__conn_rearm(ms_conn_t *c);
+size_t ms__conn_queued(ms_conn_t *c);
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
 void ms__conn_start(ms_conn_t *c);
 void ms__conn_drain_check(ms_conn_t *c);

@@ -144,6 +144,7 @@ struct ms_req_s {
     uint64_t body_seen;   /* request body bytes received so far */
     uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
     uint64_t chain_left;  /* bytes a reply sent in pieces still owes (ms_reply_begin) */
+    uint8_t drain_all;    /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
     ms_timer_t timer;     /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
@@ -210,8 +211,10 @@ int ms_req_body_limit(ms_req_t *r, uint64_t bytes);
 /* Parks the handler for `ms` milliseconds. */
 int ms_req_sleep(ms_req_t *r, uint64_t ms);
 
-/* Asks for the handler to be resumed when the reply queue drains. */
-int ms_req_wait_drain(ms_req_t *r);
+/* Asks for the handler to be resumed when the reply queue drains below its high-water mark,
+ * or, with `all`, when everything queued is written. Returns 1 when there is nothing to
+ * wait for, 0 (park now) or a negative code. */
+int ms_req_wait_drain(ms_req_t *r, int all);
 
 /* The handler is finished with the request: completes the reply if it is not (200 with an
  * empty body, or the last chunk), and lets the connection move on. `r` is invalid after. */

@@ -410,7 +410,7 @@ int ms_req_sleep(ms_req_t *r, uint64_t ms)
     return 0;
 }
 
-int ms_req_wait_drain(ms_req_t *r)
+int ms_req_wait_drain(ms_req_t *r, int all)
 {
     ms_conn_t *c = r->conn;
     if (r->v.flags & MS_REQ_ABORTED)
@@ -419,8 +419,9 @@ int ms_req_wait_drain(ms_req_t *r)
         return MS_EBUSY;
     if (!(c->flags & MS_CONN_IN_FEED))
         ms__conn_flush(c);
-    if (!ms_reply_congested(r))
-        return 1; /* the socket took it all: no need to wait */
+    r->drain_all = (uint8_t)(all != 0);
+    if (all ? ms__conn_queued(c) == 0 : !ms_reply_congested(r))
+        return 1; /* the socket took it: no need to wait */
     r->v.wait = MS_WAIT_DRAIN;
     return 0;
 }

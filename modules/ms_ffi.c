@@ -149,9 +149,9 @@ MS_FFI int ms_ffi_req_sleep(ms_req_t *r, double seconds)
     return ms_req_sleep(r, seconds <= 0 ? 0 : (uint64_t)(seconds * 1000.0 + 0.5));
 }
 
-MS_FFI int ms_ffi_req_wait_drain(ms_req_t *r)
+MS_FFI int ms_ffi_req_wait_drain(ms_req_t *r, int all)
 {
-    return ms_req_wait_drain(r);
+    return ms_req_wait_drain(r, all);
 }
 
 MS_FFI void ms_ffi_req_park(ms_req_t *r)

@@ -231,20 +231,61 @@ end
 -- -- Sites and mounted apps -------------------------------------------------------------------
 
 -- A site for one host: the same methods, its own routes and middleware. The app's own
--- routes serve hosts that have no site.
-function App:site(host)
+-- routes serve hosts that have no site. opts.base: the site lives under that path
+-- (req.base_path), and requests outside it are 404.
+function App:site(host, opts)
     if type(host) ~= "string" or host == "" then
         error("bad host (string expected)", 2)
     end
     self.sites = self.sites or {}
+    self.site_of_host, self.sites_known = {}, 0
     host = lower(host)
     local s = self.sites[host]
     if not s then
-        s = _M.new()
+        local o = {} -- the app's options, but security: a site without its own has the app's
+        for k, v in pairs(self.opts) do
+            if k ~= "security" then
+                o[k] = v
+            end
+        end
+        s = _M.new(o)
         s.parent = self
         self.sites[host] = s
     end
+    local base = opts and opts.base
+    if base ~= nil then
+        if type(base) ~= "string" or sub(base, 1, 1) ~= "/" then
+            error("bad base (a path expected)", 2)
+        end
+        s.base = sub(base, -1) == "/" and sub(base, 1, -2) or base
+    end
     return s
+end
+
+-- The site for a Host field as sent. Host fields seen before are one table lookup, with no
+-- string made: the lower-cased, port-less form is worked out once per distinct field.
+local function site_for(self, host)
+    local known = self.site_of_host
+    local site = known[host]
+    if site == nil then
+        site = self.sites[lower(match(host, "^%[?([^%]]-)%]?:%d+$") or host)] or false
+        if self.sites_known < 1024 then -- any Host a client makes up: keep the table small
+            known[host] = site
+            self.sites_known = self.sites_known + 1
+        end
+    end
+    return site
+end
+
+-- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
+-- that answers (res:sent()) ends it; a site's run before its app's.
+function App:on_error(fn)
+    if type(fn) ~= "function" then
+        error("bad error handler (function expected)", 2)
+    end
+    self.error_handlers = self.error_handlers or {}
+    self.error_handlers[#self.error_handlers + 1] = fn
+    return self
 end
 
 -- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
@@ -332,15 +373,23 @@ end
 -- makes no closure on the way: the JIT compiles this path whole.
 function App:handle(req, res)
     local app = self
-    local sites = self.sites
-    if sites then
+    if self.sites then
         local host = req:header("host")
-        if host then
-            host = lower(match(host, "^%[?([^%]]-)%]?:%d+$") or host)
-            app = sites[host] or self
-        end
+        app = host and site_for(self, host) or self
     end
     local path = req.path
+    local base = app.base
+    if base then
+        local outside = sub(path, 1, #base) ~= base or
+            (#path > #base and sub(path, #base + 1, #base + 1) ~= "/")
+        if outside then
+            rawset(req, "_app", app)
+            return not_found(req, res)
+        end
+        path = #path > #base and sub(path, #base + 1) or "/"
+        rawset(req, "path", path)
+        rawset(req, "base_path", base)
+    end
     if app.opts.canonical ~= false then
         -- One URL per resource: a non-canonical path redirects to the canonical one.
         local c = canon.path(path, app.trailing)

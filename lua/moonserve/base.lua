@@ -50,7 +50,7 @@ int64_t ms_ffi_req_body_take(ms_req_view_t *r, const char **out);
 int ms_ffi_req_wait_body(ms_req_view_t *r);
 int ms_ffi_req_body_limit(ms_req_view_t *r, double bytes);
 int ms_ffi_req_sleep(ms_req_view_t *r, double seconds);
-int ms_ffi_req_wait_drain(ms_req_view_t *r);
+int ms_ffi_req_wait_drain(ms_req_view_t *r, int all);
 void ms_ffi_req_park(ms_req_view_t *r);
 void ms_ffi_req_finish(ms_req_view_t *r);
 void ms_ffi_req_fail(ms_req_view_t *r);

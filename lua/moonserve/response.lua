@@ -226,12 +226,24 @@ function Response:write(chunk)
         return nil, err, name
     end
     if C.ms_ffi_res_congested(r) ~= 0 then
-        local rc = C.ms_ffi_req_wait_drain(r)
+        local rc = C.ms_ffi_req_wait_drain(r, 0)
         if rc == 0 then
             co_yield(PARK)
         elseif rc < 0 then
             return base.fail(rc)
         end
+    end
+    return true
+end
+
+-- Waits (parks the handler) until everything written so far has left for the client:
+-- for event streams and long polls that must not sit in a buffer.
+function Response:flush()
+    local rc = C.ms_ffi_req_wait_drain(view(self), 1)
+    if rc == 0 then
+        co_yield(PARK)
+    elseif rc < 0 then
+        return base.fail(rc)
     end
     return true
 end

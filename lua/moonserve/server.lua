@@ -39,10 +39,24 @@ local function fail(r, req, res, err)
         method, path = "?", "?"
     end
     base.log(base.LOG_ERR, format("[%s] %s %s: %s", ref, method, path, tostring(err)))
+    local page_app = rawget(req, "_app") or app
+    -- error handlers first (the site's, then its app's); one that answers ends it
+    local a = page_app
+    while a and band(r.flags, HEAD_SENT) == 0 do
+        for _, fn in ipairs(a.error_handlers or {}) do
+            local ok, herr = pcall(fn, req, res, err, ref)
+            if not ok then
+                base.log(base.LOG_ERR, format("[%s] error handler failed: %s", ref, tostring(herr)))
+            end
+            if band(r.flags, HEAD_SENT) ~= 0 then
+                break
+            end
+        end
+        a = a.parent
+    end
     if band(r.flags, HEAD_SENT) == 0 then
         C.ms_ffi_res_reset(r)
         res.has_type = false
-        local page_app = rawget(req, "_app") or app
         local shown = type(page_app.error) == "function" and pcall(function()
             if page_app.secure_reply then
                 page_app:secure_reply(req, res)

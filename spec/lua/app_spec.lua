@@ -188,6 +188,48 @@ describe("moonserve.app", function()
         assert.equal("html", pick("text/*"))
     end)
 
+    it("serves a site under a base path, and 404 outside it", function()
+        local app = moonserve.app()
+        local site = app:site("docs.example", { base = "/docs" })
+        site:get("/", function(req, res) res:send("index at " .. req.base_path) end)
+        site:get("/page", function(req, res) res:send("page " .. req.path) end)
+        local h = { host = "docs.example" }
+        assert.equal("index at /docs", select(3, helper.simulate(app, "GET", "/docs", h)))
+        assert.equal("page /page", select(3, helper.simulate(app, "GET", "/docs/page", h)))
+        assert.equal(404, (helper.simulate(app, "GET", "/page", h)))
+        assert.equal(404, (helper.simulate(app, "GET", "/docsx", h)))
+    end)
+
+    it("lets error handlers answer a handler's error before the error page", function()
+        local app = moonserve.app()
+        local seen
+        app:on_error(function(req, res, err, ref)
+            seen = ref
+            if tostring(err):find("teapot", 1, true) then
+                return res:status(418):send("short and stout")
+            end
+        end)
+        app:get("/teapot", function() error("I am a teapot") end)
+        app:get("/other", function() error("something else") end)
+        local status, _, body = helper.simulate(app, "GET", "/teapot")
+        assert.equal(418, status)
+        assert.equal("short and stout", body)
+        assert.truthy(seen:match("^%x+$"))
+        status, _, body = helper.simulate(app, "GET", "/other")
+        assert.equal(500, status)
+        assert.truthy(body:find("reference: " .. seen, 1, true))
+    end)
+
+    it("flushes a streamed reply", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res)
+            res:write("a")
+            assert.is_true(res:flush())
+            res:write("b")
+        end)
+        assert.equal("ab", select(3, helper.simulate(app, "GET", "/")))
+    end)
+
     it("serves sites by host, case-insensitively and without the port", function()
         local app = moonserve.app()
         app:get("/", function(_, res) res:send("main") end)

@@ -507,6 +507,18 @@ static int core_now(lua_State *L)
     return 1;
 }
 
+/* A userdata type: its metatable with methods and a finalizer. */
+static void register_type(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction gc)
+{
+    luaL_newmetatable(L, name);
+    lua_newtable(L);
+    luaL_register(L, NULL, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+}
+
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {{"listen", server_listen},
@@ -532,21 +544,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"now", core_now},
                                      {NULL, NULL}};
 
-    luaL_newmetatable(L, SERVER_MT);
-    lua_newtable(L);
-    luaL_register(L, NULL, server_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, server_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
-
-    luaL_newmetatable(L, MEMCONN_MT);
-    lua_newtable(L);
-    luaL_register(L, NULL, memconn_methods);
-    lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, memconn_close);
-    lua_setfield(L, -2, "__gc");
-    lua_pop(L, 1);
+    register_type(L, SERVER_MT, server_methods, server_gc);
+    register_type(L, MEMCONN_MT, memconn_methods, memconn_close);
 
     lua_newtable(L);
     luaL_register(L, NULL, funcs);

@@ -68,28 +68,27 @@ local function put_pieces(b, n, pieces)
     return n + #pieces
 end
 
--- {{ v }}: appends v escaped to b[1..n] and returns the new n.
-local function put(b, n, v)
+-- Appends v to b[1..n], made a string by `conv`, and returns the new n. Safe pieces go in
+-- as they are; nil adds nothing.
+local function put_with(b, n, v, conv)
     if v == nil then
         return n
     end
     if is_safe(v) then
         return put_pieces(b, n, v)
     end
-    b[n + 1] = escape_html(v)
+    b[n + 1] = conv(v)
     return n + 1
 end
 
--- {{! v }}: appends v as it is.
+-- {{ v }}: escaped.
+local function put(b, n, v)
+    return put_with(b, n, v, escape_html)
+end
+
+-- {{! v }}: as it is.
 local function put_raw(b, n, v)
-    if v == nil then
-        return n
-    end
-    if is_safe(v) then
-        return put_pieces(b, n, v)
-    end
-    b[n + 1] = tostring(v)
-    return n + 1
+    return put_with(b, n, v, tostring)
 end
 
 -- -- Helpers --------------------------------------------------------------------------------

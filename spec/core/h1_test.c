@@ -111,9 +111,12 @@ static void on_request(ms_req_t *r, void *data)
     ms_req_finish(r);
 }
 
+static int resumes;
+
 static void on_resume(ms_req_t *r, void *data)
 {
     (void)data;
+    resumes++;
     if (path_is(r, "/echo"))
         echo_step(r);
 }
@@ -385,6 +388,70 @@ TEST(h1_sends_a_reply_in_pieces_with_the_promised_length)
     ASSERT_EQ(MS_ETOOBIG, chain_short);
     ASSERT_HAS(output(&m), "content-length: 10\r\n");
     ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_stops_reading_a_body_the_handler_does_not_take_and_resumes_when_it_does)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    static char chunk[64 * 1024];
+    memset(chunk, 'b', sizeof(chunk));
+    ms_memio_feed(&m, S("POST /park HTTP/1.1\r\nHost: h\r\nContent-Length: 1000000\r\n\r\n"));
+    ASSERT(parked != NULL);
+    for (int i = 0; i < 5 && m.reading; i++)
+        ms_memio_feed(&m, chunk, sizeof(chunk));
+    ASSERT_EQ(0, m.reading); /* past the high-water mark: the socket is left unread */
+    const char *p;
+    int64_t n = ms_req_body_take(parked, &p);
+    ASSERT(n > 256 * 1024);
+    ASSERT_EQ(1, m.reading); /* taken: reading again */
+    reply_text(parked, "done");
+    ms_req_finish(parked);
+    ms_memio_peer_close(&m, UV_ECONNRESET);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_wakes_a_handler_waiting_for_a_body_when_the_client_leaves)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    resumes = 0;
+    ms_memio_feed(&m, S("POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc"));
+    ASSERT_EQ(0, resumes);
+    ms_memio_peer_close(&m, UV_EOF); /* half the body, then EOF */
+    ASSERT_EQ(1, resumes);
+    ASSERT_HAS(output(&m), "HTTP/1.1 400 "); /* the handler's answer to a body that broke */
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_parks_a_writer_on_a_congested_socket_until_it_drains)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    m.congested = 1;
+    ms_memio_feed(&m, S("GET /park HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT(parked != NULL);
+    static char big[300 * 1024];
+    memset(big, 'z', sizeof(big));
+    ASSERT_EQ(0, ms_reply_write(parked, big, sizeof(big), MS_VEC_STATIC, -1));
+    ASSERT(ms_reply_congested(parked));
+    ASSERT_EQ(0, ms_req_wait_drain(parked, 0)); /* park */
+    ASSERT_EQ(MS_WAIT_DRAIN, parked->v.wait);
+    resumes = 0;
+    m.congested = 0;
+    ms_memio_drain(&m);
+    ASSERT_EQ(1, resumes); /* drained: the writer is resumed */
+    ASSERT_EQ(1, ms_req_wait_drain(parked, 1)); /* nothing left to wait for */
+    ms_req_finish(parked);
+    ASSERT_HAS(output(&m), "0\r\n\r\n");
+    ms_memio_peer_close(&m, UV_EOF);
     ms_memio_free(&m);
     teardown();
 }

@@ -305,6 +305,7 @@ function App:mount(prefix, other)
         local path = req.path
         rawset(req, "base_path", (rawget(req, "base_path") or "") .. prefix)
         rawset(req, "path", sub(path, #prefix + 1) ~= "" and sub(path, #prefix + 1) or "/")
+        rawset(req, "params", nil) -- the mount's own capture is not the inner route's
         return other:handle(req, res)
     end
     for _, m in ipairs(METHODS) do

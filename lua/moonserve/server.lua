@@ -176,6 +176,10 @@ local function on_resume()
     local r = C.ms_ffi_current
     local slot = r.handler
     local co = parked[slot]
+    if not co then -- cannot happen unless the core and the dispatcher disagree: say so
+        base.log(base.LOG_ERR, "resume of request " .. tostring(r.id) .. " with no parked handler")
+        return
+    end
     local prev = current
     current = r
     local ok, sig = co_resume(co)

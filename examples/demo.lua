@@ -4,6 +4,7 @@ local moonserve = require "moonserve"
 local codec = require "moonserve.codec"
 
 local app = moonserve.app()
+app:use(moonserve.csrf()) -- the guestbook form takes posts from this site only
 local esc = codec.escape_html
 local started = os.time()
 local guestbook = {} -- the last few form posts, newest first

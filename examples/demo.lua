@@ -14,8 +14,8 @@ local STYLE = [[
 * { box-sizing: border-box; }
 body { margin: 0; font: 16px/1.55 system-ui, -apple-system, "Segoe UI", sans-serif;
   background: Canvas; color: CanvasText; }
-header { padding: 3rem 1.5rem 2rem; background: linear-gradient(135deg, #2b2350, #6b5bd6);
-  color: #fff; }
+header { padding: 3rem max(1.5rem, calc((100% - 52rem) / 2 + 1.5rem)) 2rem;
+  background: linear-gradient(135deg, #2b2350, #6b5bd6); color: #fff; }
 header h1 { margin: 0; font-size: 2.4rem; letter-spacing: -0.02em; }
 header p { margin: .4rem 0 0; opacity: .85; }
 main { max-width: 52rem; margin: 0 auto; padding: 1.5rem; display: grid; gap: 1.2rem;
@@ -24,11 +24,14 @@ section { border: 1px solid color-mix(in srgb, CanvasText 15%, transparent);
   border-radius: .8rem; padding: 1.1rem 1.3rem; }
 h2 { margin: 0 0 .5rem; font-size: 1.1rem; }
 code, pre { font: .9em ui-monospace, "SFMono-Regular", Menlo, monospace; }
-pre { margin: .6rem 0 0; padding: .7rem; border-radius: .5rem; overflow-x: auto;
+pre { margin: .6rem 0 0; padding: .7rem; border-radius: .5rem; white-space: pre-wrap;
+  overflow-wrap: break-word; font-size: .82em;
   background: color-mix(in srgb, CanvasText 7%, transparent); }
 a { color: var(--accent); }
+form { display: flex; gap: .5rem; }
 input, button { font: inherit; padding: .45rem .6rem; border-radius: .45rem;
   border: 1px solid var(--muted); }
+input { flex: 1; min-width: 0; }
 button { background: var(--accent); color: #fff; border: 0; cursor: pointer; }
 ul { padding-left: 1.1rem; margin: .6rem 0 0; }
 .muted { color: var(--muted); font-size: .9rem; }

@@ -102,9 +102,14 @@ function _M.main(args)
             return die(app_file .. " must return an app (moonserve.app())")
         end
     else
-        local ok, demo = pcall(require, "moonserve.demo")
-        if not ok then
-            ok, demo = pcall(require, "demo") -- from a source tree: examples/ on the path
+        -- MOONSERVE_DEMO names the demo's file in a source tree (the tests set it), so a
+        -- stale installed copy is not what gets run there.
+        local file = os.getenv("MOONSERVE_DEMO")
+        local ok, demo
+        if file and file ~= "" then
+            ok, demo = pcall(dofile, file)
+        else
+            ok, demo = pcall(require, "moonserve.demo")
         end
         if not ok then
             return die("the demo site is not installed: " .. tostring(demo))

@@ -463,9 +463,8 @@ int ms__h1_reply_head(ms_req_t *r, int64_t clen)
      * not read: close after the reply instead. */
     if ((r->v.flags & (MS_REQ_EXPECT | MS_REQ_BODY_DONE)) == MS_REQ_EXPECT)
         r->v.flags |= MS_REQ_CLOSE;
-    if ((c->flags & MS_CONN_CLOSING) || s->stopping ||
-        c->requests >= s->limits.requests_per_connection)
-        r->v.flags |= MS_REQ_CLOSE;
+    if ((c->flags & MS_CONN_CLOSING) || s->stopping)
+        r->v.flags |= MS_REQ_CLOSE; /* (the last request a connection may make: dispatch) */
     if (clen == -1 && r->v.version == 10)
         r->v.flags |= MS_REQ_CLOSE;
     ms_out_t *o = ms__conn_out(c);

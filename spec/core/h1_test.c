@@ -357,6 +357,21 @@ TEST(h1_closes_after_connection_close)
     teardown();
 }
 
+TEST(h1_closes_after_requests_per_connection)
+{
+    setup();
+    srv->limits.requests_per_connection = 3;
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    for (int i = 0; i < 4; i++)
+        ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_EQ(3, requests_seen);
+    ASSERT_EQ(1, count(output(&m), "connection: close")); /* on the third reply only */
+    ASSERT_EQ(1, m.closed);
+    ms_memio_free(&m);
+    teardown();
+}
+
 TEST(h1_streams_a_reply_with_chunked_encoding)
 {
     setup();

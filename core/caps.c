@@ -17,17 +17,6 @@ typedef struct ms_sources_s {
     uint32_t cap, len; /* cap is a power of two */
 } ms_sources_t;
 
-static uint32_t hash(const uint8_t *a)
-{
-    uint64_t x, y;
-    memcpy(&x, a, 8);
-    memcpy(&y, a + 8, 8);
-    x ^= y * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 29;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return (uint32_t)(x ^ (x >> 32));
-}
-
 static int empty(const source_row_t *r)
 {
     return r->count == 0;
@@ -43,7 +32,7 @@ static void grow(ms_sources_t *t)
     for (uint32_t i = 0; i < old_cap; i++) {
         if (empty(&old[i]))
             continue;
-        uint32_t j = hash(old[i].addr) & (t->cap - 1);
+        uint32_t j = ms__hash16(old[i].addr) & (t->cap - 1);
         while (!empty(&t->rows[j]))
             j = (j + 1) & (t->cap - 1);
         t->rows[j] = old[i];
@@ -78,7 +67,7 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c)
     }
     if ((t->len + 1) * 2 > t->cap)
         grow(t);
-    uint32_t j = hash(c->source) & (t->cap - 1);
+    uint32_t j = ms__hash16(c->source) & (t->cap - 1);
     while (!empty(&t->rows[j]) && memcmp(t->rows[j].addr, c->source, 16) != 0)
         j = (j + 1) & (t->cap - 1);
     source_row_t *r = &t->rows[j];
@@ -96,7 +85,7 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c)
 void ms__source_remove(ms_server_t *s, ms_conn_t *c)
 {
     ms_sources_t *t = s->sources;
-    uint32_t mask = t->cap - 1, j = hash(c->source) & mask;
+    uint32_t mask = t->cap - 1, j = ms__hash16(c->source) & mask;
     while (memcmp(t->rows[j].addr, c->source, 16) != 0)
         j = (j + 1) & mask;
     c->source_counted = 0;
@@ -106,7 +95,7 @@ void ms__source_remove(ms_server_t *s, ms_conn_t *c)
     t->len--;
     uint32_t hole = j;
     for (uint32_t k = (j + 1) & mask; !empty(&t->rows[k]); k = (k + 1) & mask) {
-        uint32_t home = hash(t->rows[k].addr) & mask;
+        uint32_t home = ms__hash16(t->rows[k].addr) & mask;
         /* Move row k if its home is not in (hole, k], cyclically. */
         if (((k - home) & mask) >= ((k - hole) & mask)) {
             t->rows[hole] = t->rows[k];

@@ -221,6 +221,18 @@ static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
 extern const uint8_t ms__tchar[256];
 extern const uint8_t ms__hostchar[256];
 
+/* A hash of 16 bytes (an address, a padded key) for the core's open-addressing tables. */
+static inline uint32_t ms__hash16(const void *key)
+{
+    uint64_t x, y;
+    memcpy(&x, key, 8);
+    memcpy(&y, (const char *)key + 8, 8);
+    x ^= y * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 29;
+    x *= 0xbf58476d1ce4e5b9ull;
+    return (uint32_t)(x ^ (x >> 32));
+}
+
 static inline int ms__lower(int ch)
 {
     return (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;

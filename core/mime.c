@@ -56,17 +56,6 @@ struct ms_mime_s {
     uint32_t types_cap;
 };
 
-static uint32_t hash(const char *key)
-{
-    uint64_t x, y;
-    memcpy(&x, key, 8);
-    memcpy(&y, key + 8, 8);
-    x ^= y * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 29;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return (uint32_t)(x ^ (x >> 32));
-}
-
 static int same_key(const char *a, const char *b)
 {
     uint64_t a0, a1, b0, b1;
@@ -80,7 +69,7 @@ static int same_key(const char *a, const char *b)
 /* The row holding `key`, or the empty row where it would go. */
 static mime_row_t *find(const ms_mime_t *m, const char *key)
 {
-    uint32_t mask = m->cap - 1, j = hash(key) & mask;
+    uint32_t mask = m->cap - 1, j = ms__hash16(key) & mask;
     /* Ends: the table is never more than half full. */
     while (m->rows[j].ext[0] != 0 && !same_key(m->rows[j].ext, key))
         j = (j + 1) & mask;

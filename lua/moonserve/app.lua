@@ -176,6 +176,16 @@ end
 
 -- -- Groups ---------------------------------------------------------------------------------
 
+-- A path prefix ("/admin", "/admin/" -> "/admin") for groups, mounts and site bases; misuse
+-- raises at the caller's caller. "/" becomes "" (no prefix) unless refused.
+local function prefix_of(p, what, allow_root)
+    if type(p) ~= "string" or sub(p, 1, 1) ~= "/" or (p == "/" and not allow_root) then
+        error("bad " .. what .. " (a path" .. (allow_root and "" or " other than /")
+            .. " expected)", 3)
+    end
+    return sub(p, -1) == "/" and sub(p, 1, -2) or p
+end
+
 local Group = {}
 Group.__index = Group
 
@@ -183,12 +193,7 @@ Group.__index = Group
 -- app's and before the route's. app:group("/admin", function(g) g:get(...) end), or use
 -- the group it returns.
 function App:group(prefix, fn)
-    if type(prefix) ~= "string" or sub(prefix, 1, 1) ~= "/" then
-        error("bad group prefix (a path expected)", 2)
-    end
-    if sub(prefix, -1) == "/" then
-        prefix = sub(prefix, 1, -2)
-    end
+    prefix = prefix_of(prefix, "group prefix", true)
     local g = setmetatable({ app = self, prefix = prefix, middleware = {} }, Group)
     if fn then
         fn(g)
@@ -254,10 +259,7 @@ function App:site(host, opts)
     end
     local base = opts and opts.base
     if base ~= nil then
-        if type(base) ~= "string" or sub(base, 1, 1) ~= "/" then
-            error("bad base (a path expected)", 2)
-        end
-        s.base = sub(base, -1) == "/" and sub(base, 1, -2) or base
+        s.base = prefix_of(base, "base", false)
     end
     return s
 end
@@ -292,14 +294,9 @@ end
 -- req.base_path holds the prefix.
 function App:mount(prefix, other)
     -- (the mounted app's own canonical-path check sees a path that is canonical already)
-    if type(prefix) ~= "string" or sub(prefix, 1, 1) ~= "/" or prefix == "/" then
-        error("bad mount prefix (a path other than / expected)", 2)
-    end
+    prefix = prefix_of(prefix, "mount prefix", false)
     if type(other) ~= "table" or type(other.handle) ~= "function" then
         error("bad app to mount (an app expected)", 2)
-    end
-    if sub(prefix, -1) == "/" then
-        prefix = sub(prefix, 1, -2)
     end
     local function into(req, res)
         local path = req.path

@@ -68,8 +68,7 @@ describe("moonserve with workers", function()
         assert(os.execute("mkdir -p " .. dir) == 0)
         local app = dir .. "/app.lua"
         assert(helper.run(("cp %s/spec/fixtures/versioned.lua %s"):format(helper.root, app)))
-        -- spawn_server takes paths relative to the source root
-        local srv = helper.spawn_server { app = "../../" .. app, args = "--workers 2" }
+        local srv = helper.spawn_server { app = app, args = "--workers 2" }
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
         assert.equal("v1", get(srv.port, "/").body)
         assert(helper.run(("sed -i 's/v1/v2/' %s"):format(app)))

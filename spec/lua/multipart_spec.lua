@@ -414,8 +414,11 @@ describe("moonserve.multipart", function()
         local log = f:read("*a")
         f:close()
         os.remove(file)
-        assert.matches("TRACE%s+%d+ .- loop", log)
+        -- Which traces form (a loop, or side traces ending in return) depends on what ran
+        -- before; what must hold is that the parser's code compiles and nothing aborts.
+        assert.matches("TRACE%s+%d+ multipart%.lua", log)
         assert.not_matches("NYI", log)
+        assert.not_matches("abort", log)
     end)
 
     describe("parts(req)", function()

@@ -1,6 +1,9 @@
 /* conn.c: a connection's life, its reply queue and the gathered write. */
 #include "moonserve.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 #include "internal.h"
 
 /* -- Life -------------------------------------------------------------------------------- */
@@ -148,16 +151,22 @@ void ms__out_destroy(void *p)
     ms_mem_free(o->buf.base);
     ms_mem_free(o->vecs);
     ms_mem_free(o->iov);
+    ms_mem_free(o->chunk);
     ms_mem_free(o);
 }
 
-/* Puts a queue's Lua strings on the released list and empties it. */
+/* Puts a queue's Lua strings on the released list, lets go of its files and empties it. */
 static void out_written(ms_server_t *s, ms_out_t *o)
 {
-    for (uint32_t i = 0; i < o->nvecs; i++)
-        if (o->vecs[i].owner == MS_VEC_LUA)
-            s->anchor_released[s->anchor_released_n++] = o->vecs[i].anchor;
-    o->nvecs = 0;
+    for (uint32_t i = 0; i < o->nvecs; i++) {
+        const ms_vec_t *v = &o->vecs[i];
+        if (v->owner == MS_VEC_LUA)
+            s->anchor_released[s->anchor_released_n++] = v->anchor;
+        else if (v->owner == MS_VEC_FILE)
+            ms__sfile_unref(s, (ms_sfile_t *)v->base);
+    }
+    o->nvecs = o->pos = 0;
+    o->pos_off = o->async_bytes = 0;
     o->bytes = 0;
     o->buf.len = 0;
 }
@@ -209,6 +218,16 @@ int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int o
     return 0;
 }
 
+int ms__out_file(ms_server_t *s, ms_out_t *o, ms_sfile_t *f, uint64_t off, size_t len)
+{
+    if (len == 0)
+        return 0;
+    f->refs++;
+    ms__out_vec(s, o, (const char *)f, len, MS_VEC_FILE, -1);
+    o->vecs[o->nvecs - 1].off = off;
+    return 0;
+}
+
 /* Closes a connection that has nothing left to write and was told to close. */
 static void maybe_close(ms_conn_t *c)
 {
@@ -217,68 +236,198 @@ static void maybe_close(ms_conn_t *c)
         ms__conn_close(c, 1);
 }
 
+/* Moves the queue's write position `n` bytes on. */
+static void out_advance(ms_out_t *o, size_t n)
+{
+    o->bytes -= n;
+    while (n > 0) {
+        size_t left = o->vecs[o->pos].len - o->pos_off;
+        if (n < left) {
+            o->pos_off += n;
+            return;
+        }
+        n -= left;
+        o->pos++;
+        o->pos_off = 0;
+    }
+}
+
+/* A file piece held in memory is written like text, in the same writev as its head. */
+static inline int in_memory(const ms_vec_t *v)
+{
+    return v->owner != MS_VEC_FILE || ((const ms_sfile_t *)v->base)->data != NULL;
+}
+
+static inline char *vec_base(const ms_out_t *o, const ms_vec_t *v)
+{
+    switch (v->owner) {
+    case MS_VEC_OUT: return o->buf.base + (size_t)v->base;
+    case MS_VEC_FILE: return ((const ms_sfile_t *)v->base)->data + v->off;
+    default: return (char *)v->base;
+    }
+}
+
+/* Hands the rest of a write to the transport, to finish once the socket takes it. */
+static int write_later(ms_conn_t *c, ms_out_t *o, uv_buf_t *iov, unsigned n, size_t bytes)
+{
+    o->async_bytes = bytes;
+    int rc = c->io->write(c, iov, n);
+    if (rc == 0)
+        c->flags |= MS_CONN_WRITING;
+    return rc;
+}
+
+/* Writes the file piece at the queue's position: sendfile while the socket takes it, up to
+ * `*budget` bytes (so one large file does not hold the worker); past that, or on a full
+ * socket, one part is read into a buffer and written in the background, and its completion
+ * says the socket can take more. Returns 1 to go on, 0 when a write is under way, or a
+ * negative code. */
+static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
+{
+    ms_server_t *s = c->server;
+    const ms_vec_t *v = &o->vecs[o->pos];
+    const ms_sfile_t *f = (const ms_sfile_t *)v->base;
+    uint64_t off = v->off + o->pos_off;
+    size_t left = v->len - o->pos_off;
+    if (c->io->sendfile != NULL && *budget > 0) {
+        ssize_t n = c->io->sendfile(c, f->fd, off, left < *budget ? left : *budget);
+        if (n > 0) {
+            out_advance(o, (size_t)n);
+            *budget -= (size_t)n < *budget ? (size_t)n : *budget;
+            return 1;
+        }
+        if (n == 0)
+            return UV_EIO; /* the file is shorter than when it was opened */
+        if (n != UV_EAGAIN)
+            return (int)n;
+    }
+    if (o->chunk == NULL) {
+        o->chunk = ms__recycle_get(&s->chunk_free);
+        if (o->chunk == NULL)
+            o->chunk = ms_mem_alloc(MS_FILE_CHUNK);
+    }
+    size_t want = left < MS_FILE_CHUNK ? left : MS_FILE_CHUNK;
+    ssize_t got = pread(f->fd, o->chunk, want, (off_t)off);
+    if (got <= 0)
+        return got == 0 ? UV_EIO : -errno;
+    uv_buf_t b = uv_buf_init(o->chunk, (unsigned)got);
+    if (c->io->sendfile == NULL && *budget > 0) {
+        /* A transport without sendfile: the part goes out like any other bytes. */
+        int rc = c->io->try_write(c, &b, 1);
+        if (rc < 0 && rc != UV_EAGAIN)
+            return rc;
+        size_t done = rc > 0 ? (size_t)rc : 0;
+        out_advance(o, done);
+        *budget -= done < *budget ? done : *budget;
+        if (done == (size_t)got)
+            return 1;
+        b.base += done;
+        b.len -= done;
+    }
+    return write_later(c, o, &b, 1, b.len);
+}
+
+/* Writes a queue from its position on, as far as the socket takes it now: runs of text,
+ * Lua strings and files in memory in one writev each, other files with sendfile. Returns 1
+ * when all of it is written, 0 when the rest is under way in the background, or a negative
+ * code. */
+static int out_write(ms_conn_t *c, ms_out_t *o)
+{
+    size_t budget = MS_FILE_BURST;
+    while (o->pos < o->nvecs) {
+        if (!in_memory(&o->vecs[o->pos])) {
+            int rc = write_file(c, o, &budget);
+            if (rc <= 0)
+                return rc;
+            continue;
+        }
+        uv_buf_t *iov = o->iov;
+        unsigned n = 0;
+        size_t total = 0;
+        for (uint32_t i = o->pos; i < o->nvecs && in_memory(&o->vecs[i]); i++) {
+            const ms_vec_t *v = &o->vecs[i];
+            size_t skip = i == o->pos ? o->pos_off : 0;
+            iov[n] = uv_buf_init(vec_base(o, v) + skip, (unsigned)(v->len - skip));
+            total += v->len - skip;
+            n++;
+        }
+        int rc = c->io->try_write(c, iov, n);
+        if (rc < 0 && rc != UV_EAGAIN)
+            return rc;
+        size_t done = rc > 0 ? (size_t)rc : 0;
+        out_advance(o, done);
+        if (done == total)
+            continue;
+        /* The kernel's buffer is full: skip what went out, the rest waits for the socket. */
+        unsigned k = 0;
+        while (done >= iov[k].len) {
+            done -= iov[k].len;
+            k++;
+        }
+        iov[k].base += done;
+        iov[k].len -= (unsigned)done;
+        size_t rest = 0;
+        for (unsigned i = k; i < n; i++)
+            rest += iov[i].len;
+        return write_later(c, o, iov + k, n - k, rest);
+    }
+    return 1;
+}
+
 /* Writes the queued replies: at once if the socket takes them, the rest in the background.
- * Heads, small bodies and large Lua strings leave together in one writev. */
+ * `flight` is the queue being written; replies made meanwhile gather in `pend`. */
 void ms__conn_flush(ms_conn_t *c)
 {
-    ms_out_t *o = c->pend;
+    ms_server_t *s = c->server;
     if (c->flags & MS_CONN_CLOSED) {
-        if (o != NULL)
-            out_written(c->server, o);
+        if (c->pend != NULL)
+            out_written(s, c->pend);
         return;
     }
-    if (c->flight != NULL)
+    if (c->flags & MS_CONN_WRITING)
         return; /* ms_conn_write_done() comes back here */
-    if (o == NULL || o->nvecs == 0) {
-        maybe_close(c);
-        return;
+    for (;;) {
+        ms_out_t *o = c->flight;
+        if (o == NULL) {
+            o = c->pend;
+            if (o == NULL || o->nvecs == 0)
+                break;
+            c->flight = o;
+            c->pend = NULL;
+        }
+        int rc = out_write(c, o);
+        if (rc == 0) {
+            ms__conn_rearm(c);
+            return;
+        }
+        if (rc < 0) {
+            ms__conn_close(c, 0);
+            return;
+        }
+        c->flight = NULL;
+        out_written(s, o);
+        if (c->pend == NULL)
+            c->pend = o;
+        else
+            out_release(s, o);
     }
-    uv_buf_t *iov = o->iov;
-    for (uint32_t i = 0; i < o->nvecs; i++) {
-        const ms_vec_t *v = &o->vecs[i];
-        iov[i].base = (char *)(v->owner == MS_VEC_OUT ? o->buf.base + (size_t)v->base : v->base);
-        iov[i].len = v->len;
-    }
-    unsigned n = o->nvecs;
-    int rc = c->io->try_write(c, iov, n);
-    if (rc >= 0 && (size_t)rc == o->bytes) {
-        out_written(c->server, o);
-        maybe_close(c);
-        return;
-    }
-    if (rc < 0 && rc != UV_EAGAIN) {
-        ms__conn_close(c, 0);
-        out_written(c->server, o);
-        return;
-    }
-    /* Skip what went out; the kernel's buffer is full, the rest waits for the socket. */
-    size_t done = rc > 0 ? (size_t)rc : 0;
-    unsigned k = 0;
-    while (done >= iov[k].len) {
-        done -= iov[k].len;
-        k++;
-    }
-    iov[k].base += done;
-    iov[k].len -= done;
-    c->flight = o;
-    c->pend = NULL;
-    rc = c->io->write(c, iov + k, n - k);
-    if (rc < 0)
-        ms__conn_close(c, 0);
-    else
-        ms__conn_rearm(c);
+    maybe_close(c);
 }
 
 void ms_conn_write_done(ms_conn_t *c, int status)
 {
+    ms_server_t *s = c->server;
     ms_out_t *o = c->flight;
-    c->flight = NULL;
+    c->flags &= ~MS_CONN_WRITING;
     if (o != NULL) {
-        out_written(c->server, o);
-        if (c->pend == NULL)
-            c->pend = o;
-        else
-            out_release(c->server, o);
+        if (o->chunk != NULL) {
+            if (!ms__recycle_put(&s->chunk_free, o->chunk))
+                ms_mem_free(o->chunk);
+            o->chunk = NULL;
+        }
+        if (status >= 0)
+            out_advance(o, o->async_bytes);
+        o->async_bytes = 0;
     }
     if (status < 0) {
         ms__conn_close(c, 0);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "internal.h"
+#include "static.h"
 
 /* -- Head validation ---------------------------------------------------------------------
  * llhttp 8.1 predates the fixes for a header ended by a bare CR and for obs-fold, so every
@@ -532,6 +533,11 @@ static void dispatch(ms_conn_t *c, ms_h1_t *h)
     s->stats.requests++;
     if (c->requests >= s->limits.requests_per_connection)
         r->v.flags |= MS_REQ_CLOSE;
+    /* Under a static mount, the core answers by itself. */
+    if (s->statics != NULL && ms__static_dispatch(r) == 0) {
+        ms_req_finish(r);
+        return;
+    }
     ms__server_call(s, s->on_request, r);
 }
 

@@ -23,6 +23,11 @@
 #define MS_CHUNK_EXT_MAX 4096
 /* How long a stopping server waits for the next request on a keep-alive connection. */
 #define MS_STOP_GRACE_MS 1000
+/* A file piece that cannot go out with sendfile now is read in parts of this size into a
+ * buffer that is the connection's only while the part is being written. */
+#define MS_FILE_CHUNK (16 * 1024)
+/* File bytes one connection sends in one go; past this it lets the other connections run. */
+#define MS_FILE_BURST (1024 * 1024)
 /* Free objects kept per recycle list; beyond this they go back to the allocator. */
 #define MS_RECYCLE_MAX 1024
 
@@ -47,15 +52,53 @@ struct ms_out_s {
     ms_vec_t *vecs;
     uv_buf_t *iov; /* scratch for the write: as long as vecs */
     uint32_t nvecs, cap;
-    size_t bytes; /* queued, all vecs */
+    uint32_t pos;       /* the first vec not wholly written */
+    size_t pos_off;     /* bytes of it written */
+    size_t bytes;       /* queued and not yet written */
+    size_t async_bytes; /* handed to io->write and not yet done */
+    char *chunk;        /* MS_FILE_CHUNK bytes of a file being written, while they are */
 };
+
+/* A file as the static file cache holds it (static.c). Queued reply pieces hold references,
+ * so a file evicted or replaced while it is being sent stays open until it is written. */
+typedef struct ms_sfile_s ms_sfile_t;
+struct ms_sfile_s {
+    ms_sfile_t *hnext;         /* the cache's hash chain */
+    ms_sfile_t *older, *newer; /* the cache's recency list */
+    struct ms_mount_s *mount;  /* where it was found; NULL for a file a handler named */
+    int fd;                    /* open read-only */
+    uint32_t refs;             /* 1 while cached, and 1 per queued piece */
+    uint32_t hash;
+    uint8_t cached; /* in the table (not yet evicted or replaced) */
+    uint8_t compressible;
+    uint8_t encoding;   /* MS_ENC_*: what `data` or the file is encoded with */
+    uint8_t sidecars;   /* MS_ENC_* bits: which precompressed sidecars exist */
+    char *data;         /* the whole file when small, or a compressed variant; owned */
+    uint64_t size;      /* of what is served: the file, or `data` for a variant */
+    uint64_t file_size; /* of the file as stat()ed */
+    int64_t mtime_sec, mtime_nsec;
+    uint64_t dev, ino;
+    uint64_t checked;          /* loop ms of the last fstat() */
+    uint64_t sidecars_checked; /* loop ms of the last look for sidecars */
+    ms_sfile_t *variant[3];    /* by MS_ENC_* (index 0 unused): encoded forms, when known */
+    const char *type;          /* Content-Type, from the mime table */
+    uint8_t type_len;
+    uint8_t etag_len;
+    char etag[40];
+    char last_modified[32];
+    uint16_t key_len;
+    char key[]; /* the path below the mount, or the path a handler named */
+};
+
+void ms__sfile_unref(ms_server_t *s, ms_sfile_t *f);
 
 enum {
     MS_CONN_CLOSING = 1 << 0,  /* no more reading; close once the output is written */
     MS_CONN_CLOSED = 1 << 1,   /* the transport is closed or closing */
     MS_CONN_IN_FEED = 1 << 2,  /* inside ms_conn_feed: flush at its end */
     MS_CONN_READ_OFF = 1 << 3, /* reading stopped for backpressure */
-    MS_CONN_PROXY = 1 << 4     /* a PROXY protocol header must come first */
+    MS_CONN_PROXY = 1 << 4,    /* a PROXY protocol header must come first */
+    MS_CONN_WRITING = 1 << 5   /* io->write is under way with part of `flight` */
 };
 
 struct ms_conn_s {
@@ -63,7 +106,7 @@ struct ms_conn_s {
     const ms_io_t *io;
     ms_h1_t *h1;            /* from the worker's recycle list while the connection is active */
     ms_out_t *pend;         /* replies not yet written */
-    ms_out_t *flight;       /* replies handed to io->write, until ms_conn_write_done() */
+    ms_out_t *flight;       /* replies being written (io->write may hold part of them) */
     ms_conn_t *prev, *next; /* the worker's list of open connections */
     ms_timer_t timer;       /* the deadline of what it waits for: MS_PHASE_* */
     uint8_t phase;
@@ -115,7 +158,8 @@ struct ms_server_s {
     void *data;
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
-    ms_recycle_t h1_free, out_free;
+    ms_recycle_t h1_free, out_free, chunk_free;
+    struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     /* timers */
     uv_timer_t uv_timer;
     ms_timer_t **heap;
@@ -157,6 +201,7 @@ void ms__out_destroy(void *p);
 ms_out_t *ms__conn_out(ms_conn_t *c);
 int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int owner,
                 int32_t anchor);
+int ms__out_file(ms_server_t *s, ms_out_t *o, ms_sfile_t *f, uint64_t off, size_t len);
 char *ms__out_reserve(ms_out_t *o, size_t n);
 void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n);
 void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n);
@@ -200,6 +245,7 @@ void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
+int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
 
 /* buf helpers */
 static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)

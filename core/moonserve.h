@@ -66,12 +66,14 @@ void ms_pool_free(ms_pool_t *p);
 enum {
     MS_VEC_STATIC, /* lives forever */
     MS_VEC_OUT,    /* `off` bytes into the output queue's own buffer */
-    MS_VEC_LUA     /* a Lua string kept alive by anchor slot `anchor` until written */
+    MS_VEC_LUA,    /* a Lua string kept alive by anchor slot `anchor` until written */
+    MS_VEC_FILE    /* `len` bytes at `off` of a static file (the core's; referenced) */
 };
 
 typedef struct ms_vec_s {
-    const char *base; /* for MS_VEC_OUT: an offset into the queue's buffer, not a pointer */
+    const char *base; /* MS_VEC_OUT: an offset into the queue's buffer; MS_VEC_FILE: the file */
     size_t len;
+    uint64_t off; /* MS_VEC_FILE: where in the file */
     uint8_t owner;
     int32_t anchor;
 } ms_vec_t;
@@ -319,6 +321,10 @@ typedef struct ms_io_s {
     int (*try_write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
     /* Writes all of it later, then calls ms_conn_write_done(c, status). */
     int (*write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
+    /* Sends up to `len` bytes of the file `fd` from `off` straight from the kernel: returns
+     * bytes sent, 0 at the end of the file, UV_EAGAIN, or a negative code. NULL when the
+     * transport has no such thing: files are then read into a buffer and written. */
+    ssize_t (*sendfile)(ms_conn_t *c, int fd, uint64_t off, size_t len);
     void (*read_stop)(ms_conn_t *c);
     void (*read_start)(ms_conn_t *c);
     /* Closes the transport; once it is closed it calls ms_conn_closed(c). */

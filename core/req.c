@@ -240,6 +240,21 @@ int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t an
     return 0;
 }
 
+/* A piece of a chain that is a static file's bytes: sent with sendfile, or from memory. */
+int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
+{
+    ms_conn_t *c = r->conn;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE))
+        return MS_ESENT;
+    if (len > r->chain_left)
+        return MS_ETOOBIG;
+    r->chain_left -= len;
+    if ((r->v.flags & (MS_REQ_ABORTED | MS_REQ_IS_HEAD)) || (c->flags & MS_CONN_CLOSED) ||
+        bodyless(r))
+        return 0;
+    return ms__out_file(c->server, ms__conn_out(c), f, off, (size_t)len);
+}
+
 int ms_reply_end(ms_req_t *r)
 {
     ms_conn_t *c = r->conn;

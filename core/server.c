@@ -7,10 +7,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "static.h"
 
 /* Accept at most this many connections per readiness event: a connect flood must not
  * starve reads on connections we already have. */
@@ -115,6 +117,18 @@ static int tcp_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
     return uv_try_write((uv_stream_t *)&tcp_of(c)->tcp, bufs, n);
 }
 
+static ssize_t tcp_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
+{
+    uv_os_fd_t sock;
+    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) != 0)
+        return UV_EBADF;
+    off_t at = (off_t)off;
+    ssize_t n = sendfile(sock, fd, &at, len);
+    if (n >= 0)
+        return n;
+    return errno == EAGAIN ? UV_EAGAIN : -errno;
+}
+
 static void write_cb(uv_write_t *w, int status)
 {
     ms_conn_t *c = w->data;
@@ -212,6 +226,7 @@ static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
 static const ms_io_t tcp_io = {
     .try_write = tcp_try_write,
     .write = tcp_write,
+    .sendfile = tcp_sendfile,
     .read_stop = tcp_read_stop,
     .read_start = tcp_read_start,
     .close = tcp_close,
@@ -497,6 +512,8 @@ void ms_server_free(ms_server_t *s)
     ms__sources_free(s);
     ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
+    ms__recycle_drain(&s->chunk_free, ms_mem_free);
+    ms__static_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
     /* The uv_timer lives inside `s`: let the loop finish closing it first. */

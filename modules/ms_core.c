@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "master.h"
+#include "static.h"
 #include "memio.h"
 #include "moonserve.h"
 
@@ -272,6 +273,92 @@ static int server_trust(lua_State *L)
     return 1;
 }
 
+/* Reads opts[key] as a string, NULL when absent; raises for another type. */
+static const char *opt_string(lua_State *L, int t, const char *key)
+{
+    lua_getfield(L, t, key);
+    const char *v = NULL;
+    if (!lua_isnil(L, -1)) {
+        if (lua_type(L, -1) != LUA_TSTRING)
+            luaL_error(L, "bad static option %s (a string expected)", key);
+        v = lua_tostring(L, -1);
+    }
+    lua_pop(L, 1); /* the string stays alive in the options table */
+    return v;
+}
+
+static void opt_flag(lua_State *L, int t, const char *key, uint8_t *v)
+{
+    lua_getfield(L, t, key);
+    if (!lua_isnil(L, -1))
+        *v = (uint8_t)lua_toboolean(L, -1);
+    lua_pop(L, 1);
+}
+
+static void opt_size(lua_State *L, int t, const char *key, uint64_t *v)
+{
+    lua_getfield(L, t, key);
+    if (!lua_isnil(L, -1)) {
+        lua_Number n = lua_tonumber(L, -1);
+        if (!lua_isnumber(L, -1) || n < 0 || n != (lua_Number)(uint64_t)n)
+            luaL_error(L, "bad static option %s (a size in bytes expected)", key);
+        *v = (uint64_t)n;
+    }
+    lua_pop(L, 1);
+}
+
+/* server:static(prefix, dir[, opts]) -> mount number: serves the files of `dir` under
+ * `prefix` from the core. opts: index (false for none), cache_control, fields, host,
+ * memory_max, compress_min, compress_max, listing, spa, dotfiles, immutable, precompressed,
+ * compress, live_reload, hooked. */
+static int server_static(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    const char *prefix = luaL_checkstring(L, 2), *dir = luaL_checkstring(L, 3);
+    ms_static_opts_t o;
+    ms_static_opts_default(&o);
+    if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "index");
+        int no_index = lua_type(L, -1) == LUA_TBOOLEAN && !lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        if (no_index)
+            o.index = NULL;
+        else if (opt_string(L, 4, "index") != NULL)
+            o.index = opt_string(L, 4, "index");
+        o.cache_control = opt_string(L, 4, "cache_control");
+        o.fields = opt_string(L, 4, "fields");
+        o.host = opt_string(L, 4, "host");
+        opt_size(L, 4, "memory_max", &o.memory_max);
+        opt_size(L, 4, "compress_min", &o.compress_min);
+        opt_size(L, 4, "compress_max", &o.compress_max);
+        opt_flag(L, 4, "listing", &o.listing);
+        opt_flag(L, 4, "spa", &o.spa);
+        opt_flag(L, 4, "dotfiles", &o.dotfiles);
+        opt_flag(L, 4, "immutable", &o.immutable);
+        opt_flag(L, 4, "precompressed", &o.precompressed);
+        opt_flag(L, 4, "compress", &o.compress);
+        opt_flag(L, 4, "live_reload", &o.live_reload);
+        opt_flag(L, 4, "hooked", &o.hooked);
+    }
+    int id = ms_static_mount(b->server, prefix, dir, &o);
+    if (id < 0)
+        return ms_lua_fail(L, id);
+    lua_pushinteger(L, id);
+    return 1;
+}
+
+/* server:static_cache(files, bytes): caps the static file cache. */
+static int server_static_cache(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    lua_Integer files = luaL_checkinteger(L, 2);
+    lua_Number bytes = luaL_checknumber(L, 3);
+    luaL_argcheck(L, files > 0 && files < (1 << 24), 2, "a count of files expected");
+    luaL_argcheck(L, bytes >= 0, 3, "a size in bytes expected");
+    ms_static_cache_limits(b->server, (uint32_t)files, (uint64_t)bytes);
+    return 0;
+}
+
 static int server_stats(lua_State *L)
 {
     const ms_server_stats_t *st = ms_server_stats(check_server(L)->server);
@@ -527,6 +614,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"stop", server_stop},
                                               {"trust", server_trust},
                                               {"stats", server_stats},
+                                              {"static", server_static},
+                                              {"static_cache", server_static_cache},
                                               {"memconn", memconn_new},
                                               {"close", server_gc},
                                               {NULL, NULL}};

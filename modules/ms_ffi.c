@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "moonserve.h"
+#include "static.h"
 
 #define MS_FFI MS_EXPORT
 
@@ -182,4 +183,20 @@ MS_FFI const char *ms_ffi_strerror(int err)
 MS_FFI void ms_ffi_log(int level, const char *msg, size_t len)
 {
     ms_log(level, "%.*s", (int)len, msg);
+}
+
+/* Static files from a handler: the mount's rules for a hooked mount, and res:file(). */
+MS_FFI int ms_ffi_static_serve(ms_req_t *r, int id)
+{
+    return ms_static_serve(r, id);
+}
+
+MS_FFI int ms_ffi_static_file(ms_req_t *r, const char *path, size_t len, int typed)
+{
+    return ms_static_file(r, path, len, typed);
+}
+
+MS_FFI double ms_ffi_static_generation(ms_req_t *r)
+{
+    return (double)ms_static_generation(ms_conn_server(r->conn));
 }

@@ -40,6 +40,7 @@ build = {
          ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
+         ["moonserve.live"] = "lua/moonserve/live.lua",
          ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
          ["moonserve.request"] = "lua/moonserve/request.lua",
          ["moonserve.response"] = "lua/moonserve/response.lua",

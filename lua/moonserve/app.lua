@@ -255,6 +255,7 @@ function App:site(host, opts)
         end
         s = _M.new(o)
         s.parent = self
+        s.host = host
         self.sites[host] = s
     end
     local base = opts and opts.base
@@ -310,6 +311,87 @@ function App:mount(prefix, other)
         self.router:add(m:upper(), prefix .. "/*", into)
     end
     return self
+end
+
+-- -- Static files -------------------------------------------------------------------------
+
+local STATIC_OPTS = { index = "string", listing = "boolean", spa = "boolean",
+    dotfiles = "boolean", cache_control = "string", immutable = "boolean",
+    precompressed = "boolean", compress = "boolean", compress_min = "number",
+    compress_max = "number", memory_max = "number", live_reload = "boolean",
+    hook = "function" }
+
+-- Serves the files of `dir` under `prefix` from the core: a request there never enters Lua,
+-- unless opts.hook(req, res) is given, which runs first like a handler (it may answer, or
+-- set fields) before the core sends the file. A path with no file behind it goes on to the
+-- app's routes. opts: index ("index.html", or false), listing, spa, dotfiles,
+-- cache_control, immutable, precompressed, compress, compress_min, compress_max,
+-- memory_max, live_reload (see the API page). A site's mounts serve its host alone.
+function App:static(prefix, dir, opts)
+    prefix = prefix_of(prefix, "static prefix", true)
+    if type(dir) ~= "string" or dir == "" then
+        error("bad static directory (a path expected)", 2)
+    end
+    opts = opts or {}
+    for k, v in pairs(opts) do
+        local want = STATIC_OPTS[k]
+        if want == nil then
+            error("unknown static option " .. tostring(k), 2)
+        elseif type(v) ~= want and not (k == "index" and v == false) then
+            error("bad static option " .. k .. " (" .. want .. " expected)", 2)
+        end
+    end
+    local mount = { prefix = prefix, dir = dir, opts = opts, app = self }
+    self.statics = self.statics or {}
+    self.statics[#self.statics + 1] = mount
+    if opts.hook then
+        local hook = opts.hook
+        local function serve(req, res)
+            local a, b, c = hook(req, res)
+            if res:sent() or a ~= nil then
+                return a, b, c
+            end
+            if res:static_mount(mount.id) then
+                return
+            end
+            return rawget(req, "_app"):error(req, res, { status = 404 })
+        end
+        local route = prefix == "" and "/*" or prefix .. "/*"
+        self.router:add("GET", route, serve)
+        if prefix ~= "" then
+            self.router:add("GET", prefix, serve)
+        end
+    end
+    if opts.live_reload then
+        self:get("/.moonserve/live", require("moonserve.live").stream)
+    end
+    return self
+end
+
+-- Every static mount of the app and its sites, with what the core needs to serve it:
+-- the full prefix (a site's base first), the host, and the security fields.
+function App:static_mounts()
+    local all = {}
+    local function visit(app)
+        for _, m in ipairs(app.statics or {}) do
+            local o = {}
+            for k, v in pairs(m.opts) do
+                if k ~= "hook" then
+                    o[k] = v
+                end
+            end
+            o.hooked = m.opts.hook ~= nil
+            o.host = app.host
+            o.fields = security_of(app).always
+            all[#all + 1] = { mount = m, prefix = (app.base or "") .. m.prefix, dir = m.dir,
+                opts = o }
+        end
+    end
+    visit(self)
+    for _, site in pairs(self.sites or {}) do
+        visit(site)
+    end
+    return all
 end
 
 -- The path of the route called `name`, filled from `params`.

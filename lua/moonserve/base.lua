@@ -57,6 +57,9 @@ void ms_ffi_req_fail(ms_req_view_t *r);
 const char *ms_ffi_err_name(int err);
 const char *ms_ffi_strerror(int err);
 void ms_ffi_log(int level, const char *msg, size_t len);
+int ms_ffi_static_serve(ms_req_view_t *r, int id);
+int ms_ffi_static_file(ms_req_view_t *r, const char *path, size_t len, int typed);
+double ms_ffi_static_generation(ms_req_view_t *r);
 ]]
 end
 

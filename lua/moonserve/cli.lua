@@ -3,10 +3,16 @@ local _M = {}
 
 local USAGE = [[
 usage: moonserve [APP.lua] [options]
+       moonserve --static DIR [options]
 
-Serves APP.lua (a file that returns an app), or the bundled demo site.
+Serves APP.lua (a file that returns an app), or the files of DIR, or the bundled demo site.
 
 options:
+  --static DIR         serve the files of DIR at / from the core, with no Lua per request:
+                       index.html for directories, ETag, ranges, brotli and gzip
+  --listing            with --static: list directories that have no index.html
+  --spa                with --static: paths with no file extension get /index.html
+  --dev                with --static: reload open pages when a file under DIR changes
   --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one);
                        repeatable
   --listen-proxy ADDR:PORT
@@ -36,7 +42,8 @@ end
 
 function _M.main(args)
     local opts = {}
-    local app_file
+    local app_file, static_dir
+    local static_flags = {}
     local i = 1
     while i <= #args do
         local a = args[i]
@@ -82,6 +89,10 @@ function _M.main(args)
             end
         elseif a == "--quiet" then
             opts.quiet = true
+        elseif a == "--static" then
+            static_dir = value()
+        elseif a == "--listing" or a == "--spa" or a == "--dev" then
+            static_flags[a:sub(3)] = true
         elseif a:sub(1, 1) == "-" then
             return die("unknown option " .. a .. " (see --help)")
         elseif app_file then
@@ -92,7 +103,22 @@ function _M.main(args)
         i = i + 1
     end
     local app
-    if app_file then
+    if static_dir then
+        if app_file then
+            return die("--static serves a directory: no app file with it")
+        end
+        local ok, err = pcall(function()
+            app = require("moonserve.app").new()
+            app:static("/", static_dir, { listing = static_flags.listing, spa = static_flags.spa,
+                live_reload = static_flags.dev, cache_control = static_flags.dev and "no-cache"
+                or nil })
+        end)
+        if not ok then
+            return die(tostring(err))
+        end
+    elseif next(static_flags) then
+        return die("--listing, --spa and --dev go with --static")
+    elseif app_file then
         local chunk, err = loadfile(app_file)
         if not chunk then
             return die(err)

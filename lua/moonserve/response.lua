@@ -189,6 +189,32 @@ function Response:send(body)
     return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
 
+-- Sends the file at `path` as the reply, from the core: Content-Type from its name (unless
+-- set), ETag and Last-Modified, 304 and 412 for conditional requests, ranges, and a
+-- precompressed or compressed form when the client takes one. The path is the handler's
+-- own, not confined to a directory. Returns true, or nil and an error ("ENOENT: ...") with
+-- nothing sent.
+function Response:file(path)
+    local r = view(self)
+    if type(path) ~= "string" then
+        error("bad file path (string expected, got " .. type(path) .. ")", 2)
+    end
+    fire(self)
+    local rc = C.ms_ffi_static_file(r, path, #path, self.has_type and 1 or 0)
+    if rc < 0 then
+        return base.fail(rc)
+    end
+    return true
+end
+
+-- For app:static with a hook: sends the file the request names under mount `id`. Returns
+-- true, or false when there is none (nothing sent).
+function Response:static_mount(id)
+    local r = view(self)
+    fire(self)
+    return C.ms_ffi_static_serve(r, id) == 0
+end
+
 local cjson
 -- Sends `value` as JSON.
 function Response:json(value)

@@ -292,6 +292,19 @@ end
 -- Makes the core server with the options every mode shares.
 local function make(the_app, opts, limits)
     local srv = _M.create(the_app, limits)
+    local cache = opts.static_cache
+    if cache then
+        srv:static_cache(cache.files or 1024, cache.bytes or 64 * 1024 * 1024)
+    end
+    if type(the_app.static_mounts) == "function" then
+        for _, m in ipairs(the_app:static_mounts()) do
+            local id, err = srv:static(m.prefix == "" and "/" or m.prefix, m.dir, m.opts)
+            if not id then
+                error("cannot serve " .. m.dir .. " at " .. m.prefix .. "/: " .. err, 3)
+            end
+            m.mount.id = id
+        end
+    end
     for _, cidr in ipairs(opts.trusted_proxies or {}) do
         local ok, err = srv:trust(cidr)
         if not ok then
@@ -312,7 +325,8 @@ end
 -- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
 -- X-Forwarded-For is believed;
 -- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
--- process; opts.limits; opts.log: a log file instead of stderr; opts.stop_timeout: seconds
+-- process; opts.limits; opts.static_cache: { files = 1024, bytes = 64 MiB }, the cache of
+-- static files per worker; opts.log: a log file instead of stderr; opts.stop_timeout: seconds
 -- a stopping worker may take (default 30); opts.on_listen(port) in single-process mode.
 function _M.run(the_app, opts)
     opts = opts or {}

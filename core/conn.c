@@ -156,16 +156,16 @@ void ms__out_destroy(void *p)
 }
 
 /* Puts a queue's Lua strings on the released list, lets go of its files and empties it. */
-static void out_written(ms_server_t *s, ms_out_t *o)
+static inline void out_written(ms_server_t *s, ms_out_t *o)
 {
-    for (uint32_t i = 0; i < o->nvecs; i++) {
+    for (uint32_t i = 0; o->held > 0 && i < o->nvecs; i++) {
         const ms_vec_t *v = &o->vecs[i];
         if (v->owner == MS_VEC_LUA)
             s->anchor_released[s->anchor_released_n++] = v->anchor;
         else if (v->owner == MS_VEC_FILE)
             ms__sfile_unref(s, (ms_sfile_t *)v->base);
     }
-    o->nvecs = o->pos = 0;
+    o->nvecs = o->pos = o->held = 0;
     o->pos_off = o->async_bytes = 0;
     o->bytes = 0;
     o->buf.len = 0;
@@ -211,6 +211,7 @@ int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int o
         o->iov = ms_mem_realloc(o->iov, o->cap * sizeof(*o->iov));
     }
     ms_vec_t *v = &o->vecs[o->nvecs++];
+    o->held += owner == MS_VEC_LUA || owner == MS_VEC_FILE;
     v->base = base;
     v->len = len;
     v->owner = (uint8_t)owner;
@@ -249,21 +250,6 @@ static void out_advance(ms_out_t *o, size_t n)
         n -= left;
         o->pos++;
         o->pos_off = 0;
-    }
-}
-
-/* A file piece held in memory is written like text, in the same writev as its head. */
-static inline int in_memory(const ms_vec_t *v)
-{
-    return v->owner != MS_VEC_FILE || ((const ms_sfile_t *)v->base)->data != NULL;
-}
-
-static inline char *vec_base(const ms_out_t *o, const ms_vec_t *v)
-{
-    switch (v->owner) {
-    case MS_VEC_OUT: return o->buf.base + (size_t)v->base;
-    case MS_VEC_FILE: return ((const ms_sfile_t *)v->base)->data + v->off;
-    default: return (char *)v->base;
     }
 }
 
@@ -310,7 +296,7 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
     ssize_t got = pread(f->fd, o->chunk, want, (off_t)off);
     if (got <= 0)
         return got == 0 ? UV_EIO : -errno;
-    uv_buf_t b = uv_buf_init(o->chunk, (unsigned)got);
+    uv_buf_t b = {.base = o->chunk, .len = (size_t)got};
     if (c->io->sendfile == NULL && *budget > 0) {
         /* A transport without sendfile: the part goes out like any other bytes. */
         int rc = c->io->try_write(c, &b, 1);
@@ -335,29 +321,47 @@ static int out_write(ms_conn_t *c, ms_out_t *o)
 {
     size_t budget = MS_FILE_BURST;
     while (o->pos < o->nvecs) {
-        if (!in_memory(&o->vecs[o->pos])) {
+        /* The run of pieces in memory from here: text, Lua strings, files held in memory. */
+        uv_buf_t *iov = o->iov;
+        unsigned n = 0;
+        size_t total = 0;
+        uint32_t i;
+        for (i = o->pos; i < o->nvecs; i++) {
+            const ms_vec_t *v = &o->vecs[i];
+            char *base = (char *)v->base;
+            if (v->owner == MS_VEC_OUT) {
+                base = o->buf.base + (size_t)v->base;
+            } else if (v->owner == MS_VEC_FILE) {
+                const ms_sfile_t *f = (const ms_sfile_t *)v->base;
+                if (f->data == NULL)
+                    break;
+                base = f->data + v->off;
+            }
+            iov[n].base = base;
+            iov[n].len = v->len;
+            total += v->len;
+            n++;
+        }
+        if (n == 0) {
             int rc = write_file(c, o, &budget);
             if (rc <= 0)
                 return rc;
             continue;
         }
-        uv_buf_t *iov = o->iov;
-        unsigned n = 0;
-        size_t total = 0;
-        for (uint32_t i = o->pos; i < o->nvecs && in_memory(&o->vecs[i]); i++) {
-            const ms_vec_t *v = &o->vecs[i];
-            size_t skip = i == o->pos ? o->pos_off : 0;
-            iov[n] = uv_buf_init(vec_base(o, v) + skip, (unsigned)(v->len - skip));
-            total += v->len - skip;
-            n++;
-        }
+        iov[0].base += o->pos_off;
+        iov[0].len -= o->pos_off;
+        total -= o->pos_off;
         int rc = c->io->try_write(c, iov, n);
         if (rc < 0 && rc != UV_EAGAIN)
             return rc;
         size_t done = rc > 0 ? (size_t)rc : 0;
-        out_advance(o, done);
-        if (done == total)
+        if (done == total) {
+            o->pos = i;
+            o->pos_off = 0;
+            o->bytes -= done;
             continue;
+        }
+        out_advance(o, done);
         /* The kernel's buffer is full: skip what went out, the rest waits for the socket. */
         unsigned k = 0;
         while (done >= iov[k].len) {
@@ -365,10 +369,10 @@ static int out_write(ms_conn_t *c, ms_out_t *o)
             k++;
         }
         iov[k].base += done;
-        iov[k].len -= (unsigned)done;
+        iov[k].len -= done;
         size_t rest = 0;
-        for (unsigned i = k; i < n; i++)
-            rest += iov[i].len;
+        for (unsigned j = k; j < n; j++)
+            rest += iov[j].len;
         return write_later(c, o, iov + k, n - k, rest);
     }
     return 1;
@@ -387,27 +391,28 @@ void ms__conn_flush(ms_conn_t *c)
     if (c->flags & MS_CONN_WRITING)
         return; /* ms_conn_write_done() comes back here */
     for (;;) {
-        ms_out_t *o = c->flight;
-        if (o == NULL) {
-            o = c->pend;
-            if (o == NULL || o->nvecs == 0)
-                break;
-            c->flight = o;
-            c->pend = NULL;
-        }
+        /* What a write left behind goes first; else the replies queued since. */
+        ms_out_t *o = c->flight != NULL ? c->flight : c->pend;
+        if (o == NULL || (o == c->pend && o->nvecs == 0))
+            break;
         int rc = out_write(c, o);
-        if (rc == 0) {
-            ms__conn_rearm(c);
-            return;
-        }
         if (rc < 0) {
             ms__conn_close(c, 0);
             return;
         }
-        c->flight = NULL;
+        if (rc == 0) {
+            c->flight = o; /* the rest is under way; new replies gather in pend */
+            if (o == c->pend)
+                c->pend = NULL;
+            ms__conn_rearm(c);
+            return;
+        }
         out_written(s, o);
+        if (o == c->pend)
+            break;
+        c->flight = NULL;
         if (c->pend == NULL)
-            c->pend = o;
+            c->pend = o; /* kept for the next reply, with its buffers */
         else
             out_release(s, o);
     }

@@ -52,6 +52,7 @@ struct ms_out_s {
     ms_vec_t *vecs;
     uv_buf_t *iov; /* scratch for the write: as long as vecs */
     uint32_t nvecs, cap;
+    uint32_t held;      /* vecs that hold a Lua string or a file, to let go once written */
     uint32_t pos;       /* the first vec not wholly written */
     size_t pos_off;     /* bytes of it written */
     size_t bytes;       /* queued and not yet written */

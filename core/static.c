@@ -52,10 +52,10 @@ typedef struct ms_static_s {
     ms_mount_t **mounts; /* longest prefix first */
     uint32_t nmounts;
     ms_mount_t files; /* for ms_static_file() */
-    ms_mime_t *mime;
+    const ms_mime_t *mime;
     ms_sfile_t **table;
     uint32_t mask, count;
-    ms_sfile_t lru; /* sentinel: lru.newer is the oldest entry, lru.older the newest */
+    ms_sfile_t *lru; /* sentinel: lru->newer is the oldest entry, lru->older the newest */
     uint32_t max_files;
     uint64_t max_bytes, bytes;  /* contents held in memory, cached or still being sent */
     uint64_t budget, budget_at; /* compression tokens, and when they were last added */
@@ -104,13 +104,24 @@ static void mount_init(ms_mount_t *m, const ms_static_opts_t *o)
     m->cache_control_len = o->cache_control ? strlen(o->cache_control) : 0;
 }
 
+/* The system's MIME table, read once per process and shared by its servers. */
+static const ms_mime_t *mime_table(void)
+{
+    static ms_mime_t *table;
+    if (table == NULL)
+        table = ms_mime_load("/etc/mime.types");
+    return table;
+}
+
 static ms_static_t *statics(ms_server_t *s)
 {
     if (s->statics == NULL) {
         ms_static_t *st = ms_mem_alloc(sizeof(*st));
         memset(st, 0, sizeof(*st));
-        st->mime = ms_mime_load("/etc/mime.types");
-        st->lru.older = st->lru.newer = &st->lru;
+        st->mime = mime_table();
+        st->lru = ms_mem_alloc(sizeof(*st->lru));
+        memset(st->lru, 0, sizeof(*st->lru));
+        st->lru->older = st->lru->newer = st->lru;
         st->max_files = CACHE_FILES;
         st->max_bytes = CACHE_BYTES;
         st->budget = COMPRESS_BURST;
@@ -146,10 +157,10 @@ static void lru_unlink(ms_sfile_t *f)
 
 static void lru_newest(ms_static_t *st, ms_sfile_t *f)
 {
-    f->older = st->lru.older;
-    f->newer = &st->lru;
-    st->lru.older->newer = f;
-    st->lru.older = f;
+    f->older = st->lru->older;
+    f->newer = st->lru;
+    st->lru->older->newer = f;
+    st->lru->older = f;
 }
 
 void ms__sfile_unref(ms_server_t *s, ms_sfile_t *f)
@@ -186,9 +197,9 @@ static void evict(ms_server_t *s, ms_sfile_t *f)
 static void make_room(ms_server_t *s, uint64_t bytes, const ms_sfile_t *keep)
 {
     ms_static_t *st = s->statics;
-    while (st->lru.newer != &st->lru &&
+    while (st->lru->newer != st->lru &&
            (st->count >= st->max_files || st->bytes + bytes > st->max_bytes)) {
-        ms_sfile_t *old = st->lru.newer;
+        ms_sfile_t *old = st->lru->newer;
         if (old == keep)
             break;
         evict(s, old);
@@ -1158,8 +1169,8 @@ void ms__static_free(ms_server_t *s)
     ms_static_t *st = s->statics;
     if (st == NULL)
         return;
-    while (st->lru.newer != &st->lru)
-        evict(s, st->lru.newer);
+    while (st->lru->newer != st->lru)
+        evict(s, st->lru->newer);
     for (uint32_t i = 0; i < st->nwatches; i++)
         uv_close((uv_handle_t *)&st->watches[i]->h, watch_closed);
     for (uint32_t i = 0; i < st->nmounts; i++) {
@@ -1170,7 +1181,7 @@ void ms__static_free(ms_server_t *s)
     ms_mem_free(st->mounts);
     ms_mem_free(st->watches);
     ms_mem_free(st->table);
-    ms_mime_free(st->mime);
+    ms_mem_free(st->lru);
     ms_mem_free(st);
     s->statics = NULL;
 }

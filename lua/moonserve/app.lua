@@ -362,7 +362,8 @@ function App:static(prefix, dir, opts)
             self.router:add("GET", prefix, serve)
         end
     end
-    if opts.live_reload then
+    if opts.live_reload and not self.live_route then
+        self.live_route = true
         self:get("/.moonserve/live", require("moonserve.live").stream)
     end
     return self

@@ -1,15 +1,35 @@
 /* engine_bench.c: GETs through the HTTP/1 engine alone, fed bytes through the memory
  * transport, answered by a C hello handler. For callgrind: run it with two counts and
  * divide the difference in instructions by the difference in requests.
- *   engine_bench N [PIPELINE] [keepalive|churn|refuse]
+ *   engine_bench N [PIPELINE] [keepalive|churn|refuse|static|static304]
  * churn: a new connection per request; refuse: the same with the in-flight cap at 0, so
- * the core answers 503 and closes. */
+ * the core answers 503 and closes; static: GET /static/10k.bin from a static mount of a
+ * directory holding a 10 KiB file (held in memory), static304 the same with a matching
+ * If-None-Match. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "memio.h"
 #include "moonserve.h"
+#include "static.h"
+
+/* A directory with a 10 KiB file for the static modes; returns its path. */
+static const char *static_dir(void)
+{
+    static char dir[] = "/tmp/ms-engine-bench-XXXXXX";
+    char path[64];
+    if (mkdtemp(dir) == NULL)
+        abort();
+    snprintf(path, sizeof(path), "%s/10k.bin", dir);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 10240; i++)
+        fputc(i * 7 % 251, f);
+    fclose(f);
+    return dir;
+}
 
 static void on_request(ms_req_t *r, void *data)
 {
@@ -25,13 +45,17 @@ int main(int argc, char **argv)
     int pipeline = argc > 2 ? atoi(argv[2]) : 1;
     const char *mode = argc > 3 ? argv[3] : getenv("MODE") ? getenv("MODE") : "keepalive";
     int churn = strcmp(mode, "churn") == 0 || strcmp(mode, "refuse") == 0;
-    static const char req[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
-                              "User-Agent: bench\r\nAccept: */*\r\n\r\n";
-    size_t len = sizeof(req) - 1;
-    char *batch = malloc(len * (size_t)pipeline);
-    for (int i = 0; i < pipeline; i++)
-        memcpy(batch + len * (size_t)i, req, len);
-
+    static const char hello[] = "GET / HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+                                "User-Agent: bench\r\nAccept: */*\r\n\r\n";
+    char req[512];
+    int is_static = strncmp(mode, "static", 6) == 0;
+    snprintf(req, sizeof(req), "%s", hello);
+    if (is_static)
+        snprintf(req, sizeof(req),
+                 "GET /static/10k.bin HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+                 "User-Agent: bench\r\nAccept: */*\r\n%s\r\n",
+                 strcmp(mode, "static304") == 0 ? "If-None-Match: \"2800-0\"\r\n" : "");
+    size_t len = strlen(req);
     uv_loop_t loop;
     uv_loop_init(&loop);
     ms_limits_t lim;
@@ -41,6 +65,32 @@ int main(int argc, char **argv)
         lim.in_flight = 0;
     ms_log_set(NULL, MS_LOG_ERR);
     ms_server_t *s = ms_server_new(&loop, &lim, on_request, NULL, NULL);
+    const char *dir = NULL;
+    if (is_static) {
+        dir = static_dir();
+        ms_static_opts_t o;
+        ms_static_opts_default(&o);
+        if (ms_static_mount(s, "/static", dir, &o) != 0)
+            abort();
+        if (strcmp(mode, "static304") == 0) {
+            /* The file's own entity-tag, so that every request is a 304. */
+            ms_memio_t probe;
+            ms_memio_open(s, &probe);
+            ms_memio_feed(&probe, req, len);
+            char head[1024];
+            snprintf(head, sizeof(head), "%.*s", (int)probe.out.len, probe.out.base);
+            char *etag = strstr(head, "etag: ");
+            char *q = strstr(req, "If-None-Match: ") + 15;
+            memcpy(q, etag + 6, strchr(etag, '\r') - etag - 6);
+            strcpy(q + (strchr(etag, '\r') - etag - 6), "\r\n\r\n");
+            len = strlen(req);
+            ms_memio_peer_close(&probe, UV_EOF);
+            ms_memio_free(&probe);
+        }
+    }
+    char *batch = malloc(len * (size_t)pipeline);
+    for (int i = 0; i < pipeline; i++)
+        memcpy(batch + len * (size_t)i, req, len);
     ms_memio_t m;
     ms_memio_open(s, &m);
     size_t out = 0;
@@ -61,5 +111,11 @@ int main(int argc, char **argv)
     ms_server_free(s);
     uv_loop_close(&loop);
     free(batch);
+    if (dir != NULL) {
+        char path[64];
+        snprintf(path, sizeof(path), "%s/10k.bin", dir);
+        unlink(path);
+        rmdir(dir);
+    }
     return 0;
 }

@@ -35,6 +35,10 @@ enum { MS_ENC_IDENTITY, MS_ENC_BR, MS_ENC_GZIP };
 #define COMPRESS_BURST (16u * 1024 * 1024)
 /* A compressed form is kept only when it saves at least 1/16 of the size. */
 #define WORTH(out, in) ((out) < (in) - (in) / 16)
+/* Room for the fields of a file reply: validators, a cache_control of CACHE_CONTROL_MAX
+ * bytes, a type, ranges, a coding. */
+#define CACHE_CONTROL_MAX 256
+#define FIELDS_MAX        2048
 /* Entries a directory listing shows at most; directories watched for live reload. */
 #define LISTING_MAX 10000
 #define WATCH_MAX   1024
@@ -394,23 +398,28 @@ static unsigned accepted(const ms_str_t *v)
     return yes;
 }
 
-/* A variant: an encoded form of `f`, from a sidecar file (fd >= 0) or compressed here. */
-static ms_sfile_t *variant_new(ms_server_t *s, ms_sfile_t *f, int enc)
+/* Names `v` as the form of `f` encoded with `enc`: the file's type and date, and an
+ * entity-tag of its own, the file's with the coding inside the quotes. */
+static void as_variant(ms_sfile_t *v, const ms_sfile_t *f, int enc)
 {
-    ms_sfile_t *v = ms_mem_alloc(sizeof(*v) + 1);
-    memset(v, 0, sizeof(*v) + 1);
-    v->fd = -1;
-    v->refs = 1;
     v->encoding = (uint8_t)enc;
     v->type = f->type;
     v->type_len = f->type_len;
     v->mtime_sec = f->mtime_sec;
     memcpy(v->last_modified, f->last_modified, sizeof(v->last_modified));
-    /* The variant's own entity-tag: the file's with the coding inside the quotes. */
-    const char *suffix = enc == MS_ENC_BR ? "-br\"" : "-gz\"";
     memcpy(v->etag, f->etag, f->etag_len - 1u);
-    memcpy(v->etag + f->etag_len - 1, suffix, 5);
+    memcpy(v->etag + f->etag_len - 1, enc == MS_ENC_BR ? "-br\"" : "-gz\"", 5);
     v->etag_len = (uint8_t)(f->etag_len + 3);
+}
+
+/* An encoded form of `f` compressed here, held in memory (no file of its own). */
+static ms_sfile_t *variant_new(const ms_sfile_t *f, int enc)
+{
+    ms_sfile_t *v = ms_mem_alloc(sizeof(*v) + 1);
+    memset(v, 0, sizeof(*v) + 1);
+    v->fd = -1;
+    v->refs = 1;
+    as_variant(v, f, enc);
     return v;
 }
 
@@ -443,16 +452,7 @@ static void find_sidecars(ms_server_t *s, ms_sfile_t *f)
                     old = NULL;
                 } else {
                     ms_sfile_t *v = sfile_new(s, f->mount, key, f->key_len + 3u, fd, &sb, f);
-                    ms_sfile_t *t = variant_new(s, f, e);
-                    /* keep the sidecar's own file, size and data; take the variant's names */
-                    memcpy(v->etag, t->etag, sizeof(v->etag));
-                    v->etag_len = t->etag_len;
-                    v->type = f->type;
-                    v->type_len = f->type_len;
-                    v->encoding = (uint8_t)e;
-                    memcpy(v->last_modified, f->last_modified, sizeof(v->last_modified));
-                    v->mtime_sec = f->mtime_sec;
-                    ms_mem_free(t);
+                    as_variant(v, f, e); /* its own file, size and data; the file's names */
                     f->variant[e] = v;
                 }
                 f->sidecars |= (uint8_t)ENC_BIT(e);
@@ -519,7 +519,7 @@ static void compress_file(ms_server_t *s, ms_sfile_t *f, int enc)
         ms_mem_free(out);
         return;
     }
-    ms_sfile_t *v = variant_new(s, f, enc);
+    ms_sfile_t *v = variant_new(f, enc);
     v->data = ms_mem_realloc(out, len);
     v->size = len;
     st->bytes += len;
@@ -728,7 +728,7 @@ static int send_file(ms_req_t *r, ms_mount_t *m, ms_sfile_t *f, const fields_t *
             rep = choose(s, m, f, accept);
     }
     int vary = f->compressible || f->sidecars & (ENC_BIT(MS_ENC_BR) | ENC_BIT(MS_ENC_GZIP));
-    char buf[512 + MS_CONTENT_RANGE_SIZE];
+    char buf[FIELDS_MAX];
     char *w = validator_fields(buf, m, f, rep, vary);
 
     ms_cond_in_t in = {.method = r->v.method,
@@ -1119,12 +1119,23 @@ static void watch_dir(ms_static_t *st, uv_loop_t *loop, const char *path, int de
     closedir(d);
 }
 
+/* A field value we may send: no CR, LF or other control byte (NULL is fine: none). */
+static int field_value_ok(const char *v)
+{
+    for (; v != NULL && *v; v++)
+        if ((unsigned char)*v < 0x20 || *v == 0x7f)
+            return 0;
+    return 1;
+}
+
 int ms_static_mount(ms_server_t *s, const char *prefix, const char *dir, const ms_static_opts_t *o)
 {
     size_t plen = strlen(prefix);
     while (plen > 0 && prefix[plen - 1] == '/')
         plen--;
-    if ((prefix[0] != '/' && prefix[0] != 0) || (o->index && strlen(o->index) > 60))
+    if ((prefix[0] != '/' && prefix[0] != 0) || !field_value_ok(o->cache_control) ||
+        (o->cache_control && strlen(o->cache_control) > CACHE_CONTROL_MAX) ||
+        (o->index && (strlen(o->index) > 60 || strchr(o->index, '/') || !o->index[0])))
         return UV_EINVAL;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)

@@ -7,8 +7,10 @@
 
 /* What a mount does besides serving files. Fill with ms_static_opts_default() first. */
 typedef struct ms_static_opts_s {
-    const char *index;         /* a directory's page ("index.html"); NULL: none */
-    const char *cache_control; /* for names without a fingerprint; NULL: no such field */
+    const char *index;         /* a directory's page ("index.html": a name, no '/', at most
+                                * 60 bytes); NULL: none */
+    const char *cache_control; /* for names without a fingerprint (at most 256 bytes, no
+                                * control bytes); NULL: no such field */
     const char *fields;        /* more field lines for every reply ("name: value\r\n"...) */
     const char *host;          /* serve only this Host (lowercase, no port); NULL: any */
     uint64_t memory_max;       /* files up to this size are kept in memory (64 KiB) */
@@ -33,7 +35,8 @@ enum { MS_STATIC_MISS = 1 /* no file there: the caller answers (404, or its own 
 /**
  * Serves the files of the directory `dir` under the path `prefix` ("/assets", or "/" for all)
  * of server `s`; `o` is copied. The directory is opened now, once: a new one behind the same
- * name is seen after a reload. Returns the mount's number (>= 0) or a negative code.
+ * name is seen after a reload. Returns the mount's number (>= 0) or a negative code
+ * (UV_EINVAL for a bad prefix or option, or what opening the directory said).
  */
 int ms_static_mount(ms_server_t *s, const char *prefix, const char *dir, const ms_static_opts_t *o);
 

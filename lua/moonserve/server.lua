@@ -213,6 +213,16 @@ end
 function _M.create(the_app, limits)
     app = the_app
     local srv = core.server { on_request = on_request, on_resume = on_resume, limits = limits }
+    -- The app's static mounts, served by the core from here on.
+    if type(the_app.static_mounts) == "function" then
+        for _, m in ipairs(the_app:static_mounts()) do
+            local id, err = srv:static(m.prefix == "" and "/" or m.prefix, m.dir, m.opts)
+            if not id then
+                error("cannot serve " .. m.dir .. " at " .. m.prefix .. "/: " .. err, 4)
+            end
+            m.mount.id = id
+        end
+    end
     return srv
 end
 
@@ -295,15 +305,6 @@ local function make(the_app, opts, limits)
     local cache = opts.static_cache
     if cache then
         srv:static_cache(cache.files or 1024, cache.bytes or 64 * 1024 * 1024)
-    end
-    if type(the_app.static_mounts) == "function" then
-        for _, m in ipairs(the_app:static_mounts()) do
-            local id, err = srv:static(m.prefix == "" and "/" or m.prefix, m.dir, m.opts)
-            if not id then
-                error("cannot serve " .. m.dir .. " at " .. m.prefix .. "/: " .. err, 3)
-            end
-            m.mount.id = id
-        end
     end
     for _, cidr in ipairs(opts.trusted_proxies or {}) do
         local ok, err = srv:trust(cidr)

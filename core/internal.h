@@ -79,7 +79,7 @@ struct ms_sfile_s {
     uint64_t file_size; /* of the file as stat()ed */
     int64_t mtime_sec, mtime_nsec;
     uint64_t dev, ino;
-    uint64_t checked;          /* loop ms of the last fstat() */
+    uint64_t checked;          /* the turn of the loop of the last fstat() */
     uint64_t sidecars_checked; /* loop ms of the last look for sidecars */
     ms_sfile_t *variant[3];    /* by MS_ENC_* (index 0 unused): encoded forms, when known */
     const char *type;          /* Content-Type, from the mime table */

@@ -125,7 +125,8 @@ enum {
     MS_REQ_CLOSE = 1 << 8,       /* close the connection after this reply */
     MS_REQ_PARKED = 1 << 9,      /* the handler yielded: the head was copied to the pool */
     MS_REQ_IN_HANDLER = 1 << 10, /* dispatched and not yet finished by the handler */
-    MS_REQ_BODY_ERROR = 1 << 11  /* the body could not be read whole */
+    MS_REQ_BODY_ERROR = 1 << 11, /* the body could not be read whole */
+    MS_REQ_STATIC_DIR = 1 << 12  /* a static mount found a directory it does not answer for */
 };
 
 typedef struct ms_header_s {
@@ -300,6 +301,8 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s));
 /* Frees the server; the loop must have run until `done` was called. */
 void ms_server_free(ms_server_t *s);
 uv_loop_t *ms_server_loop(ms_server_t *s);
+/* Whether the server is stopping: long-lived replies (event streams) should end. */
+int ms_server_stopping(ms_server_t *s);
 const ms_server_stats_t *ms_server_stats(ms_server_t *s);
 
 /* The logger: one line per event, to stderr unless replaced. */

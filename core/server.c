@@ -442,6 +442,11 @@ int ms_server_port(ms_server_t *s)
     return (int)s->listen_port;
 }
 
+int ms_server_stopping(ms_server_t *s)
+{
+    return s->stopping;
+}
+
 uv_loop_t *ms_server_loop(ms_server_t *s)
 {
     return s->loop;

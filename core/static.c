@@ -64,6 +64,8 @@ typedef struct ms_static_s {
     uint64_t max_bytes, bytes;  /* contents held in memory, cached or still being sent */
     uint64_t budget, budget_at; /* compression tokens, and when they were last added */
     uint64_t generation;
+    uint64_t turn;       /* turns of the loop: a file is checked once per turn */
+    uv_check_t *counter; /* counts them */
     struct watch_s **watches;
     uint32_t nwatches;
 } ms_static_t;
@@ -117,6 +119,16 @@ static const ms_mime_t *mime_table(void)
     return table;
 }
 
+static void count_turn(uv_check_t *h)
+{
+    ((ms_static_t *)h->data)->turn++;
+}
+
+static void free_handle(uv_handle_t *h)
+{
+    ms_mem_free(h);
+}
+
 static ms_static_t *statics(ms_server_t *s)
 {
     if (s->statics == NULL) {
@@ -138,6 +150,12 @@ static ms_static_t *statics(ms_server_t *s)
         mount_init(&st->files, &o);
         st->files.root_fd = -1;
         st->files.prefix = dup_or_null("");
+        st->turn = 1;
+        st->counter = ms_mem_alloc(sizeof(*st->counter));
+        uv_check_init(s->loop, st->counter);
+        st->counter->data = st;
+        uv_check_start(st->counter, count_turn);
+        uv_unref((uv_handle_t *)st->counter);
         s->statics = st;
     }
     return s->statics;
@@ -269,7 +287,7 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     f->mtime_nsec = sb->st_mtim.tv_nsec;
     f->dev = (uint64_t)sb->st_dev;
     f->ino = (uint64_t)sb->st_ino;
-    f->checked = uv_now(s->loop);
+    f->checked = st->turn;
     size_t tl;
     f->type = ms_mime_type(st->mime, key, n, &tl);
     f->type_len = (uint8_t)tl;
@@ -312,7 +330,7 @@ static int open_key(const ms_mount_t *m, const char *key, int *fd, struct stat *
 static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_sfile_t **out)
 {
     ms_static_t *st = s->statics;
-    uint64_t now = uv_now(s->loop);
+    uint64_t now = st->turn;
     uint32_t h = key_hash(m, key, n);
     ms_sfile_t *f = find(st, m, key, n, h);
     if (f != NULL) {
@@ -967,6 +985,9 @@ static int serve_mount(ms_req_t *r, ms_mount_t *m, const fields_t *q)
             return redirect_to_dir(r, m, rel, (size_t)n);
         if (m->o.listing)
             return send_listing(r, m, rel);
+        /* The app answers (404), but must not take the '/' away: that would send the
+         * client back here. */
+        r->v.flags |= MS_REQ_STATIC_DIR;
         return MS_STATIC_MISS;
     }
     if (rc == 0)
@@ -1182,6 +1203,7 @@ void ms__static_free(ms_server_t *s)
         return;
     while (st->lru->newer != st->lru)
         evict(s, st->lru->newer);
+    uv_close((uv_handle_t *)st->counter, free_handle);
     for (uint32_t i = 0; i < st->nwatches; i++)
         uv_close((uv_handle_t *)&st->watches[i]->h, watch_closed);
     for (uint32_t i = 0; i < st->nmounts; i++) {

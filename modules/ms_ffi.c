@@ -200,3 +200,8 @@ MS_FFI double ms_ffi_static_generation(ms_req_t *r)
 {
     return (double)ms_static_generation(ms_conn_server(r->conn));
 }
+
+MS_FFI int ms_ffi_server_stopping(ms_req_t *r)
+{
+    return ms_server_stopping(ms_conn_server(r->conn));
+}

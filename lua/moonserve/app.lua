@@ -1,10 +1,13 @@
 -- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
+local bit = require "bit"
 local canon = require "moonserve.canon"
 local router = require "moonserve.router"
 local security = require "moonserve.security"
 
 local lower, match, sub, type, select = string.lower, string.match, string.sub, type, select
+local band = bit.band
+local STATIC_DIR = 0x1000 -- MS_REQ_STATIC_DIR (core/moonserve.h): a directory the core left to us
 
 local App = {}
 App.__index = App
@@ -471,7 +474,7 @@ function App:handle(req, res)
         rawset(req, "path", path)
         rawset(req, "base_path", base)
     end
-    if app.opts.canonical ~= false then
+    if app.opts.canonical ~= false and band(req.r.flags, STATIC_DIR) == 0 then
         -- One URL per resource: a non-canonical path redirects to the canonical one.
         local c = canon.path(path, app.trailing)
         if c ~= path then

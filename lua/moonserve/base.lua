@@ -60,6 +60,7 @@ void ms_ffi_log(int level, const char *msg, size_t len);
 int ms_ffi_static_serve(ms_req_view_t *r, int id);
 int ms_ffi_static_file(ms_req_view_t *r, const char *path, size_t len, int typed);
 double ms_ffi_static_generation(ms_req_view_t *r);
+int ms_ffi_server_stopping(ms_req_view_t *r);
 ]]
 end
 
@@ -69,6 +70,7 @@ _M.REQ_DONE = 0x002
 _M.REQ_ABORTED = 0x004
 _M.REQ_BODY_DONE = 0x008
 _M.REQ_HAS_BODY = 0x010
+_M.REQ_STATIC_DIR = 0x1000
 
 -- libuv's EAGAIN: "nothing yet, wait".
 _M.EAGAIN = -11

@@ -1,10 +1,12 @@
 -- moonserve/live.lua: live reload for development. Pages from a static mount with
 -- live_reload carry a small script that listens on /.moonserve/live; this handler sends it
 -- an event when a file under a watched directory changes, and the page reloads.
+local bit = require "bit"
 local base = require "moonserve.base"
 local sleep = require("moonserve").sleep
 
 local C = base.C
+local band, ABORTED = bit.band, base.REQ_ABORTED
 
 local _M = {}
 
@@ -20,7 +22,8 @@ function _M.stream(req, res)
         return
     end
     local quiet = 0
-    while true do
+    -- Until the page goes away, or the server stops (which must not wait for a page).
+    while band(r.flags, ABORTED) == 0 and C.ms_ffi_server_stopping(r) == 0 do
         sleep(POLL)
         local now = C.ms_ffi_static_generation(r)
         local msg

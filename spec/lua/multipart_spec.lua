@@ -414,9 +414,10 @@ describe("moonserve.multipart", function()
         local log = f:read("*a")
         f:close()
         os.remove(file)
-        -- Which traces form (a loop, or side traces ending in return) depends on what ran
-        -- before; what must hold is that the parser's code compiles and nothing aborts.
-        assert.matches("TRACE%s+%d+ multipart%.lua", log)
+        -- Which traces form (the loop above with the parser inlined, or the parser's own
+        -- traces) depends on what ran before; what must hold is that the data path compiles
+        -- and nothing aborts.
+        assert.matches("TRACE%s+%d+ multipart", log)
         assert.not_matches("NYI", log)
         assert.not_matches("abort", log)
     end)

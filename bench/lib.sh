@@ -10,9 +10,15 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SERVER_CPU=${BENCH_SERVER_CPU:-0}
 CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
 MOONSERVE=${MOONSERVE:-moonserve}
-ALL_SERVERS=(moonserve nginx-lua nginx h2o node)
+ALL_SERVERS=(moonserve nginx-lua nginx h2o node)   # what the scripts run when not told
+# Run only when named: nginx with open_file_cache, a variant that matters for files alone.
+KNOWN_SERVERS=("${ALL_SERVERS[@]}" nginx-ofc)
 WORKERS=1          # workers per server; only compare changes it (set_workers)
 SERVER_NCPU=1      # CPUs the server's CPU share is a percentage of
+# nginx corks a reply's head and its sendfile body into full segments (tcp_nopush); "off"
+# shows what that is worth on large files.
+NGINX_NOPUSH=${BENCH_NGINX_NOPUSH:-on}
+[[ $NGINX_NOPUSH == on || $NGINX_NOPUSH == off ]] || { echo "error: BENCH_NGINX_NOPUSH must be on or off" >&2; exit 1; }
 
 WORK=""            # the run's temporary directory
 NGINX_MODULES=""   # directory holding the ndk and lua modules for nginx-lua
@@ -175,11 +181,55 @@ find_lua_modules() {
     return 1
 }
 
+# The files every server serves under /static: random bytes, which no server compresses
+# (10k.bin, 1m.bin, 2m.bin), and one 10 KiB page twice, as text/10k.html for compression
+# on the fly and as pre/10k.html with sidecars made ahead (10k.html.gz, and 10k.html.br
+# when the brotli command is there), for servers that send those instead.
 make_static_files() {
-    mkdir -p "$WORK/www/static"
-    head -c 10240 /dev/urandom >"$WORK/www/static/10k.bin"
-    head -c 1048576 /dev/urandom >"$WORK/www/static/1m.bin"
+    local d="$WORK/www/static"
+    mkdir -p "$d/text" "$d/pre"
+    head -c 10240 /dev/urandom >"$d/10k.bin"
+    head -c 1048576 /dev/urandom >"$d/1m.bin"
+    head -c 2097152 /dev/urandom >"$d/2m.bin"
+    make_page >"$WORK/page.html"   # whole, then cut: head closing a pipe would kill awk
+    head -c 10240 "$WORK/page.html" >"$d/text/10k.html"
+    cp "$d/text/10k.html" "$d/pre/10k.html"
+    gzip -9 -n -c "$d/pre/10k.html" >"$d/pre/10k.html.gz"
+    if command -v brotli >/dev/null; then
+        brotli -q 11 -c "$d/pre/10k.html" >"$d/pre/10k.html.br"
+    else
+        log "note: no brotli command; pre/10k.html has a .gz sidecar only"
+    fi
     chmod -R a+rX "$WORK/www"
+}
+
+# Prints a page of HTML with inline style and script, more than 10 KiB of it, the same on
+# every run (a fixed seed). gzip -1 takes 10 KiB of it to about 3 KiB, as it does real pages.
+make_page() {
+    awk 'BEGIN {
+        srand(6)
+        nw = split("the a of to and in file server request reply cache header static page " \
+            "open send read write body length type date range part bytes client connection " \
+            "keep alive worker loop event socket buffer queue route handler table string " \
+            "number value", w, " ")
+        print "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">"
+        print "<title>Static files</title>\n<style>"
+        for (i = 0; i < 40; i++)
+            printf ".c%d { margin: %dpx %dpx; padding: %dpx; color: #%06x; }\n", i,
+                int(rand() * 24), int(rand() * 24), int(rand() * 12), int(rand() * 16777216)
+        print "</style>\n<script>"
+        for (i = 0; i < 12; i++)
+            printf "function f%d(x) { return x * %d + %d; }\n", i, int(rand() * 100), int(rand() * 1000)
+        print "</script>\n</head>\n<body>"
+        for (p = 0; p < 200; p++) {
+            printf "<p class=\"c%d\">", int(rand() * 40)
+            n = 6 + int(rand() * 14)
+            for (i = 0; i < n; i++)
+                printf "%s%s", (i ? " " : ""), w[1 + int(rand() * nw)]
+            print "</p>"
+        }
+        print "</body>\n</html>"
+    }'
 }
 
 # -- Ports and processes -------------------------------------------------------
@@ -286,6 +336,13 @@ write_nginx_conf() {
         hello='default_type text/plain;
             return 200 "hello world";'
     fi
+    # nginx-ofc keeps files open, with their sizes and times, for up to 60 s instead of
+    # opening and closing them on each request (the .gz beside a file too, for gzip_static).
+    local ofc=""
+    if [ "$name" = nginx-ofc ]; then
+        ofc='open_file_cache max=1000 inactive=60s;
+    open_file_cache_valid 60s;'
+    fi
     mkdir -p "$dir/tmp"
     {
         if [ "$name" = nginx-lua ]; then
@@ -309,9 +366,10 @@ http {
     access_log off;
     default_type application/octet-stream;
     sendfile on;
-    tcp_nopush on;
+    tcp_nopush $NGINX_NOPUSH;
     keepalive_timeout 300s;
     keepalive_requests 1000000;
+    $ofc
     client_body_temp_path $dir/tmp/body;
     proxy_temp_path $dir/tmp/proxy;
     fastcgi_temp_path $dir/tmp/fastcgi;
@@ -331,6 +389,19 @@ EOF
         $json
         location /static/ {
             root $WORK/www;
+        }
+        # Compressed per request (text/html is always among gzip_types); Debian's nginx
+        # has no brotli module, so these answer gzip to "br, gzip".
+        location /static/text/ {
+            root $WORK/www;
+            gzip on;
+            gzip_comp_level 1;
+            gzip_vary on;
+        }
+        location /static/pre/ {
+            root $WORK/www;
+            gzip_static on;
+            gzip_vary on;
         }
     }
 EOF
@@ -354,6 +425,12 @@ error-log: $dir/error.log
 hosts:
   default:
     paths:
+      /static/text:
+        file.dir: $WORK/www/static/text
+        compress: ON
+      /static/pre:
+        file.dir: $WORK/www/static/pre
+        file.send-compressed: ON
       /static:
         file.dir: $WORK/www/static
 EOF
@@ -422,7 +499,7 @@ start_server() {
     chmod 755 "$dir"
     port=$(free_port)
     case $name in
-    nginx | nginx-lua)
+    nginx | nginx-lua | nginx-ofc)
         if ! command -v nginx >/dev/null; then
             skip "$name" "nginx is not installed"
             return 1
@@ -466,25 +543,28 @@ start_server() {
         local w=0
         [ "$WORKERS" -gt 1 ] && w=$WORKERS
         cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers "$w")
+        # The peers' keep-alive rules: 300 s idle, and no cap that matters on requests per
+        # connection (moonserve's default closes a connection after 1000).
+        limits=(--limit idle_timeout=300 --limit requests_per_connection=1000000)
         if [ "$mode" = idle ]; then
             # The defaults cap connections from one address well below 10k.
-            limits=(--limit idle_timeout=300 --limit connections=20000 --limit per_source=20000)
+            limits+=(--limit connections=20000 --limit per_source=20000)
         fi
         h2port=$port # tried; a case check decides whether it answers HTTP/2
         ;;
     *)
-        die "unknown server '$name' (known: ${ALL_SERVERS[*]})"
+        die "unknown server '$name' (known: ${KNOWN_SERVERS[*]})"
         ;;
     esac
 
     local launcher
     if ! launch "$dir" "$port" "${cmd[@]}" "${limits[@]}"; then
-        if [ ${#limits[@]} -gt 2 ]; then
+        if [ ${#limits[@]} -gt 4 ]; then
             # A build that does not know every limit key yet refuses to start with them;
             # without them its per-address cap may refuse connections, which the idle
             # report shows as fewer connections still open.
-            log "moonserve refused the connection limits; retrying with idle_timeout alone"
-            launch "$dir" "$port" "${cmd[@]}" "${limits[@]:0:2}" || launcher=""
+            log "moonserve refused the connection limits; retrying with the keep-alive limits alone"
+            launch "$dir" "$port" "${cmd[@]}" "${limits[@]:0:4}" || launcher=""
         else
             launcher=""
         fi
@@ -545,6 +625,131 @@ stop_server() {
 
 server_alive() {
     [ -n "${SRV_PID[$1]:-}" ] && kill -0 "${SRV_PID[$1]}" 2>/dev/null
+}
+
+# -- Cases -----------------------------------------------------------------------
+
+# A case is a path, the wrk arguments that go with it and a check of the answer; compare
+# loads them and syscalls counts them. The files are those of make_static_files.
+ACCEPT_ENCODING="br, gzip"   # static10k-enc and static10k-pre
+# static2m-parts: the 2 MiB file in 8 Range requests of 256 KiB, in turn on each connection
+# (bench/ranges.lua reads these two).
+export RANGE_PIECE=262144 RANGE_PIECES=8
+
+declare -A COND_ARGS   # server -> the If-None-Match / If-Modified-Since pair for the 304 case
+declare -A CASE_NOTE   # "server case" -> what the check saw that a report should show
+CHECK_WHY=""
+CASE_ARGS=()
+
+case_path() {
+    case $1 in
+    static10k | 304) echo /static/10k.bin ;;
+    static10k-enc) echo /static/text/10k.html ;;
+    static10k-pre) echo /static/pre/10k.html ;;
+    static1m) echo /static/1m.bin ;;
+    static2m-parts) echo /static/2m.bin ;;
+    json) echo /json ;;
+    *) echo / ;;
+    esac
+}
+
+# case_args SERVER CASE: sets CASE_ARGS to the case's wrk arguments (for 304, the validators
+# check_case found on that server).
+case_args() {
+    CASE_ARGS=()
+    case $2 in
+    pipeline16) CASE_ARGS=(-s "$BENCH_DIR/pipeline.lua") ;;
+    churn) CASE_ARGS=(-H "Connection: close") ;;
+    304) eval "CASE_ARGS=(${COND_ARGS[$1]})" ;;
+    static10k-enc | static10k-pre) CASE_ARGS=(-H "Accept-Encoding: $ACCEPT_ENCODING") ;;
+    static2m-parts) CASE_ARGS=(-s "$BENCH_DIR/ranges.lua") ;;
+    esac
+}
+
+# Prints the value of field NAME (lowercase) in a head that curl -D wrote, lowercased.
+head_field() {
+    tr -d '\r' <"$2" | awk -v n="$1:" 'tolower($1) == n { sub(/^[^:]*: */, ""); print tolower($0); exit }'
+}
+
+# check_case SERVER CASE: makes sure the server gives the expected answer before it is
+# loaded, so that a fast stream of errors is never reported as a result. On failure sets
+# CHECK_WHY and returns 1. Runs in the caller's shell, not a subshell: it keeps the 304
+# case's validators (COND_ARGS) and the coding a server sends (CASE_NOTE).
+check_case() {
+    local s=$1 c=$2 url code body hdrs etag lm path
+    path=$(case_path "$c")
+    url="http://127.0.0.1:${SRV_PORT[$s]}$path"
+    case $c in
+    hello | pipeline16 | churn | json)
+        body=$(curl -s --max-time 5 -w '\n%{http_code}' "$url" || true)
+        code=${body##*$'\n'}
+        body=${body%$'\n'*}
+        [ "$code" = 200 ] || { CHECK_WHY="GET $path answered '$code'"; return 1; }
+        if [ "$c" = json ]; then
+            [[ $body == *'"hello world"'* && $body == *42* ]] || { CHECK_WHY="unexpected JSON body"; return 1; }
+        else
+            [ "$body" = "hello world" ] || { CHECK_WHY="unexpected body"; return 1; }
+        fi
+        ;;
+    static10k | static1m)
+        code=$(curl -s --max-time 5 -o "$WORK/check.body" -w '%{http_code}' "$url" || true)
+        [ "$code" = 200 ] || { CHECK_WHY="GET $path answered '$code'"; return 1; }
+        cmp -s "$WORK/check.body" "$WORK/www$path" || { CHECK_WHY="GET $path: not the file's bytes"; return 1; }
+        ;;
+    static10k-enc | static10k-pre)
+        # The coding the server picks, as sent; then the body decoded must be the file.
+        code=$(curl -s --max-time 5 -H "Accept-Encoding: $ACCEPT_ENCODING" -D "$WORK/check.head" \
+            -o "$WORK/check.body" -w '%{http_code}' "$url" || true)
+        [ "$code" = 200 ] || { CHECK_WHY="GET $path answered '$code'"; return 1; }
+        local enc size
+        enc=$(head_field content-encoding "$WORK/check.head")
+        size=$(wc -c <"$WORK/check.body")
+        case $enc in
+        br | gzip) ;;
+        *) CHECK_WHY="no br or gzip for '$ACCEPT_ENCODING' (content-encoding '${enc:-none}')"; return 1 ;;
+        esac
+        curl -s --max-time 5 --compressed -H "Accept-Encoding: $ACCEPT_ENCODING" -o "$WORK/check.body" "$url" || true
+        cmp -s "$WORK/check.body" "$WORK/www$path" || { CHECK_WHY="the $enc body does not decode to the file"; return 1; }
+        CASE_NOTE["$s $c"]="sends $enc, $size bytes"
+        ;;
+    static2m-parts)
+        local i first last want
+        for i in $(seq 0 $((RANGE_PIECES - 1))); do
+            first=$((i * RANGE_PIECE))
+            last=$((first + RANGE_PIECE - 1))
+            code=$(curl -s --max-time 5 -H "Range: bytes=$first-$last" -D "$WORK/check.head" \
+                -o "$WORK/check.body" -w '%{http_code}' "$url" || true)
+            [ "$code" = 206 ] || { CHECK_WHY="Range bytes=$first-$last answered '$code'"; return 1; }
+            want="bytes $first-$last/$(wc -c <"$WORK/www$path")"
+            [ "$(head_field content-range "$WORK/check.head")" = "$want" ] ||
+                { CHECK_WHY="Range bytes=$first-$last: content-range is not '$want'"; return 1; }
+            dd if="$WORK/www$path" of="$WORK/check.want" bs="$RANGE_PIECE" skip="$i" count=1 status=none
+            cmp -s "$WORK/check.body" "$WORK/check.want" ||
+                { CHECK_WHY="Range bytes=$first-$last: not the file's bytes"; return 1; }
+        done
+        ;;
+    304)
+        hdrs=$(curl -s --max-time 5 -D - -o /dev/null "$url" | tr -d '\r' || true)
+        etag=$(awk 'tolower($1) == "etag:" { sub(/^[^:]*: */, ""); print }' <<<"$hdrs")
+        lm=$(awk 'tolower($1) == "last-modified:" { sub(/^[^:]*: */, ""); print }' <<<"$hdrs")
+        local args=()
+        [ -n "$etag" ] && args+=(-H "If-None-Match: $etag")
+        [ -n "$lm" ] && args+=(-H "If-Modified-Since: $lm")
+        [ ${#args[@]} -gt 0 ] || { CHECK_WHY="no ETag or Last-Modified"; return 1; }
+        code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "${args[@]}" "$url" || true)
+        [ "$code" = 304 ] || { CHECK_WHY="conditional GET answered '$code'"; return 1; }
+        COND_ARGS[$s]=$(printf '%q ' "${args[@]}")
+        ;;
+    h2hello)
+        [ -n "${SRV_H2PORT[$s]}" ] || { CHECK_WHY="no HTTP/2 listener"; return 1; }
+        body=$(timeout 10 h2load -n 8 -c 1 -t 1 "http://127.0.0.1:${SRV_H2PORT[$s]}/" 2>&1 || true)
+        [[ $body == *"8 succeeded"* && $body == *"8 2xx"* ]] || { CHECK_WHY="no prior-knowledge h2c answer"; return 1; }
+        ;;
+    *)
+        CHECK_WHY="unknown case '$c'"
+        return 1
+        ;;
+    esac
 }
 
 # -- Load ------------------------------------------------------------------------

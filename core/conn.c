@@ -43,18 +43,18 @@ void ms_conn_peer(ms_conn_t *c, char *buf, size_t len)
         c->io->peer(c, buf, len);
 }
 
-static void out_release(ms_server_t *s, ms_out_t *o);
-
 static void conn_free(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
     ms_timer_stop(s, &c->timer);
     if (c->h1 != NULL)
         ms__h1_free(s, c->h1);
+    if (c->h2 != NULL)
+        ms__h2_free(c);
     if (c->pend != NULL)
-        out_release(s, c->pend);
+        ms__out_release(s, c->pend);
     if (c->flight != NULL)
-        out_release(s, c->flight);
+        ms__out_release(s, c->flight);
     if (c->source_counted)
         ms__source_remove(s, c);
     c->prev->next = c->next;
@@ -75,6 +75,8 @@ void ms__conn_close(ms_conn_t *c, int graceful)
     ms_timer_stop(c->server, &c->timer);
     if (c->h1 != NULL && (c->h1->req.v.flags & MS_REQ_IN_HANDLER))
         ms__req_abort(&c->h1->req);
+    if (c->h2 != NULL)
+        ms__h2_abort(c);
     c->io->close(c, graceful);
 }
 
@@ -91,7 +93,7 @@ void ms__conn_release(ms_conn_t *c)
 
 void ms_conn_eof(ms_conn_t *c, int err)
 {
-    if (err != UV_EOF) {
+    if (err != UV_EOF || c->h2 != NULL) {
         ms__conn_close(c, 0);
         return;
     }
@@ -127,7 +129,10 @@ void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
     /* Bytes end idleness; a head's and a body's deadlines stay (trickling earns nothing). */
     if (c->phase == MS_PHASE_IDLE)
         c->phase = MS_PHASE_NONE;
-    ms__h1_feed(c, data, len);
+    if (c->h2 != NULL)
+        ms__h2_feed(c, data, len);
+    else
+        ms__h1_feed(c, data, len);
 }
 
 /* -- Reply queue ------------------------------------------------------------------------- */
@@ -156,6 +161,21 @@ void ms__out_destroy(void *p)
 }
 
 /* Puts a queue's Lua strings on the released list, lets go of its files and empties it. */
+static inline void out_written(ms_server_t *s, ms_out_t *o);
+
+void ms__out_clear(ms_server_t *s, ms_out_t *o)
+{
+    out_written(s, o);
+}
+
+/* Keeps the Lua string of `anchor` alive until what is queued before this point is written. */
+void ms__out_hold(ms_server_t *s, ms_out_t *o, int32_t anchor)
+{
+    ms__out_vec(s, o, "", 1, MS_VEC_LUA, anchor);
+    o->vecs[o->nvecs - 1].len = 0;
+    o->bytes--;
+}
+
 static inline void out_written(ms_server_t *s, ms_out_t *o)
 {
     for (uint32_t i = 0; o->held > 0 && i < o->nvecs; i++) {
@@ -171,7 +191,7 @@ static inline void out_written(ms_server_t *s, ms_out_t *o)
     o->buf.len = 0;
 }
 
-static void out_release(ms_server_t *s, ms_out_t *o)
+void ms__out_release(ms_server_t *s, ms_out_t *o)
 {
     out_written(s, o);
     if (!ms__recycle_put(&s->out_free, o))
@@ -238,7 +258,7 @@ static void maybe_close(ms_conn_t *c)
 }
 
 /* Moves the queue's write position `n` bytes on. */
-static void out_advance(ms_out_t *o, size_t n)
+void ms__out_advance(ms_out_t *o, size_t n)
 {
     o->bytes -= n;
     while (n > 0) {
@@ -278,7 +298,7 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
     if (c->io->sendfile != NULL && *budget > 0) {
         ssize_t n = c->io->sendfile(c, f->fd, off, left < *budget ? left : *budget);
         if (n > 0) {
-            out_advance(o, (size_t)n);
+            ms__out_advance(o, (size_t)n);
             *budget -= (size_t)n < *budget ? (size_t)n : *budget;
             return 1;
         }
@@ -303,7 +323,7 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
         if (rc < 0 && rc != UV_EAGAIN)
             return rc;
         size_t done = rc > 0 ? (size_t)rc : 0;
-        out_advance(o, done);
+        ms__out_advance(o, done);
         *budget -= done < *budget ? done : *budget;
         if (done == (size_t)got)
             return 1;
@@ -361,7 +381,7 @@ static int out_write(ms_conn_t *c, ms_out_t *o)
             o->bytes -= done;
             continue;
         }
-        out_advance(o, done);
+        ms__out_advance(o, done);
         /* The kernel's buffer is full: skip what went out, the rest waits for the socket. */
         unsigned k = 0;
         while (done >= iov[k].len) {
@@ -414,7 +434,7 @@ void ms__conn_flush(ms_conn_t *c)
         if (c->pend == NULL)
             c->pend = o; /* kept for the next reply, with its buffers */
         else
-            out_release(s, o);
+            ms__out_release(s, o);
     }
     maybe_close(c);
 }
@@ -431,7 +451,7 @@ void ms_conn_write_done(ms_conn_t *c, int status)
             o->chunk = NULL;
         }
         if (status >= 0)
-            out_advance(o, o->async_bytes);
+            ms__out_advance(o, o->async_bytes);
         o->async_bytes = 0;
     }
     if (status < 0) {
@@ -440,7 +460,10 @@ void ms_conn_write_done(ms_conn_t *c, int status)
     }
     if (c->phase == MS_PHASE_SEND)
         c->phase = MS_PHASE_NONE; /* progress */
-    ms__conn_flush(c);
+    if (c->h2 != NULL)
+        ms__h2_flush(c); /* frames that waited for room */
+    else
+        ms__conn_flush(c);
     ms__conn_drain_check(c);
     ms__conn_rearm(c);
 }
@@ -450,16 +473,22 @@ size_t ms__conn_queued(ms_conn_t *c)
     return (c->pend ? c->pend->bytes : 0) + (c->flight ? c->flight->bytes : 0);
 }
 
+/* Reply bytes of `r` not yet written: the connection's, and on HTTP/2 its stream's. */
+size_t ms__req_queued(ms_req_t *r)
+{
+    return ms__conn_queued(r->conn) + (r->conn->h2 != NULL ? ms__h2_stream_out(r)->bytes : 0);
+}
+
 int ms_reply_congested(ms_req_t *r)
 {
-    return ms__conn_queued(r->conn) > MS_OUT_HIGH_WATER;
+    return ms__req_queued(r) > MS_OUT_HIGH_WATER;
 }
 
 /* Gives an idle connection's reply queue back to the worker. */
 void ms__conn_idle(ms_conn_t *c)
 {
     if (c->pend != NULL && c->pend->nvecs == 0 && c->flight == NULL) {
-        out_release(c->server, c->pend);
+        ms__out_release(c->server, c->pend);
         c->pend = NULL;
     }
 }
@@ -538,6 +567,10 @@ void ms__conn_rearm(ms_conn_t *c)
             ms__conn_arm(c, MS_PHASE_SEND, lim->send_timeout_ms);
         return;
     }
+    if (c->h2 != NULL) {
+        ms__h2_rearm(c);
+        return;
+    }
     /* A body we hold back (backpressure, or 100 Continue not yet sent) is not late. */
     if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF) &&
         !(h->req.v.flags & MS_REQ_EXPECT)) {
@@ -577,6 +610,10 @@ void ms__conn_start(ms_conn_t *c)
 void ms__conn_drain_check(ms_conn_t *c)
 {
     ms_h1_t *h = c->h1;
+    if (c->h2 != NULL) {
+        ms__h2_drain_check(c);
+        return;
+    }
     if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN &&
         (h->req.drain_all ? ms__conn_queued(c) == 0 : !ms_reply_congested(&h->req)))
         ms__req_wake(&h->req, MS_WAIT_DRAIN);

@@ -652,6 +652,16 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
         }
         switch (h->state) {
         case MS_H1_HEAD: {
+            if (MS_UNLIKELY(c->requests == 0 && h->scan == 0 && *p == 'P')) {
+                /* HTTP/2 with prior knowledge: the connection preface instead of a request. */
+                size_t n = (size_t)(end - p);
+                if (memcmp(p, MS_H2_PREFACE, n < MS_H2_PREFACE_LEN ? n : MS_H2_PREFACE_LEN) == 0) {
+                    if (n < MS_H2_PREFACE_LEN)
+                        return p;
+                    ms__h2_start(c, p, n);
+                    return end;
+                }
+            }
             if (h->scan == 0) {
                 /* RFC 9112 2.2: ignore empty lines before a request line. */
                 while (end - p >= 2 && p[0] == '\r' && p[1] == '\n')

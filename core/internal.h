@@ -106,6 +106,7 @@ struct ms_conn_s {
     ms_server_t *server;
     const ms_io_t *io;
     ms_h1_t *h1;            /* from the worker's recycle list while the connection is active */
+    struct ms_h2_s *h2;     /* the HTTP/2 session, once the connection speaks it (h1 is NULL) */
     ms_out_t *pend;         /* replies not yet written */
     ms_out_t *flight;       /* replies being written (io->write may hold part of them) */
     ms_conn_t *prev, *next; /* the worker's list of open connections */
@@ -195,6 +196,11 @@ void ms__conn_release(ms_conn_t *c);
 void ms__conn_idle(ms_conn_t *c);
 void ms__conn_rearm(ms_conn_t *c);
 size_t ms__conn_queued(ms_conn_t *c);
+size_t ms__req_queued(ms_req_t *r);
+void ms__out_advance(ms_out_t *o, size_t n);
+void ms__out_release(ms_server_t *s, ms_out_t *o);
+void ms__out_clear(ms_server_t *s, ms_out_t *o);
+void ms__out_hold(ms_server_t *s, ms_out_t *o, int32_t anchor);
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
 void ms__conn_start(ms_conn_t *c);
 void ms__conn_drain_check(ms_conn_t *c);
@@ -234,6 +240,25 @@ void ms__h1_free(ms_server_t *s, ms_h1_t *h);
 void ms__h1_destroy(void *p);
 void ms__h1_timeout(ms_conn_t *c, int phase);
 void ms__h1_refuse_body(ms_conn_t *c);
+
+/* h2.c */
+int ms__h2_start(ms_conn_t *c, const char *data, size_t len);
+void ms__h2_feed(ms_conn_t *c, const char *data, size_t len);
+void ms__h2_flush(ms_conn_t *c);
+void ms__h2_free(ms_conn_t *c);
+void ms__h2_abort(ms_conn_t *c);
+void ms__h2_rearm(ms_conn_t *c);
+void ms__h2_drain_check(ms_conn_t *c);
+void ms__h2_stop(ms_conn_t *c);
+void ms__h2_reply_head(ms_req_t *r, int64_t clen);
+ms_out_t *ms__h2_stream_out(ms_req_t *r);
+void ms__h2_req_finished(ms_req_t *r);
+void ms__h2_fail(ms_req_t *r);
+void ms__h2_refuse_body(ms_req_t *r);
+void ms__h2_body_taken(ms_req_t *r, size_t n);
+/* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
+#define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#define MS_H2_PREFACE_LEN 24
 
 /* timer.c */
 void ms__timers_run(uv_timer_t *ut);

@@ -163,10 +163,12 @@ static void drop_anchor(ms_server_t *s, int owner, int32_t anchor)
         s->anchor_released[s->anchor_released_n++] = anchor;
 }
 
-/* Queues a body piece: copied if small or not ours to keep, referenced otherwise. */
-static void queue_body(ms_conn_t *c, const char *p, size_t len, int owner, int32_t anchor)
+/* Queues a body piece: copied if small or not ours to keep, referenced otherwise. An
+ * HTTP/2 stream keeps its own queue, which DATA frames take from. */
+static void queue_body(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
 {
-    ms_out_t *o = ms__conn_out(c);
+    ms_conn_t *c = r->conn;
+    ms_out_t *o = c->h2 != NULL ? ms__h2_stream_out(r) : ms__conn_out(c);
     if (owner == MS_VEC_OUT || (len <= MS_COPY_BODY_MAX && owner == MS_VEC_LUA)) {
         ms__out_text(c->server, o, p, len);
         drop_anchor(c->server, owner, anchor);
@@ -179,6 +181,26 @@ static inline int bodyless(const ms_req_t *r)
 {
     int st = r->v.status;
     return st < 200 || st == 204 || st == 304;
+}
+
+/* What differs between the protocols: how the head leaves, where body pieces queue, and
+ * when the queue is written (not from inside a read: the read writes once at its end). */
+static inline void reply_head(ms_req_t *r, int64_t clen)
+{
+    if (r->conn->h2 != NULL)
+        ms__h2_reply_head(r, clen);
+    else
+        ms__h1_reply_head(r, clen);
+}
+
+static inline void flush(ms_conn_t *c)
+{
+    if (c->flags & MS_CONN_IN_FEED)
+        return;
+    if (c->h2 != NULL)
+        ms__h2_flush(c);
+    else
+        ms__conn_flush(c);
 }
 
 int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t anchor)
@@ -195,13 +217,12 @@ int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t 
         return 0;
     }
     int none = bodyless(r);
-    ms__h1_reply_head(r, none ? -2 : (int64_t)len);
+    reply_head(r, none ? -2 : (int64_t)len);
     if (!none && !(r->v.flags & MS_REQ_IS_HEAD) && len > 0)
-        queue_body(c, body, len, owner, anchor);
+        queue_body(r, body, len, owner, anchor);
     else
         drop_anchor(c->server, owner, anchor);
-    if (!(c->flags & MS_CONN_IN_FEED))
-        ms__conn_flush(c);
+    flush(c);
     return 0;
 }
 
@@ -215,7 +236,7 @@ int ms_reply_begin(ms_req_t *r, uint64_t total)
         r->v.flags |= MS_REQ_HEAD_SENT;
         return 0;
     }
-    ms__h1_reply_head(r, bodyless(r) ? -2 : (int64_t)total);
+    reply_head(r, bodyless(r) ? -2 : (int64_t)total);
     return 0;
 }
 
@@ -236,7 +257,7 @@ int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t an
         drop_anchor(c->server, owner, anchor);
         return 0;
     }
-    queue_body(c, p, len, owner, anchor);
+    queue_body(r, p, len, owner, anchor);
     return 0;
 }
 
@@ -252,7 +273,8 @@ int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
     if ((r->v.flags & (MS_REQ_ABORTED | MS_REQ_IS_HEAD)) || (c->flags & MS_CONN_CLOSED) ||
         bodyless(r))
         return 0;
-    return ms__out_file(c->server, ms__conn_out(c), f, off, (size_t)len);
+    ms_out_t *o = c->h2 != NULL ? ms__h2_stream_out(r) : ms__conn_out(c);
+    return ms__out_file(c->server, o, f, off, (size_t)len);
 }
 
 int ms_reply_end(ms_req_t *r)
@@ -265,8 +287,7 @@ int ms_reply_end(ms_req_t *r)
         return MS_ETOOBIG;
     }
     r->v.flags |= MS_REQ_DONE;
-    if (!(c->flags & MS_CONN_IN_FEED))
-        ms__conn_flush(c);
+    flush(c);
     return 0;
 }
 
@@ -284,13 +305,14 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
         return MS_ECLOSED;
     }
     if (!(r->v.flags & MS_REQ_HEAD_SENT))
-        ms__h1_reply_head(r, bodyless(r) ? -2 : -1);
+        reply_head(r, bodyless(r) ? -2 : -1);
     if (len == 0 || bodyless(r) || (r->v.flags & MS_REQ_IS_HEAD)) {
         drop_anchor(s, owner, anchor);
         return 0; /* an empty chunk would end the body */
     }
-    ms_out_t *o = ms__conn_out(c);
+    ms_out_t *o = c->pend;
     if (r->v.flags & MS_REQ_CHUNKED_OUT) {
+        o = ms__conn_out(c);
         char *w = ms__out_reserve(o, 20);
         int n = 0;
         static const char hex[] = "0123456789abcdef";
@@ -303,18 +325,22 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
         w[n + 1] = '\n';
         ms__out_commit(s, o, (size_t)n + 2);
     }
-    queue_body(c, chunk, len, owner, anchor);
+    queue_body(r, chunk, len, owner, anchor);
     if (r->v.flags & MS_REQ_CHUNKED_OUT)
         ms__out_text(s, o, "\r\n", 2);
-    if (!(c->flags & MS_CONN_IN_FEED))
-        ms__conn_flush(c);
+    flush(c);
     return 0;
 }
 
 void ms_req_fail(ms_req_t *r)
 {
-    /* A reply cut short must not look complete: no last chunk, and the connection closes. */
+    /* A reply cut short must not look complete: no last chunk, and the connection closes
+     * (on HTTP/2, the stream is reset). */
     if ((r->v.flags & MS_REQ_HEAD_SENT) && !(r->v.flags & MS_REQ_DONE)) {
+        if (r->conn->h2 != NULL) {
+            ms__h2_fail(r);
+            return;
+        }
         r->v.flags |= MS_REQ_DONE | MS_REQ_CLOSE;
         r->conn->flags |= MS_CONN_CLOSING;
     }
@@ -330,8 +356,7 @@ void ms_req_finish(ms_req_t *r)
         if ((r->v.flags & MS_REQ_CHUNKED_OUT) && !(r->v.flags & MS_REQ_ABORTED) &&
             !(c->flags & MS_CONN_CLOSED)) {
             ms__out_text(c->server, ms__conn_out(c), "0\r\n\r\n", 5);
-            if (!(c->flags & MS_CONN_IN_FEED))
-                ms__conn_flush(c);
+            flush(c);
         }
     }
     r->v.flags &= ~MS_REQ_IN_HANDLER;
@@ -339,7 +364,10 @@ void ms_req_finish(ms_req_t *r)
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
     ms_timer_stop(c->server, &r->timer);
-    ms__h1_req_finished(c);
+    if (c->h2 != NULL)
+        ms__h2_req_finished(r);
+    else
+        ms__h1_req_finished(c);
 }
 
 /* -- Waiting ----------------------------------------------------------------------------- */
@@ -361,8 +389,12 @@ static int over_limit(ms_req_t *r)
     uint64_t declared = r->v.content_length > 0 ? (uint64_t)r->v.content_length : 0;
     if (declared <= r->body_limit && r->body_seen <= r->body_limit)
         return 0;
-    if (!(r->v.flags & MS_REQ_BODY_ERROR))
-        ms__h1_refuse_body(r->conn);
+    if (!(r->v.flags & MS_REQ_BODY_ERROR)) {
+        if (r->conn->h2 != NULL)
+            ms__h2_refuse_body(r);
+        else
+            ms__h1_refuse_body(r->conn);
+    }
     return 1;
 }
 
@@ -374,14 +406,19 @@ int64_t ms_req_body_take(ms_req_t *r, const char **out)
     if (MS_UNLIKELY(over_limit(r)))
         return MS_ETOOBIG;
     if (r->v.flags & MS_REQ_BODY_ERROR)
-        return r->conn->h1 && r->conn->h1->status == 413 ? MS_ETOOBIG : MS_EBADREQ;
+        return (r->conn->h1 && r->conn->h1->status == 413) || r->body_seen > r->body_limit
+                   ? MS_ETOOBIG
+                   : MS_EBADREQ;
     size_t n = r->body.len;
     if (n > 0) {
         /* The bytes stay where they are until the core appends again, which happens only
          * after the handler yields; Lua copies them before that. */
         *out = r->body.base;
         r->body.len = 0;
-        ms__h1_body_drained(r->conn);
+        if (r->conn->h2 != NULL)
+            ms__h2_body_taken(r, n);
+        else
+            ms__h1_body_drained(r->conn);
         return (int64_t)n;
     }
     return (r->v.flags & MS_REQ_BODY_DONE) ? 0 : UV_EAGAIN;
@@ -402,8 +439,7 @@ int ms_req_wait_body(ms_req_t *r)
         if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
             ms__out_vec(c->server, ms__conn_out(c), "HTTP/1.1 100 Continue\r\n\r\n", 25,
                         MS_VEC_STATIC, -1);
-            if (!(c->flags & MS_CONN_IN_FEED))
-                ms__conn_flush(c);
+            flush(c);
         }
     }
     r->v.wait = MS_WAIT_BODY;
@@ -432,10 +468,9 @@ int ms_req_wait_drain(ms_req_t *r, int all)
         return MS_ECLOSED;
     if (r->v.wait != MS_WAIT_NONE)
         return MS_EBUSY;
-    if (!(c->flags & MS_CONN_IN_FEED))
-        ms__conn_flush(c);
+    flush(c);
     r->drain_all = (uint8_t)(all != 0);
-    if (all ? ms__conn_queued(c) == 0 : !ms_reply_congested(r))
+    if (all ? ms__req_queued(r) == 0 : !ms_reply_congested(r))
         return 1; /* the socket took it: no need to wait */
     r->v.wait = MS_WAIT_DRAIN;
     return 0;

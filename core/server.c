@@ -505,9 +505,12 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
     /* Every reply from now on says "connection: close". A connection waiting for its next
      * request gets a short grace to send it (a busy keep-alive client always has one on the
      * way, and closing under it would be an error on its side); then it closes. */
-    for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
-        if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
+    for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next) {
+        if (c->h2 != NULL)
+            ms__h2_stop(c); /* GOAWAY: streams under way finish, no new ones */
+        else if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
             ms__conn_rearm(c);
+    }
     ms__server_conn_gone(s, NULL);
 }
 

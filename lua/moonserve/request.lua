@@ -67,7 +67,8 @@ function getters.id(self)
 end
 
 function getters.http_version(self)
-    return view(self).version == 10 and 1.0 or 1.1
+    local v = view(self).version
+    return v == 20 and 2.0 or v == 10 and 1.0 or 1.1
 end
 
 -- "https" when a trusted proxy says the client came over TLS, else "http" (the core has

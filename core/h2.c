@@ -1,0 +1,730 @@
+/* h2.c: HTTP/2 with nghttp2. Each stream is a request like an HTTP/1.1 one (ms_req_t, the
+ * same dispatch, the same reply calls); what differs is where the bytes go. A stream's reply
+ * pieces wait in its own queue; nghttp2 frames them when the client's windows allow, and the
+ * send-data callback moves them, uncopied, into the connection's queue behind their frame
+ * header, so the connection's one gathered write carries frames of every stream. */
+#include <nghttp2/nghttp2.h>
+#include <stdio.h>
+
+#include "internal.h"
+#include "static.h"
+
+/* What a server advertises, and what a connection may do before it is told to go away. */
+#define H2_MAX_STREAMS       100
+#define H2_WINDOW            (256 * 1024) /* per stream: what an unread body may reach */
+#define H2_RESET_BURST       1000         /* Rapid Reset: streams a client may reset at once */
+#define H2_RESET_RATE        33           /* ... and per second after that */
+#define H2_MAX_CONTINUATIONS 8
+#define H2_MAX_SETTINGS      32 /* entries in one SETTINGS frame */
+#define H2_MAX_OUTBOUND_ACK  1000
+/* Protocol glitches (frames on closed streams, zero window updates, empty DATA frames,
+ * streams we had to reset) a connection may make before it gets GOAWAY. */
+#define H2_GLITCHES_MAX 1000
+
+typedef struct ms_stream_s ms_stream_t;
+
+typedef struct ms_h2_s {
+    nghttp2_session *ng;
+    ms_conn_t *conn;
+    ms_stream_t *streams; /* open, or held by a handler */
+    uint32_t nstreams;
+    uint32_t glitches;
+    uint8_t going_away;
+} ms_h2_t;
+
+struct ms_stream_s {
+    ms_req_t req; /* first: a request is a stream */
+    ms_h2_t *h2;
+    ms_stream_t *prev, *next;
+    ms_out_t *out; /* reply pieces not yet framed */
+    int32_t id;
+    uint32_t head_bytes; /* decoded field bytes, counted as HPACK does (+32 each) */
+    uint16_t refused;    /* the status the core answers with instead of the handler (431) */
+    uint8_t closed;      /* nghttp2 closed the stream */
+    uint8_t deferred;    /* the data source waits for pieces */
+    uint8_t provider;    /* the reply has a body that DATA frames carry */
+    int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
+};
+
+static ms_stream_t *stream_of(ms_req_t *r)
+{
+    return (ms_stream_t *)r; /* the request is the stream's first member */
+}
+
+/* -- Streams -------------------------------------------------------------------------------- */
+
+static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
+{
+    ms_stream_t *st = ms_mem_alloc(sizeof(*st));
+    memset(st, 0, sizeof(*st));
+    ms_pool_init(&st->req.pool);
+    ms__req_init(&st->req);
+    st->req.conn = h2->conn;
+    st->req.v.version = 20;
+    st->req.v.flags = MS_REQ_PARKED; /* the head lives in the pool from the start */
+    st->req.body_limit = h2->conn->server->limits.body_bytes;
+    st->h2 = h2;
+    st->id = id;
+    st->lua_anchor = -1;
+    st->next = h2->streams;
+    if (h2->streams != NULL)
+        h2->streams->prev = st;
+    h2->streams = st;
+    h2->nstreams++;
+    return st;
+}
+
+static void stream_free(ms_stream_t *st)
+{
+    ms_h2_t *h2 = st->h2;
+    ms_server_t *s = h2->conn->server;
+    if (st->prev != NULL)
+        st->prev->next = st->next;
+    else
+        h2->streams = st->next;
+    if (st->next != NULL)
+        st->next->prev = st->prev;
+    h2->nstreams--;
+    if (st->out != NULL) {
+        /* A string framed in part must outlive what the connection still writes of it: the
+         * connection's queue takes its anchor. */
+        if (st->lua_anchor >= 0 && !(h2->conn->flags & MS_CONN_CLOSED)) {
+            st->out->vecs[st->out->pos].owner = MS_VEC_STATIC;
+            st->out->held--;
+            ms__out_hold(s, ms__conn_out(h2->conn), st->lua_anchor);
+        }
+        ms__out_release(s, st->out);
+    }
+    ms_mem_free(st->req.body.base);
+    ms_pool_free(&st->req.pool);
+    ms_mem_free(st);
+}
+
+ms_out_t *ms__h2_stream_out(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    if (st->out == NULL) {
+        ms_server_t *s = r->conn->server;
+        st->out = ms__recycle_get(&s->out_free);
+        if (st->out == NULL) {
+            st->out = ms_mem_alloc(sizeof(*st->out));
+            memset(st->out, 0, sizeof(*st->out));
+        }
+    }
+    return st->out;
+}
+
+static void glitch(ms_h2_t *h2)
+{
+    if (++h2->glitches == H2_GLITCHES_MAX) {
+        char peer[64];
+        ms_conn_peer(h2->conn, peer, sizeof(peer));
+        ms_log(MS_LOG_INFO, "%s: HTTP/2: GOAWAY after %d protocol glitches", peer, H2_GLITCHES_MAX);
+        nghttp2_session_terminate_session(h2->ng, NGHTTP2_ENHANCE_YOUR_CALM);
+    }
+}
+
+/* -- Replies --------------------------------------------------------------------------------- */
+
+/* The body's DATA frames take what the stream's queue holds; without anything there yet the
+ * source waits (resumed when a piece or the end comes). */
+static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
+                         uint32_t *flags, nghttp2_data_source *source, void *user)
+{
+    ms_stream_t *st = source->ptr;
+    size_t have = st->out != NULL ? st->out->bytes : 0;
+    int done = (st->req.v.flags & MS_REQ_DONE) != 0;
+    if (have == 0 && !done) {
+        st->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
+    }
+    size_t n = have < length ? have : length;
+    *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+    if (done && n == have)
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return (ssize_t)n;
+}
+
+/* Moves `length` bytes of the stream's queue behind the frame header into the connection's
+ * queue: text is copied, strings and files are referenced. A string framed in parts keeps
+ * its anchor until its last part. */
+static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *framehd,
+                     size_t length, nghttp2_data_source *source, void *user)
+{
+    ms_h2_t *h2 = user;
+    ms_stream_t *st = source->ptr;
+    ms_server_t *s = h2->conn->server;
+    ms_out_t *o = ms__conn_out(h2->conn), *so = st->out;
+    ms__out_text(s, o, (const char *)framehd, 9);
+    while (length > 0) {
+        ms_vec_t *v = &so->vecs[so->pos];
+        size_t off = so->pos_off, take = v->len - off;
+        if (take > length)
+            take = length;
+        int whole_rest = off + take == v->len;
+        switch (v->owner) {
+        case MS_VEC_OUT: ms__out_text(s, o, so->buf.base + (size_t)v->base + off, take); break;
+        case MS_VEC_FILE: ms__out_file(s, o, (ms_sfile_t *)v->base, v->off + off, take); break;
+        case MS_VEC_LUA:
+            if (whole_rest) {
+                ms__out_vec(s, o, v->base + off, take, MS_VEC_LUA, v->anchor);
+                v->owner = MS_VEC_STATIC; /* the anchor went with it */
+                so->held--;
+                st->lua_anchor = -1;
+            } else {
+                ms__out_vec(s, o, v->base + off, take, MS_VEC_STATIC, -1);
+                st->lua_anchor = v->anchor;
+            }
+            break;
+        default: ms__out_vec(s, o, v->base + off, take, MS_VEC_STATIC, -1);
+        }
+        ms__out_advance(so, take);
+        length -= take;
+    }
+    if (so->pos == so->nvecs)
+        ms__out_clear(s, so); /* all framed: it starts again empty, with its buffers */
+    (void)ng;
+    (void)frame;
+    return 0;
+}
+
+/* A field line of the reply ("Name: value\r\n") as an HTTP/2 field: the name in lowercase
+ * (in the request's pool), connection-specific fields left out (RFC 9113 8.2.2). */
+static int field_nv(ms_req_t *r, const char *line, size_t len, nghttp2_nv *nv)
+{
+    const char *colon = memchr(line, ':', len);
+    if (colon == NULL)
+        return 0;
+    size_t nlen = (size_t)(colon - line);
+    const char *v = colon + 1;
+    while (v < line + len && *v == ' ')
+        v++;
+    size_t vlen = (size_t)(line + len - v);
+    char *name = ms_pool_alloc(&r->pool, nlen);
+    for (size_t i = 0; i < nlen; i++)
+        name[i] = (char)ms__lower((unsigned char)line[i]);
+    static const char *const drop[] = {"connection", "keep-alive", "proxy-connection",
+                                       "transfer-encoding", "upgrade"};
+    for (size_t i = 0; i < sizeof(drop) / sizeof(*drop); i++)
+        if (strlen(drop[i]) == nlen && memcmp(name, drop[i], nlen) == 0)
+            return 0;
+    nv->name = (uint8_t *)name;
+    nv->namelen = nlen;
+    nv->value = (uint8_t *)v;
+    nv->valuelen = vlen;
+    nv->flags = NGHTTP2_NV_FLAG_NONE;
+    return 1;
+}
+
+/* The reply head as a HEADERS frame; a body, if any, follows in DATA frames. `clen` as for
+ * HTTP/1.1: the length, -1 unknown, -2 none. */
+void ms__h2_reply_head(ms_req_t *r, int64_t clen)
+{
+    ms_stream_t *st = stream_of(r);
+    ms_h2_t *h2 = st->h2;
+    r->v.flags |= MS_REQ_HEAD_SENT;
+    if (st->closed)
+        return;
+    /* Fields: :status, server, date, content-length, the reply's own. */
+    int max = 5;
+    const char *p = r->res_headers.base, *end = p + r->res_headers.len;
+    for (const char *q = p; q < end; q++)
+        max += *q == '\n';
+    nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)max * sizeof(*nva));
+    char *status = ms_pool_alloc(&r->pool, 4);
+    snprintf(status, 4, "%03d", r->v.status % 1000);
+    int n = 0;
+    nva[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    nva[n++] = (nghttp2_nv){(uint8_t *)"server", (uint8_t *)"moonserve", 6, 9,
+                            NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
+    /* "date: " + an IMF-fixdate: the value is copied, the line changes each second */
+    nva[n++] = (nghttp2_nv){(uint8_t *)"date", (uint8_t *)ms__date_line(h2->conn->server) + 6, 4,
+                            29, NGHTTP2_NV_FLAG_NO_COPY_NAME};
+    if (clen >= 0) {
+        char *len = ms_pool_alloc(&r->pool, 21);
+        int ll = snprintf(len, 21, "%lld", (long long)clen);
+        nva[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len, 14, (size_t)ll,
+                                NGHTTP2_NV_FLAG_NONE};
+    }
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        size_t len = (size_t)(eol - p);
+        n += field_nv(r, p, len > 0 && p[len - 1] == '\r' ? len - 1 : len, &nva[n]);
+        p = eol + 1;
+    }
+    int body = clen != -2 && clen != 0 && !(r->v.flags & MS_REQ_IS_HEAD);
+    nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read};
+    st->provider = (uint8_t)body;
+    int rc = nghttp2_submit_response(h2->ng, st->id, nva, (size_t)n, body ? &prd : NULL);
+    if (rc != 0)
+        nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+}
+
+/* Lets streams whose data source waited go on with what was queued since. */
+static void resume_streams(ms_h2_t *h2)
+{
+    for (ms_stream_t *st = h2->streams; st != NULL; st = st->next) {
+        if (!st->deferred || st->closed)
+            continue;
+        if ((st->out != NULL && st->out->bytes > 0) || (st->req.v.flags & MS_REQ_DONE)) {
+            st->deferred = 0;
+            nghttp2_session_resume_data(h2->ng, st->id);
+        }
+    }
+}
+
+/* Frames what nghttp2 has to send into the connection's queue, while the queue has room,
+ * and writes it. */
+void ms__h2_flush(ms_conn_t *c)
+{
+    ms_h2_t *h2 = c->h2;
+    if (h2 == NULL || (c->flags & MS_CONN_CLOSED))
+        return;
+    resume_streams(h2);
+    ms_server_t *s = c->server;
+    while (ms__conn_queued(c) < MS_OUT_HIGH_WATER) {
+        const uint8_t *data;
+        ssize_t n = nghttp2_session_mem_send(h2->ng, &data);
+        if (n < 0) {
+            ms__conn_close(c, 0);
+            return;
+        }
+        if (n == 0)
+            break;
+        ms__out_text(s, ms__conn_out(c), (const char *)data, (size_t)n);
+    }
+    ms__conn_flush(c);
+    if (!nghttp2_session_want_read(h2->ng) && !nghttp2_session_want_write(h2->ng) &&
+        ms__conn_queued(c) == 0)
+        ms__conn_close(c, 1); /* after GOAWAY, or a session error: done */
+}
+
+void ms__h2_fail(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    r->v.flags |= MS_REQ_DONE;
+    if (!st->closed)
+        nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
+}
+
+/* The handler is done with the stream: it goes when nghttp2 is done with it too. */
+void ms__h2_req_finished(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    ms_conn_t *c = r->conn;
+    if (st->closed)
+        stream_free(st);
+    if (!(c->flags & MS_CONN_IN_FEED))
+        ms__h2_flush(c);
+    ms__conn_rearm(c);
+    ms__conn_release(c); /* the handler's reference */
+}
+
+/* -- Request bodies ---------------------------------------------------------------------------- */
+
+void ms__h2_refuse_body(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    char peer[64];
+    ms_conn_peer(r->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: 413 Content Too Large: body larger than the route's body_bytes", peer);
+    r->v.flags |= MS_REQ_BODY_ERROR;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+        r->v.status = 413;
+        ms_reply_reset(r);
+        ms_reply_send(r, "413 Content Too Large\n", 22, MS_VEC_STATIC, -1);
+    }
+    /* The rest of the body is not wanted. */
+    if (!st->closed)
+        nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+    if (r->v.wait == MS_WAIT_BODY)
+        ms__req_wake(r, MS_WAIT_BODY);
+}
+
+/* The handler took `n` body bytes: the client may send as many more (WINDOW_UPDATE). A handler
+ * that does not read grants nothing, so an unread body never grows past the window. */
+void ms__h2_body_taken(ms_req_t *r, size_t n)
+{
+    ms_stream_t *st = stream_of(r);
+    if (!st->closed)
+        nghttp2_session_consume(st->h2->ng, st->id, n);
+    if (!(r->conn->flags & MS_CONN_IN_FEED))
+        ms__h2_flush(r->conn);
+}
+
+/* -- nghttp2 callbacks ---------------------------------------------------------------------------
+ */
+
+static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    ms_h2_t *h2 = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+        return 0;
+    if (h2->going_away) {
+        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                  NGHTTP2_REFUSED_STREAM);
+        return 0;
+    }
+    ms_stream_t *st = stream_new(h2, frame->hd.stream_id);
+    nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, st);
+    return 0;
+}
+
+static void copy_str(ms_req_t *r, ms_str_t *to, const uint8_t *p, size_t n)
+{
+    char *d = ms_pool_alloc(&r->pool, n + 1);
+    memcpy(d, p, n);
+    d[n] = 0;
+    to->base = d;
+    to->len = n;
+}
+
+static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
+                     size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *user)
+{
+    (void)flags;
+    (void)user;
+    if (frame->hd.type != NGHTTP2_HEADERS)
+        return 0;
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st == NULL || st->refused)
+        return 0;
+    ms_req_t *r = &st->req;
+    const ms_limits_t *lim = &r->conn->server->limits;
+    /* The head's size as HPACK counts it: a field list larger than head_bytes, or with more
+     * fields than header_count, is answered 431. */
+    st->head_bytes += (uint32_t)(nlen + vlen + 32);
+    if (st->head_bytes > lim->head_bytes || r->v.nheaders >= (int)lim->header_count) {
+        st->refused = 431;
+        return 0;
+    }
+    if (nlen > 0 && name[0] == ':') {
+        ms_str_t *to = NULL;
+        if (nlen == 7 && memcmp(name, ":method", 7) == 0)
+            to = &r->v.method;
+        else if (nlen == 5 && memcmp(name, ":path", 5) == 0)
+            to = &r->v.target;
+        else if (nlen == 10 && memcmp(name, ":authority", 10) == 0)
+            name = (const uint8_t *)"host", nlen = 4; /* kept as Host for the handler */
+        if (to != NULL) {
+            copy_str(r, to, value, vlen);
+            return 0;
+        }
+        if (nlen != 4)
+            return 0; /* :scheme, :protocol */
+    }
+    if (r->v.nheaders == r->headers_cap) {
+        int cap = r->headers_cap * 2;
+        ms_header_t *h = ms_pool_alloc(&r->pool, (size_t)cap * sizeof(*h));
+        memcpy(h, r->headers, (size_t)r->v.nheaders * sizeof(*h));
+        r->headers = h;
+        r->headers_cap = cap;
+    }
+    ms_header_t *h = &r->headers[r->v.nheaders++];
+    copy_str(r, &h->name, name, nlen);
+    copy_str(r, &h->value, value, vlen);
+    if (nlen == 14 && memcmp(name, "content-length", 14) == 0) {
+        char *end;
+        long long v = strtoll(h->value.base, &end, 10);
+        if (*end == 0 && v >= 0)
+            r->v.content_length = v;
+    }
+    return 0;
+}
+
+/* Splits the target into path and query, as HTTP/1.1 does. */
+static void split_target(ms_req_t *r)
+{
+    const char *t = r->v.target.base;
+    size_t n = r->v.target.len;
+    const char *q = memchr(t, '?', n);
+    r->v.path.base = t;
+    r->v.path.len = q ? (size_t)(q - t) : n;
+    r->v.query.base = q ? q + 1 : t + n;
+    r->v.query.len = q ? n - (size_t)(q + 1 - t) : 0;
+}
+
+/* Answers a stream from the core (431, 503) without the handler. */
+static void refuse_stream(ms_stream_t *st, int status, const char *why)
+{
+    char peer[64];
+    ms_conn_peer(st->h2->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
+    ms_req_t *r = &st->req;
+    r->v.status = (uint16_t)status;
+    r->v.flags |= MS_REQ_DONE;
+    static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
+    ms_reply_field(r, type, sizeof(type) - 1);
+    char body[64];
+    int n = snprintf(body, sizeof(body), "%d\n", status);
+    ms__h2_reply_head(r, n);
+    ms_out_t *o = ms__h2_stream_out(r);
+    ms__out_text(st->h2->conn->server, o, body, (size_t)n);
+}
+
+/* A whole request head: the stream becomes a request, dispatched like an HTTP/1.1 one. */
+static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
+{
+    ms_conn_t *c = h2->conn;
+    ms_server_t *s = c->server;
+    ms_req_t *r = &st->req;
+    if (end_stream)
+        r->v.flags |= MS_REQ_BODY_DONE;
+    else
+        r->v.flags |= MS_REQ_HAS_BODY;
+    if (st->refused) {
+        refuse_stream(st, st->refused, "head larger than head_bytes or header_count");
+        return;
+    }
+    if (r->v.method.base == NULL || r->v.target.base == NULL) {
+        nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+        return;
+    }
+    if (s->stats.in_flight >= s->limits.in_flight) {
+        s->stats.refused_busy++;
+        ms__log_refusals(s);
+        refuse_stream(st, 503, "over in_flight");
+        return;
+    }
+    if (r->v.content_length > 0 && (uint64_t)r->v.content_length > s->limits.body_bytes_max &&
+        (uint64_t)r->v.content_length > s->limits.body_bytes) {
+        refuse_stream(st, 413, "body larger than body_bytes_max");
+        return;
+    }
+    split_target(r);
+    r->v.id = ++s->next_req_id;
+    if (r->v.method.len == 4 && memcmp(r->v.method.base, "HEAD", 4) == 0)
+        r->v.flags |= MS_REQ_IS_HEAD;
+    s->stats.in_flight++;
+    s->stats.requests++;
+    c->requests++;
+    r->v.flags |= MS_REQ_IN_HANDLER;
+    c->refs++; /* the handler's */
+    if (s->statics != NULL && ms__static_dispatch(r) == 0) {
+        ms_req_finish(r);
+        return;
+    }
+    ms__server_call(s, s->on_request, r);
+}
+
+static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    ms_h2_t *h2 = user;
+    int end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    switch (frame->hd.type) {
+    case NGHTTP2_HEADERS:
+        if (st != NULL && frame->headers.cat == NGHTTP2_HCAT_REQUEST)
+            dispatch(h2, st, end_stream);
+        else if (st != NULL && end_stream)
+            goto body_done; /* trailers end the body */
+        break;
+    case NGHTTP2_DATA:
+        if (frame->hd.length == 0 && !end_stream)
+            glitch(h2); /* an empty DATA frame says nothing */
+        if (st != NULL && end_stream)
+            goto body_done;
+        break;
+    }
+    return 0;
+body_done:
+    st->req.v.flags |= MS_REQ_BODY_DONE;
+    if (st->req.v.wait == MS_WAIT_BODY)
+        ms__req_wake(&st->req, MS_WAIT_BODY);
+    return 0;
+}
+
+static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
+                   void *user)
+{
+    (void)flags;
+    (void)user;
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
+    if (st == NULL || !(st->req.v.flags & MS_REQ_IN_HANDLER)) {
+        nghttp2_session_consume(ng, id, len); /* nobody reads it: let it go */
+        return 0;
+    }
+    ms_req_t *r = &st->req;
+    r->body_seen += len;
+    if (r->body_seen > r->body_limit) {
+        nghttp2_session_consume(ng, id, len);
+        if (!(r->v.flags & MS_REQ_BODY_ERROR))
+            ms__h2_refuse_body(r);
+        return 0;
+    }
+    ms__buf_append(&r->body, (const char *)data, len);
+    if (r->v.wait == MS_WAIT_BODY)
+        ms__req_wake(r, MS_WAIT_BODY);
+    return 0;
+}
+
+static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void *user)
+{
+    (void)code;
+    (void)user;
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
+    if (st == NULL)
+        return 0;
+    st->closed = 1;
+    ms_req_t *r = &st->req;
+    if (r->v.flags & MS_REQ_IN_HANDLER) {
+        /* The client reset it, or the connection ends: the handler learns, then lets go. */
+        if (!(r->v.flags & MS_REQ_DONE))
+            ms__req_abort(r);
+        return 0;
+    }
+    stream_free(st);
+    return 0;
+}
+
+static int on_invalid_frame(nghttp2_session *ng, const nghttp2_frame *frame, int err, void *user)
+{
+    (void)ng;
+    (void)frame;
+    (void)err;
+    glitch(user);
+    return 0;
+}
+
+/* -- The session ---------------------------------------------------------------------------- */
+
+static nghttp2_session_callbacks *callbacks;
+static nghttp2_option *options;
+
+static void setup_once(void)
+{
+    if (callbacks != NULL)
+        return;
+    nghttp2_session_callbacks_new(&callbacks);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(callbacks, on_header);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, on_frame_recv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data);
+    nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close);
+    nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame);
+    nghttp2_session_callbacks_set_send_data_callback(callbacks, data_send);
+    nghttp2_option_new(&options);
+    nghttp2_option_set_no_auto_window_update(options, 1); /* granted as handlers read */
+    nghttp2_option_set_max_settings(options, H2_MAX_SETTINGS);
+    nghttp2_option_set_max_outbound_ack(options, H2_MAX_OUTBOUND_ACK);
+    nghttp2_option_set_stream_reset_rate_limit(options, H2_RESET_BURST, H2_RESET_RATE);
+    nghttp2_option_set_max_continuations(options, H2_MAX_CONTINUATIONS);
+    nghttp2_option_set_no_closed_streams(options, 1);
+}
+
+/* Takes the connection over for HTTP/2: `data` starts with the client's preface. */
+int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
+{
+    setup_once();
+    ms_h2_t *h2 = ms_mem_alloc(sizeof(*h2));
+    memset(h2, 0, sizeof(*h2));
+    h2->conn = c;
+    if (nghttp2_session_server_new2(&h2->ng, callbacks, h2, options) != 0) {
+        ms_mem_free(h2);
+        ms__conn_close(c, 0);
+        return -1;
+    }
+    const ms_limits_t *lim = &c->server->limits;
+    nghttp2_settings_entry iv[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, H2_MAX_STREAMS},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2_WINDOW},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, lim->head_bytes},
+        {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+    };
+    nghttp2_submit_settings(h2->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(*iv));
+    /* The HTTP/1 state is not needed any more. */
+    ms_h1_t *h = c->h1;
+    c->h2 = h2;
+    ms__h2_feed(c, data, len);
+    c->h1 = NULL;
+    if (h != NULL)
+        ms__h1_free(c->server, h);
+    ms__h2_flush(c); /* (the HTTP/1 read this came from writes only its own queue) */
+    return 0;
+}
+
+void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
+{
+    ms_h2_t *h2 = c->h2;
+    c->refs++;
+    uint32_t in_feed = c->flags & MS_CONN_IN_FEED;
+    c->flags |= MS_CONN_IN_FEED;
+    ssize_t n = nghttp2_session_mem_recv(h2->ng, (const uint8_t *)data, len);
+    c->flags = (c->flags & ~MS_CONN_IN_FEED) | in_feed;
+    if (n < 0) {
+        char peer[64];
+        ms_conn_peer(c, peer, sizeof(peer));
+        ms_log(MS_LOG_INFO, "%s: HTTP/2: %s", peer, nghttp2_strerror((int)n));
+        c->server->stats.bad_requests++;
+        if (n == NGHTTP2_ERR_BAD_CLIENT_MAGIC) {
+            ms__conn_close(c, 0);
+        } else {
+            nghttp2_session_terminate_session(h2->ng, NGHTTP2_PROTOCOL_ERROR);
+        }
+    }
+    if (!in_feed)
+        ms__h2_flush(c);
+    ms__conn_rearm(c);
+    ms__conn_release(c);
+}
+
+/* Timers: a write that does not progress (send_timeout, in the connection); otherwise, with
+ * no stream open, the idle timeout. */
+void ms__h2_rearm(ms_conn_t *c)
+{
+    ms_server_t *s = c->server;
+    if (c->h2->nstreams > 0) {
+        c->phase = MS_PHASE_NONE;
+        ms_timer_stop(s, &c->timer);
+        return;
+    }
+    uint32_t ms = s->limits.idle_timeout_ms;
+    if (s->stopping && ms > MS_STOP_GRACE_MS)
+        ms = MS_STOP_GRACE_MS;
+    if (c->phase != MS_PHASE_IDLE || s->stopping)
+        ms__conn_arm(c, MS_PHASE_IDLE, ms);
+}
+
+void ms__h2_drain_check(ms_conn_t *c)
+{
+    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+        ms_req_t *r = &st->req;
+        if (r->v.wait == MS_WAIT_DRAIN &&
+            (r->drain_all ? ms__req_queued(r) == 0 : !ms_reply_congested(r)))
+            ms__req_wake(r, MS_WAIT_DRAIN);
+    }
+}
+
+/* The server stops: GOAWAY with the last stream seen; those finish, no new ones start. */
+void ms__h2_stop(ms_conn_t *c)
+{
+    ms_h2_t *h2 = c->h2;
+    if (h2->going_away)
+        return;
+    h2->going_away = 1;
+    nghttp2_submit_goaway(h2->ng, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(h2->ng), NGHTTP2_NO_ERROR, NULL,
+                          0);
+    ms__h2_flush(c);
+    ms__conn_rearm(c);
+}
+
+/* The connection is closing: handlers still at work learn that their streams are gone. */
+void ms__h2_abort(ms_conn_t *c)
+{
+    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+        st->closed = 1;
+        if (st->req.v.flags & MS_REQ_IN_HANDLER)
+            ms__req_abort(&st->req);
+    }
+}
+
+void ms__h2_free(ms_conn_t *c)
+{
+    ms_h2_t *h2 = c->h2;
+    while (h2->streams != NULL)
+        stream_free(h2->streams);
+    nghttp2_session_del(h2->ng);
+    ms_mem_free(h2);
+    c->h2 = NULL;
+}

@@ -312,7 +312,10 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
         if (o->chunk == NULL)
             o->chunk = ms_mem_alloc(MS_FILE_CHUNK);
     }
-    size_t want = left < MS_FILE_CHUNK ? left : MS_FILE_CHUNK;
+    /* Under cork, a small part is enough: its write completing says the socket has room,
+     * and the cork joins it to the sendfile that follows, so no short segment leaves. */
+    size_t part = (c->flags & MS_CONN_CORKED) ? MS_FILE_PROBE : MS_FILE_CHUNK;
+    size_t want = left < part ? left : part;
     ssize_t got = pread(f->fd, o->chunk, want, (off_t)off);
     if (got <= 0)
         return got == 0 ? UV_EIO : -errno;
@@ -337,9 +340,23 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
  * Lua strings and files in memory in one writev each, other files with sendfile. Returns 1
  * when all of it is written, 0 when the rest is under way in the background, or a negative
  * code. */
+/* Whether the queue holds a file that goes out from the disk (not from memory). */
+static int has_disk_file(const ms_out_t *o)
+{
+    for (uint32_t i = o->pos; i < o->nvecs; i++)
+        if (o->vecs[i].owner == MS_VEC_FILE && ((const ms_sfile_t *)o->vecs[i].base)->data == NULL)
+            return 1;
+    return 0;
+}
+
 static int out_write(ms_conn_t *c, ms_out_t *o)
 {
     size_t budget = MS_FILE_BURST;
+    if (o->held > 0 && c->io->cork != NULL && !(c->flags & MS_CONN_CORKED) && has_disk_file(o)) {
+        /* The head would leave alone in a short segment before the file: hold it back. */
+        c->io->cork(c, 1);
+        c->flags |= MS_CONN_CORKED;
+    }
     while (o->pos < o->nvecs) {
         /* The run of pieces in memory from here: text, Lua strings, files held in memory. */
         uv_buf_t *iov = o->iov;
@@ -435,6 +452,10 @@ void ms__conn_flush(ms_conn_t *c)
             c->pend = o; /* kept for the next reply, with its buffers */
         else
             ms__out_release(s, o);
+    }
+    if (c->flags & MS_CONN_CORKED) {
+        c->flags &= ~MS_CONN_CORKED;
+        c->io->cork(c, 0); /* all written: out with the last segment */
     }
     maybe_close(c);
 }

@@ -668,12 +668,20 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
     ms__conn_release(c);
 }
 
-/* Timers: a write that does not progress (send_timeout, in the connection); otherwise, with
- * no stream open, the idle timeout. */
+/* Timers: a write that does not progress (send_timeout, in the connection), or replies the
+ * client's windows hold back (a zero-window stall, send_timeout too); streams at work have no
+ * deadline here; with no stream open, the idle timeout. */
 void ms__h2_rearm(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
     if (c->h2->nstreams > 0) {
+        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+            if (st->out != NULL && st->out->bytes > 0 && !st->closed) {
+                if (c->phase != MS_PHASE_SEND)
+                    ms__conn_arm(c, MS_PHASE_SEND, s->limits.send_timeout_ms);
+                return;
+            }
+        }
         c->phase = MS_PHASE_NONE;
         ms_timer_stop(s, &c->timer);
         return;

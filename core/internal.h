@@ -26,6 +26,8 @@
 /* A file piece that cannot go out with sendfile now is read in parts of this size into a
  * buffer that is the connection's only while the part is being written. */
 #define MS_FILE_CHUNK (16 * 1024)
+/* ... or of this size on a corked socket, where a part only has to say when there is room. */
+#define MS_FILE_PROBE 1024
 /* File bytes one connection sends in one go; past this it lets the other connections run. */
 #define MS_FILE_BURST (1024 * 1024)
 /* Free objects kept per recycle list; beyond this they go back to the allocator. */
@@ -99,7 +101,8 @@ enum {
     MS_CONN_IN_FEED = 1 << 2,  /* inside ms_conn_feed: flush at its end */
     MS_CONN_READ_OFF = 1 << 3, /* reading stopped for backpressure */
     MS_CONN_PROXY = 1 << 4,    /* a PROXY protocol header must come first */
-    MS_CONN_WRITING = 1 << 5   /* io->write is under way with part of `flight` */
+    MS_CONN_WRITING = 1 << 5,  /* io->write is under way with part of `flight` */
+    MS_CONN_CORKED = 1 << 6    /* io->cork is on while a file goes out */
 };
 
 struct ms_conn_s {

@@ -328,6 +328,9 @@ typedef struct ms_io_s {
      * bytes sent, 0 at the end of the file, UV_EAGAIN, or a negative code. NULL when the
      * transport has no such thing: files are then read into a buffer and written. */
     ssize_t (*sendfile)(ms_conn_t *c, int fd, uint64_t off, size_t len);
+    /* Holds partial segments back while on (a head and the file after it leave in full
+     * segments), and sends them when off. May be NULL. */
+    void (*cork)(ms_conn_t *c, int on);
     void (*read_stop)(ms_conn_t *c);
     void (*read_start)(ms_conn_t *c);
     /* Closes the transport; once it is closed it calls ms_conn_closed(c). */

@@ -7,6 +7,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -129,6 +131,13 @@ static ssize_t tcp_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
     return errno == EAGAIN ? UV_EAGAIN : -errno;
 }
 
+static void tcp_cork(ms_conn_t *c, int on)
+{
+    uv_os_fd_t sock;
+    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) == 0)
+        (void)setsockopt(sock, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
+}
+
 static void write_cb(uv_write_t *w, int status)
 {
     ms_conn_t *c = w->data;
@@ -227,6 +236,7 @@ static const ms_io_t tcp_io = {
     .try_write = tcp_try_write,
     .write = tcp_write,
     .sendfile = tcp_sendfile,
+    .cork = tcp_cork,
     .read_stop = tcp_read_stop,
     .read_start = tcp_read_start,
     .close = tcp_close,

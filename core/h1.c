@@ -566,7 +566,18 @@ static const char *feed_body(ms_conn_t *c, ms_h1_t *h, const char *p, const char
     return p;
 }
 
-/* Parses a whole head with llhttp, then hands the request to the handler. */
+/* "Upgrade: h2c" with its HTTP2-Settings, on a request without a body (RFC 7540 3.2): the
+ * request becomes stream 1 of an HTTP/2 connection. */
+static int upgrade_to_h2c(ms_req_t *r)
+{
+    const ms_str_t *up = ms_req_header(r, "upgrade", 7);
+    return up != NULL && up->len == 3 && ms__ieq(up->base, "h2c", 3) &&
+           ms_req_header(r, "http2-settings", 14) != NULL && r->v.content_length <= 0 &&
+           !(r->v.flags & MS_REQ_HAS_BODY);
+}
+
+/* Parses a whole head with llhttp, then hands the request to the handler. Returns 0, 1 for
+ * a request that upgrades to HTTP/2, or -1 when it was refused. */
 static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
 {
     ms_req_t *r = &h->req;
@@ -575,8 +586,13 @@ static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
     r->head.base = p;
     r->head.len = n;
     llhttp_errno_t e = llhttp_execute(&h->parser, p, n);
+    if ((e == HPE_PAUSED_UPGRADE || (e == HPE_PAUSED && h->parser.upgrade)) && c->requests == 0 &&
+        upgrade_to_h2c(r)) {
+        h->msg_done = 1;
+        return 1;
+    }
     if (e == HPE_PAUSED_UPGRADE) {
-        /* No protocol to switch to yet: serve it as a plain request, then close, since the
+        /* No protocol we switch to: serve it as a plain request, then close, since the
          * client may start talking the other protocol. */
         r->v.flags |= MS_REQ_CLOSE | MS_REQ_BODY_DONE;
         h->msg_done = 1;
@@ -694,8 +710,13 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 refuse_busy(c);
                 return end;
             }
-            if (start_request(c, h, p, (size_t)n) < 0)
+            int started = start_request(c, h, p, (size_t)n);
+            if (started < 0)
                 return end;
+            if (started == 1) {
+                ms__h2_upgrade(c, &h->req, p + n, (size_t)(end - p - n));
+                return end;
+            }
             p += n;
             /* Body bytes already here go in first, so a small body is whole when the
              * handler starts. */

@@ -383,10 +383,12 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
                      size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *user)
 {
     (void)flags;
-    (void)user;
-    if (frame->hd.type != NGHTTP2_HEADERS)
+    /* From an upgrade, the HTTP/1.1 request's fields come with no frame, and the stream. */
+    ms_stream_t *st = frame == NULL ? user : NULL;
+    if (frame != NULL && frame->hd.type != NGHTTP2_HEADERS)
         return 0;
-    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (frame != NULL)
+        st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
     if (st == NULL || st->refused)
         return 0;
     ms_req_t *r = &st->req;
@@ -612,8 +614,8 @@ static void setup_once(void)
     nghttp2_option_set_no_closed_streams(options, 1);
 }
 
-/* Takes the connection over for HTTP/2: `data` starts with the client's preface. */
-int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
+/* A server session for `c`, with our SETTINGS queued. NULL if nghttp2 could not make one. */
+static ms_h2_t *session_new(ms_conn_t *c)
 {
     setup_once();
     ms_h2_t *h2 = ms_mem_alloc(sizeof(*h2));
@@ -621,8 +623,7 @@ int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
     h2->conn = c;
     if (nghttp2_session_server_new2(&h2->ng, callbacks, h2, options) != 0) {
         ms_mem_free(h2);
-        ms__conn_close(c, 0);
-        return -1;
+        return NULL;
     }
     const ms_limits_t *lim = &c->server->limits;
     nghttp2_settings_entry iv[] = {
@@ -632,15 +633,114 @@ int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
         {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
     };
     nghttp2_submit_settings(h2->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(*iv));
-    /* The HTTP/1 state is not needed any more. */
+    return h2;
+}
+
+/* The HTTP/1 state is not needed any more. */
+static void drop_h1(ms_conn_t *c)
+{
     ms_h1_t *h = c->h1;
-    c->h2 = h2;
-    ms__h2_feed(c, data, len);
     c->h1 = NULL;
     if (h != NULL)
         ms__h1_free(c->server, h);
+}
+
+/* Takes the connection over for HTTP/2: `data` starts with the client's preface. */
+int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
+{
+    ms_h2_t *h2 = session_new(c);
+    if (h2 == NULL) {
+        ms__conn_close(c, 0);
+        return -1;
+    }
+    c->h2 = h2;
+    ms__h2_feed(c, data, len);
+    drop_h1(c);
     ms__h2_flush(c); /* (the HTTP/1 read this came from writes only its own queue) */
     return 0;
+}
+
+/* base64url without padding (RFC 4648 5), as HTTP2-Settings carries it. Returns the length,
+ * or -1 for anything else. */
+static ssize_t base64url(const char *in, size_t n, uint8_t *out, size_t cap)
+{
+    uint32_t acc = 0;
+    int bits = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)in[i], v;
+        if (ch >= 'A' && ch <= 'Z')
+            v = ch - 'A';
+        else if (ch >= 'a' && ch <= 'z')
+            v = ch - 'a' + 26;
+        else if (ch >= '0' && ch <= '9')
+            v = ch - '0' + 52;
+        else if (ch == '-')
+            v = 62;
+        else if (ch == '_')
+            v = 63;
+        else if (ch == '=' && i + 2 >= n)
+            break; /* padding, tolerated at the end */
+        else
+            return -1;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (k == cap)
+                return -1;
+            out[k++] = (uint8_t)(acc >> bits);
+        }
+    }
+    return (ssize_t)k;
+}
+
+/* "Upgrade: h2c" (RFC 7540 3.2): 101, then the request `r` (HTTP/1.1's, head and all) goes
+ * on as stream 1 of an HTTP/2 session; `rest` is what the client sent after it (its preface,
+ * its frames). */
+void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
+{
+    const ms_str_t *hs = ms_req_header(r, "http2-settings", 14);
+    uint8_t settings[256];
+    ssize_t slen = base64url(hs->base, hs->len, settings, sizeof(settings));
+    ms_h2_t *h2 = slen >= 0 && slen % 6 == 0 ? session_new(c) : NULL;
+    int is_head = r->v.method.len == 4 && memcmp(r->v.method.base, "HEAD", 4) == 0;
+    ms_stream_t *st = h2 != NULL ? stream_new(h2, 1) : NULL;
+    if (h2 == NULL || nghttp2_session_upgrade2(h2->ng, settings, (size_t)slen, is_head, st) != 0) {
+        char peer[64];
+        ms_conn_peer(c, peer, sizeof(peer));
+        ms_log(MS_LOG_INFO, "%s: closed: a bad HTTP2-Settings in an upgrade to h2c", peer);
+        c->server->stats.bad_requests++;
+        if (h2 != NULL) {
+            c->h2 = h2; /* so that the session goes with the connection */
+            drop_h1(c);
+        }
+        ms__conn_close(c, 0);
+        return;
+    }
+    static const char switching[] = "HTTP/1.1 101 Switching Protocols\r\nconnection: Upgrade\r\n"
+                                    "upgrade: h2c\r\n\r\n";
+    ms__out_vec(c->server, ms__conn_out(c), switching, sizeof(switching) - 1, MS_VEC_STATIC, -1);
+    /* The request, copied out of the HTTP/1 buffers, without its hop-by-hop fields. */
+    ms_req_t *sr = &st->req;
+    copy_str(sr, &sr->v.method, (const uint8_t *)r->v.method.base, r->v.method.len);
+    copy_str(sr, &sr->v.target, (const uint8_t *)r->v.target.base, r->v.target.len);
+    for (int i = 0; i < r->v.nheaders; i++) {
+        const ms_header_t *f = &r->headers[i];
+        static const char *const hop[] = {"connection", "upgrade", "http2-settings", "keep-alive"};
+        int skip = 0;
+        for (size_t k = 0; k < sizeof(hop) / sizeof(*hop); k++)
+            skip |= f->name.len == strlen(hop[k]) && ms__ieq(f->name.base, hop[k], f->name.len);
+        if (!skip)
+            on_header(h2->ng, NULL, (const uint8_t *)f->name.base, f->name.len,
+                      (const uint8_t *)f->value.base, f->value.len, 0, st);
+    }
+    c->h2 = h2;
+    dispatch(h2, st, 1);
+    if (restlen > 0)
+        ms__h2_feed(c, rest, restlen);
+    drop_h1(c);
+    ms__h2_flush(c);
 }
 
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)

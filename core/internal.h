@@ -246,6 +246,7 @@ void ms__h1_refuse_body(ms_conn_t *c);
 
 /* h2.c */
 int ms__h2_start(ms_conn_t *c, const char *data, size_t len);
+void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen);
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len);
 void ms__h2_flush(ms_conn_t *c);
 void ms__h2_free(ms_conn_t *c);

@@ -227,7 +227,7 @@ void ms__h2_reply_head(ms_req_t *r, int64_t clen)
         return;
     /* Fields: :status, server, date, content-length, the reply's own. */
     int max = 5;
-    const char *p = r->res_headers.base, *end = p + r->res_headers.len;
+    const char *p = r->res_headers.base, *end = p != NULL ? p + r->res_headers.len : p;
     for (const char *q = p; q < end; q++)
         max += *q == '\n';
     nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)max * sizeof(*nva));
@@ -795,11 +795,18 @@ void ms__h2_rearm(ms_conn_t *c)
 
 void ms__h2_drain_check(ms_conn_t *c)
 {
-    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
-        ms_req_t *r = &st->req;
-        if (r->v.wait == MS_WAIT_DRAIN &&
-            (r->drain_all ? ms__req_queued(r) == 0 : !ms_reply_congested(r)))
-            ms__req_wake(r, MS_WAIT_DRAIN);
+    /* A woken handler may finish, and its stream go, at once: start over after each. */
+    for (int woke = 1; woke && c->h2 != NULL;) {
+        woke = 0;
+        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+            ms_req_t *r = &st->req;
+            if (r->v.wait == MS_WAIT_DRAIN &&
+                (r->drain_all ? ms__req_queued(r) == 0 : !ms_reply_congested(r))) {
+                ms__req_wake(r, MS_WAIT_DRAIN);
+                woke = 1;
+                break;
+            }
+        }
     }
 }
 
@@ -820,10 +827,19 @@ void ms__h2_stop(ms_conn_t *c)
 /* The connection is closing: handlers still at work learn that their streams are gone. */
 void ms__h2_abort(ms_conn_t *c)
 {
-    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next)
         st->closed = 1;
-        if (st->req.v.flags & MS_REQ_IN_HANDLER)
-            ms__req_abort(&st->req);
+    /* A woken handler may finish, and its stream go, at once: start over after each. */
+    for (int woke = 1; woke;) {
+        woke = 0;
+        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+            ms_req_t *r = &st->req;
+            if ((r->v.flags & MS_REQ_IN_HANDLER) && !(r->v.flags & MS_REQ_ABORTED)) {
+                ms__req_abort(r);
+                woke = 1;
+                break;
+            }
+        }
     }
 }
 

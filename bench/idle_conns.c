@@ -1,9 +1,11 @@
 /* idle_conns.c: opens N warm keep-alive connections to a loopback server and holds them idle. */
 
 /*
- * Usage: idle_conns PORT [N [HOLD_SECONDS]]
+ * Usage: idle_conns PORT [N [HOLD_SECONDS [h2]]]
  *
- * Each connection sends one complete GET / and reads the whole reply, so the server
+ * Each connection sends one complete GET / and reads the whole reply (with "h2", over
+ * HTTP/2 with prior knowledge: the preface, SETTINGS, one stream, and the SETTINGS ack
+ * after the reply), so the server
  * has parsed, answered and parked it as an idle keep-alive connection. Then the
  * program prints "ready N" and holds every connection until SIGUSR1 (or SIGTERM, or
  * HOLD_SECONDS, default 120), and then prints "open K of N": how many the server
@@ -94,6 +96,49 @@ static int read_reply(int fd)
     return 0;
 }
 
+/* The HTTP/2 exchange: preface, empty SETTINGS, and a GET / on stream 1 (HEADERS with
+ * END_STREAM | END_HEADERS; HPACK literals without indexing or Huffman). */
+static const char h2_req[] =
+    "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    "\x00\x00\x3a\x01\x05\x00\x00\x00\x01"
+    "\x00\x07:method\x03GET"
+    "\x00\x07:scheme\x04http"
+    "\x00\x05:path\x01/"
+    "\x00\x0a:authority\x09" "127.0.0.1";
+static const char h2_settings_ack[] = "\x00\x00\x00\x04\x01\x00\x00\x00\x00";
+
+/* Reads HTTP/2 frames until stream 1 ends (END_STREAM on its HEADERS or DATA). Returns 0,
+ * or -1 on a GOAWAY, a reset of the stream, or a short read. */
+static int read_h2_reply(int fd)
+{
+    for (;;) {
+        unsigned char hd[9];
+        size_t got = 0;
+        while (got < 9) {
+            ssize_t n = read(fd, hd + got, 9 - got);
+            if (n <= 0)
+                return -1;
+            got += (size_t)n;
+        }
+        size_t len = (size_t)hd[0] << 16 | (size_t)hd[1] << 8 | hd[2];
+        int type = hd[3], flags = hd[4];
+        uint32_t stream = ((uint32_t)hd[5] << 24 | (uint32_t)hd[6] << 16 | hd[7] << 8 | hd[8]) &
+                          0x7fffffff;
+        char sink[16384];
+        while (len > 0) {
+            ssize_t n = read(fd, sink, len < sizeof(sink) ? len : sizeof(sink));
+            if (n <= 0)
+                return -1;
+            len -= (size_t)n;
+        }
+        if (type == 7 || (type == 3 && stream == 1))
+            return -1;
+        if ((type == 0 || type == 1) && stream == 1 && (flags & 1))
+            return 0;
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -103,6 +148,7 @@ int main(int argc, char **argv)
     int port = atoi(argv[1]);
     int n = argc > 2 ? atoi(argv[2]) : 10000;
     int hold = argc > 3 ? atoi(argv[3]) : 120;
+    int h2 = argc > 4 && strcmp(argv[4], "h2") == 0;
     if (port <= 0 || port > 65535 || n <= 0 || hold <= 0) {
         fprintf(stderr, "idle_conns: bad arguments\n");
         return 2;
@@ -138,11 +184,15 @@ int main(int argc, char **argv)
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
             fail("connect", i);
-        if (write(fd, req, sizeof(req) - 1) != (ssize_t)(sizeof(req) - 1))
+        const char *out = h2 ? h2_req : req;
+        size_t out_len = h2 ? sizeof(h2_req) - 1 : sizeof(req) - 1;
+        if (write(fd, out, out_len) != (ssize_t)out_len)
             fail("write", i);
         errno = 0;
-        if (read_reply(fd) < 0)
+        if ((h2 ? read_h2_reply(fd) : read_reply(fd)) < 0)
             fail("reading the reply", i);
+        if (h2 && write(fd, h2_settings_ack, 9) != 9)
+            fail("write", i);
         fds[i] = fd;
     }
 

@@ -53,12 +53,24 @@ static ms_stream_t *stream_of(ms_req_t *r)
 
 /* -- Streams -------------------------------------------------------------------------------- */
 
+/* A stream from the worker's recycle list (with its pool's first chunk and its body buffer)
+ * or a new one. */
 static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
 {
-    ms_stream_t *st = ms_mem_alloc(sizeof(*st));
-    memset(st, 0, sizeof(*st));
-    ms_pool_init(&st->req.pool);
-    ms__req_init(&st->req);
+    ms_stream_t *st = ms__recycle_get(&h2->conn->server->stream_free);
+    if (st == NULL) {
+        st = ms_mem_alloc(sizeof(*st));
+        memset(st, 0, sizeof(*st));
+        ms_pool_init(&st->req.pool);
+        ms__req_init(&st->req);
+    } else {
+        ms__req_reset(&st->req);
+        st->out = NULL;
+        st->prev = NULL;
+        st->head_bytes = 0;
+        st->refused = 0;
+        st->closed = st->deferred = st->provider = 0;
+    }
     st->req.conn = h2->conn;
     st->req.v.version = 20;
     st->req.v.flags = MS_REQ_PARKED; /* the head lives in the pool from the start */
@@ -95,6 +107,13 @@ static void stream_free(ms_stream_t *st)
         }
         ms__out_release(s, st->out);
     }
+    if (!ms__recycle_put(&s->stream_free, st))
+        ms__h2_stream_destroy(st);
+}
+
+void ms__h2_stream_destroy(void *p)
+{
+    ms_stream_t *st = p;
     ms_mem_free(st->req.body.base);
     ms_pool_free(&st->req.pool);
     ms_mem_free(st);
@@ -212,7 +231,7 @@ static int field_nv(ms_req_t *r, const char *line, size_t len, nghttp2_nv *nv)
     nv->namelen = nlen;
     nv->value = (uint8_t *)v;
     nv->valuelen = vlen;
-    nv->flags = NGHTTP2_NV_FLAG_NONE;
+    nv->flags = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
     return 1;
 }
 
@@ -231,20 +250,29 @@ void ms__h2_reply_head(ms_req_t *r, int64_t clen)
     for (const char *q = p; q < end; q++)
         max += *q == '\n';
     nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)max * sizeof(*nva));
-    char *status = ms_pool_alloc(&r->pool, 4);
-    snprintf(status, 4, "%03d", r->v.status % 1000);
+    char *status = ms_pool_alloc(&r->pool, 3);
+    status[0] = (char)('0' + r->v.status / 100 % 10);
+    status[1] = (char)('0' + r->v.status / 10 % 10);
+    status[2] = (char)('0' + r->v.status % 10);
     int n = 0;
-    nva[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, NGHTTP2_NV_FLAG_NONE};
+    /* Names and values live in the stream's pool (or forever) until it is freed, after its
+     * HEADERS have gone: nghttp2 need not copy them. */
+    const uint8_t none = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
+    nva[n++] = (nghttp2_nv){(uint8_t *)":status", (uint8_t *)status, 7, 3, none};
     nva[n++] = (nghttp2_nv){(uint8_t *)"server", (uint8_t *)"moonserve", 6, 9,
                             NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
     /* "date: " + an IMF-fixdate: the value is copied, the line changes each second */
     nva[n++] = (nghttp2_nv){(uint8_t *)"date", (uint8_t *)ms__date_line(h2->conn->server) + 6, 4,
                             29, NGHTTP2_NV_FLAG_NO_COPY_NAME};
     if (clen >= 0) {
-        char *len = ms_pool_alloc(&r->pool, 21);
-        int ll = snprintf(len, 21, "%lld", (long long)clen);
-        nva[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len, 14, (size_t)ll,
-                                NGHTTP2_NV_FLAG_NONE};
+        char digits[20], *len;
+        size_t ll = 0;
+        for (uint64_t v = (uint64_t)clen; ll == 0 || v != 0; v /= 10)
+            digits[ll++] = (char)('0' + v % 10);
+        len = ms_pool_alloc(&r->pool, ll);
+        for (size_t i = 0; i < ll; i++)
+            len[i] = digits[ll - 1 - i];
+        nva[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len, 14, ll, none};
     }
     while (p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));

@@ -163,7 +163,7 @@ struct ms_server_s {
     void *data;
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
-    ms_recycle_t h1_free, out_free, chunk_free;
+    ms_recycle_t h1_free, out_free, chunk_free, stream_free;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     /* timers */
     uv_timer_t uv_timer;
@@ -250,6 +250,7 @@ void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len);
 void ms__h2_flush(ms_conn_t *c);
 void ms__h2_free(ms_conn_t *c);
+void ms__h2_stream_destroy(void *p);
 void ms__h2_abort(ms_conn_t *c);
 void ms__h2_rearm(ms_conn_t *c);
 void ms__h2_drain_check(ms_conn_t *c);

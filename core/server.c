@@ -531,6 +531,7 @@ void ms_server_free(ms_server_t *s)
     ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);
+    ms__recycle_drain(&s->stream_free, ms__h2_stream_destroy);
     ms__static_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);

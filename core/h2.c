@@ -43,6 +43,8 @@ struct ms_stream_s {
     uint8_t closed;      /* nghttp2 closed the stream */
     uint8_t deferred;    /* the data source waits for pieces */
     uint8_t provider;    /* the reply has a body that DATA frames carry */
+    uint8_t reset_after; /* RST_STREAM(NO_ERROR) once the reply is sent: the rest of the
+                          * request body is not wanted (RFC 9113 8.1) */
     int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
 };
 
@@ -69,7 +71,7 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
         st->prev = NULL;
         st->head_bytes = 0;
         st->refused = 0;
-        st->closed = st->deferred = st->provider = 0;
+        st->closed = st->deferred = st->provider = st->reset_after = 0;
     }
     st->req.conn = h2->conn;
     st->req.v.version = 20;
@@ -358,13 +360,14 @@ void ms__h2_refuse_body(ms_req_t *r)
     ms_log(MS_LOG_INFO, "%s: 413 Content Too Large: body larger than the route's body_bytes", peer);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
-        r->v.status = 413;
         ms_reply_reset(r);
+        r->v.status = 413;
         ms_reply_send(r, "413 Content Too Large\n", 22, MS_VEC_STATIC, -1);
     }
-    /* The rest of the body is not wanted. */
-    if (!st->closed)
-        nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+    /* The rest of the body is not wanted: the client is told so once the reply has gone
+     * (a reset now would drop the reply). */
+    if (!st->closed && !(r->v.flags & MS_REQ_BODY_DONE))
+        st->reset_after = 1;
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
 }
@@ -607,6 +610,21 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void 
     return 0;
 }
 
+/* A reply's last frame has gone: a stream whose body we refused is reset now. */
+static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
+{
+    (void)user;
+    if ((frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) ||
+        !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (st != NULL && st->reset_after && !st->closed) {
+        st->reset_after = 0;
+        nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+    }
+    return 0;
+}
+
 static int on_invalid_frame(nghttp2_session *ng, const nghttp2_frame *frame, int err, void *user)
 {
     (void)ng;
@@ -632,6 +650,7 @@ static void setup_once(void)
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data);
     nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close);
     nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame);
+    nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, on_frame_send);
     nghttp2_session_callbacks_set_send_data_callback(callbacks, data_send);
     nghttp2_option_new(&options);
     nghttp2_option_set_no_auto_window_update(options, 1); /* granted as handlers read */
@@ -784,14 +803,19 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: HTTP/2: %s", peer, nghttp2_strerror((int)n));
         c->server->stats.bad_requests++;
-        if (n == NGHTTP2_ERR_BAD_CLIENT_MAGIC) {
+        if (n == NGHTTP2_ERR_BAD_CLIENT_MAGIC)
             ms__conn_close(c, 0);
-        } else {
-            nghttp2_session_terminate_session(h2->ng, NGHTTP2_PROTOCOL_ERROR);
-        }
+        else
+            nghttp2_session_terminate_session(h2->ng, n == NGHTTP2_ERR_FLOODED
+                                                          ? NGHTTP2_ENHANCE_YOUR_CALM
+                                                          : NGHTTP2_PROTOCOL_ERROR);
     }
-    if (!in_feed)
+    if (!in_feed) {
         ms__h2_flush(c);
+        /* Handlers that waited for room while the read went on: the write may have made it. */
+        if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
+            ms__h2_drain_check(c);
+    }
     ms__conn_rearm(c);
     ms__conn_release(c);
 }

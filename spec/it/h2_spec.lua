@@ -855,7 +855,7 @@ return app
         end)
 
         -- What the core sends when nghttp2 reports a flood of acknowledgements to send.
-        local FLOOD_CODE = E.PROTOCOL_ERROR
+        local FLOOD_CODE = E.ENHANCE_YOUR_CALM
         local FLOODING = "HTTP/2: Flooding was detected"
 
         -- Frames that each want an acknowledgement, sent by a client that does not read (and

@@ -208,6 +208,20 @@ function helper.memory_server(app, limits)
     end
 end
 
+-- Writes `data` to the file at `path`.
+function helper.write_file(path, data)
+    local f = assert(io.open(path, "wb"))
+    assert(f:write(data))
+    f:close()
+end
+
+-- Runs a shell command that must succeed; returns its output.
+function helper.sh(cmd)
+    local out, status = helper.run(cmd)
+    assert(status == 0, cmd .. " failed: " .. out)
+    return out
+end
+
 -- Runs a request through `app` in-process; returns status, headers, body.
 function helper.simulate(app, method, path, opts)
     opts = opts or {}

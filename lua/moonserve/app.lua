@@ -316,6 +316,14 @@ function App:mount(prefix, other)
     return self
 end
 
+-- Calls fn(app) for the app and each of its sites.
+local function each_app(self, fn)
+    fn(self)
+    for _, site in pairs(self.sites or {}) do
+        fn(site)
+    end
+end
+
 -- -- Static files -------------------------------------------------------------------------
 
 local STATIC_OPTS = { index = "string", listing = "boolean", spa = "boolean",
@@ -391,10 +399,7 @@ function App:static_mounts()
                 opts = o }
         end
     end
-    visit(self)
-    for _, site in pairs(self.sites or {}) do
-        visit(site)
-    end
+    each_app(self, visit)
     return all
 end
 
@@ -533,10 +538,7 @@ function App:max_body_bytes(default)
             end
         end
     end
-    visit(self)
-    for _, site in pairs(self.sites or {}) do
-        visit(site)
-    end
+    each_app(self, visit)
     return max
 end
 

@@ -462,17 +462,7 @@ end
 
 -- -- Other helpers ---------------------------------------------------------------------------
 
-local function write(path, contents)
-    local f = assert(io.open(path, "wb"))
-    assert(f:write(contents))
-    f:close()
-end
-
-local function sh(cmd)
-    local out, status = helper.run(cmd)
-    assert(status == 0, cmd .. " failed: " .. out)
-    return out
-end
+local write, sh = helper.write_file, helper.sh
 
 local function need(tool)
     local _, status = helper.run("command -v " .. tool .. " >/dev/null")

@@ -7,17 +7,7 @@ local q = helper.sh_quote
 
 -- -- Helpers ------------------------------------------------------------------------------
 
-local function write(path, data)
-    local f = assert(io.open(path, "wb"))
-    assert(f:write(data))
-    f:close()
-end
-
-local function sh(cmd)
-    local out, status = helper.run(cmd)
-    assert(status == 0, cmd .. " failed: " .. out)
-    return out
-end
+local write, sh = helper.write_file, helper.sh
 
 -- Some random hex, so a leaked secret cannot be text that is anywhere else.
 local function random_hex(n)

@@ -563,7 +563,10 @@ static void timer_expired(ms_timer_t *t)
         return;
     }
     c->server->stats.timeouts++;
-    ms__h1_timeout(c, phase);
+    if (c->h2 != NULL)
+        ms__h2_timeout(c, phase);
+    else
+        ms__h1_timeout(c, phase);
 }
 
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms)

@@ -43,6 +43,7 @@ struct ms_stream_s {
     uint8_t closed;      /* nghttp2 closed the stream */
     uint8_t deferred;    /* the data source waits for pieces */
     uint8_t provider;    /* the reply has a body that DATA frames carry */
+    uint8_t dispatched;  /* its head was whole: a handler (or the core) has it */
     uint8_t reset_after; /* RST_STREAM(NO_ERROR) once the reply is sent: the rest of the
                           * request body is not wanted (RFC 9113 8.1) */
     int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
@@ -71,7 +72,7 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
         st->prev = NULL;
         st->head_bytes = 0;
         st->refused = 0;
-        st->closed = st->deferred = st->provider = st->reset_after = 0;
+        st->closed = st->deferred = st->provider = st->reset_after = st->dispatched = 0;
     }
     st->req.conn = h2->conn;
     st->req.v.version = 20;
@@ -501,6 +502,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     ms_conn_t *c = h2->conn;
     ms_server_t *s = c->server;
     ms_req_t *r = &st->req;
+    st->dispatched = 1;
     if (end_stream)
         r->v.flags |= MS_REQ_BODY_DONE;
     else
@@ -586,6 +588,8 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
         return 0;
     }
     ms__buf_append(&r->body, (const char *)data, len);
+    if (r->conn->phase == MS_PHASE_BODY)
+        r->conn->phase = MS_PHASE_NONE; /* progress: the body's deadline starts again */
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
     return 0;
@@ -820,29 +824,67 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
     ms__conn_release(c);
 }
 
-/* Timers: a write that does not progress (send_timeout, in the connection), or replies the
- * client's windows hold back (a zero-window stall, send_timeout too); streams at work have no
- * deadline here; with no stream open, the idle timeout. */
+/* The connection's one deadline, for what its streams wait for, the most pressing first:
+ * replies the client does not take (its windows shut, or its socket full: send_timeout), a
+ * head not whole (head_timeout, from when a stream's head began), a body a handler waits
+ * for that does not come (body_timeout, from the last body bytes). Streams at work in their
+ * handlers have none here; with no stream open, the idle timeout. */
 void ms__h2_rearm(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
+    const ms_limits_t *lim = &s->limits;
     if (c->h2->nstreams > 0) {
+        int phase = MS_PHASE_NONE;
         for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
-            if (st->out != NULL && st->out->bytes > 0 && !st->closed) {
-                if (c->phase != MS_PHASE_SEND)
-                    ms__conn_arm(c, MS_PHASE_SEND, s->limits.send_timeout_ms);
-                return;
+            if (st->closed)
+                continue;
+            if (st->out != NULL && st->out->bytes > 0) {
+                phase = MS_PHASE_SEND;
+                break;
             }
+            if (!st->dispatched)
+                phase = MS_PHASE_HEAD;
+            else if (st->req.v.wait == MS_WAIT_BODY && phase == MS_PHASE_NONE)
+                phase = MS_PHASE_BODY;
         }
-        c->phase = MS_PHASE_NONE;
-        ms_timer_stop(s, &c->timer);
+        if (phase == MS_PHASE_NONE) {
+            c->phase = MS_PHASE_NONE;
+            ms_timer_stop(s, &c->timer);
+        } else if (c->phase != phase) {
+            ms__conn_arm(c, phase,
+                         phase == MS_PHASE_SEND   ? lim->send_timeout_ms
+                         : phase == MS_PHASE_HEAD ? lim->head_timeout_ms
+                                                  : lim->body_timeout_ms);
+        }
         return;
     }
-    uint32_t ms = s->limits.idle_timeout_ms;
+    uint32_t ms = lim->idle_timeout_ms;
     if (s->stopping && ms > MS_STOP_GRACE_MS)
         ms = MS_STOP_GRACE_MS;
     if (c->phase != MS_PHASE_IDLE || s->stopping)
         ms__conn_arm(c, MS_PHASE_IDLE, ms);
+}
+
+/* A deadline of ms__h2_rearm() passed: one log line, then GOAWAY and a close (at once for a
+ * client that takes nothing). Handlers still at work learn that their streams are gone. */
+void ms__h2_timeout(ms_conn_t *c, int phase)
+{
+    char peer[64];
+    ms_conn_peer(c, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: HTTP/2: closed: %s", peer,
+           phase == MS_PHASE_SEND   ? "the client took no reply bytes for send_timeout"
+           : phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
+                                    : "body not coming within body_timeout");
+    if (phase == MS_PHASE_SEND) {
+        ms__conn_close(c, 0);
+        return;
+    }
+    c->refs++;
+    nghttp2_session_terminate_session(c->h2->ng, NGHTTP2_NO_ERROR);
+    ms__h2_flush(c);
+    if (!(c->flags & MS_CONN_CLOSED))
+        ms__conn_close(c, 1);
+    ms__conn_release(c);
 }
 
 void ms__h2_drain_check(ms_conn_t *c)

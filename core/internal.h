@@ -253,6 +253,7 @@ void ms__h2_free(ms_conn_t *c);
 void ms__h2_stream_destroy(void *p);
 void ms__h2_abort(ms_conn_t *c);
 void ms__h2_rearm(ms_conn_t *c);
+void ms__h2_timeout(ms_conn_t *c, int phase);
 void ms__h2_drain_check(ms_conn_t *c);
 void ms__h2_stop(ms_conn_t *c);
 void ms__h2_reply_head(ms_req_t *r, int64_t clen);

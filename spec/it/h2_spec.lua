@@ -1028,6 +1028,67 @@ describe("moonserve over HTTP/2 with small limits", function()
     end)
 end)
 
+-- -- Deadlines -----------------------------------------------------------------------------------
+
+describe("moonserve over HTTP/2 with short deadlines", function()
+    local srv
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/h2app.lua",
+            args = "--limit head_timeout=1 --limit body_timeout=1" }
+    end)
+
+    teardown(function()
+        assert.is_true(srv:stop(), "the server must stop on SIGTERM")
+    end)
+
+    -- Sends `frame` after the preface, then expects GOAWAY NO_ERROR and a close within about a
+    -- second, and one log line saying why.
+    local function ends_within_a_second(frame, why)
+        local before = occurrences(srv:log(), why)
+        -- (no SETTINGS ack: inside a header block it would be a protocol error of ours)
+        local c = connect(srv.port, { auto_ack = false })
+        c:hello()
+        local t0 = socket.gettime()
+        c:send(frame)
+        local frames = c:collect(4)
+        local g = find(frames, T.GOAWAY)
+        assert.equal(T.GOAWAY, g and g.type, describe_frames(frames))
+        assert.equal(E.NO_ERROR, g.code, describe_frames(frames))
+        assert.is_true(c:closes(2))
+        local took = socket.gettime() - t0
+        assert.is_true(took > 0.8 and took < 3, "took " .. took .. " s")
+        c:close()
+        socket.sleep(0.1)
+        assert.equal(before + 1, occurrences(srv:log(), why))
+    end
+
+    it("ends a connection whose header block does not end within head_timeout", function()
+        ends_within_a_second(headers(1, request("GET", "/"), 0),
+            "HTTP/2: closed: head not complete within head_timeout")
+    end)
+
+    it("ends a connection whose awaited body does not come within body_timeout", function()
+        ends_within_a_second(headers(1, request("POST", "/echo"), END_HEADERS),
+            "HTTP/2: closed: body not coming within body_timeout")
+    end)
+
+    it("lets a body that keeps coming take longer than body_timeout", function()
+        local c = connect(srv.port)
+        c:hello()
+        c:send(headers(1, request("POST", "/echo"), END_HEADERS))
+        for _ = 1, 4 do
+            socket.sleep(0.5)
+            c:send(frame(T.DATA, 0, 1, "abcd"))
+        end
+        c:send(frame(T.DATA, END_STREAM, 1, "!"))
+        local frames = c:collect(3, c:until_done(1))
+        assert.equal(200, c:stream(1).status, describe_frames(frames))
+        assert.equal(("abcd"):rep(4) .. "!", c:stream(1).body)
+        c:close()
+    end)
+end)
+
 -- -- Stopping -----------------------------------------------------------------------------------
 
 describe("moonserve over HTTP/2 stopping", function()

@@ -176,6 +176,9 @@ static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *f
     ms_h2_t *h2 = user;
     ms_stream_t *st = source->ptr;
     ms_server_t *s = h2->conn->server;
+    /* The connection holds what it has not written within bounds: the frame waits. */
+    if (ms__conn_queued(h2->conn) >= MS_OUT_HIGH_WATER)
+        return NGHTTP2_ERR_WOULDBLOCK;
     ms_out_t *o = ms__conn_out(h2->conn), *so = st->out;
     ms__out_text(s, o, (const char *)framehd, 9);
     while (length > 0) {
@@ -313,18 +316,26 @@ void ms__h2_flush(ms_conn_t *c)
         return;
     resume_streams(h2);
     ms_server_t *s = c->server;
-    while (ms__conn_queued(c) < MS_OUT_HIGH_WATER) {
-        const uint8_t *data;
-        ssize_t n = nghttp2_session_mem_send(h2->ng, &data);
-        if (n < 0) {
-            ms__conn_close(c, 0);
-            return;
+    /* Frames up to the high-water mark, written; again while the socket takes them all at
+     * once (a write left to the background comes back through ms_conn_write_done). */
+    size_t framed;
+    do {
+        size_t before = ms__conn_queued(c);
+        while (ms__conn_queued(c) < MS_OUT_HIGH_WATER) {
+            const uint8_t *data;
+            ssize_t n = nghttp2_session_mem_send(h2->ng, &data);
+            if (n < 0) {
+                ms__conn_close(c, 0);
+                return;
+            }
+            if (n == 0)
+                break;
+            ms__out_text(s, ms__conn_out(c), (const char *)data, (size_t)n);
         }
-        if (n == 0)
-            break;
-        ms__out_text(s, ms__conn_out(c), (const char *)data, (size_t)n);
-    }
-    ms__conn_flush(c);
+        framed = ms__conn_queued(c) - before;
+        ms__conn_flush(c);
+    } while (framed > 0 && !(c->flags & (MS_CONN_CLOSED | MS_CONN_WRITING)) &&
+             ms__conn_queued(c) == 0 && nghttp2_session_want_write(h2->ng));
     if (!nghttp2_session_want_read(h2->ng) && !nghttp2_session_want_write(h2->ng) &&
         ms__conn_queued(c) == 0)
         ms__conn_close(c, 1); /* after GOAWAY, or a session error: done */

@@ -148,6 +148,65 @@ static void glitch(ms_h2_t *h2)
 
 /* -- Replies --------------------------------------------------------------------------------- */
 
+/* A field line of the reply ("Name: value\r\n") as an HTTP/2 field: the name in lowercase
+ * (in the request's pool), connection-specific fields left out (RFC 9113 8.2.2). */
+static int field_nv(ms_req_t *r, const char *line, size_t len, nghttp2_nv *nv)
+{
+    const char *colon = memchr(line, ':', len);
+    if (colon == NULL)
+        return 0;
+    size_t nlen = (size_t)(colon - line);
+    const char *v = colon + 1;
+    while (v < line + len && *v == ' ')
+        v++;
+    size_t vlen = (size_t)(line + len - v);
+    char *name = ms_pool_alloc(&r->pool, nlen);
+    for (size_t i = 0; i < nlen; i++)
+        name[i] = (char)ms__lower((unsigned char)line[i]);
+    static const char *const drop[] = {"connection", "keep-alive", "proxy-connection",
+                                       "transfer-encoding", "upgrade"};
+    for (size_t i = 0; i < sizeof(drop) / sizeof(*drop); i++)
+        if (strlen(drop[i]) == nlen && memcmp(name, drop[i], nlen) == 0)
+            return 0;
+    nv->name = (uint8_t *)name;
+    nv->namelen = nlen;
+    nv->value = (uint8_t *)v;
+    nv->valuelen = vlen;
+    nv->flags = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
+    return 1;
+}
+
+/* How many field lines `b` holds. */
+static int count_lines(const ms_buf_t *b)
+{
+    int n = 0;
+    for (size_t i = 0; i < b->len; i++)
+        n += b->base[i] == '\n';
+    return n;
+}
+
+/* Field lines ("name: value\r\n"...) as HTTP/2 fields into `nva`; returns how many. */
+static int fields_nv(ms_req_t *r, const ms_buf_t *b, nghttp2_nv *nva)
+{
+    int n = 0;
+    const char *p = b->base, *end = p != NULL ? p + b->len : p;
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        size_t len = (size_t)(eol - p);
+        n += field_nv(r, p, len > 0 && p[len - 1] == '\r' ? len - 1 : len, &nva[n]);
+        p = eol + 1;
+    }
+    return n;
+}
+
+static int submit_trailers(nghttp2_session *ng, ms_stream_t *st)
+{
+    ms_req_t *r = &st->req;
+    nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)count_lines(&r->trailers) * sizeof(*nva));
+    int n = fields_nv(r, &r->trailers, nva);
+    return nghttp2_submit_trailer(ng, st->id, nva, (size_t)n);
+}
+
 /* The body's DATA frames take what the stream's queue holds; without anything there yet the
  * source waits (resumed when a piece or the end comes). */
 static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t length,
@@ -162,8 +221,12 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t l
     }
     size_t n = have < length ? have : length;
     *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-    if (done && n == have)
+    if (done && n == have) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
+        /* Trailer fields end the stream instead, in a HEADERS frame after this one. */
+        if (st->req.trailers.len > 0 && submit_trailers(ng, st) == 0)
+            *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    }
     return (ssize_t)n;
 }
 
@@ -213,34 +276,6 @@ static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *f
     return 0;
 }
 
-/* A field line of the reply ("Name: value\r\n") as an HTTP/2 field: the name in lowercase
- * (in the request's pool), connection-specific fields left out (RFC 9113 8.2.2). */
-static int field_nv(ms_req_t *r, const char *line, size_t len, nghttp2_nv *nv)
-{
-    const char *colon = memchr(line, ':', len);
-    if (colon == NULL)
-        return 0;
-    size_t nlen = (size_t)(colon - line);
-    const char *v = colon + 1;
-    while (v < line + len && *v == ' ')
-        v++;
-    size_t vlen = (size_t)(line + len - v);
-    char *name = ms_pool_alloc(&r->pool, nlen);
-    for (size_t i = 0; i < nlen; i++)
-        name[i] = (char)ms__lower((unsigned char)line[i]);
-    static const char *const drop[] = {"connection", "keep-alive", "proxy-connection",
-                                       "transfer-encoding", "upgrade"};
-    for (size_t i = 0; i < sizeof(drop) / sizeof(*drop); i++)
-        if (strlen(drop[i]) == nlen && memcmp(name, drop[i], nlen) == 0)
-            return 0;
-    nv->name = (uint8_t *)name;
-    nv->namelen = nlen;
-    nv->value = (uint8_t *)v;
-    nv->valuelen = vlen;
-    nv->flags = NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE;
-    return 1;
-}
-
 /* The reply head as a HEADERS frame; a body, if any, follows in DATA frames. `clen` as for
  * HTTP/1.1: the length, -1 unknown, -2 none. */
 void ms__h2_reply_head(ms_req_t *r, int64_t clen)
@@ -251,10 +286,7 @@ void ms__h2_reply_head(ms_req_t *r, int64_t clen)
     if (st->closed)
         return;
     /* Fields: :status, server, date, content-length, the reply's own. */
-    int max = 5;
-    const char *p = r->res_headers.base, *end = p != NULL ? p + r->res_headers.len : p;
-    for (const char *q = p; q < end; q++)
-        max += *q == '\n';
+    int max = 4 + count_lines(&r->res_headers);
     nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)max * sizeof(*nva));
     char *status = ms_pool_alloc(&r->pool, 3);
     status[0] = (char)('0' + r->v.status / 100 % 10);
@@ -280,12 +312,7 @@ void ms__h2_reply_head(ms_req_t *r, int64_t clen)
             len[i] = digits[ll - 1 - i];
         nva[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len, 14, ll, none};
     }
-    while (p < end) {
-        const char *eol = memchr(p, '\n', (size_t)(end - p));
-        size_t len = (size_t)(eol - p);
-        n += field_nv(r, p, len > 0 && p[len - 1] == '\r' ? len - 1 : len, &nva[n]);
-        p = eol + 1;
-    }
+    n += fields_nv(r, &r->res_headers, nva + n);
     int body = clen != -2 && clen != 0 && !(r->v.flags & MS_REQ_IS_HEAD);
     nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read};
     st->provider = (uint8_t)body;

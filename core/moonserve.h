@@ -143,6 +143,7 @@ struct ms_req_s {
     ms_header_t *headers; /* hdr_inline, or pooled when there are more */
     int headers_cap;
     ms_buf_t res_headers; /* the reply's fields as text, pooled */
+    ms_buf_t trailers;    /* the reply's trailer fields as text, pooled */
     ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
     uint64_t body_seen;   /* request body bytes received so far */
     uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
@@ -169,6 +170,12 @@ const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
  * content-length, transfer-encoding and date belong to the core (MS_ERESERVED);
  * "connection: close" asks the core to close after this reply. */
 int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
+
+/* Adds a trailer field, sent after a body streamed with ms_reply_write (HTTP/1.1: after the
+ * last chunk; HTTP/2: a HEADERS frame after the last DATA, for any reply with a body).
+ * Checked as ms_reply_header; fields that frame the message are MS_ERESERVED; MS_ESENT once
+ * the reply is complete. */
+int ms_reply_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
 
 /* Adds a whole field line ("name: value\r\n") that the caller vouches for: no checks. */
 int ms_reply_field(ms_req_t *r, const char *line, size_t len);

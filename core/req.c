@@ -23,6 +23,8 @@ void ms__req_reset(ms_req_t *r)
     r->head.len = 0;
     r->res_headers.base = NULL;
     r->res_headers.len = r->res_headers.cap = 0;
+    r->trailers.base = NULL;
+    r->trailers.len = r->trailers.cap = 0;
     r->body.len = 0;
     r->body_seen = 0;
 }
@@ -84,10 +86,9 @@ void ms_req_park(ms_req_t *r)
 
 /* -- Reply ------------------------------------------------------------------------------- */
 
-/* Room for `need` more bytes of reply fields, in the request's pool. */
-static char *reserve_field(ms_req_t *r, size_t need)
+/* Room for `need` more bytes of reply fields (or trailers: `b`), in the request's pool. */
+static char *reserve_in(ms_req_t *r, ms_buf_t *b, size_t need)
 {
-    ms_buf_t *b = &r->res_headers;
     if (b->cap - b->len < need) {
         size_t cap = b->cap ? b->cap * 2 : 512;
         while (cap - b->len < need)
@@ -101,10 +102,16 @@ static char *reserve_field(ms_req_t *r, size_t need)
     return b->base + b->len;
 }
 
-int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+static inline char *reserve_field(ms_req_t *r, size_t need)
 {
-    if (r->v.flags & MS_REQ_HEAD_SENT)
-        return MS_ESENT;
+    return reserve_in(r, &r->res_headers, need);
+}
+
+/* Appends "name: value\r\n" to `b`, the name and value checked: a token, and no CR, LF or
+ * NUL (no response splitting). */
+static int add_line(ms_req_t *r, ms_buf_t *b, const char *name, size_t nlen, const char *value,
+                    size_t vlen)
+{
     if (nlen == 0)
         return MS_EBADHEADER;
     for (size_t i = 0; i < nlen; i++)
@@ -113,8 +120,39 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
     for (size_t i = 0; i < vlen; i++) {
         unsigned char ch = (unsigned char)value[i];
         if (ch == '\r' || ch == '\n' || ch == 0)
-            return MS_EBADHEADER; /* no response splitting */
+            return MS_EBADHEADER;
     }
+    char *w = reserve_in(r, b, nlen + vlen + 4);
+    memcpy(w, name, nlen);
+    w += nlen;
+    *w++ = ':';
+    *w++ = ' ';
+    memcpy(w, value, vlen);
+    w += vlen;
+    *w++ = '\r';
+    *w++ = '\n';
+    b->len = (size_t)(w - b->base);
+    return 0;
+}
+
+int ms_reply_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    if (r->v.flags & MS_REQ_DONE)
+        return MS_ESENT;
+    /* Fields that frame or route the message have no place after it (RFC 9110 6.5.1). */
+    static const char *const framing[] = {
+        "content-length", "transfer-encoding", "host", "content-type",
+        "trailer",        "connection",        "te"};
+    for (size_t i = 0; i < sizeof(framing) / sizeof(*framing); i++)
+        if (nlen == strlen(framing[i]) && ms__ieq(name, framing[i], nlen))
+            return MS_ERESERVED;
+    return add_line(r, &r->trailers, name, nlen, value, vlen);
+}
+
+int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
     if ((nlen == 14 && ms__ieq(name, "content-length", 14)) ||
         (nlen == 17 && ms__ieq(name, "transfer-encoding", 17)) ||
         (nlen == 4 && ms__ieq(name, "date", 4)))
@@ -126,17 +164,7 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
         }
         return MS_ERESERVED;
     }
-    char *w = reserve_field(r, nlen + vlen + 4);
-    memcpy(w, name, nlen);
-    w += nlen;
-    *w++ = ':';
-    *w++ = ' ';
-    memcpy(w, value, vlen);
-    w += vlen;
-    *w++ = '\r';
-    *w++ = '\n';
-    r->res_headers.len = (size_t)(w - r->res_headers.base);
-    return 0;
+    return add_line(r, &r->res_headers, name, nlen, value, vlen);
 }
 
 int ms_reply_field(ms_req_t *r, const char *line, size_t len)
@@ -355,7 +383,12 @@ void ms_req_finish(ms_req_t *r)
         r->v.flags |= MS_REQ_DONE;
         if ((r->v.flags & MS_REQ_CHUNKED_OUT) && !(r->v.flags & MS_REQ_ABORTED) &&
             !(c->flags & MS_CONN_CLOSED)) {
-            ms__out_text(c->server, ms__conn_out(c), "0\r\n\r\n", 5);
+            /* The last chunk, the trailer fields, the end. */
+            ms_out_t *o = ms__conn_out(c);
+            ms__out_text(c->server, o, "0\r\n", 3);
+            if (r->trailers.len > 0)
+                ms__out_text(c->server, o, r->trailers.base, r->trailers.len);
+            ms__out_text(c->server, o, "\r\n", 2);
             flush(c);
         }
     }

@@ -64,6 +64,12 @@ MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const c
     return ms_reply_header(r, name, nlen, value, vlen);
 }
 
+MS_FFI int ms_ffi_res_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
+                              size_t vlen)
+{
+    return ms_reply_trailer(r, name, nlen, value, vlen);
+}
+
 MS_FFI int ms_ffi_res_reset(ms_req_t *r)
 {
     return ms_reply_reset(r);

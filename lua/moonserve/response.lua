@@ -189,6 +189,18 @@ function Response:send(body)
     return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
 
+-- Adds a trailer field, sent after a body streamed with res:write (on HTTP/2 after any
+-- body). Returns res; raises on a bad or framing field, or once the reply is complete.
+function Response:trailer(name, value)
+    name, value = tostring(name), tostring(value)
+    local rc = C.ms_ffi_res_trailer(view(self), name, #name, value, #value)
+    if rc < 0 then
+        local _, err = base.fail(rc)
+        error(format("bad trailer %q: %s", name, err), 2)
+    end
+    return self
+end
+
 -- Sends the file at `path` as the reply, from the core: Content-Type from its name (unless
 -- set), ETag and Last-Modified, 304 and 412 for conditional requests, ranges, and a
 -- precompressed or compressed form when the client takes one. The path is the handler's

@@ -30,6 +30,8 @@ typedef struct ms_h2_s {
     uint32_t nstreams;
     uint32_t glitches;
     uint8_t going_away;
+    uint8_t flush_pending; /* in the worker's list of connections to write this turn */
+    ms_conn_t *next_pending;
 } ms_h2_t;
 
 struct ms_stream_s {
@@ -368,6 +370,49 @@ void ms__h2_flush(ms_conn_t *c)
         ms__conn_close(c, 1); /* after GOAWAY, or a session error: done */
 }
 
+/* Writes the connections whose handlers replied outside a read (a timer, a resumed
+ * handler), once per turn of the loop: their frames leave together. */
+static void write_pending(uv_prepare_t *p)
+{
+    ms_server_t *s = container_of(p, ms_server_t, h2_turn);
+    ms_conn_t *c = s->h2_pending;
+    s->h2_pending = NULL;
+    uv_prepare_stop(p);
+    while (c != NULL) {
+        ms_h2_t *h2 = c->h2;
+        ms_conn_t *next = h2 != NULL ? h2->next_pending : NULL;
+        if (h2 != NULL) {
+            h2->flush_pending = 0;
+            h2->next_pending = NULL;
+            ms__h2_flush(c);
+            if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
+                ms__h2_drain_check(c);
+            ms__conn_rearm(c);
+        }
+        ms__conn_release(c);
+        c = next;
+    }
+}
+
+void ms__h2_write_pending(ms_server_t *s)
+{
+    if (s->h2_pending != NULL)
+        write_pending(&s->h2_turn);
+}
+
+void ms__h2_flush_soon(ms_conn_t *c)
+{
+    ms_h2_t *h2 = c->h2;
+    ms_server_t *s = c->server;
+    if (h2 == NULL || h2->flush_pending || (c->flags & MS_CONN_CLOSED))
+        return;
+    h2->flush_pending = 1;
+    c->refs++; /* the list's */
+    h2->next_pending = s->h2_pending;
+    s->h2_pending = c;
+    uv_prepare_start(&s->h2_turn, write_pending);
+}
+
 void ms__h2_fail(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
@@ -384,7 +429,7 @@ void ms__h2_req_finished(ms_req_t *r)
     if (st->closed)
         stream_free(st);
     if (!(c->flags & MS_CONN_IN_FEED))
-        ms__h2_flush(c);
+        ms__h2_flush_soon(c);
     ms__conn_rearm(c);
     ms__conn_release(c); /* the handler's reference */
 }
@@ -419,7 +464,7 @@ void ms__h2_body_taken(ms_req_t *r, size_t n)
     if (!st->closed)
         nghttp2_session_consume(st->h2->ng, st->id, n);
     if (!(r->conn->flags & MS_CONN_IN_FEED))
-        ms__h2_flush(r->conn);
+        ms__h2_flush_soon(r->conn);
 }
 
 /* -- nghttp2 callbacks ---------------------------------------------------------------------------

@@ -165,6 +165,8 @@ struct ms_server_s {
     ms_conn_t conns; /* sentinel of the open connection list */
     ms_recycle_t h1_free, out_free, chunk_free, stream_free;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
+    uv_prepare_t h2_turn;        /* writes HTTP/2 connections replied to outside a read */
+    ms_conn_t *h2_pending;
     /* timers */
     uv_timer_t uv_timer;
     ms_timer_t **heap;
@@ -249,6 +251,8 @@ int ms__h2_start(ms_conn_t *c, const char *data, size_t len);
 void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen);
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len);
 void ms__h2_flush(ms_conn_t *c);
+void ms__h2_flush_soon(ms_conn_t *c);
+void ms__h2_write_pending(ms_server_t *s);
 void ms__h2_free(ms_conn_t *c);
 void ms__h2_stream_destroy(void *p);
 void ms__h2_abort(ms_conn_t *c);

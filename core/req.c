@@ -226,7 +226,7 @@ static inline void flush(ms_conn_t *c)
     if (c->flags & MS_CONN_IN_FEED)
         return;
     if (c->h2 != NULL)
-        ms__h2_flush(c);
+        ms__h2_flush_soon(c); /* frames of every stream, once this turn of the loop */
     else
         ms__conn_flush(c);
 }

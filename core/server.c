@@ -323,6 +323,8 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->data = data;
     s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
     s->conns.next = s->conns.prev = &s->conns;
+    uv_prepare_init(loop, &s->h2_turn);
+    uv_unref((uv_handle_t *)&s->h2_turn);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
                                         * is work still to do */
     return s;
@@ -526,6 +528,7 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
 
 void ms_server_free(ms_server_t *s)
 {
+    ms__h2_write_pending(s); /* lets go of the connections it holds */
     ms__recycle_drain(&s->h1_free, ms__h1_destroy);
     ms__sources_free(s);
     ms_mem_free(s->trusted);
@@ -535,6 +538,8 @@ void ms_server_free(ms_server_t *s)
     ms__static_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
+    if (!uv_is_closing((uv_handle_t *)&s->h2_turn))
+        uv_close((uv_handle_t *)&s->h2_turn, NULL);
     /* The uv_timer lives inside `s`: let the loop finish closing it first. */
     uv_run(s->loop, UV_RUN_NOWAIT);
     ms_mem_free(s->heap);

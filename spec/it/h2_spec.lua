@@ -82,6 +82,19 @@ local function literal(name, value)
     return "\0" .. hpack_int(7, 0, #name) .. name .. hpack_int(7, 0, #value) .. value
 end
 
+-- A literal field with incremental indexing (the "01" prefix): the server's decoder adds it to
+-- its dynamic table. `name` is a new name, or the table index of an entry whose name it takes.
+local function literal_indexed(name, value)
+    local head = type(name) == "number" and hpack_int(6, 0x40, name)
+        or "\64" .. hpack_int(7, 0, #name) .. name
+    return head .. hpack_int(7, 0, #value) .. value
+end
+
+-- A dynamic table size update (the "001" prefix), which only the start of a block may hold.
+local function table_size_update(n)
+    return hpack_int(5, 0x20, n)
+end
+
 -- A request's header block: the pseudo-fields, then `extra` ({ name, value } pairs).
 local function request(method, path, extra)
     local out = { literal(":method", method), literal(":scheme", "http"), literal(":path", path),
@@ -478,6 +491,12 @@ local function occurrences(text, plain)
         end
         n, pos = n + 1, e + 1
     end
+end
+
+-- The resident memory of process `pid`, in KiB.
+local function rss_kib(pid)
+    local status = helper.read_file("/proc/" .. pid .. "/status")
+    return tonumber((assert(status:match("VmRSS:%s*(%d+) kB"), "no VmRSS for " .. pid)))
 end
 
 -- A plain GET / on a new connection: the server still serves.
@@ -930,6 +949,124 @@ return app
                 assert.equal(before + 1, occurrences(srv:log(), line))
                 serves(srv.port)
             end)
+
+        twice("ends a connection whose HPACK table size update exceeds 4096 with " ..
+            "COMPRESSION_ERROR", function()
+                -- An update up to the 4096 bytes of SETTINGS_HEADER_TABLE_SIZE is the client's
+                -- right, so it is the size that is refused, not the update.
+                local c = connect(srv.port)
+                c:hello()
+                c:send(headers(1, table_size_update(4096) .. request("GET", "/"),
+                    END_HEADERS + END_STREAM))
+                local frames = c:collect(5, c:until_done(1))
+                c:close()
+                assert.equal(200, c:stream(1).status, describe_frames(frames))
+                c = connect(srv.port)
+                c:hello()
+                -- 0x3f, then 65536 - 31 in continuation bytes: 0xe1 0xff 0x03
+                c:send(headers(1, table_size_update(65536) .. request("GET", "/"),
+                    END_HEADERS + END_STREAM))
+                frames = c:collect(5)
+                local g = frames[#frames]
+                assert.equal(T.GOAWAY, g and g.type, describe_frames(frames))
+                assert.equal(E.COMPRESSION_ERROR, g.code, describe_frames(frames))
+                assert.equal(0, count(frames, T.HEADERS), describe_frames(frames))
+                assert.is_true(c:closes())
+                c:close()
+                serves(srv.port)
+            end)
+
+        -- Request `i` of a connection to /whoami adds to the server's decoder table x-probe
+        -- (v<i>), its name taken from the oldest entry, the x-probe of the request before; then
+        -- FILLS fields of about 100 bytes (131 in the table), each with a name never sent
+        -- before. A request's entries come to 3974 of the 4096 bytes the table holds, so each
+        -- request evicts all that the one before added, and a table out of step shows in the
+        -- answer. 2000 requests send 60000 entries, 7.9 MB by the table's count: a server that
+        -- kept them would grow by more than that.
+        local FILLS, fills = 30, 0
+        local function probing(i)
+            local out = { request("GET", "/whoami"), i == 1 and literal_indexed("x-probe", "v1")
+                or literal_indexed(#STATIC + FILLS + 1, "v" .. i) }
+            for _ = 1, FILLS do
+                fills = fills + 1
+                out[#out + 1] = literal_indexed(("x-fill-%06d"):format(fills), ("f"):rep(86))
+            end
+            return headers(2 * i - 1, concat(out), END_HEADERS + END_STREAM)
+        end
+
+        -- Requests from..to of `probing` at once, each answered with its own probe.
+        local function probe(c, from, to)
+            local out, ids = {}, {}
+            for i = from, to do
+                out[#out + 1] = probing(i)
+                ids[#ids + 1] = 2 * i - 1
+            end
+            assert(c:send(concat(out)))
+            local frames, why = c:collect(5, c:until_done(unpack(ids)))
+            assert.equal("stop", why, why ~= "stop" and describe_frames(frames) or nil)
+            for i = from, to do
+                local st = c:stream(2 * i - 1)
+                if st.status ~= 200 or st.body ~= "2 127.0.0.1 v" .. i then
+                    error(("request %d: %s %q\n%s"):format(i, tostring(st.status), st.body,
+                        describe_frames(frames)))
+                end
+            end
+        end
+
+        twice("serves 2000 requests that each fill its HPACK table anew, in bounded memory",
+            function()
+                local c = connect(srv.port)
+                c:hello()
+                probe(c, 1, 50) -- the table is full, and the server warm
+                local before = rss_kib(srv.pid)
+                for from = 51, 2050, 50 do
+                    probe(c, from, from + 49)
+                end
+                local grew = rss_kib(srv.pid) - before
+                c:close()
+                assert.is_true(grew < 8 * 1024, ("VmRSS grew by %d KiB over 2000 requests of %d "
+                    .. "new fields each"):format(grew, FILLS))
+            end)
+
+        -- The server has RFC 7540 priorities off (SETTINGS_NO_RFC7540_PRIORITIES = 1) and does
+        -- not fall back to them for a client that does not send the setting, so nghttp2 (1.52)
+        -- checks a PRIORITY frame's length and skips it: no callback, no idle stream, no
+        -- dependency tree. A chain of them on idle streams costs a skip each.
+        twice("ignores 20000 PRIORITY frames on idle streams, each depending on the last",
+            function()
+                local errors = occurrences(srv:log(), "] error: ")
+                local c = connect(srv.port)
+                c:hello()
+                local n = 0
+                for _ = 1, 20 do
+                    local out = {}
+                    for i = 1, 1000 do
+                        n = n + 1
+                        -- stream 2n + 1 depends (not exclusively) on 2n - 1, weight 16
+                        out[i] = frame(T.PRIORITY, 0, 2 * n + 1, u32(2 * n - 1) .. char(15))
+                    end
+                    assert(c:send(concat(out)))
+                end
+                local id = 2 * n + 3
+                local t0 = socket.gettime()
+                c:send(headers(id, request("GET", "/"), END_HEADERS + END_STREAM))
+                local frames = c:collect(5, c:until_done(id))
+                local took = socket.gettime() - t0
+                assert.equal(200, c:stream(id).status, describe_frames(frames))
+                assert.equal("hello", c:stream(id).body)
+                assert.is_true(took < 2, "took " .. took .. " s")
+                -- the connection is still up: it serves the next stream
+                c:send(headers(id + 2, request("GET", "/"), END_HEADERS + END_STREAM))
+                local more = c:collect(5, c:until_done(id + 2))
+                c:close()
+                for _, f in ipairs(more) do
+                    frames[#frames + 1] = f
+                end
+                assert.equal(200, c:stream(id + 2).status, describe_frames(frames))
+                assert.equal(0, count(frames, T.GOAWAY), describe_frames(frames))
+                assert.equal(0, count(frames, T.RST_STREAM), describe_frames(frames))
+                assert.equal(errors, occurrences(srv:log(), "] error: "), srv:log():sub(-2000))
+            end)
     end)
 end)
 
@@ -1035,7 +1172,7 @@ describe("moonserve over HTTP/2 with short deadlines", function()
 
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/h2app.lua",
-            args = "--limit head_timeout=1 --limit body_timeout=1" }
+            args = "--limit head_timeout=1 --limit body_timeout=1 --limit send_timeout=1" }
     end)
 
     teardown(function()
@@ -1086,6 +1223,34 @@ describe("moonserve over HTTP/2 with short deadlines", function()
         assert.equal(200, c:stream(1).status, describe_frames(frames))
         assert.equal(("abcd"):rep(4) .. "!", c:stream(1).body)
         c:close()
+    end)
+
+    it("ends a connection whose client opens no window within send_timeout", function()
+        local why = "HTTP/2: closed: the client took no reply bytes for send_timeout"
+        local before = occurrences(srv:log(), why)
+        local c = connect(srv.port)
+        local t0 = socket.gettime()
+        -- A window of 0 for every stream, and no WINDOW_UPDATE ever: the server may send the
+        -- reply's HEADERS, but not one byte of its body.
+        c:send(PREFACE, settings { INITIAL_WINDOW_SIZE, 0 },
+            headers(1, request("GET", "/"), END_HEADERS + END_STREAM))
+        local frames = c:collect(0.8, function(f)
+            return f.stream == 1 and f.type == T.HEADERS
+        end)
+        assert.equal(200, c:stream(1).status, describe_frames(frames))
+        serves(srv.port) -- meanwhile, another client is served
+        local more, how = c:collect(4, function() return false end)
+        local took = socket.gettime() - t0
+        c:close()
+        for _, f in ipairs(more) do
+            frames[#frames + 1] = f
+        end
+        assert.equal("closed", how, describe_frames(frames))
+        assert.is_true(took > 0.8 and took < 3, "took " .. took .. " s")
+        assert.equal(0, count(frames, T.DATA), describe_frames(frames))
+        assert.is_nil(c:stream(1).ended)
+        socket.sleep(0.1)
+        assert.equal(before + 1, occurrences(srv:log(), why))
     end)
 end)
 

@@ -595,6 +595,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
         return;
     }
     if (r->v.method.base == NULL || r->v.target.base == NULL) {
+        glitch(h2);
         nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
         return;
     }
@@ -712,6 +713,17 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
     return 0;
 }
 
+/* A field nghttp2 finds invalid (an uppercase name, a forbidden connection field, a bad
+ * value): the stream is reset, never served without it, and the glitch counted. */
+static int on_invalid_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
+                             size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags,
+                             void *user)
+{
+    (void)ng, (void)frame, (void)name, (void)nlen, (void)value, (void)vlen, (void)flags;
+    glitch(user);
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+}
+
 static int on_invalid_frame(nghttp2_session *ng, const nghttp2_frame *frame, int err, void *user)
 {
     (void)ng;
@@ -737,6 +749,7 @@ static void setup_once(void)
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, on_data);
     nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, on_stream_close);
     nghttp2_session_callbacks_set_on_invalid_frame_recv_callback(callbacks, on_invalid_frame);
+    nghttp2_session_callbacks_set_on_invalid_header_callback(callbacks, on_invalid_header);
     nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, on_frame_send);
     nghttp2_session_callbacks_set_send_data_callback(callbacks, data_send);
     nghttp2_option_new(&options);

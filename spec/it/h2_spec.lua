@@ -756,6 +756,24 @@ return app
                 serves(srv.port)
             end)
 
+        twice("resets a stream with an invalid field, and serves the next", function()
+            local c = connect(srv.port)
+            c:hello()
+            -- an uppercase name, and a connection-specific field: both invalid in HTTP/2
+            c:send(headers(1, request("GET", "/", { { "X-Upper", "1" } }), END_HEADERS + END_STREAM),
+                headers(3, request("GET", "/", { { "connection", "close" } }),
+                    END_HEADERS + END_STREAM),
+                headers(5, request("GET", "/"), END_HEADERS + END_STREAM))
+            local frames = c:collect(5, c:until_done(1, 3, 5))
+            for _, id in ipairs { 1, 3 } do
+                local st = c:stream(id)
+                assert.is_nil(st.status, describe_frames(frames))
+                assert.equal(E.PROTOCOL_ERROR, st.rst, describe_frames(frames))
+            end
+            assert.equal(200, c:stream(5).status, describe_frames(frames))
+            c:close()
+        end)
+
         twice("answers a frame larger than 16384 bytes with GOAWAY FRAME_SIZE_ERROR", function()
             local c = connect(srv.port)
             c:hello()

@@ -8,60 +8,7 @@
 #include "memio.h"
 #include "moonserve.h"
 
-static ms_req_t *parked[64];
-static int nparked;
-
-static void answer(ms_req_t *r)
-{
-    ms_reply_header(r, "content-type", 12, "text/plain", 10);
-    ms_reply_send(r, "fuzz", 4, MS_VEC_STATIC, -1);
-    ms_req_finish(r);
-}
-
-static void read_body(ms_req_t *r)
-{
-    for (;;) {
-        const char *p;
-        int64_t n = ms_req_body_take(r, &p);
-        if (n > 0)
-            continue;
-        if (n == UV_EAGAIN && ms_req_wait_body(r) == 0)
-            return;
-        answer(r);
-        return;
-    }
-}
-
-static void on_request(ms_req_t *r, void *data)
-{
-    (void)data;
-    /* The path's last byte picks the behaviour, so the fuzzer can steer it. */
-    unsigned char k = r->v.path.len ? (unsigned char)r->v.path.base[r->v.path.len - 1] : 0;
-    switch (k % 4) {
-    case 0: answer(r); break;
-    case 1:
-        if (nparked < 64) {
-            ms_req_park(r);
-            parked[nparked++] = r;
-        } else {
-            answer(r);
-        }
-        break;
-    case 2: read_body(r); break;
-    default:
-        ms_reply_write(r, "a", 1, MS_VEC_STATIC, -1);
-        ms_reply_write(r, "bc", 2, MS_VEC_STATIC, -1);
-        ms_req_finish(r);
-        break;
-    }
-}
-
-static void on_resume(ms_req_t *r, void *data)
-{
-    (void)data;
-    if (r->v.wait == MS_WAIT_NONE)
-        read_body(r);
-}
+#include "handlers.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -105,12 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (m.out.len > 0 && memcmp(m.out.base, "HTTP/1.1 ", 9) != 0)
             abort();
     }
-    /* Parked handlers finish after the input, in order, some after the peer left. */
-    for (int i = 0; i < nparked; i++) {
-        if (i == nparked / 2)
-            ms_memio_peer_close(&m, UV_ECONNRESET);
-        answer(parked[i]);
-    }
+    finish_parked(&m);
     ms_memio_peer_close(&m, UV_EOF);
     ms_memio_drain(&m);
     if (m.conn != NULL)

@@ -617,7 +617,14 @@ void ms__conn_rearm(ms_conn_t *c)
             ms__conn_arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
         return;
     }
-    uint32_t ms = lim->idle_timeout_ms;
+    ms__conn_arm_idle(c);
+}
+
+/* Waits for the next request: idle_timeout, or a short grace once the server stops. */
+void ms__conn_arm_idle(ms_conn_t *c)
+{
+    ms_server_t *s = c->server;
+    uint32_t ms = s->limits.idle_timeout_ms;
     if (s->stopping && ms > MS_STOP_GRACE_MS)
         ms = MS_STOP_GRACE_MS;
     if (c->phase != MS_PHASE_IDLE || s->stopping)

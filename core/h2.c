@@ -954,11 +954,7 @@ void ms__h2_rearm(ms_conn_t *c)
         }
         return;
     }
-    uint32_t ms = lim->idle_timeout_ms;
-    if (s->stopping && ms > MS_STOP_GRACE_MS)
-        ms = MS_STOP_GRACE_MS;
-    if (c->phase != MS_PHASE_IDLE || s->stopping)
-        ms__conn_arm(c, MS_PHASE_IDLE, ms);
+    ms__conn_arm_idle(c);
 }
 
 /* A deadline of ms__h2_rearm() passed: one log line, then GOAWAY and a close (at once for a

@@ -207,6 +207,7 @@ void ms__out_release(ms_server_t *s, ms_out_t *o);
 void ms__out_clear(ms_server_t *s, ms_out_t *o);
 void ms__out_hold(ms_server_t *s, ms_out_t *o, int32_t anchor);
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
+void ms__conn_arm_idle(ms_conn_t *c);
 void ms__conn_start(ms_conn_t *c);
 void ms__conn_drain_check(ms_conn_t *c);
 void ms__out_destroy(void *p);

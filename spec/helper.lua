@@ -208,6 +208,18 @@ function helper.memory_server(app, limits)
     end
 end
 
+-- A way to declare a case that runs twice: state the first run leaves behind (a leak, a
+-- cache it filled) shows in the second. Pass busted's `it`:
+--   local twice = helper.twice(it); twice("does x", function() ... end)
+function helper.twice(it)
+    return function(name, fn)
+        it(name, function()
+            fn()
+            fn()
+        end)
+    end
+end
+
 -- Writes `data` to the file at `path`.
 function helper.write_file(path, data)
     local f = assert(io.open(path, "wb"))

@@ -13,13 +13,7 @@ describe("moonserve over HTTP/1.1", function()
         assert.is_true(srv:stop(), "the server must stop on SIGTERM")
     end)
 
-    -- Each case runs twice, so state leaked by the first run shows in the second.
-    local function twice(name, fn)
-        it(name, function()
-            fn()
-            fn()
-        end)
-    end
+    local twice = helper.twice(it)
 
     twice("answers a GET", function()
         local res = helper.request(srv.port, "GET /hello HTTP/1.1\r\nHost: t\r\n\r\n")

@@ -511,13 +511,7 @@ local function serves(port)
     assert.equal("hello", st.body)
 end
 
--- Each case runs twice, so state leaked by the first run shows in the second.
-local function twice(name, fn)
-    it(name, function()
-        fn()
-        fn()
-    end)
-end
+local twice = helper.twice(it)
 
 -- -- The server with its default limits ---------------------------------------------------------
 

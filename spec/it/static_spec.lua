@@ -109,13 +109,7 @@ local function byteranges(body, boundary)
     return parts
 end
 
--- Each case runs twice: the first run fills the file cache, the second is served from it.
-local function twice(name, fn)
-    it(name, function()
-        fn()
-        fn()
-    end)
-end
+local twice = helper.twice(it)
 
 -- -- The tree ---------------------------------------------------------------------------------
 

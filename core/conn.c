@@ -1,6 +1,8 @@
 /* conn.c: a connection's life, its reply queue and the gathered write. */
 #include "moonserve.h"
 
+#include <assert.h>
+
 #include <errno.h>
 #include <unistd.h>
 
@@ -109,11 +111,12 @@ void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
         return;
     }
     /* Bytes are kept (a partial head, or requests behind a parked one): read after them so
-     * the head ends up contiguous. */
+     * the head ends up contiguous. The kept bytes start at the head being scanned, and
+     * `scan` counts from there, so moving them leaves it as it is. */
+    assert(h->scan <= h->in.len - h->in_off);
     if (h->in_off > 0) {
         memmove(h->in.base, h->in.base + h->in_off, h->in.len - h->in_off);
         h->in.len -= h->in_off;
-        h->scan -= h->in_off;
         h->in_off = 0;
     }
     if (h->in.cap - h->in.len < MS_CONN_BUF_MIN) {

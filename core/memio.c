@@ -88,6 +88,22 @@ void ms_memio_feed(ms_memio_t *m, const char *p, size_t n)
         ms_conn_feed(m->conn, p, n);
 }
 
+size_t ms_memio_read(ms_memio_t *m, const char *p, size_t n)
+{
+    size_t taken = 0;
+    while (m->conn != NULL && m->reading && n > 0) {
+        uv_buf_t buf;
+        ms_conn_read_buf(m->conn, &buf);
+        size_t k = n < buf.len ? n : buf.len;
+        memcpy(buf.base, p, k);
+        ms_conn_feed(m->conn, buf.base, k);
+        p += k;
+        n -= k;
+        taken += k;
+    }
+    return taken;
+}
+
 void ms_memio_drain(ms_memio_t *m)
 {
     if (m->conn == NULL || m->held.len == 0)

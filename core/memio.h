@@ -16,8 +16,13 @@ typedef struct ms_memio_s {
 
 /* Opens a connection whose output goes to `m`. `m` must outlive the connection. */
 ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m);
-/* Feeds bytes from the peer. */
+/* Feeds bytes from the peer, as they are (not copied into the connection's read buffer). */
 void ms_memio_feed(ms_memio_t *m, const char *p, size_t n);
+/* Delivers bytes from the peer as a socket read does: copied into the buffer the connection
+ * offers (ms_conn_read_buf), in as many reads as that takes. A test chooses the segments by
+ * calling it once per segment. Returns how many bytes were taken: fewer than `n` when the
+ * connection stopped reading or closed. */
+size_t ms_memio_read(ms_memio_t *m, const char *p, size_t n);
 /* The peer takes the bytes of a pending write. */
 void ms_memio_drain(ms_memio_t *m);
 /* The peer closes its side (EOF) or resets (err < 0). */

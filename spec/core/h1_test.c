@@ -173,6 +173,20 @@ static char *exchange(const char *in, size_t len, size_t step)
     return out;
 }
 
+/* As exchange(), but each of the `n` segments arrives as a socket read does: copied into the
+ * buffer the connection offers, so kept bytes are read after themselves. */
+static char *exchange_reads(const char *const *segs, int n)
+{
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    for (int i = 0; i < n; i++)
+        ms_memio_read(&m, segs[i], strlen(segs[i]));
+    char *out = strdup(output(&m));
+    ms_memio_peer_close(&m, UV_ECONNRESET);
+    ms_memio_free(&m);
+    return out;
+}
+
 /* -- Tests ------------------------------------------------------------------------------ */
 
 TEST(h1_answers_a_single_request)
@@ -227,6 +241,35 @@ TEST(h1_parses_requests_split_at_every_byte)
             TEST_FAIL("step %zu:\n%s", step, out);
         }
         free(out);
+    }
+    teardown();
+}
+
+TEST(h1_serves_a_pipelined_head_split_across_reads)
+{
+    setup();
+    /* The second head starts behind the first in the connection's buffer and is moved to its
+     * front by the next read: its scan position must move with it. */
+    const char *segs[] = {"GET /a HTTP/1.1\r\nHost: x\r\n", "\r\nGET /b HTTP/1.1\r\nHo",
+                          "st: x\r\n\r\n"};
+    char *out = exchange_reads(segs, 3);
+    ASSERT_EQ(2, count(out, "HTTP/1.1 200 OK"));
+    ASSERT_LACKS(out, "400");
+    free(out);
+    /* Every split of a pipelined pair into three reads. */
+    static const char in[] = "GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (size_t i = 1; i < sizeof(in) - 2; i++) {
+        for (size_t j = i + 1; j < sizeof(in) - 1; j++) {
+            char a[64], b[64], c[64];
+            snprintf(a, sizeof(a), "%.*s", (int)i, in);
+            snprintf(b, sizeof(b), "%.*s", (int)(j - i), in + i);
+            snprintf(c, sizeof(c), "%s", in + j);
+            const char *parts[] = {a, b, c};
+            out = exchange_reads(parts, 3);
+            if (count(out, "HTTP/1.1 200 OK") != 2)
+                TEST_FAIL("split at %zu and %zu:\n%s", i, j, out);
+            free(out);
+        }
     }
     teardown();
 }

@@ -2,7 +2,6 @@
 #include "moonserve.h"
 
 #include <assert.h>
-
 #include <errno.h>
 #include <unistd.h>
 

@@ -62,6 +62,12 @@ static ssize_t scan_head(const char *base, size_t len, size_t *scan, const char 
             *why = "obs-fold or whitespace before a field";
             return MS_EBADREQ;
         }
+        if (*p == ':') {
+            /* A field name is a token (RFC 9110 5.1): never empty, so ':authority' is not a
+             * field either; llhttp would take the line for a value with no name. */
+            *why = "empty header field name";
+            return MS_EBADREQ;
+        }
     }
     *scan = (size_t)((const char *)p - base);
     return 0;
@@ -130,7 +136,12 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n)
 
 static int on_header_value(llhttp_t *p, const char *at, size_t n)
 {
-    ms_req_t *r = &((ms_h1_t *)p->data)->req;
+    ms_h1_t *h = p->data;
+    ms_req_t *r = &h->req;
+    /* A value with no name before it: scan_head refuses the lines that make one, and this
+     * keeps headers[-1] out of reach should llhttp find another. */
+    if (MS_UNLIKELY(!h->field_open))
+        return refuse_cb(p, 400, "empty header field name");
     span(&r->headers[r->v.nheaders - 1].value, at, n);
     return 0;
 }

@@ -622,6 +622,12 @@ static const struct {
     R("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n", 405),
     R("POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx", 417),
     R("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999\r\n\r\n", 413),
+    /* RFC 9110 5.1: a field name is a token, so neither empty nor starting with ':' */
+    R("GET / HTTP/1.1\r\n: x\r\nHost: a\r\n\r\n", 400),
+    R("GET / HTTP/1.1\r\nHost: a\r\n: x\r\n\r\n", 400),
+    R("GET / HTTP/1.1\r\nHost: a\r\n:authority: y\r\n\r\n", 400),
+    R("GET / HTTP/1.1\r\n:authority: y\r\nHost: a\r\n\r\n", 400),
+    R("GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n:\r\n\r\n", 400),
 };
 
 static int log_lines;

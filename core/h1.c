@@ -114,10 +114,56 @@ static MS_NOINLINE int headers_grow(ms_h1_t *h)
     return 0;
 }
 
+/* Trailer fields come among the body bytes, split wherever the reads split them: each is
+ * gathered in the connection's own buffer and copied into the request's pool when whole. They
+ * are held to the limits of header fields. */
+static MS_NOINLINE int trailer_bytes(llhttp_t *p, const char *at, size_t n, int name)
+{
+    ms_h1_t *h = p->data;
+    ms_req_t *r = &h->req;
+    if (name && !h->field_open) {
+        if ((uint32_t)r->ntrailers >= h->conn_limits->header_count)
+            return refuse_cb(p, 431, "too many trailer fields");
+        h->trailer.len = 0;
+        h->field_open = 1;
+    }
+    if (!h->field_open)
+        return refuse_cb(p, 400, "empty header field name");
+    h->trailer_bytes += n;
+    if (h->trailer_bytes > h->conn_limits->head_bytes)
+        return refuse_cb(p, 431, "trailer fields larger than head_bytes");
+    ms__buf_append(&h->trailer, at, n);
+    if (name)
+        h->trailer_name = h->trailer.len;
+    return 0;
+}
+
+static MS_NOINLINE int trailer_done(llhttp_t *p)
+{
+    ms_h1_t *h = p->data;
+    const char *t = h->trailer.base;
+    size_t nlen = h->trailer_name, vlen = h->trailer.len - nlen;
+    if (nlen == 0)
+        return refuse_cb(p, 400, "empty header field name");
+    for (size_t i = 0; i < nlen; i++)
+        if (!ms__tchar[(unsigned char)t[i]])
+            return refuse_cb(p, 400, "invalid trailer field name");
+    for (size_t i = nlen; i < nlen + vlen; i++) {
+        unsigned char ch = (unsigned char)t[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            return refuse_cb(p, 400, "control character in a trailer field");
+    }
+    ms__req_add_trailer(&h->req, t, nlen, t + nlen, vlen);
+    h->field_open = 0;
+    return 0;
+}
+
 static int on_header_field(llhttp_t *p, const char *at, size_t n)
 {
     ms_h1_t *h = p->data;
     ms_req_t *r = &h->req;
+    if (MS_UNLIKELY(h->head_done))
+        return trailer_bytes(p, at, n, 1);
     if (!h->field_open) {
         if (MS_UNLIKELY((uint32_t)r->v.nheaders >= h->conn_limits->header_count))
             return refuse_cb(p, 431, "too many header fields");
@@ -138,6 +184,8 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n)
 {
     ms_h1_t *h = p->data;
     ms_req_t *r = &h->req;
+    if (MS_UNLIKELY(h->head_done))
+        return trailer_bytes(p, at, n, 0);
     /* A value with no name before it: scan_head refuses the lines that make one, and this
      * keeps headers[-1] out of reach should llhttp find another. */
     if (MS_UNLIKELY(!h->field_open))
@@ -148,7 +196,10 @@ static int on_header_value(llhttp_t *p, const char *at, size_t n)
 
 static int on_header_value_complete(llhttp_t *p)
 {
-    ((ms_h1_t *)p->data)->field_open = 0;
+    ms_h1_t *h = p->data;
+    if (MS_UNLIKELY(h->head_done))
+        return trailer_done(p);
+    h->field_open = 0;
     return 0;
 }
 
@@ -196,6 +247,7 @@ static int on_headers_complete(llhttp_t *p)
 {
     ms_h1_t *h = p->data;
     ms_req_t *r = &h->req;
+    h->head_done = 1;
     if (p->http_major != 1)
         return refuse_cb(p, 505, "unsupported HTTP version");
     /* One space on each side of the target: llhttp lets runs of spaces through, and
@@ -328,6 +380,7 @@ void ms__h1_destroy(void *p)
     ms_pool_free(&h->req.pool);
     ms_mem_free(h->req.body.base);
     ms_mem_free(h->in.base);
+    ms_mem_free(h->trailer.base);
     ms_mem_free(h);
 }
 
@@ -336,8 +389,9 @@ void ms__h1_free(ms_server_t *s, ms_h1_t *h)
     ms__req_reset(&h->req);
     llhttp_reset(&h->parser);
     h->state = MS_H1_HEAD;
-    h->msg_done = h->field_open = h->discard_body = 0;
+    h->msg_done = h->field_open = h->discard_body = h->head_done = 0;
     h->scan = h->in.len = h->in_off = 0;
+    h->trailer.len = h->trailer_name = h->trailer_bytes = 0;
     h->status = 0;
     h->why = NULL;
     /* Big buffers are not worth keeping for the next connection. */
@@ -624,8 +678,9 @@ static void next_request(ms_h1_t *h)
     ms__req_reset(&h->req);
     llhttp_reset(&h->parser);
     h->state = MS_H1_HEAD;
-    h->msg_done = h->discard_body = 0;
+    h->msg_done = h->discard_body = h->head_done = 0;
     h->scan = h->chunk_ext = 0;
+    h->trailer.len = h->trailer_name = h->trailer_bytes = 0;
 }
 
 /* Reads the PROXY header a proxy-protocol listener's connection starts with. Returns how far

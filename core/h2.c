@@ -204,8 +204,9 @@ static int fields_nv(ms_req_t *r, const ms_buf_t *b, nghttp2_nv *nva)
 static int submit_trailers(nghttp2_session *ng, ms_stream_t *st)
 {
     ms_req_t *r = &st->req;
-    nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)count_lines(&r->trailers) * sizeof(*nva));
-    int n = fields_nv(r, &r->trailers, nva);
+    nghttp2_nv *nva =
+        ms_pool_alloc(&r->pool, (size_t)count_lines(&r->res_trailers) * sizeof(*nva));
+    int n = fields_nv(r, &r->res_trailers, nva);
     return nghttp2_submit_trailer(ng, st->id, nva, (size_t)n);
 }
 
@@ -226,7 +227,7 @@ static ssize_t data_read(nghttp2_session *ng, int32_t id, uint8_t *buf, size_t l
     if (done && n == have) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
         /* Trailer fields end the stream instead, in a HEADERS frame after this one. */
-        if (st->req.trailers.len > 0 && submit_trailers(ng, st) == 0)
+        if (st->req.res_trailers.len > 0 && submit_trailers(ng, st) == 0)
             *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
     }
     return (ssize_t)n;
@@ -436,17 +437,21 @@ void ms__h2_req_finished(ms_req_t *r)
 
 /* -- Request bodies ---------------------------------------------------------------------------- */
 
-void ms__h2_refuse_body(ms_req_t *r)
+/* The body of a dispatched stream will not be read whole: the handler is answered for (when
+ * its reply has not started) and learns of it. */
+static void refuse_body(ms_req_t *r, int status, const char *why)
 {
     ms_stream_t *st = stream_of(r);
     char peer[64];
     ms_conn_peer(r->conn, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: 413 Content Too Large: body larger than the route's body_bytes", peer);
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+        char body[8];
+        int n = snprintf(body, sizeof(body), "%d\n", status);
         ms_reply_reset(r);
-        r->v.status = 413;
-        ms_reply_send(r, "413 Content Too Large\n", 22, MS_VEC_STATIC, -1);
+        r->v.status = (uint16_t)status;
+        ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
     }
     /* The rest of the body is not wanted: the client is told so once the reply has gone
      * (a reset now would drop the reply). */
@@ -454,6 +459,11 @@ void ms__h2_refuse_body(ms_req_t *r)
         st->reset_after = 1;
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
+}
+
+void ms__h2_refuse_body(ms_req_t *r)
+{
+    refuse_body(r, 413, "body larger than the route's body_bytes");
 }
 
 /* The handler took `n` body bytes: the client may send as many more (WINDOW_UPDATE). A handler
@@ -473,7 +483,16 @@ void ms__h2_body_taken(ms_req_t *r, size_t n)
 static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     ms_h2_t *h2 = user;
-    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
+    if (frame->hd.type != NGHTTP2_HEADERS)
+        return 0;
+    if (frame->headers.cat == NGHTTP2_HCAT_HEADERS) {
+        /* Trailers: held to the limits of a head, with a budget of their own. */
+        ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+        if (st != NULL)
+            st->head_bytes = 0;
+        return 0;
+    }
+    if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
     if (h2->going_away) {
         nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
@@ -494,6 +513,25 @@ static void copy_str(ms_req_t *r, ms_str_t *to, const uint8_t *p, size_t n)
     to->len = n;
 }
 
+/* A field of the HEADERS frame after DATA: a trailer, kept apart from the head. nghttp2 has
+ * checked it (no pseudo-fields, valid name and value). */
+static int on_trailer(ms_stream_t *st, const uint8_t *name, size_t nlen, const uint8_t *value,
+                      size_t vlen, const ms_limits_t *lim)
+{
+    ms_req_t *r = &st->req;
+    if (!(r->v.flags & MS_REQ_IN_HANDLER) || (r->v.flags & MS_REQ_BODY_ERROR))
+        return 0; /* nobody reads them */
+    st->head_bytes += (uint32_t)(nlen + vlen + 32);
+    if (st->head_bytes > lim->head_bytes || (uint32_t)r->ntrailers >= lim->header_count) {
+        refuse_body(r, 431,
+                    st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
+                                                     : "too many trailer fields");
+        return 0;
+    }
+    ms__req_add_trailer(r, (const char *)name, nlen, (const char *)value, vlen);
+    return 0;
+}
+
 static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint8_t *name,
                      size_t nlen, const uint8_t *value, size_t vlen, uint8_t flags, void *user)
 {
@@ -508,6 +546,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
         return 0;
     ms_req_t *r = &st->req;
     const ms_limits_t *lim = &r->conn->server->limits;
+    if (frame != NULL && frame->headers.cat == NGHTTP2_HCAT_HEADERS)
+        return on_trailer(st, name, nlen, value, vlen, lim);
     /* The head's size as HPACK counts it: a field list larger than head_bytes, or with more
      * fields than header_count, is answered 431. */
     st->head_bytes += (uint32_t)(nlen + vlen + 32);

@@ -147,6 +147,10 @@ struct ms_h1_s {
     int msg_done;        /* llhttp finished the current message */
     int field_open;      /* a header name is being read */
     int discard_body;    /* the handler is done: body bytes still coming are dropped */
+    int head_done;       /* fields from now on are trailers */
+    ms_buf_t trailer;    /* owned: the trailer field being read, name then value */
+    size_t trailer_name; /* how much of `trailer` is the name */
+    size_t trailer_bytes; /* of all trailer fields so far, held to head_bytes */
     uint32_t chunk_ext;  /* bytes of extensions on the current chunk-size line */
     uint64_t body_start; /* when the wait for the body began (loop ms) */
     uint64_t body_mark;  /* body bytes received by then */
@@ -282,6 +286,12 @@ void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
+/* Adds a trailer field of the request body (HTTP/1.1 chunked trailers, an HTTP/2 HEADERS
+ * frame after DATA), copied into the pool: trailers arrive among body bytes, which the shared
+ * read buffer does not keep. They are kept apart from the headers, so a trailer never stands
+ * for a header field (Host, X-Forwarded-For, Cookie). */
+void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
+                         size_t vlen);
 int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
 
 /* buf helpers */

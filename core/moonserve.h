@@ -143,7 +143,10 @@ struct ms_req_s {
     ms_header_t *headers; /* hdr_inline, or pooled when there are more */
     int headers_cap;
     ms_buf_t res_headers; /* the reply's fields as text, pooled */
-    ms_buf_t trailers;    /* the reply's trailer fields as text, pooled */
+    ms_buf_t res_trailers; /* the reply's trailer fields as text, pooled */
+    ms_header_t *trailers; /* the request's trailer fields, copied into the pool as they
+                            * arrive; never among the headers */
+    int ntrailers, trailers_cap;
     ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
     uint64_t body_seen;   /* request body bytes received so far */
     uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
@@ -163,6 +166,9 @@ int ms_req_peer_trusted(ms_req_t *r);
 
 /* Header lookup by lowercase name. Returns the first value or NULL. */
 const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len);
+
+/* Trailer lookup by lowercase name, once the body is whole. Returns the first value or NULL. */
+const ms_str_t *ms_req_trailer(ms_req_t *r, const char *name, size_t len);
 
 /* -- Replies ------------------------------------------------------------------------- */
 

@@ -23,8 +23,10 @@ void ms__req_reset(ms_req_t *r)
     r->head.len = 0;
     r->res_headers.base = NULL;
     r->res_headers.len = r->res_headers.cap = 0;
-    r->trailers.base = NULL;
-    r->trailers.len = r->trailers.cap = 0;
+    r->res_trailers.base = NULL;
+    r->res_trailers.len = r->res_trailers.cap = 0;
+    r->trailers = NULL;
+    r->ntrailers = r->trailers_cap = 0;
     r->body.len = 0;
     r->body_seen = 0;
 }
@@ -53,6 +55,38 @@ const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len)
             return &h->value;
     }
     return NULL;
+}
+
+const ms_str_t *ms_req_trailer(ms_req_t *r, const char *name, size_t len)
+{
+    for (int i = 0; i < r->ntrailers; i++) {
+        const ms_header_t *h = &r->trailers[i];
+        if (h->name.len == len && ms__ieq(h->name.base, name, len))
+            return &h->value;
+    }
+    return NULL;
+}
+
+void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
+                         size_t vlen)
+{
+    if (r->ntrailers == r->trailers_cap) {
+        int cap = r->trailers_cap ? r->trailers_cap * 2 : 4;
+        ms_header_t *a = ms_pool_alloc(&r->pool, (size_t)cap * sizeof(*a));
+        if (r->ntrailers > 0)
+            memcpy(a, r->trailers, (size_t)r->ntrailers * sizeof(*a));
+        r->trailers = a;
+        r->trailers_cap = cap;
+    }
+    char *p = ms_pool_alloc(&r->pool, nlen + vlen + 1);
+    memcpy(p, name, nlen);
+    memcpy(p + nlen, value, vlen);
+    p[nlen + vlen] = 0;
+    ms_header_t *h = &r->trailers[r->ntrailers++];
+    h->name.base = p;
+    h->name.len = nlen;
+    h->value.base = p + nlen;
+    h->value.len = vlen;
 }
 
 /* -- Parking ----------------------------------------------------------------------------- */
@@ -146,7 +180,7 @@ int ms_reply_trailer(ms_req_t *r, const char *name, size_t nlen, const char *val
     for (size_t i = 0; i < sizeof(framing) / sizeof(*framing); i++)
         if (nlen == strlen(framing[i]) && ms__ieq(name, framing[i], nlen))
             return MS_ERESERVED;
-    return add_line(r, &r->trailers, name, nlen, value, vlen);
+    return add_line(r, &r->res_trailers, name, nlen, value, vlen);
 }
 
 int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
@@ -386,8 +420,8 @@ void ms_req_finish(ms_req_t *r)
             /* The last chunk, the trailer fields, the end. */
             ms_out_t *o = ms__conn_out(c);
             ms__out_text(c->server, o, "0\r\n", 3);
-            if (r->trailers.len > 0)
-                ms__out_text(c->server, o, r->trailers.base, r->trailers.len);
+            if (r->res_trailers.len > 0)
+                ms__out_text(c->server, o, r->res_trailers.base, r->res_trailers.len);
             ms__out_text(c->server, o, "\r\n", 2);
             flush(c);
         }

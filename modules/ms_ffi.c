@@ -42,6 +42,15 @@ MS_FFI int ms_ffi_req_headers(ms_req_t *r, ms_header_t *out, int n)
     return r->v.nheaders;
 }
 
+/* The trailer fields of the request body, for req:trailers(); as ms_ffi_req_headers. */
+MS_FFI int ms_ffi_req_trailers(ms_req_t *r, ms_header_t *out, int n)
+{
+    int k = r->ntrailers < n ? r->ntrailers : n;
+    if (k > 0)
+        memcpy(out, r->trailers, (size_t)k * sizeof(*out));
+    return r->ntrailers;
+}
+
 MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
 {
     return ms_req_client_ip(r, buf, len);

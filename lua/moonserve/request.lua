@@ -123,15 +123,14 @@ function Request:header(name)
     return ffi_str(p, vlen[0])
 end
 
--- All fields as a table with lowercase names. Repeated fields are joined with ", "
--- (with "; " for cookie, RFC 9113 8.2.3).
-function Request:headers()
-    local r = view(self)
-    local n = C.ms_ffi_req_headers(r, header_buf, 64)
+-- The fields `list` (ms_ffi_req_headers or ms_ffi_req_trailers) gives, as a table with
+-- lowercase names. Repeated fields are joined with ", " (with "; " for cookie, RFC 9113 8.2.3).
+local function field_table(r, list)
+    local n = list(r, header_buf, 64)
     local buf = header_buf
     if n > 64 then -- rare: more fields than the scratch array holds
         buf = ffi.new("ms_header_t[?]", n)
-        C.ms_ffi_req_headers(r, buf, n)
+        list(r, buf, n)
     end
     local t = base.new_tab(0, n)
     for i = 0, n - 1 do
@@ -146,6 +145,17 @@ function Request:headers()
         end
     end
     return t
+end
+
+-- All header fields as a table with lowercase names.
+function Request:headers()
+    return field_table(view(self), C.ms_ffi_req_headers)
+end
+
+-- The trailer fields that ended a chunked (HTTP/1.1) or HTTP/2 body, as a table with lowercase
+-- names; empty until the body has been read whole. Trailers are never headers.
+function Request:trailers()
+    return field_table(view(self), C.ms_ffi_req_trailers)
 end
 
 -- The next piece of the body: a string, or nil at its end, or nil and an error. Yields

@@ -13,6 +13,7 @@ static ms_server_t *srv;
 static ms_req_t *parked; /* a request whose handler is parked, for the test to finish */
 static char seen_host[64];
 static ms_buf_t echoed; /* body bytes read by /echo */
+static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists, once the body is whole */
 static int requests_seen;
 static int chain_overflow, chain_short;
 
@@ -33,6 +34,7 @@ static void echo_step(ms_req_t *r)
             continue;
         }
         if (n == UV_EAGAIN) {
+            ms_req_park(r); /* as the binding does: the head leaves the shared read buffer */
             ms_req_wait_body(r);
             return;
         }
@@ -40,6 +42,16 @@ static void echo_step(ms_req_t *r)
             r->v.status = 400;
             reply_text(r, "bad body");
         } else {
+            size_t k = 0;
+            for (int i = 0; i < r->v.nheaders; i++)
+                k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
+                                      (int)r->headers[i].name.len, r->headers[i].name.base,
+                                      (int)r->headers[i].value.len, r->headers[i].value.base);
+            k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "|");
+            for (int i = 0; i < r->ntrailers; i++)
+                k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
+                                      (int)r->trailers[i].name.len, r->trailers[i].name.base,
+                                      (int)r->trailers[i].value.len, r->trailers[i].value.base);
             ms_reply_send(r, echoed.base ? echoed.base : "", echoed.len, MS_VEC_OUT, -1);
         }
         ms_req_finish(r);
@@ -284,6 +296,72 @@ TEST(h1_reads_chunked_bodies_with_extensions_and_trailers)
     ASSERT_HAS(out, "content-length: 9\r\n");
     ASSERT_HAS(out, "\r\n\r\nWikipedia");
     free(out);
+    teardown();
+}
+
+TEST(h1_keeps_trailers_apart_from_headers_and_copies_them)
+{
+    setup();
+    static const char in[] = "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             "3\r\nabc\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nCookie: stolen\r\n"
+                             "X-Empty:\r\n\r\n";
+    static const char want[] = "Host=h;Transfer-Encoding=chunked;|X-Forwarded-For=6.6.6.6;"
+                               "Cookie=stolen;X-Empty=;";
+    for (size_t step = 0; step < sizeof(in) - 1; step++) {
+        seen_fields[0] = 0;
+        /* fed and read both, so the trailer's bytes come from buffers that are reused */
+        char *out = exchange(in, sizeof(in) - 1, step);
+        if (count(out, "HTTP/1.1 200 OK") != 1 || strcmp(seen_fields, want) != 0)
+            TEST_FAIL("step %zu: %s\n%s", step, seen_fields, out);
+        free(out);
+        if (step == 0)
+            continue;
+        char a[256], b[256];
+        snprintf(a, sizeof(a), "%.*s", (int)step, in);
+        snprintf(b, sizeof(b), "%s", in + step);
+        const char *segs[] = {a, b};
+        seen_fields[0] = 0;
+        out = exchange_reads(segs, 2);
+        if (count(out, "HTTP/1.1 200 OK") != 1 || strcmp(seen_fields, want) != 0)
+            TEST_FAIL("read split at %zu: %s\n%s", step, seen_fields, out);
+        free(out);
+    }
+    teardown();
+}
+
+TEST(h1_holds_trailers_to_the_limits_of_header_fields)
+{
+    setup();
+    static char in[200000];
+    static const char start[] = "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                "1\r\na\r\n0\r\n";
+    struct {
+        const char *why;
+        int status;
+    } cases[] = {{"too many", 431}, {"too large", 431}, {"empty name", 400}, {"bad name", 400}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t n = (size_t)snprintf(in, sizeof(in), "%s", start);
+        if (i == 0)
+            for (uint32_t k = 0; k <= srv->limits.header_count; k++)
+                n += (size_t)snprintf(in + n, sizeof(in) - n, "x-%u: 1\r\n", k);
+        if (i == 1) {
+            n += (size_t)snprintf(in + n, sizeof(in) - n, "x-big: ");
+            memset(in + n, 'a', srv->limits.head_bytes);
+            n += srv->limits.head_bytes;
+            n += (size_t)snprintf(in + n, sizeof(in) - n, "\r\n");
+        }
+        if (i == 2)
+            n += (size_t)snprintf(in + n, sizeof(in) - n, ": x\r\n");
+        if (i == 3)
+            n += (size_t)snprintf(in + n, sizeof(in) - n, "x(y): 1\r\n");
+        n += (size_t)snprintf(in + n, sizeof(in) - n, "\r\n");
+        char *out = exchange(in, n, 0);
+        char want[32];
+        snprintf(want, sizeof(want), "HTTP/1.1 %d ", cases[i].status);
+        if (strncmp(out, want, strlen(want)) != 0 || strstr(out, "connection: close") == NULL)
+            TEST_FAIL("%s: %.200s", cases[i].why, out);
+        free(out);
+    }
     teardown();
 }
 

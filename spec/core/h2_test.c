@@ -23,6 +23,21 @@ static int path_is(ms_req_t *r, const char *p)
 }
 
 static ms_buf_t echoed;
+static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists */
+
+static void note_fields(ms_req_t *r)
+{
+    size_t k = 0;
+    for (int i = 0; i < r->v.nheaders; i++)
+        k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
+                              (int)r->headers[i].name.len, r->headers[i].name.base,
+                              (int)r->headers[i].value.len, r->headers[i].value.base);
+    k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "|");
+    for (int i = 0; i < r->ntrailers; i++)
+        k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
+                              (int)r->trailers[i].name.len, r->trailers[i].name.base,
+                              (int)r->trailers[i].value.len, r->trailers[i].value.base);
+}
 
 static void echo_step(ms_req_t *r)
 {
@@ -35,6 +50,7 @@ static void echo_step(ms_req_t *r)
         }
         if (n == UV_EAGAIN && ms_req_wait_body(r) == 0)
             return;
+        note_fields(r);
         ms_reply_send(r, echoed.base ? echoed.base : "", echoed.len, MS_VEC_OUT, -1);
         ms_req_finish(r);
         return;
@@ -209,6 +225,8 @@ static void teardown(void)
 typedef struct body_s {
     const char *p;
     size_t len, off;
+    const nghttp2_nv *trailers; /* sent in a HEADERS frame after the body */
+    size_t ntrailers;
 } body_t;
 
 static ssize_t body_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
@@ -218,8 +236,13 @@ static ssize_t body_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t le
     size_t n = b->len - b->off < len ? b->len - b->off : len;
     memcpy(buf, b->p + b->off, n);
     b->off += n;
-    if (b->off == b->len)
+    if (b->off == b->len) {
         *flags |= NGHTTP2_DATA_FLAG_EOF;
+        if (b->trailers != NULL) {
+            *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+            nghttp2_submit_trailer(s, id, b->trailers, b->ntrailers);
+        }
+    }
     return (ssize_t)n;
 }
 
@@ -252,6 +275,36 @@ TEST(h2_serves_streams_as_requests_with_the_authority_as_host)
     teardown();
 }
 
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, 0}
+
+TEST(h2_keeps_trailers_apart_from_headers)
+{
+    setup();
+    nghttp2_nv tr[] = {NV("x-forwarded-for", "6.6.6.6"), NV("cookie", "stolen")};
+    body_t b = {"abc", 3, 0, tr, 2};
+    seen_fields[0] = 0;
+    int32_t id = request("POST", "/echo", &b);
+    pump();
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT_STR_EQ("abc", reply_of(id)->body);
+    ASSERT_STR_EQ("host=example.test;|x-forwarded-for=6.6.6.6;cookie=stolen;", seen_fields);
+    teardown();
+}
+
+TEST(h2_holds_trailers_to_the_limits_of_header_fields)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.header_count = 4;
+    setup_limits(&lim);
+    nghttp2_nv tr[] = {NV("a", "1"), NV("b", "2"), NV("c", "3"), NV("d", "4"), NV("e", "5")};
+    body_t b = {"abc", 3, 0, tr, 5};
+    int32_t id = request("POST", "/echo", &b);
+    pump();
+    ASSERT_EQ(431, reply_of(id)->status);
+    teardown();
+}
+
 TEST(h2_streams_a_reply_written_in_pieces)
 {
     setup();
@@ -269,7 +322,7 @@ TEST(h2_echoes_a_body_larger_than_the_window_as_the_handler_reads_it)
     static char big[300000];
     for (size_t i = 0; i < sizeof(big); i++)
         big[i] = (char)('a' + i % 26);
-    body_t b = {big, sizeof(big), 0};
+    body_t b = {big, sizeof(big), 0, NULL, 0};
     int32_t id = request("POST", "/echo", &b);
     pump();
     ASSERT_EQ(200, reply_of(id)->status);
@@ -283,7 +336,7 @@ TEST(h2_a_handler_that_does_not_read_holds_the_client_back_at_the_window)
     setup();
     static char big[1 << 20];
     memset(big, 'z', sizeof(big));
-    body_t b = {big, sizeof(big), 0};
+    body_t b = {big, sizeof(big), 0, NULL, 0};
     request("POST", "/noread", &b);
     pump();
     ASSERT(parked != NULL);

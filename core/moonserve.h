@@ -240,8 +240,9 @@ void ms_req_finish(ms_req_t *r);
  * call ms_req_finish() after. */
 void ms_req_fail(ms_req_t *r);
 
-/* Called by the binding when the handler yields: copies the head out of the shared read
- * buffer into the request's pool, so that buffer can serve other connections. */
+/* Copies the head out of the shared read buffer into the request's pool, so that buffer can
+ * serve other connections. The binding calls it when a handler yields; every wait
+ * (ms_req_wait_body, ms_req_sleep, ms_req_wait_drain) calls it too. Idempotent. */
 void ms_req_park(ms_req_t *r);
 
 /* -- Anchors ------------------------------------------------------------------------- */

@@ -509,6 +509,7 @@ int ms_req_wait_body(ms_req_t *r)
             flush(c);
         }
     }
+    ms_req_park(r); /* a wait outlives the read: the head leaves the shared buffer */
     r->v.wait = MS_WAIT_BODY;
     return 0;
 }
@@ -523,6 +524,7 @@ int ms_req_sleep(ms_req_t *r, uint64_t ms)
 {
     if (r->v.wait != MS_WAIT_NONE)
         return MS_EBUSY;
+    ms_req_park(r);
     r->v.wait = MS_WAIT_TIMER;
     ms_timer_start(r->conn->server, &r->timer, ms, sleep_done);
     return 0;
@@ -539,6 +541,7 @@ int ms_req_wait_drain(ms_req_t *r, int all)
     r->drain_all = (uint8_t)(all != 0);
     if (all ? ms__req_queued(r) == 0 : !ms_reply_congested(r))
         return 1; /* the socket took it: no need to wait */
+    ms_req_park(r);
     r->v.wait = MS_WAIT_DRAIN;
     return 0;
 }

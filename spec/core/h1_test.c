@@ -34,7 +34,6 @@ static void echo_step(ms_req_t *r)
             continue;
         }
         if (n == UV_EAGAIN) {
-            ms_req_park(r); /* as the binding does: the head leaves the shared read buffer */
             ms_req_wait_body(r);
             return;
         }

@@ -650,4 +650,6 @@ void ms__conn_drain_check(ms_conn_t *c)
     if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN &&
         (h->req.drain_all ? ms__conn_queued(c) == 0 : !ms_reply_congested(&h->req)))
         ms__req_wake(&h->req, MS_WAIT_DRAIN);
+    else if (h != NULL && h->out_paused)
+        ms__h1_out_drained(c);
 }

@@ -389,7 +389,7 @@ void ms__h1_free(ms_server_t *s, ms_h1_t *h)
     ms__req_reset(&h->req);
     llhttp_reset(&h->parser);
     h->state = MS_H1_HEAD;
-    h->msg_done = h->field_open = h->discard_body = h->head_done = 0;
+    h->msg_done = h->field_open = h->discard_body = h->head_done = h->out_paused = 0;
     h->scan = h->in.len = h->in_off = 0;
     h->trailer.len = h->trailer_name = h->trailer_bytes = 0;
     h->status = 0;
@@ -734,6 +734,16 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
         }
         switch (h->state) {
         case MS_H1_HEAD: {
+            if (MS_UNLIKELY(h->scan == 0 && ms__conn_queued(c) > MS_OUT_HIGH_WATER)) {
+                /* Pipelined requests from a client that does not read its replies: the next
+                 * one waits (its bytes kept, the socket not read) until the queue drains. */
+                h->out_paused = 1;
+                if (!(c->flags & MS_CONN_READ_OFF)) {
+                    c->flags |= MS_CONN_READ_OFF;
+                    c->io->read_stop(c);
+                }
+                return p;
+            }
             if (MS_UNLIKELY(c->requests == 0 && h->scan == 0 && *p == 'P')) {
                 /* HTTP/2 with prior knowledge: the connection preface instead of a request. */
                 size_t n = (size_t)(end - p);
@@ -932,6 +942,21 @@ void ms__h1_timeout(ms_conn_t *c, int phase)
                                   : "body not complete within body_timeout at body_min_rate");
     ms__conn_flush(c);
     ms__conn_release(c);
+}
+
+/* The reply queue drained below half its high-water mark: pipelined requests go on. */
+void ms__h1_out_drained(ms_conn_t *c)
+{
+    ms_h1_t *h = c->h1;
+    if (h == NULL || !h->out_paused || (c->flags & MS_CONN_IN_FEED) ||
+        ms__conn_queued(c) > MS_OUT_HIGH_WATER / 2)
+        return;
+    h->out_paused = 0;
+    if (c->server->depth > 0) {
+        ms__server_defer(c->server, c); /* no calls into Lua from inside one */
+        return;
+    }
+    ms__h1_continue(c);
 }
 
 void ms__h1_body_drained(ms_conn_t *c)

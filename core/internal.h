@@ -102,7 +102,8 @@ enum {
     MS_CONN_READ_OFF = 1 << 3, /* reading stopped for backpressure */
     MS_CONN_PROXY = 1 << 4,    /* a PROXY protocol header must come first */
     MS_CONN_WRITING = 1 << 5,  /* io->write is under way with part of `flight` */
-    MS_CONN_CORKED = 1 << 6    /* io->cork is on while a file goes out */
+    MS_CONN_CORKED = 1 << 6,   /* io->cork is on while a file goes out */
+    MS_CONN_DEFERRED = 1 << 7  /* in the worker's deferred list */
 };
 
 struct ms_conn_s {
@@ -148,6 +149,7 @@ struct ms_h1_s {
     int field_open;      /* a header name is being read */
     int discard_body;    /* the handler is done: body bytes still coming are dropped */
     int head_done;       /* fields from now on are trailers */
+    int out_paused;      /* the next request waits until the reply queue drains */
     ms_buf_t trailer;    /* owned: the trailer field being read, name then value */
     size_t trailer_name; /* how much of `trailer` is the name */
     size_t trailer_bytes; /* of all trailer fields so far, held to head_bytes */
@@ -244,6 +246,7 @@ void ms__h1_eof(ms_conn_t *c);
 void ms__h1_req_finished(ms_conn_t *c);
 void ms__h1_continue(ms_conn_t *c);
 void ms__h1_body_drained(ms_conn_t *c);
+void ms__h1_out_drained(ms_conn_t *c);
 int ms__h1_reply_head(ms_req_t *r, int64_t content_length);
 int ms__h1_send_error(ms_conn_t *c, int status, const char *why);
 void ms__h1_free(ms_server_t *s, ms_h1_t *h);

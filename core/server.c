@@ -482,6 +482,7 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
         ms_conn_t *c = s->deferred;
         s->deferred = c->deferred_next;
         c->deferred_next = NULL;
+        c->flags &= ~MS_CONN_DEFERRED;
         ms__h1_continue(c);
         ms__conn_release(c);
     }
@@ -489,6 +490,9 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
 
 void ms__server_defer(ms_server_t *s, ms_conn_t *c)
 {
+    if (c->flags & MS_CONN_DEFERRED)
+        return; /* once in the list is enough; the list holds one reference */
+    c->flags |= MS_CONN_DEFERRED;
     c->refs++;
     c->deferred_next = s->deferred;
     s->deferred = c;

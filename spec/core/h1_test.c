@@ -104,6 +104,13 @@ static void on_request(ms_req_t *r, void *data)
         ms_req_finish(r);
         return;
     }
+    if (path_is(r, "/big")) {
+        static char big[20 * 1024];
+        memset(big, 'b', sizeof(big));
+        ms_reply_send(r, big, sizeof(big), MS_VEC_STATIC, -1);
+        ms_req_finish(r);
+        return;
+    }
     if (path_is(r, "/close")) {
         ms_reply_header(r, S("connection"), S("close"));
         reply_text(r, "bye");
@@ -586,6 +593,43 @@ TEST(h1_parks_a_writer_on_a_congested_socket_until_it_drains)
     ASSERT_EQ(1, ms_req_wait_drain(parked, 1)); /* nothing left to wait for */
     ms_req_finish(parked);
     ASSERT_HAS(output(&m), "0\r\n\r\n");
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_stops_parsing_pipelined_requests_while_replies_are_not_read)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    m.congested = 1; /* a client that sends and never reads */
+    static char in[64 * 1024];
+    size_t n = 0;
+    static const char req[] = "GET /big HTTP/1.1\r\nHost: h\r\nUser-Agent: a pipelining client "
+                              "that sends 64 KiB of requests and reads none of the replies\r\n"
+                              "Accept: */*\r\n\r\n";
+    int sent = 0;
+    while (n + sizeof(req) < sizeof(in)) {
+        memcpy(in + n, req, sizeof(req) - 1);
+        n += sizeof(req) - 1;
+        sent++;
+    }
+    ms_memio_feed(&m, in, n);
+    /* 20 KiB replies: parsing stops once the queue holds its high-water mark */
+    int first = requests_seen;
+    ASSERT(first < sent);
+    ASSERT(first <= MS_OUT_HIGH_WATER / (20 * 1024) + 2);
+    ASSERT_EQ(0, m.reading);
+    ASSERT(ms__conn_queued(m.conn) <= MS_OUT_HIGH_WATER + 20 * 1024 + 4096);
+    /* the client reads: the rest are served, in order, a queue's worth at a time */
+    for (int i = 0; i < 100 && requests_seen < sent; i++)
+        ms_memio_drain(&m);
+    ASSERT_EQ(sent, requests_seen);
+    m.congested = 0;
+    ms_memio_drain(&m);
+    ASSERT_EQ(sent, count(output(&m), "HTTP/1.1 200 OK"));
+    ASSERT_EQ(1, m.reading);
     ms_memio_peer_close(&m, UV_EOF);
     ms_memio_free(&m);
     teardown();

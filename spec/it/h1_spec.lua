@@ -36,6 +36,31 @@ describe("moonserve over HTTP/1.1", function()
         s:close()
     end)
 
+    it("stops parsing pipelined requests while their replies are not read", function()
+        local status = function()
+            return tonumber(helper.read_file("/proc/" .. srv.pid .. "/status"):match("VmRSS:%s*(%d+)"))
+        end
+        local s = helper.connect(srv.port)
+        local reqs, n = {}, 0
+        while #table.concat(reqs) < 64 * 1024 do
+            n = n + 1
+            reqs[n] = "GET /blob/" .. n .. " HTTP/1.1\r\nHost: t\r\nUser-Agent: "
+                .. ("p"):rep(100) .. "\r\n\r\n" -- fewer than requests_per_connection
+        end
+        local before = status()
+        assert(s:send(table.concat(reqs)))
+        require("socket").sleep(0.5) -- the replies pile up, or do not
+        local grew = status() - before
+        -- 20 KB each: all of them queued would be over 8 MB
+        assert.is_true(grew < 4 * 1024, ("VmRSS grew by %d KiB"):format(grew))
+        for i = 1, n do
+            local res = helper.read_response(s)
+            assert.equal(200, res.status)
+            assert.equal(i .. ".", res.body:sub(1, #tostring(i) + 1))
+        end
+        s:close()
+    end)
+
     twice("answers 100 pipelined requests in order", function()
         local s = helper.connect(srv.port)
         local batch = {}

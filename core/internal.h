@@ -300,6 +300,8 @@ int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
 /* buf helpers */
 static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
 {
+    if (n == 0)
+        return 0; /* b->base may still be NULL */
     if (MS_UNLIKELY(n > b->cap - b->len)) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap - b->len < n)

@@ -1,9 +1,8 @@
 -- moonserve/security.lua: what every request and reply gets unless a site says otherwise:
 -- the security headers, built once into field lines the core adds in one call, and the
 -- origin check that refuses cross-site requests that would change something.
-local byte, format, lower, match, sub = string.byte, string.format, string.lower, string.match,
-    string.sub
-local gsub = string.gsub
+local byte, format, gsub, lower, match, sub = string.byte, string.format, string.gsub,
+    string.lower, string.match, string.sub
 local ipairs, pairs, tonumber, tostring, type = ipairs, pairs, tonumber, tostring, type
 
 local _M = {}

@@ -1005,12 +1005,21 @@ static int get_or_head(const ms_req_t *r)
            (mt->len == 4 && memcmp(mt->base, "HEAD", 4) == 0);
 }
 
+/* Whether a Host field names `want` (lowercase, no port). The port is cut as the framework
+ * cuts it for sites (moonserve.security.split_host): an IP literal ends at its ']'
+ * ("[::1]:8080" is "[::1]"), any other host at its first ':'. */
 static int host_is(const ms_str_t *host, const char *want)
 {
     size_t n = host->len;
-    const char *colon = memchr(host->base, ':', n);
-    if (colon != NULL && host->base[0] != '[')
-        n = (size_t)(colon - host->base);
+    if (n > 0 && host->base[0] == '[') {
+        const char *close = memchr(host->base, ']', n);
+        if (close != NULL)
+            n = (size_t)(close - host->base) + 1;
+    } else {
+        const char *colon = memchr(host->base, ':', n);
+        if (colon != NULL)
+            n = (size_t)(colon - host->base);
+    }
     size_t wl = strlen(want);
     return n == wl && ms__ieq(host->base, want, n);
 }

@@ -5,7 +5,7 @@ local canon = require "moonserve.canon"
 local router = require "moonserve.router"
 local security = require "moonserve.security"
 
-local lower, match, sub, type, select = string.lower, string.match, string.sub, type, select
+local find, lower, sub, type, select = string.find, string.lower, string.sub, type, select
 local band = bit.band
 local STATIC_DIR = 0x1000 -- MS_REQ_STATIC_DIR (core/moonserve.h): a directory the core left to us
 
@@ -33,16 +33,19 @@ function _M.new(opts)
     return app
 end
 
--- Security headers for this app or site: false for none, or a table of nosniff, referrer,
--- frame ("DENY", "SAMEORIGIN" or false), csp, hsts ({ max_age, include_subdomains,
--- preload } or false; sent only to requests that came over TLS). A site without its own
--- settings has its app's.
+-- Security headers and the origin check for this app or site: false for no headers, or a
+-- table of nosniff, referrer, frame ("DENY", "SAMEORIGIN" or false), csp, hsts ({ max_age,
+-- include_subdomains, preload } or false; sent only to requests that came over TLS), and
+-- csrf (the origin check of unsafe methods: false turns it off; { origins = { "https://
+-- app.example.org" }, same_site = true } lets those in). A site without its own settings
+-- has its app's.
 function App:security(opts)
     self.secure = security.compile(opts)
     return self
 end
 
 local default_security = security.compile(nil)
+local split_host, same_origin, SAFE = security.split_host, security.same_origin, security.SAFE
 
 local function security_of(app)
     return app.secure or (app.parent and app.parent.secure) or default_security
@@ -97,7 +100,7 @@ function App:error(req, res, info)
 end
 
 -- A route's value: its handler alone, or { handler, before = { middleware }, group,
--- body_bytes } when it has any of those.
+-- body_bytes, csrf } when it has any of those.
 --
 -- The arguments after the method: [name,] path, [middleware...,] handler[, opts].
 local function add(self, method, group, ...)
@@ -130,10 +133,14 @@ local function add(self, method, group, ...)
     if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0) then
         error("bad body_bytes for " .. path .. " (bytes expected)", 3)
     end
+    local csrf = opts and opts.csrf
+    if csrf ~= nil and csrf ~= false then
+        error("bad csrf option for " .. path .. " (false or nothing expected)", 3)
+    end
     local value = handler
-    if #before > 0 or group or bytes then
+    if #before > 0 or group or bytes or csrf == false then
         value = { handler = handler, before = before[1] and before, group = group,
-            body_bytes = bytes }
+            body_bytes = bytes, csrf = csrf }
     end
     if group then
         path = group.prefix .. (path == "/" and "" or path)
@@ -146,7 +153,8 @@ local function add(self, method, group, ...)
 end
 
 -- app:route(method, [name,] path, [middleware...,] handler[, opts]);
--- opts.body_bytes: this route's body limit.
+-- opts.body_bytes: this route's body limit; opts.csrf = false: no origin check (see
+-- app:security) for this route.
 function App:route(method, ...)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
@@ -238,9 +246,10 @@ end
 
 -- -- Sites and mounted apps -------------------------------------------------------------------
 
--- A site for one host: the same methods, its own routes and middleware. The app's own
--- routes serve hosts that have no site. opts.base: the site lives under that path
--- (req.base_path), and requests outside it are 404.
+-- A site for one host ("example.org", "[::1]"; an IPv6 address may come without its
+-- brackets): the same methods, its own routes and middleware. The app's own routes serve
+-- hosts that have no site. opts.base: the site lives under that path (req.base_path), and
+-- requests outside it are 404.
 function App:site(host, opts)
     if type(host) ~= "string" or host == "" then
         error("bad host (string expected)", 2)
@@ -248,6 +257,9 @@ function App:site(host, opts)
     self.sites = self.sites or {}
     self.site_of_host, self.sites_known = {}, 0
     host = lower(host)
+    if find(host, ":", 1, true) and sub(host, 1, 1) ~= "[" then -- "::1": as Host writes it
+        host = "[" .. host .. "]"
+    end
     local s = self.sites[host]
     if not s then
         local o = {} -- the app's options, but security: a site without its own has the app's
@@ -274,7 +286,7 @@ local function site_for(self, host)
     local known = self.site_of_host
     local site = known[host]
     if site == nil then
-        site = self.sites[lower(match(host, "^%[?([^%]]-)%]?:%d+$") or host)] or false
+        site = self.sites[(split_host(host))] or false
         if self.sites_known < 1024 then -- any Host a client makes up: keep the table small
             known[host] = site
             self.sites_known = self.sites_known + 1
@@ -309,9 +321,12 @@ function App:mount(prefix, other)
         rawset(req, "params", nil) -- the mount's own capture is not the inner route's
         return other:handle(req, res)
     end
+    -- The mounted app checks origins by its own settings, so that its routes' own
+    -- csrf = false holds: this app does not check them first.
+    local route = { handler = into, csrf = false }
     for _, m in ipairs(METHODS) do
-        self.router:add(m:upper(), prefix, into)
-        self.router:add(m:upper(), prefix .. "/*", into)
+        self.router:add(m:upper(), prefix, route)
+        self.router:add(m:upper(), prefix .. "/*", route)
     end
     return self
 end
@@ -416,6 +431,7 @@ local function not_found(req, res)
 end
 
 local NOT_ALLOWED = { status = 405 }
+local FORBIDDEN = { status = 403 }
 local function method_not_allowed(req, res)
     res:header("allow", rawget(req, "_allow"))
     return rawget(req, "_app"):error(req, res, NOT_ALLOWED)
@@ -483,6 +499,8 @@ function App:handle(req, res)
         -- One URL per resource: a non-canonical path redirects to the canonical one.
         local c = canon.path(path, app.trailing)
         if c ~= path then
+            -- Under a site's base or a mount, the client's URL has the prefix in front.
+            c = (rawget(req, "base_path") or "") .. c
             local q = req.query_string
             return res:redirect(q ~= "" and (c .. "?" .. q) or c, 308)
         end
@@ -495,6 +513,16 @@ function App:handle(req, res)
     end
     local method = req.method
     local handler, params, allow = app.router:match(method, path)
+    if not SAFE[method] then
+        local check = security_of(app).csrf
+        if check and not (type(handler) == "table" and handler.csrf == false) then
+            local ok, why = same_origin(req, check)
+            if not ok then
+                security.log_refusal(method, path, why)
+                return app:error(req, res, FORBIDDEN)
+            end
+        end
+    end
     local mw = chain(app)
     if handler then
         if params then

@@ -1,6 +1,6 @@
 -- moonserve/canon.lua: the one canonical form of a request path, so that each resource has
--- one URL: no empty or dot segments, unreserved bytes unescaped, escapes in upper case, and
--- one trailing-slash policy.
+-- one URL: no empty or dot segments, unreserved bytes unescaped, escapes in upper case, bytes
+-- a URL may not hold escaped, and one trailing-slash policy.
 local byte, char, find, format, gsub, sub = string.byte, string.char, string.find,
     string.format, string.gsub, string.sub
 
@@ -14,6 +14,15 @@ local function fix_escape(hex)
         return char(c)
     end
     return format("%%%02X", c)
+end
+
+-- Bytes a path may not hold as they are (RFC 3986 3.3: pchar, "/" and the "%" of escapes):
+-- the core lets `\ " < > ^ ` { | }` through, and a redirect must not pass them on. A browser
+-- reads "/\evil.test" in a Location as "//evil.test", another host.
+local NOT_PATH = "[^%w%-%._~!$&'()*+,;=:@/%%]"
+
+local function escape_byte(c)
+    return format("%%%02X", byte(c))
 end
 
 -- RFC 3986 5.2.4, on a path of segments: "." goes, ".." takes the previous segment with it
@@ -41,11 +50,14 @@ end
 
 -- The canonical form of `path` under `trailing` ("strip": "/a/" -> "/a", "add": "/a" ->
 -- "/a/", "keep": as it comes). Returns the path itself when it is canonical already, so
--- callers compare with ==. Cheap on the common path: three plain searches and a look at
--- the last byte.
+-- callers compare with ==. Cheap on the common path: three plain searches, one class
+-- search and a look at the last byte.
 function _M.path(path, trailing)
     local canon = path
-    if find(path, "%", 1, true) then
+    if find(path, NOT_PATH) then
+        canon = gsub(canon, NOT_PATH, escape_byte)
+    end
+    if find(canon, "%", 1, true) then
         canon = gsub(canon, "%%(%x%x)", fix_escape)
     end
     if find(canon, "//", 1, true) or find(canon, "/.", 1, true) then

@@ -1,57 +1,45 @@
 -- moonserve/csrf.lua: refusing cross-site requests, by their origin headers or by form tokens.
 local crypto = require "moonserve.crypto"
+local security = require "moonserve.security"
 
 local b64enc, b64dec = crypto.base64url_encode, crypto.base64url_decode
 local hmac, equal = crypto.hmac_sha256, crypto.equal
-local lower, upper, match, sub, format = string.lower, string.upper, string.match, string.sub,
-    string.format
-local type = type
+local upper, match, sub = string.upper, string.match, string.sub
+local setmetatable, type = setmetatable, type
 
 local _M = {}
 
--- Methods that must not change anything (RFC 9110 9.2.1). Every other method, including
--- ones this table does not know, is checked.
-local SAFE = { GET = true, HEAD = true, OPTIONS = true, TRACE = true }
-local DEFAULT_PORT = { http = "80", https = "443" }
+local SAFE = security.SAFE
 
--- "scheme://host[:port]" in lowercase without the scheme's default port, or nil.
-local function origin(scheme, authority)
-    scheme, authority = lower(scheme), lower(authority)
-    local host, port = match(authority, "^(.-):(%d+)$")
-    if port and DEFAULT_PORT[scheme] == port then
-        authority = host
-    end
-    return scheme .. "://" .. authority
-end
-
--- The origin of an absolute URL (an Origin or Referer value), or nil.
+-- The origin of an absolute URL (a Referer), or nil: "scheme://host[:port]".
 local function origin_of(url)
-    local scheme, authority = match(url, "^(%a[%w+.%-]*)://([^/?#]+)")
-    if not scheme then
-        return nil
-    end
-    authority = match(authority, "[^@]*$")    -- userinfo is no part of an origin
-    if authority == "" then
-        return nil
-    end
-    return origin(scheme, authority)
+    return (match(url, "^(%a[%w+.%-]*://[^/?#]+)"))
 end
 
-local function trusted(o, list)
-    if o and list then
-        for i = 1, #list do
-            if origin_of(list[i]) == o then
-                return true
-            end
-        end
+-- trusted_origins lists, compiled once each: list -> the check's options.
+local compiled = setmetatable({}, { __mode = "k" })
+local NO_LIST = {}
+
+local function check_opts(opts)
+    local list = opts.trusted_origins or NO_LIST
+    local by_site = compiled[list]
+    if not by_site then
+        local c = security.compile({ csrf = { origins = list } }).csrf
+        by_site = {
+            [false] = c,
+            [true] = { origins = c.origins, same_site = true },
+        }
+        compiled[list] = by_site
     end
-    return false
+    return by_site[opts.allow_same_site == true]
 end
 
--- Whether a request may go on. `headers` has lowercase names (as req:headers() gives them);
--- `host` is the Host field (default: headers.host). opts: scheme ("http": how the client
--- reached us), trusted_origins ({ "https://app.example.org" }), allow_same_site (accept
--- Sec-Fetch-Site: same-site), require_origin (refuse a request with neither Origin nor
+-- Whether a request may go on: the origin check of moonserve.security (origin_ok), with a
+-- Referer standing in for a missing Origin. `headers` has lowercase names (as
+-- req:headers() gives them); `host` is the Host field (default: headers.host). opts:
+-- scheme ("http" or "https": how the client reached us, when that is known),
+-- trusted_origins ({ "https://app.example.org" }), allow_same_site (accept Sec-Fetch-Site:
+-- same-site), require_origin (refuse a request with none of Sec-Fetch-Site, Origin and
 -- Referer). Returns true, or false and the reason.
 function _M.check(method, headers, host, opts)
     if type(method) ~= "string" then
@@ -64,49 +52,18 @@ function _M.check(method, headers, host, opts)
         return true
     end
     opts = opts or {}
-    local sent_origin = headers.origin
-    -- A trusted origin is let through before Sec-Fetch-Site is looked at: its requests are
-    -- cross-site by design, and browsers say so.
-    if sent_origin and trusted(origin_of(sent_origin), opts.trusted_origins) then
-        return true
-    end
-
-    -- Sec-Fetch-Site comes from the browser itself and cannot be set by a page.
-    local site = headers["sec-fetch-site"]
-    if site then
-        site = lower(site)
-        if site == "same-origin" or site == "none" then
-            return true
-        elseif site == "same-site" and opts.allow_same_site then
-            return true
-        end
-        return false, "cross-site request (Sec-Fetch-Site: " .. site .. ")"
-    end
-
-    local what, url = "Origin", sent_origin
-    if not url then
-        what, url = "Referer", headers.referer
-    end
-    if not url then
-        if opts.require_origin then
+    local f = { fetch_site = headers["sec-fetch-site"], origin = headers.origin,
+        host = host or headers.host, scheme = opts.scheme }
+    if not f.origin and not f.fetch_site then
+        local referer = headers.referer
+        if referer then
+            -- A Referer that is no absolute URL names no origin: refused like Origin: null.
+            f.origin = origin_of(referer) or "null"
+        elseif opts.require_origin then
             return false, "no Origin or Referer"
         end
-        -- Browsers send Origin with every cross-site POST: a request without it is from a
-        -- program, which could send any Origin it liked anyway.
-        return true
     end
-    local o = origin_of(url)   -- nil for "null", the origin of sandboxed or privacy-hiding pages
-    if trusted(o, opts.trusted_origins) then
-        return true
-    end
-    host = host or headers.host
-    if type(host) ~= "string" or host == "" then
-        return false, "no Host"
-    end
-    if o and o == origin(opts.scheme or "http", host) then
-        return true
-    end
-    return false, format("cross-origin request (%s: %s)", what, url)
+    return security.origin_ok(f, check_opts(opts))
 end
 
 -- -- Form tokens ----------------------------------------------------------------------------

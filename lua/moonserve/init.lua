@@ -27,32 +27,62 @@ function _M.sessions(opts)
 end
 
 -- Middleware against cross-site requests: unsafe methods from another origin get 403
--- (moonserve.csrf.check: opts.trusted_origins, opts.allow_same_site). With opts.secret and
--- sessions before it, forms must also carry a token: the field _csrf, or the header
--- X-CSRF-Token; templates get it as csrf_token().
+-- (moonserve.csrf.check: opts.trusted_origins, opts.allow_same_site, opts.require_origin).
+-- With opts.secret, forms must also carry a token: the field _csrf, or the header
+-- X-CSRF-Token; templates get it as csrf_token(). A token is bound to the session (with
+-- sessions before this middleware), whose cookie it makes sure is set, or else to a cookie
+-- of its own (opts.cookie, "csrf"): either way it verifies on the visitor's next request.
 function _M.csrf(opts)
     local csrf = require "moonserve.csrf"
+    local crypto = require "moonserve.crypto"
+    local security = require "moonserve.security"
     opts = opts or {}
-    local SAFE = { GET = true, HEAD = true, OPTIONS = true, TRACE = true }
+    local secret, name = opts.secret, opts.cookie or "csrf"
+    if secret ~= nil then
+        csrf.token(secret, "-") -- a bad secret raises here, at setup
+    end
+    local SAFE = security.SAFE
     return function(req, res, next)
-        local ok, why = csrf.check(req.method, req:headers(), req:header("host"), {
-            scheme = req.scheme, trusted_origins = opts.trusted_origins,
+        local host, scheme = security.authority(req)
+        local ok, why = csrf.check(req.method, req:headers(), host, {
+            scheme = scheme, trusted_origins = opts.trusted_origins,
             allow_same_site = opts.allow_same_site, require_origin = opts.require_origin })
         if not ok then
             return res:status(403):send("Forbidden: " .. tostring(why) .. "\n")
         end
-        local s = opts.secret and req.session
+        if not secret then
+            return next()
+        end
+        local s, id = req.session, nil -- id: what this request's token must be bound to
         if s then
-            res.csrf_token = function() return csrf.token(opts.secret, s.id) end
-            if not SAFE[req.method] then
-                local token = req:header("x-csrf-token")
-                if not token then
-                    local form = req:form()
-                    token = form and form._csrf
+            id = s.id
+            res.csrf_token = function()
+                s:keep() -- a new session's id must outlive this request, or its token dies
+                return csrf.token(secret, s.id)
+            end
+        else
+            id = req.cookies[name]
+            if type(id) ~= "string" or not id:find("^[%w_-]+$") or #id ~= 22 then
+                id = nil
+            end
+            local bound = id
+            res.csrf_token = function()
+                if not bound then
+                    bound = crypto.base64url_encode(assert(crypto.random(16)))
+                    res:cookie(name, bound, { path = "/", http_only = true, same_site = "Lax",
+                        secure = req.scheme == "https" })
                 end
-                if type(token) ~= "string" or not csrf.verify(opts.secret, s.id, token) then
-                    return res:status(403):send("Forbidden: missing or bad CSRF token\n")
-                end
+                return csrf.token(secret, bound)
+            end
+        end
+        if not SAFE[req.method] then
+            local token = req:header("x-csrf-token")
+            if not token then
+                local form = req:form()
+                token = form and form._csrf
+            end
+            if not id or type(token) ~= "string" or not csrf.verify(secret, id, token) then
+                return res:status(403):send("Forbidden: missing or bad CSRF token\n")
             end
         end
         return next()

@@ -71,10 +71,15 @@ function getters.http_version(self)
     return v == 20 and 2.0 or v == 10 and 1.0 or 1.1
 end
 
+-- Whether the peer is a trusted proxy, whose X-Forwarded-* fields may be believed.
+function getters.trusted_proxy(self)
+    return C.ms_ffi_req_peer_trusted(view(self)) ~= 0
+end
+
 -- "https" when a trusted proxy says the client came over TLS, else "http" (the core has
 -- no TLS listener yet).
 function getters.scheme(self)
-    if C.ms_ffi_req_peer_trusted(view(self)) ~= 0 then
+    if self.trusted_proxy then
         local proto = self:header("x-forwarded-proto")
         if proto and lower(proto:match("([^,%s]+)%s*$") or "") == "https" then
             return "https"

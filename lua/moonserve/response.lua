@@ -6,7 +6,8 @@ local base = require "moonserve.base"
 local C = base.C
 local co_yield = coroutine.yield
 local band = bit.band
-local lower, find, format, type, tostring = string.lower, string.find, string.format, type, tostring
+local lower, find, format, gsub, type, tostring = string.lower, string.find, string.format,
+    string.gsub, type, tostring
 local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
 
 local cookie = require "moonserve.cookie"
@@ -238,7 +239,16 @@ function Response:json(value)
     return self:send(body)
 end
 
--- Redirects to `url` (302 unless `code` says otherwise).
+-- Printable bytes no URL may hold as they are (RFC 3986 2): escaped in a Location. Above
+-- all the backslash, which browsers read as "/": "/\evil.test" would be "//evil.test".
+local NOT_URL = '[ "<>\\^`{|}]'
+
+local function escape_byte(c)
+    return format("%%%02X", c:byte())
+end
+
+-- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
+-- percent-encoded; control characters raise.
 function Response:redirect(url, code)
     if type(url) ~= "string" then
         error("bad redirect url (string expected)", 2)
@@ -246,6 +256,9 @@ function Response:redirect(url, code)
     code = code or 302
     if code < 300 or code > 399 then
         error("bad redirect status " .. tostring(code), 2)
+    end
+    if find(url, NOT_URL) then
+        url = gsub(url, NOT_URL, escape_byte)
     end
     self:status(code)
     add_header(self, "location", url, 1)

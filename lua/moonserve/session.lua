@@ -37,6 +37,7 @@ local function new_session(id, data, is_new)
         is_new = is_new,    -- true when no valid cookie came with the request
         _data = data,
         _dirty = false,     -- save() writes a cookie only when something changed
+        _keep = false,      -- keep(): save() writes a cookie even for an empty session
         _old_id = nil,      -- set by regenerate(): the stored record to delete on save
     }, Session)
 end
@@ -65,9 +66,24 @@ function Session:regenerate()
     return self
 end
 
--- Empties the session under a new id; save() then clears the cookie (and the stored record).
+-- Makes save() set the cookie even when the session holds nothing, so that its id lasts
+-- into the next request: what a CSRF token bound to the id of a new session needs. A
+-- session that came with its cookie is not saved again for it.
+function Session:keep()
+    if not self._keep then
+        self._keep = true
+        if self.is_new then
+            self._dirty = true
+        end
+    end
+    return self
+end
+
+-- Empties the session under a new id; save() then clears the cookie (and the stored record),
+-- unless keep() is called after this.
 function Session:destroy()
     self._data = {}
+    self._keep = false
     return self:regenerate()
 end
 
@@ -251,7 +267,7 @@ function Manager:save(s)
     end
     local store, name = self.store, self.name
 
-    if next(s._data) == nil then
+    if next(s._data) == nil and not s._keep then
         -- Nothing to keep: drop the record and ask the browser to drop the cookie.
         if store then
             store.delete(s.id)

@@ -1,7 +1,10 @@
 -- moonserve/template.lua: HTML templates, compiled once to Lua, rendered into string pieces.
 --
 --   {{ expr }}      the value, HTML-escaped (& < > " '); nil prints nothing, numbers and
---                   booleans print through tostring
+--                   booleans print through tostring. Safe in element content and in
+--                   quoted attribute values only: not in unquoted attributes, in URLs
+--                   (href, src: use url()), in event handler attributes, or inside
+--                   <script> (use json()) or <style>.
 --   {{! expr }}     the value as it is
 --   {% code %}      Lua statements: {% for _, u in ipairs(users) do %} ... {% end %}
 --   {# comment #}   nothing
@@ -17,8 +20,12 @@
 -- `include` and `layout`.
 --
 -- Helpers: escape(s) (a string, for building strings in code), raw(s) (marks s as safe, so
--- {{ }} prints it unescaped), csrf_token(), include(name, vars), layout(name, vars), and
--- ipairs, pairs, next, select, type, tostring, tonumber, unpack, string, table, math.
+-- {{ }} prints it unescaped), url(s) (for a quoted href or src: http, https, mailto and
+-- relative URLs, escaped; any other scheme, javascript: above all, prints
+-- "about:invalid#refused"), json(v) (JSON for inside <script>: "</script>" and "<!--"
+-- cannot end or change the element), csrf_token(), include(name, vars), layout(name,
+-- vars), and ipairs, pairs, next, select, type, tostring, tonumber, unpack, string,
+-- table, math.
 -- An engine's helpers table extends them: views.helpers.upper = string.upper.
 --
 --   local views = template.new{ root = "views" }       -- cache = true by default
@@ -35,8 +42,8 @@
 -- every render, which is for development only.
 local codec = require "moonserve.codec"
 
-local byte, find, format, gsub, rep, sub = string.byte, string.find, string.format,
-    string.gsub, string.rep, string.sub
+local byte, find, format, gsub, lower, match, rep, sub = string.byte, string.find,
+    string.format, string.gsub, string.lower, string.match, string.rep, string.sub
 local concat = table.concat
 local escape_html = codec.escape_html
 local getmetatable, setmetatable, setfenv = getmetatable, setmetatable, setfenv
@@ -93,6 +100,46 @@ end
 
 -- -- Helpers --------------------------------------------------------------------------------
 
+local function safe(s)
+    return setmetatable({ s }, Safe)
+end
+
+-- Schemes url() lets through; a URL without one is relative (to the page, or "//host").
+local URL_SCHEMES = { http = true, https = true, mailto = true }
+local REFUSED_URL = safe("about:invalid#refused")
+
+-- A URL for a quoted attribute (a string, or what tostring makes one). Its scheme is read as browsers read it: after leading
+-- spaces and control characters, and with tabs and newlines anywhere taken out
+-- ("java\tscript:" is javascript:).
+local function url(s)
+    if s == nil then
+        return nil
+    end
+    s = is_safe(s) and concat(s) or tostring(s)
+    local seen = gsub((gsub(s, "^[%z\1- ]+", "")), "[\t\n\r]", "")
+    local scheme = match(seen, "^([%a][%w+.%-]*):")
+    if scheme and not URL_SCHEMES[lower(scheme)] then
+        return REFUSED_URL
+    end
+    return safe(escape_html(s))
+end
+
+-- What JSON may hold that ends or changes a <script> element ("</script>", "<!--"), or
+-- that older engines take for a line end inside a string (U+2028, U+2029).
+local JS_ESCAPES = { ["<"] = "\\u003c", [">"] = "\\u003e", ["&"] = "\\u0026",
+    ["\226\128\168"] = "\\u2028", ["\226\128\169"] = "\\u2029" }
+local cjson
+
+-- JSON for inside <script> (lua-cjson's encoding; raises on what JSON cannot hold).
+local function json(v)
+    cjson = cjson or require "cjson"
+    local text = gsub(cjson.encode(v), "[<>&]", JS_ESCAPES)
+    if find(text, "\226\128[\168\169]") then
+        text = gsub(text, "\226\128[\168\169]", JS_ESCAPES)
+    end
+    return safe(text)
+end
+
 _M.helpers = {
     escape = function(s)
         if s == nil then
@@ -104,8 +151,10 @@ _M.helpers = {
         if s == nil or is_safe(s) then
             return s
         end
-        return setmetatable({ tostring(s) }, Safe)
+        return safe(tostring(s))
     end,
+    url = url,
+    json = json,
     csrf_token = function()
         error("csrf_token(): no token (pass vars.csrf_token or the engine option csrf_token)", 2)
     end,

@@ -331,4 +331,29 @@ TEST(static_fingerprints_need_letters_and_digits)
     ASSERT(!fingerprinted(S("3f9a1c.js")));
 }
 
+/* The same cases as the framework's site matching (spec/lua/app_spec.lua): both must cut a
+ * Host's port in one place, or a site's mount and its routes answer different hosts. */
+TEST(static_host_is_cuts_the_port_as_site_matching_does)
+{
+    struct {
+        const char *host, *want;
+        int match;
+    } cases[] = {
+        {"example.com:80", "example.com", 1},
+        {"Example.COM", "example.com", 1},
+        {"example.com", "example.co", 0},
+        {"[::1]:8080", "[::1]", 1},
+        {"[::1]", "[::1]", 1},
+        {"[::1]:8080", "[::1]:8080", 0},
+        {"[::1]:8080", "::1", 0},
+        {"[2001:DB8::1]:443", "[2001:db8::1]", 1},
+        {"[::1", "[::1", 1},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        ms_str_t h = {cases[i].host, strlen(cases[i].host)};
+        if (host_is(&h, cases[i].want) != cases[i].match)
+            TEST_FAIL("%s against %s: want %d", cases[i].host, cases[i].want, cases[i].match);
+    }
+}
+
 TEST_MAIN()

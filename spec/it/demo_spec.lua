@@ -27,7 +27,13 @@ describe("the demo site", function()
             .. "--data-urlencode 'name=<b>Ada</b>' " .. url .. "/guestbook"))
         assert.equal("403", helper.curl("-o /dev/null -w '%{http_code}' "
             .. "-H 'Origin: http://evil.example' -d name=Eve " .. url .. "/guestbook"))
+        -- as a browser posts the form from the page, and as another site's page would
+        assert.equal("303", helper.curl("-o /dev/null -w '%{http_code}' " .. origin
+            .. "-H 'Sec-Fetch-Site: same-origin' -d name=Grace " .. url .. "/guestbook"))
+        assert.equal("403", helper.curl("-o /dev/null -w '%{http_code}' "
+            .. "-H 'Sec-Fetch-Site: cross-site' -d name=Eve " .. url .. "/guestbook"))
         local page = helper.curl(url .. "/")
+        assert.truthy(page:find("<li>Grace</li>", 1, true), page)
         assert.truthy(page:find("<li>&lt;b&gt;Ada&lt;/b&gt;</li>", 1, true), page)
         assert.falsy(page:find("Eve", 1, true))
     end)

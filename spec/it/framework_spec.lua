@@ -64,3 +64,96 @@ describe("the framework over a real server", function()
         assert.equal("none", curl("-s -H 'Accept: image/png' " .. url .. "/api/who"))
     end)
 end)
+
+describe("form tokens and the origin check over a real server", function()
+    local srv, url
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/forms.lua",
+            args = "--trusted-proxy 127.0.0.1" }
+        url = "http://127.0.0.1:" .. srv.port
+    end)
+
+    teardown(function()
+        srv:stop()
+    end)
+
+    local function status(args)
+        return helper.curl("-o /dev/null -w '%{http_code}' " .. args)
+    end
+
+    -- A visitor with no cookie gets the form, then posts it back with what it was given.
+    for _, where in ipairs({ "/s", "/c" }) do
+        it("takes a token from a visitor's first page on the next request (" .. where .. ")", function()
+            local jar = os.tmpname()
+            local page = helper.curl("-c " .. jar .. " " .. url .. where .. "/login")
+            local token = page:match('name="_csrf" value="([^"]+)"')
+            assert.truthy(token, page)
+            local form = "-d 'user=ada&_csrf=" .. token .. "' " .. url .. where .. "/login"
+            assert.equal("welcome ada", helper.curl("-b " .. jar .. " " .. form))
+            assert.equal("welcome ada", helper.curl("-b " .. jar .. " -H 'Origin: " .. url
+                .. "' " .. form))
+            assert.equal("403", status(form))                         -- without the cookie
+            assert.equal("403", status("-b " .. jar .. " -d 'user=ada&_csrf=" .. token:sub(1, -3)
+                .. "xx' " .. url .. where .. "/login"))                -- a wrong token
+            assert.equal("403", status("-b " .. jar .. " -d 'user=ada' " .. url .. where
+                .. "/login"))                                          -- no token
+            -- another visitor's cookie with this token
+            local other = os.tmpname()
+            helper.curl("-c " .. other .. " " .. url .. where .. "/login")
+            assert.equal("403", status("-b " .. other .. " " .. form))
+            os.remove(jar)
+            os.remove(other)
+        end)
+    end
+
+    it("refuses cross-site posts by default, and lets a route opt out", function()
+        assert.equal("200", status("-d x=1 " .. url .. "/open"))     -- curl: no Origin
+        assert.equal("200", status("-H 'Origin: " .. url .. "' -d x=1 " .. url .. "/open"))
+        assert.equal("403", status("-H 'Origin: http://evil.test' -d x=1 " .. url .. "/open"))
+        assert.equal("403", status("-H 'Sec-Fetch-Site: cross-site' -d x=1 " .. url .. "/open"))
+        assert.equal("403", status("-H 'Origin: null' -X DELETE " .. url .. "/open"))
+        assert.equal("200", status("-H 'Origin: http://evil.test' -d x=1 " .. url .. "/hook"))
+    end)
+
+    it("compares the Origin with a trusted proxy's X-Forwarded-Host and -Proto", function()
+        local public = "-H 'Origin: https://public.example' "
+        assert.equal("403", status(public .. "-d x=1 " .. url .. "/open"))
+        assert.equal("200", status(public .. "-H 'X-Forwarded-Host: public.example' -d x=1 "
+            .. url .. "/open"))
+        assert.equal("200", status(public .. "-H 'X-Forwarded-Host: public.example' "
+            .. "-H 'X-Forwarded-Proto: https' -d x=1 " .. url .. "/open"))
+        assert.equal("403", status("-H 'Origin: http://public.example' "
+            .. "-H 'X-Forwarded-Host: public.example' -H 'X-Forwarded-Proto: https' -d x=1 "
+            .. url .. "/open"))
+    end)
+
+    it("logs refusals as one line a second with their count", function()
+        local function lines()
+            local n, counts = 0, {}
+            for count in srv:log():gmatch("refused (%d+) cross%-origin requests") do
+                n = n + 1
+                counts[n] = tonumber(count)
+            end
+            return n, counts
+        end
+        local socket = require "socket"
+        socket.sleep(1.1)              -- past the second of the earlier cases' refusals
+        local before = lines()
+        local evil = "-H 'Origin: http://evil.test' -d x=1 " .. url .. "/open"
+        local args = {}
+        for i = 1, 20 do
+            args[i] = evil
+        end
+        assert.equal(string.rep("403", 20), status(table.concat(args, " --next -o /dev/null "
+            .. "-w '%{http_code}' ")))
+        local n = lines()
+        assert.equal(before + 1, n)    -- the first at once (with any earlier ones), 19 wait
+        local counts
+        socket.sleep(1.1)
+        assert.equal("403", status(evil))
+        n, counts = lines()
+        assert.equal(before + 2, n)
+        assert.equal(20, counts[n])
+    end)
+end)

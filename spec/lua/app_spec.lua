@@ -157,6 +157,75 @@ describe("moonserve.app", function()
         assert.equal("nosniff", h["x-content-type-options"])
     end)
 
+    it("refuses cross-site unsafe requests with 403 before any middleware or handler runs", function()
+        local app = moonserve.app()
+        local ran = 0
+        app:use(function(_, _, next) ran = ran + 1; return next() end)
+        app:post("/form", function(_, res) res:send("taken") end)
+        app:get("/form", function(_, res) res:send("page") end)
+        local function post(headers, method)
+            local status, _, body = helper.simulate(app, method or "POST", "/form",
+                { headers = headers, body = "" })
+            return status, body
+        end
+        for _, method in ipairs({ "POST", "PUT", "PATCH", "DELETE", "PROPFIND" }) do
+            assert.equal(403, (post({ ["Sec-Fetch-Site"] = "cross-site" }, method)), method)
+        end
+        assert.equal(403, (post { ["Sec-Fetch-Site"] = "same-site" }))
+        assert.equal(403, (post { Origin = "http://evil.example" }))
+        assert.equal(403, (post { Origin = "http://test:8080" }))
+        assert.equal(403, (post { Origin = "null" }))
+        assert.equal(0, ran)
+        assert.equal(200, (post {}))                                -- curl, other servers
+        assert.equal(200, (post { ["Sec-Fetch-Site"] = "same-origin", Origin = "http://test" }))
+        assert.equal(200, (post { ["Sec-Fetch-Site"] = "none" }))
+        assert.equal(200, (post({ ["Sec-Fetch-Site"] = "cross-site" }, "GET")))
+        assert.equal(405, (post({ Origin = "http://test" }, "PUT")))
+        assert.equal(5, ran)
+    end)
+
+    it("lets an app allow origins and same-site, and turn the check off per app, site or route", function()
+        local function app_with(opts)
+            local app = moonserve.app(opts)
+            app:post("/", function(_, res) res:send("taken") end)
+            return app
+        end
+        local function status(app, headers, host)
+            return (helper.simulate(app, "POST", "/", { headers = headers, host = host, body = "" }))
+        end
+        local cross = { ["Sec-Fetch-Site"] = "cross-site", Origin = "https://app.example.net" }
+        local sibling = { ["Sec-Fetch-Site"] = "same-site", Origin = "http://blog.test" }
+        assert.equal(200, status(app_with { security = { csrf = { origins = {
+            "https://app.example.net" } } } }, cross))
+        assert.equal(200, status(app_with { security = { csrf = { same_site = true } } }, sibling))
+        assert.equal(403, status(app_with { security = { csrf = { same_site = true } } }, cross))
+        assert.equal(200, status(app_with { security = { csrf = false } }, cross))
+        -- a site: its own setting, else its app's; security(false) drops headers, not the check
+        local app = app_with()
+        app:site("open.test"):security({ csrf = false }):post("/", function(_, res) res:send("s") end)
+        app:site("bare.test"):security(false):post("/", function(_, res) res:send("s") end)
+        app:site("plain.test"):post("/", function(_, res) res:send("s") end)
+        assert.equal(403, status(app, cross))
+        assert.equal(200, status(app, cross, "open.test"))
+        assert.equal(403, status(app, cross, "bare.test"))
+        assert.equal(403, status(app, cross, "plain.test"))
+        local off = app_with { security = { csrf = false } }
+        off:site("plain.test"):post("/", function(_, res) res:send("s") end)
+        assert.equal(200, status(off, cross, "plain.test"))
+        -- a route
+        local hooks = moonserve.app()
+        hooks:post("/hook", function(_, res) res:send("hook") end, { csrf = false })
+        hooks:post("/form", function(_, res) res:send("form") end)
+        assert.equal(200, (helper.simulate(hooks, "POST", "/hook", { headers = cross, body = "" })))
+        assert.equal(403, (helper.simulate(hooks, "POST", "/form", { headers = cross, body = "" })))
+        -- a mounted app by its own settings
+        local outer = moonserve.app()
+        outer:mount("/in", hooks)
+        assert.equal(200, (helper.simulate(outer, "POST", "/in/hook", { headers = cross, body = "" })))
+        assert.equal(403, (helper.simulate(outer, "POST", "/in/form", { headers = cross, body = "" })))
+        assert.has_error(function() hooks:post("/x", function() end, { csrf = "no" }) end)
+    end)
+
     it("uses the app's error pages, with the reference id on 5xx and the trace in dev mode", function()
         local app = moonserve.app { dev = true }
         app:error_page(404, function(req, res, info)
@@ -240,6 +309,56 @@ describe("moonserve.app", function()
         assert.equal("main", select(3, helper.simulate(app, "GET", "/", { host = "other" })))
     end)
 
+    -- The same cases as the core's static mounts (spec/core/static_test.c, host_is).
+    it("matches IPv6 sites with and without a port, as the core's static mounts do", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res) res:send("main") end)
+        app:site("[::1]"):get("/", function(_, res) res:send("v6") end)
+        app:site("2001:DB8::1"):get("/", function(_, res) res:send("bare v6") end)
+        app:site("example.com"):get("/", function(_, res) res:send("name") end)
+        local function body(host)
+            return select(3, helper.simulate(app, "GET", "/", { host = host }))
+        end
+        assert.equal("v6", body("[::1]:8080"))
+        assert.equal("v6", body("[::1]"))
+        assert.equal("bare v6", body("[2001:db8::1]:443"))
+        assert.equal("bare v6", body("[2001:DB8::1]"))
+        assert.equal("name", body("example.com:80"))
+        assert.equal("name", body("EXAMPLE.com"))
+        assert.equal("main", body("[::2]:8080"))
+        assert.equal("main", body("example.com.evil:80"))
+    end)
+
+    it("percent-encodes a backslash in a canonical redirect, never sending /\\host", function()
+        local app = moonserve.app()
+        app:get("/*", function(_, res) res:send("x") end)
+        for _, path in ipairs({ "/\\evil.test/", "//\\evil.test", "/./\\evil.test" }) do
+            local status, headers = helper.simulate(app, "GET", path)
+            assert.equal(308, status, path)
+            assert.equal("/%5Cevil.test", headers["location"], path)
+        end
+        local status, headers = helper.simulate(app, "GET", '/a"b|c/?q=1')
+        assert.equal(308, status)
+        assert.equal("/a%22b%7Cc?q=1", headers["location"])
+        assert.equal(200, (helper.simulate(app, "GET", "/%5Cevil.test")))
+    end)
+
+    it("keeps a site's base and a mount's prefix in a canonical redirect", function()
+        local app = moonserve.app()
+        local site = app:site("docs.example", { base = "/docs" })
+        site:get("/page", function(_, res) res:send("page") end)
+        local blog = moonserve.app { trailing_slash = "add" }
+        blog:get("/post/", function(_, res) res:send("post") end)
+        app:mount("/blog", blog)
+        local status, headers = helper.simulate(app, "GET", "/docs//page/",
+            { host = "docs.example" })
+        assert.equal(308, status)
+        assert.equal("/docs/page", headers["location"])
+        status, headers = helper.simulate(app, "GET", "/blog/post")
+        assert.equal(308, status)
+        assert.equal("/blog/post/", headers["location"])
+    end)
+
     it("reads query, headers, form and JSON bodies", function()
         local app = moonserve.app()
         app:post("/f", function(req, res)
@@ -319,6 +438,18 @@ describe("moonserve.app", function()
         local status, headers = helper.simulate(app, "GET", "/old")
         assert.equal(301, status)
         assert.equal("/new", headers["location"])
+    end)
+
+    it("percent-encodes in a redirect the bytes no URL may hold, a backslash above all", function()
+        local app = moonserve.app()
+        app:get("/go", function(req, res) res:redirect(req.query.to) end)
+        local status, headers = helper.simulate(app, "GET", "/go?to=%2F%5Cevil.test")
+        assert.equal(302, status)
+        assert.equal("/%5Cevil.test", headers["location"])
+        _, headers = helper.simulate(app, "GET", "/go?to=%2Fa%20b%3Cc%3E%60%7B%7D%5E")
+        assert.equal("/a%20b%3Cc%3E%60%7B%7D%5E", headers["location"])
+        _, headers = helper.simulate(app, "GET", "/go?to=https%3A%2F%2Fok.test%2Fa%3Fb%3D1%25")
+        assert.equal("https://ok.test/a?b=1%", headers["location"])
     end)
 
     it("parks a handler in moonserve.sleep and finishes it when the timer fires", function()

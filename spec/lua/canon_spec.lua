@@ -20,6 +20,14 @@ describe("moonserve.canon", function()
         { "/a/b.css", "add", "/a/b.css" },
         { "/a/b/", "keep", "/a/b/" },
         { "/a/b", "keep", "/a/b" },
+        -- bytes a path may not hold: a browser reads "/\\evil.test" as "//evil.test"
+        { "/\\evil.test/", "strip", "/%5Cevil.test" },
+        { "//\\evil.test", "strip", "/%5Cevil.test" },
+        { "/\\/evil.test", "strip", "/%5C/evil.test" },
+        { '/a"b<c>d^e`f{g|h}', "strip", "/a%22b%3Cc%3Ed%5Ee%60f%7Bg%7Ch%7D" },
+        { "/a b\\1", "strip", "/a%20b%5C1" },
+        { "/%5c", "strip", "/%5C" },
+        { "/!$&'()*+,;=:@x", "strip", "/!$&'()*+,;=:@x" },
     }
     for _, c in ipairs(cases) do
         it(("turns %s into %s (trailing slash: %s)"):format(c[1], c[3], c[2]), function()

@@ -54,7 +54,8 @@ describe("moonserve.csrf", function()
             { "an Origin whose host only starts like ours", "POST",
                 { origin = "http://example.org.evil.test" } },
             { "an Origin on another port", "POST", { origin = "http://example.org:8080" } },
-            { "an Origin with another scheme", "POST", { origin = "https://example.org" } },
+            { "an Origin with another scheme", "POST", { origin = "https://example.org" },
+                { scheme = "http" } },
             { "an http Origin on an https site", "POST", { origin = "http://example.org" },
                 { scheme = "https" } },
             { "the null Origin", "POST", { origin = "null" } },
@@ -90,14 +91,20 @@ describe("moonserve.csrf", function()
         it("refuses an Origin when there is no host to compare it with", function()
             local ok, why = csrf.check("POST", { origin = "http://example.org" })
             assert.is_false(ok)
-            assert.equal("no Host", why)
+            assert.equal("Origin: http://example.org (no Host to compare it with)", why)
         end)
 
         it("says which header it refused", function()
             local _, why = csrf.check("POST", { origin = "http://evil.test" }, HOST)
-            assert.equal("cross-origin request (Origin: http://evil.test)", why)
+            assert.equal("Origin: http://evil.test (Host: example.org)", why)
             _, why = csrf.check("POST", { ["sec-fetch-site"] = "cross-site" }, HOST)
-            assert.equal("cross-site request (Sec-Fetch-Site: cross-site)", why)
+            assert.equal("Sec-Fetch-Site: cross-site", why)
+        end)
+
+        it("compares the scheme only when it is given", function()
+            assert.is_true(csrf.check("POST", { origin = "https://example.org" }, HOST))
+            assert.is_false(csrf.check("POST", { origin = "https://example.org" }, HOST,
+                { scheme = "http" }))
         end)
 
         it("raises on a method or headers of the wrong type", function()

@@ -232,6 +232,41 @@ describe("moonserve.session", function()
         end)
     end)
 
+    describe("keep", function()
+        it("saves a new empty session, so its id comes back on the next request", function()
+            local m = session.new { secret = SECRET }
+            local s = m:load(nil)
+            assert.is_nil(m:save(s))          -- without keep: nothing to keep, no cookie
+            s = m:load(nil)
+            s:keep()
+            local set_cookie = m:save(s)
+            assert.is_string(set_cookie)
+            assert.matches("Max%-Age=86400", set_cookie)
+            local back = m:load(cookie_of(set_cookie))
+            assert.is_false(back.is_new)
+            assert.equal(s.id, back.id)
+        end)
+
+        it("does not save again a session that came with its cookie", function()
+            local m = session.new { secret = SECRET }
+            local back = m:load(cookie_of((saved(m, { user = "ada" }))))
+            back:keep()
+            assert.is_nil(m:save(back))
+        end)
+
+        it("gives way to destroy, unless called after it", function()
+            local m = session.new { secret = SECRET }
+            local s = m:load(nil)
+            s:keep()
+            s:destroy()
+            assert.matches("Max%-Age=0", m:save(s))
+            s = m:load(nil)
+            s:destroy()
+            s:keep()
+            assert.matches("Max%-Age=86400", m:save(s))
+        end)
+    end)
+
     describe("regenerate", function()
         it("changes the id and keeps the data", function()
             local m = session.new { secret = SECRET }

@@ -142,6 +142,57 @@ describe("moonserve.template", function()
         assert.is_nil(template.helpers.upper)
     end)
 
+    describe("url()", function()
+        local function link(u)
+            return render([[<a href="{{ url(u) }}">]], { u = u })
+        end
+
+        it("prints http, https, mailto and relative URLs, escaped for a quoted attribute", function()
+            assert.equal([[<a href="https://example.org/a?b=1&amp;c=2">]],
+                link("https://example.org/a?b=1&c=2"))
+            assert.equal([[<a href="HTTP://example.org/">]], link("HTTP://example.org/"))
+            assert.equal([[<a href="mailto:ada@example.org">]], link("mailto:ada@example.org"))
+            assert.equal([[<a href="/users/7?tab=&quot;x&quot;">]], link('/users/7?tab="x"'))
+            assert.equal([[<a href="page.html#top">]], link("page.html#top"))
+            assert.equal([[<a href="?q=javascript:x">]], link("?q=javascript:x"))
+            assert.equal([[<a href="//cdn.example.org/x.js">]], link("//cdn.example.org/x.js"))
+            assert.equal([[<a href="&#39; onmouseover=&#39;x">]], link("' onmouseover='x"))
+            assert.equal([[<a href="">]], link(nil))
+        end)
+
+        it("refuses javascript: and every other scheme, however it is spelled", function()
+            for _, u in ipairs({ "javascript:alert(1)", "JavaScript:alert(1)",
+                " \1javascript:alert(1)", "java\tscript:alert(1)", "java\nscript:x",
+                "data:text/html,<script>alert(1)</script>", "vbscript:x", "file:///etc/passwd",
+                "foo:bar" }) do
+                assert.equal([[<a href="about:invalid#refused">]], link(u), u)
+            end
+        end)
+    end)
+
+    describe("json()", function()
+        local function script(v)
+            return render([[<script>var d = {{ json(d) }};</script>]], { d = v })
+        end
+
+        it("prints JSON that cannot end or change the script element", function()
+            local out = script({ name = "</script><script>alert(1)</script><!--" })
+            assert.equal([[<script>var d = {"name":"\u003c\/script\u003e\u003cscript\u003e]]
+                .. [[alert(1)\u003c\/script\u003e\u003c!--"};</script>]], out)
+            assert.equal(1, select(2, out:gsub("</script>", "")))
+            assert.equal([[<script>var d = "a\u0026b \u2028 \u2029 é";</script>]],
+                script("a&b \226\128\168 \226\128\169 é"))
+            assert.equal([[<script>var d = [1,true,"x"];</script>]], script({ 1, true, "x" }))
+        end)
+
+        it("gives back what it was given once parsed", function()
+            local cjson = require "cjson"
+            local v = { s = "<&>\226\128\168'\"", n = 1.5, list = { "a", "b" } }
+            local text = render([[{{ json(v) }}]], { v = v })
+            assert.same(v, cjson.decode(text))
+        end)
+    end)
+
     it("gives csrf_token() from the vars or from the engine option", function()
         write("form.html", [[<input name="csrf" value="{{ csrf_token() }}">]])
         local views = template.new{ root = root }

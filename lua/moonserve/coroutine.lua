@@ -1,0 +1,182 @@
+-- moonserve/coroutine.lua: the coroutine functions handler code sees, so that a wait
+-- reaches the dispatcher through the handler's own coroutines and a plain yield does not.
+--
+-- A handler runs in a coroutine the dispatcher resumes. A wait (moonserve.sleep, req:body,
+-- a congested res:write) arms the core and yields PARK. When that happens in a coroutine
+-- of the handler's own, the coroutine.resume below that resumed it sees PARK, yields PARK
+-- in turn to its own resumer, and so on up to the dispatcher; when the dispatcher resumes
+-- the handler, each of them resumes its child with what it was given, down to the wait.
+-- Any other yield goes back to the resumer as in plain Lua. EXIT goes up the same way but
+-- nobody is resumed again: the dispatcher finishes the request and drops the coroutines,
+-- and pcall never sees it, since it is a yield and not an error.
+local base = require "moonserve.base"
+
+local type, error = type, error
+
+-- The functions as LuaJIT made them, kept where a reload of this module finds them (test
+-- runners unload modules between files; the global table keeps our wrappers).
+local registry = debug.getregistry()
+local raw = registry["moonserve.coroutine.raw"]
+if not raw then
+    raw = { create = coroutine.create, resume = coroutine.resume, yield = coroutine.yield,
+        status = coroutine.status, wrap = coroutine.wrap, running = coroutine.running,
+        isyieldable = coroutine.isyieldable }
+    registry["moonserve.coroutine.raw"] = raw
+end
+local co_resume, co_yield, co_status = raw.resume, raw.yield, raw.status
+local co_create, co_running, co_isyieldable = raw.create, raw.running, raw.isyieldable
+
+local PARK = base.PARK
+local EXIT = setmetatable({}, { __tostring = function() return "moonserve.EXIT" end })
+-- A yield of the handler itself, outside any coroutine of its own: the dispatcher lets the
+-- worker serve others and resumes it on the next turn of the loop.
+local YIELD = setmetatable({}, { __tostring = function() return "moonserve.YIELD" end })
+
+local weak = { __mode = "k" }
+local handlers = setmetatable({}, weak) -- the dispatcher's coroutines
+local busy = setmetatable({}, weak)     -- coroutines a wait (or an exit) passes through
+-- Who resumed a coroutine that is running or normal now: its parent coroutine, or MAIN
+-- (the main thread: no handler), or CCALL (a resume from a place that cannot yield).
+local up = setmetatable({}, weak)
+local MAIN, CCALL = {}, {}
+
+local _M = { raw = raw, PARK = PARK, EXIT = EXIT, YIELD = YIELD }
+
+local C_CALL = "inside a C call (string.gsub callback, table.sort comparator, FFI callback "
+    .. "or require)"
+
+-- Raises unless the running code can yield all the way up to the dispatcher. `what` names
+-- the caller, `doing` the deed ("moonserve.sleep: cannot wait here: ..."); `level` is
+-- error()'s, counted from the caller of check.
+function _M.check(what, doing, level)
+    level = level + 1
+    local co, main = co_running()
+    if co == nil or main then
+        error(what .. ": not inside a handler", level)
+    end
+    if not co_isyieldable() then
+        error(what .. ": cannot " .. doing .. " here: " .. C_CALL, level)
+    end
+    while not handlers[co] do
+        local parent = up[co]
+        if parent == nil then
+            error(what .. ": cannot " .. doing .. " here: in a coroutine resumed by something "
+                .. "other than coroutine.resume or coroutine.wrap", level)
+        elseif parent == MAIN then
+            error(what .. ": not inside a handler", level)
+        elseif parent == CCALL then
+            error(what .. ": cannot " .. doing .. " here: " .. C_CALL, level)
+        end
+        co = parent
+    end
+end
+
+-- Parks the running handler until the core resumes it: the core's wait is armed already.
+-- Call check() before arming it. Returns what the dispatcher resumed it with (nothing).
+function _M.park()
+    return co_yield(PARK)
+end
+
+-- Ends the running handler at once (after check()): the reply as it stands goes out, and
+-- no code of the handler runs again, whatever pcall or coroutine it sits in.
+function _M.exit()
+    co_yield(EXIT)
+    error("moonserve.exit: resumed after the handler ended") -- the dispatcher never does
+end
+
+-- The dispatcher's coroutines are not the handler's to resume.
+function _M.handler(co)
+    handlers[co] = true
+    return co
+end
+
+-- -- What handler code sees as coroutine.* ------------------------------------------------
+
+local pass
+
+-- The child was resumed after a wait: it is no longer busy.
+local function continue(co, ...)
+    busy[co] = nil
+    return pass(co, co_resume(co, ...))
+end
+
+-- What a child's resume gave: a wait or an exit goes on up; anything else is the caller's.
+function pass(co, ok, sig, ...)
+    if sig == PARK and ok then
+        busy[co] = true
+        return continue(co, co_yield(PARK))
+    elseif sig == EXIT and ok then
+        busy[co] = true -- for good: the dispatcher drops the whole chain
+        co_yield(EXIT)
+    end
+    up[co] = nil
+    return ok, sig, ...
+end
+
+local function resume(co, ...)
+    if type(co) ~= "thread" then
+        error("bad argument #1 to 'resume' (coroutine expected)", 2)
+    end
+    if busy[co] or handlers[co] then
+        return false, "cannot resume non-suspended coroutine"
+    end
+    if co_status(co) ~= "suspended" then
+        return co_resume(co, ...) -- plain Lua's answer: dead, running or normal
+    end
+    local parent, main = co_running()
+    if parent == nil or main then
+        parent = MAIN
+    elseif not co_isyieldable() then
+        parent = CCALL
+    end
+    up[co] = parent
+    return pass(co, co_resume(co, ...))
+end
+
+-- A yield in the handler itself has no resumer of the handler's: the worker serves others
+-- meanwhile and the handler goes on, with nothing, on the next turn of the loop.
+local function yield(...)
+    if handlers[co_running()] then
+        co_yield(YIELD)
+        return
+    end
+    return co_yield(...)
+end
+
+-- A coroutine a wait passes through is active: it is "normal", as a resumer is.
+local function status(co)
+    if type(co) ~= "thread" then
+        error("bad argument #1 to 'status' (coroutine expected)", 2)
+    end
+    local s = co_status(co)
+    if s == "suspended" and (busy[co] or handlers[co]) then
+        return "normal"
+    end
+    return s
+end
+
+local function wrapped(ok, ...)
+    if ok then
+        return ...
+    end
+    local err = ...
+    -- as plain wrap does: a string error gets the caller's position
+    error(err, type(err) == "string" and 2 or 0)
+end
+
+local function wrap(f)
+    if type(f) ~= "function" then
+        error("bad argument #1 to 'wrap' (function expected, got " .. type(f) .. ")", 2)
+    end
+    local co = co_create(f)
+    return function(...)
+        return wrapped(resume(co, ...))
+    end
+end
+
+_M.resume, _M.yield, _M.status, _M.wrap = resume, yield, status, wrap
+
+-- Handler code uses the global table: the one every module sees, from here on.
+coroutine.resume, coroutine.yield, coroutine.status, coroutine.wrap = resume, yield, status, wrap
+
+return _M

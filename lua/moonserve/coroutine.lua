@@ -106,7 +106,9 @@ function pass(co, ok, sig, ...)
         busy[co] = true
         return continue(co, co_yield(PARK))
     elseif sig == EXIT and ok then
-        busy[co] = true -- for good: the dispatcher drops the whole chain
+        -- For good: the dispatcher drops the whole chain. Forget the parent too, or the
+        -- entry (a strong value under a weak key) would keep the dropped chain alive.
+        busy[co], up[co] = true, nil
         co_yield(EXIT)
     end
     up[co] = nil

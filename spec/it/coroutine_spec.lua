@@ -45,6 +45,17 @@ describe("waits in the handler's own coroutines over a real server", function()
         assert.equal("100000 bytes", res.body)
     end)
 
+    twice("streams to a slow reader with the writes inside a coroutine", function()
+        local s = helper.connect(srv.port)
+        assert(s:send("GET /stream?n=200 HTTP/1.1\r\nHost: t\r\n\r\n"))
+        socket.sleep(0.5) -- the socket fills and the writer parks, inside its coroutine
+        local res = assert(helper.read_response(s))
+        s:close()
+        assert.equal(200, res.status)
+        assert.equal(200 * 65536, #res.body)
+        assert.falsy(srv:log():find("error", 1, true), srv:log())
+    end)
+
     twice("ends a handler early through pcall and a coroutine", function()
         local res = assert(helper.request(srv.port, "GET /end HTTP/1.1\r\nHost: t\r\n\r\n"))
         assert.equal(202, res.status)

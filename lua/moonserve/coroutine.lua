@@ -6,7 +6,9 @@
 -- of the handler's own, the coroutine.resume below that resumed it sees PARK, yields PARK
 -- in turn to its own resumer, and so on up to the dispatcher; when the dispatcher resumes
 -- the handler, each of them resumes its child with what it was given, down to the wait.
--- Any other yield goes back to the resumer as in plain Lua. EXIT goes up the same way but
+-- Any other yield goes back to the resumer as in plain Lua (coroutine.yield is LuaJIT's
+-- own; one in the handler itself reaches the dispatcher, which lets the worker serve others
+-- and resumes the handler, with nothing, on the next turn of the loop). EXIT goes up too, but
 -- nobody is resumed again: the dispatcher finishes the request and drops the coroutines,
 -- and pcall never sees it, since it is a yield and not an error.
 local base = require "moonserve.base"
@@ -28,19 +30,18 @@ local co_create, co_running, co_isyieldable = raw.create, raw.running, raw.isyie
 
 local PARK = base.PARK
 local EXIT = setmetatable({}, { __tostring = function() return "moonserve.EXIT" end })
--- A yield of the handler itself, outside any coroutine of its own: the dispatcher lets the
--- worker serve others and resumes it on the next turn of the loop.
-local YIELD = setmetatable({}, { __tostring = function() return "moonserve.YIELD" end })
 
 local weak = { __mode = "k" }
 local handlers = setmetatable({}, weak) -- the dispatcher's coroutines
-local busy = setmetatable({}, weak)     -- coroutines a wait (or an exit) passes through
+-- What handler code may not resume: the dispatcher's coroutines, and those a wait (or an
+-- exit) passes through, which are suspended only as far as the core is concerned.
+local held = setmetatable({}, weak)
 -- Who resumed a coroutine that is running or normal now: its parent coroutine, or MAIN
 -- (the main thread: no handler), or CCALL (a resume from a place that cannot yield).
 local up = setmetatable({}, weak)
 local MAIN, CCALL = {}, {}
 
-local _M = { raw = raw, PARK = PARK, EXIT = EXIT, YIELD = YIELD }
+local _M = { raw = raw, PARK = PARK, EXIT = EXIT }
 
 local C_CALL = "inside a C call (string.gsub callback, table.sort comparator, FFI callback "
     .. "or require)"
@@ -86,7 +87,7 @@ end
 
 -- The dispatcher's coroutines are not the handler's to resume.
 function _M.handler(co)
-    handlers[co] = true
+    handlers[co], held[co] = true, true
     return co
 end
 
@@ -94,21 +95,21 @@ end
 
 local pass
 
--- The child was resumed after a wait: it is no longer busy.
+-- The child was resumed after a wait: it is no longer held.
 local function continue(co, ...)
-    busy[co] = nil
+    held[co] = nil
     return pass(co, co_resume(co, ...))
 end
 
 -- What a child's resume gave: a wait or an exit goes on up; anything else is the caller's.
 function pass(co, ok, sig, ...)
     if sig == PARK and ok then
-        busy[co] = true
+        held[co] = true
         return continue(co, co_yield(PARK))
     elseif sig == EXIT and ok then
         -- For good: the dispatcher drops the whole chain. Forget the parent too, or the
         -- entry (a strong value under a weak key) would keep the dropped chain alive.
-        busy[co], up[co] = true, nil
+        held[co], up[co] = true, nil
         co_yield(EXIT)
     end
     up[co] = nil
@@ -119,11 +120,11 @@ local function resume(co, ...)
     if type(co) ~= "thread" then
         error("bad argument #1 to 'resume' (coroutine expected)", 2)
     end
-    if busy[co] or handlers[co] then
+    if held[co] then
         return false, "cannot resume non-suspended coroutine"
     end
-    if co_status(co) ~= "suspended" then
-        return co_resume(co, ...) -- plain Lua's answer: dead, running or normal
+    if up[co] ~= nil then
+        return co_resume(co, ...) -- running or normal: plain Lua's answer
     end
     local parent, main = co_running()
     if parent == nil or main then
@@ -135,23 +136,13 @@ local function resume(co, ...)
     return pass(co, co_resume(co, ...))
 end
 
--- A yield in the handler itself has no resumer of the handler's: the worker serves others
--- meanwhile and the handler goes on, with nothing, on the next turn of the loop.
-local function yield(...)
-    if handlers[co_running()] then
-        co_yield(YIELD)
-        return
-    end
-    return co_yield(...)
-end
-
 -- A coroutine a wait passes through is active: it is "normal", as a resumer is.
 local function status(co)
     if type(co) ~= "thread" then
         error("bad argument #1 to 'status' (coroutine expected)", 2)
     end
     local s = co_status(co)
-    if s == "suspended" and (busy[co] or handlers[co]) then
+    if s == "suspended" and held[co] then
         return "normal"
     end
     return s
@@ -176,9 +167,11 @@ local function wrap(f)
     end
 end
 
-_M.resume, _M.yield, _M.status, _M.wrap = resume, yield, status, wrap
+_M.resume, _M.status, _M.wrap = resume, status, wrap
 
--- Handler code uses the global table: the one every module sees, from here on.
-coroutine.resume, coroutine.yield, coroutine.status, coroutine.wrap = resume, yield, status, wrap
+-- Handler code uses the global table: the one every module sees, from here on. A module
+-- that keeps its own copy of coroutine.resume from before cannot wait in what it resumes.
+coroutine.resume, coroutine.status, coroutine.wrap = resume, status, wrap
+coroutine.yield = co_yield -- a reload puts back LuaJIT's own over an older version's
 
 return _M

@@ -13,7 +13,7 @@ local C, core = base.C, base.core
 local band = bit.band
 local co_create, co_resume, co_yield = coro.raw.create, coro.raw.resume, coro.raw.yield
 local traceback, format, type = debug.traceback, string.format, type
-local PARK, EXIT, YIELD, HEAD_SENT = coro.PARK, coro.EXIT, coro.YIELD, base.REQ_HEAD_SENT
+local PARK, EXIT, HEAD_SENT = coro.PARK, coro.EXIT, base.REQ_HEAD_SENT
 local REQ_IN_HANDLER = 0x400
 local coro_park = coro.park
 
@@ -176,21 +176,16 @@ local function settle(co, r, ok, sig)
         C.ms_ffi_req_finish(r)
         return
     end
-    if sig == YIELD then
-        -- coroutine.yield in the handler itself: serve others, go on next turn
-        if C.ms_ffi_req_sleep(r, 0) < 0 then
-            sig = nil
-        else
-            sig = PARK
-        end
-    end
     if sig ~= PARK then
-        -- A yield that did not come through moonserve's coroutine functions (a function
-        -- kept from before they were installed): finish it.
-        base.log(base.LOG_ERR, "handler yielded outside moonserve's waits; request aborted")
-        C.ms_ffi_req_fail(r)
-        C.ms_ffi_req_finish(r)
-        return
+        -- coroutine.yield in the handler itself, not in a coroutine of its own: nobody of
+        -- the handler's resumes it, so serve others and go on at the next turn of the loop
+        local rc = C.ms_ffi_req_sleep(r, 0)
+        if rc < 0 then -- a wait already armed: cannot happen, since the handler was running
+            base.log(base.LOG_ERR, "handler yielded while waiting; request aborted")
+            C.ms_ffi_req_fail(r)
+            C.ms_ffi_req_finish(r)
+            return
+        end
     end
     if r.handler < 0 then
         C.ms_ffi_req_park(r) -- the head leaves the shared read buffer

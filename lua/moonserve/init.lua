@@ -1,7 +1,7 @@
 -- moonserve: a Lua-scriptable HTTP server on a C core.
 local _M = { _VERSION = "0.1.0" }
 
--- Handler code sees coroutine.resume, wrap, yield and status that let waits through the
+-- Handler code sees coroutine.resume, wrap and status that let waits through the
 -- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.
 require "moonserve.coroutine"
 

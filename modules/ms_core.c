@@ -436,6 +436,7 @@ static int memconn_feed(lua_State *L)
         lua_pushinteger(L, (lua_Integer)m->io.out.len);
     else
         lua_pushlstring(L, m->io.out.base ? m->io.out.base : "", m->io.out.len);
+    m->io.out.len = 0; /* handed over: a take() after it returns only what comes later */
     lua_pushboolean(L, m->io.conn == NULL);
     return 2;
 }

@@ -37,6 +37,7 @@ build = {
          ["moonserve.canon"] = "lua/moonserve/canon.lua",
          ["moonserve.cli"] = "lua/moonserve/cli.lua",
          ["moonserve.codec"] = "lua/moonserve/codec.lua",
+         ["moonserve.coroutine"] = "lua/moonserve/coroutine.lua",
          ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",

@@ -1,6 +1,10 @@
 -- moonserve: a Lua-scriptable HTTP server on a C core.
 local _M = { _VERSION = "0.1.0" }
 
+-- Handler code sees coroutine.resume, wrap and status that let waits through the
+-- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.
+require "moonserve.coroutine"
+
 -- A new application; see app.lua.
 function _M.app(opts)
     return require("moonserve.app").new(opts)
@@ -89,7 +93,8 @@ function _M.csrf(opts)
     end
 end
 
--- Parks the running handler for `seconds` while the worker serves others.
+-- Parks the running handler for `seconds` while the worker serves others; works inside
+-- pcall and the handler's own coroutines, raises inside a C call (a string.gsub callback...).
 function _M.sleep(seconds)
     return require("moonserve.server").sleep(seconds)
 end

@@ -2,12 +2,13 @@
 local ffi = require "ffi"
 local base = require "moonserve.base"
 local codec = require "moonserve.codec"
+local coro = require "moonserve.coroutine"
 
 local C = base.C
 local ffi_str = ffi.string
-local co_yield = coroutine.yield
 local concat, lower, sub, find = table.concat, string.lower, string.sub, string.find
-local PARK, EAGAIN = base.PARK, base.EAGAIN
+local EAGAIN = base.EAGAIN
+local check, park = coro.check, coro.park
 
 local vlen = ffi.new("size_t[1]")          -- reused; never held across a yield
 local body_ptr = ffi.new("const char *[1]")
@@ -163,9 +164,8 @@ function Request:trailers()
     return field_table(view(self), C.ms_ffi_req_trailers)
 end
 
--- The next piece of the body: a string, or nil at its end, or nil and an error. Yields
--- (parks the handler) while the client has not sent more.
-function Request:read()
+-- The next piece of the body (see Request:read); `what` names the caller in errors.
+local function read(self, what)
     local r = view(self)
     while true do
         local n = C.ms_ffi_req_body_take(r, body_ptr)
@@ -176,12 +176,22 @@ function Request:read()
         elseif n ~= EAGAIN then
             return base.fail(tonumber(n))
         end
+        check(what, "wait", 3) -- before the core arms the wait
         local rc = C.ms_ffi_req_wait_body(r)
         if rc < 0 then
             return base.fail(rc)
         end
-        co_yield(PARK)
+        park()
     end
+end
+
+-- The next piece of the body: a string, or nil at its end, or nil and an error. Yields
+-- (parks the handler) while the client has not sent more, in the handler's own coroutines
+-- too; raises where it cannot wait (a C call: a string.gsub callback, a table.sort
+-- comparator, an FFI callback, require).
+function Request:read()
+    local piece, err, name = read(self, "req:read")
+    return piece, err, name
 end
 
 -- Sets how large this request's body may be (the route's own limit), before reading it.
@@ -205,7 +215,7 @@ function Request:body()
     end
     local parts, n = {}, 0
     while true do
-        local piece, err, name = self:read()
+        local piece, err, name = read(self, "req:body")
         if piece == nil then
             if err then
                 return nil, err, name

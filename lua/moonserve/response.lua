@@ -2,13 +2,14 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local base = require "moonserve.base"
+local coro = require "moonserve.coroutine"
 
 local C = base.C
-local co_yield = coroutine.yield
 local band = bit.band
 local lower, find, format, gsub, type, tostring = string.lower, string.find, string.format,
     string.gsub, type, tostring
-local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
+local HEAD_SENT = base.REQ_HEAD_SENT
+local check, park = coro.check, coro.park
 
 local cookie = require "moonserve.cookie"
 
@@ -277,9 +278,10 @@ function Response:write(chunk)
         return nil, err, name
     end
     if C.ms_ffi_res_congested(r) ~= 0 then
+        check("res:write", "wait", 2) -- before the core arms the wait
         local rc = C.ms_ffi_req_wait_drain(r, 0)
         if rc == 0 then
-            co_yield(PARK)
+            park()
         elseif rc < 0 then
             return base.fail(rc)
         end
@@ -290,9 +292,11 @@ end
 -- Waits (parks the handler) until everything written so far has left for the client:
 -- for event streams and long polls that must not sit in a buffer.
 function Response:flush()
-    local rc = C.ms_ffi_req_wait_drain(view(self), 1)
+    local r = view(self)
+    check("res:flush", "wait", 2)
+    local rc = C.ms_ffi_req_wait_drain(r, 1)
     if rc == 0 then
-        co_yield(PARK)
+        park()
     elseif rc < 0 then
         return base.fail(rc)
     end

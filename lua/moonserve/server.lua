@@ -1,18 +1,21 @@
 -- moonserve/server.lua: the dispatcher the core calls once per request, and running a server.
 -- Each request runs in a coroutine from a pool; one that parks (waits for its body, a timer,
--- a slow reader) is resumed by the core when its wait is over.
+-- a slow reader) is resumed by the core when its wait is over. Waits reach here through the
+-- handler's own coroutines too (moonserve/coroutine.lua).
 local ffi = require "ffi"
 local bit = require "bit"
 local base = require "moonserve.base"
 local request = require "moonserve.request"
 local response = require "moonserve.response"
+local coro = require "moonserve.coroutine"
 
 local C, core = base.C, base.core
 local band = bit.band
-local co_create, co_resume, co_yield = coroutine.create, coroutine.resume, coroutine.yield
+local co_create, co_resume, co_yield = coro.raw.create, coro.raw.resume, coro.raw.yield
 local traceback, format, type = debug.traceback, string.format, type
-local PARK, HEAD_SENT = base.PARK, base.REQ_HEAD_SENT
+local PARK, EXIT, HEAD_SENT = coro.PARK, coro.EXIT, base.REQ_HEAD_SENT
 local REQ_IN_HANDLER = 0x400
+local coro_park = coro.park
 
 
 local _M = {}
@@ -103,6 +106,7 @@ local function handle(req, res)
 end
 
 -- The body of every pooled coroutine: one request per turn, then back to the pool.
+-- ended() reads `req` and `res` by name from this frame.
 local function worker(r)
     while true do
         local req, res = request.new(r), response.new(r)
@@ -116,7 +120,33 @@ local function worker(r)
     end
 end
 
--- After a resume: back to the pool, or parked until the core resumes it.
+-- The request objects of a handler coroutine that ended early (exit), from its worker frame
+-- at the bottom of its stack: looked up only then, so that no request pays for it.
+local function ended(co)
+    local req, res
+    local level = 0
+    while true do
+        local info = debug.getinfo(co, level, "f")
+        if not info then
+            return req, res
+        end
+        if info.func == worker then
+            for i = 1, 32 do
+                local name, v = debug.getlocal(co, level, i)
+                if name == nil then
+                    break
+                elseif name == "req" then
+                    req = v
+                elseif name == "res" then
+                    res = v
+                end
+            end
+        end
+        level = level + 1
+    end
+end
+
+-- After a resume: back to the pool, or parked until the core resumes it (returns true).
 local function settle(co, r, ok, sig)
     if not ok then
         -- An error outside the handler's protection: a bug in the dispatcher itself.
@@ -133,12 +163,29 @@ local function settle(co, r, ok, sig)
         end
         return
     end
-    if sig ~= PARK then
-        -- A handler yielded on its own (a coroutine of its own, used wrongly): finish it.
-        base.log(base.LOG_ERR, "handler yielded outside moonserve's waits; request aborted")
-        C.ms_ffi_req_fail(r)
+    if sig == EXIT then
+        -- The handler ended early: its reply goes out as it stands, and the coroutine, with
+        -- any of the handler's own that the exit passed through, is dropped.
+        local req, res = ended(co)
+        if req then
+            req.r = false
+        end
+        if res then
+            res.r = false
+        end
         C.ms_ffi_req_finish(r)
         return
+    end
+    if sig ~= PARK then
+        -- coroutine.yield in the handler itself, not in a coroutine of its own: nobody of
+        -- the handler's resumes it, so serve others and go on at the next turn of the loop
+        local rc = C.ms_ffi_req_sleep(r, 0)
+        if rc < 0 then -- a wait already armed: cannot happen, since the handler was running
+            base.log(base.LOG_ERR, "handler yielded while waiting; request aborted")
+            C.ms_ffi_req_fail(r)
+            C.ms_ffi_req_finish(r)
+            return
+        end
     end
     if r.handler < 0 then
         C.ms_ffi_req_park(r) -- the head leaves the shared read buffer
@@ -152,6 +199,7 @@ local function settle(co, r, ok, sig)
         parked[slot] = co
         r.handler = slot
     end
+    return true
 end
 
 local function on_request()
@@ -163,7 +211,7 @@ local function on_request()
         pool[npool] = nil
         npool = npool - 1
     else
-        co = co_create(worker)
+        co = coro.handler(co_create(worker))
     end
     local prev = current
     current = r
@@ -184,15 +232,15 @@ local function on_resume()
     current = r
     local ok, sig = co_resume(co)
     current = prev
-    if not ok or sig ~= PARK then
+    if not settle(co, r, ok, sig) then
         parked[slot] = false
         nfree = nfree + 1
         free_slots[nfree] = slot
     end
-    settle(co, r, ok, sig)
 end
 
--- Parks the running handler for `seconds`; other requests are served meanwhile.
+-- Parks the running handler for `seconds`; other requests are served meanwhile. Works in
+-- the handler's own coroutines and inside pcall; raises where LuaJIT cannot yield.
 function _M.sleep(seconds)
     local r = current
     if r == nil then
@@ -201,12 +249,24 @@ function _M.sleep(seconds)
     if type(seconds) ~= "number" or seconds < 0 then
         error("bad seconds (non-negative number expected)", 2)
     end
+    coro.check("moonserve.sleep", "wait", 2)
     local rc = C.ms_ffi_req_sleep(r, seconds)
     if rc < 0 then
         return base.fail(rc)
     end
-    co_yield(PARK)
+    coro_park()
     return true
+end
+
+-- Ends the running handler now: the reply as it stands goes out (200 with an empty body if
+-- nothing was sent), and no more of the handler runs: not the code after a pcall around it,
+-- nor the rest of a coroutine of its own. The mechanism behind an OpenResty-style exit.
+function _M.exit()
+    if current == nil then
+        error("moonserve.exit: not inside a handler", 2)
+    end
+    coro.check("moonserve.exit", "end the handler", 2)
+    coro.exit()
 end
 
 -- Makes the core server for `the_app` in this process.

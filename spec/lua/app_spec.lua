@@ -509,6 +509,25 @@ describe("moonserve.app", function()
         assert.equal(0, srv:stats().connections)
     end)
 
+    it("hands over what a memory connection's feed returns: a take after it has only what came later", function()
+        local app = moonserve.app()
+        app:get("/", function(_, res) res:send("now") end)
+        app:get("/later", function(_, res) moonserve.sleep(0); res:send("later") end)
+        local core = require("moonserve.base").core
+        local conn = require("moonserve.server").create(app):memconn()
+        assert.matches("\r\n\r\nnow$", (conn:feed("GET / HTTP/1.1\r\nHost: t\r\n\r\n")))
+        assert.equal("", (conn:take()))
+        assert.equal("", (conn:feed("GET /later HTTP/1.1\r\nHost: t\r\n\r\n")))
+        local out = ""
+        for _ = 1, 100 do
+            core.run_once()
+            out = out .. conn:take()
+            if out:find("later$") then break end
+        end
+        assert.matches("^HTTP/1%.1 200.-\r\n\r\nlater$", out)
+        conn:close()
+    end)
+
     it("refuses moonserve.sleep outside a handler", function()
         assert.has_error(function() moonserve.sleep(1) end)
     end)

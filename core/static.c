@@ -53,7 +53,7 @@ typedef struct ms_mount_s {
 } ms_mount_t;
 
 typedef struct ms_static_s {
-    ms_mount_t **mounts; /* longest prefix first */
+    ms_mount_t **mounts; /* in the order mounted: a mount's number is its index */
     uint32_t nmounts;
     ms_mount_t files; /* for ms_static_file() */
     const ms_mime_t *mime;
@@ -1022,7 +1022,9 @@ static int under(const ms_mount_t *m, const ms_str_t *path)
 }
 
 /* The mount with the longest prefix the request's path is under ("/assets/img" before
- * "/assets"), for its Host if the mount names one. */
+ * "/assets"), for its Host if the mount names one. Hooked mounts take part in the choice:
+ * when one wins, the request goes to Lua, where its hook runs first; an outer mount without
+ * a hook must not answer for the paths beneath it. */
 int ms__static_dispatch(ms_req_t *r)
 {
     ms_static_t *st = r->conn->server->statics;
@@ -1031,7 +1033,7 @@ int ms__static_dispatch(ms_req_t *r)
     int have_fields = 0;
     for (uint32_t i = 0; i < st->nmounts; i++) {
         ms_mount_t *m = st->mounts[i];
-        if (m->o.hooked || !under(m, &r->v.path) || (best && best->prefix_len >= m->prefix_len))
+        if (!under(m, &r->v.path) || (best && best->prefix_len >= m->prefix_len))
             continue;
         if (m->o.host != NULL) {
             if (!have_fields)
@@ -1042,7 +1044,7 @@ int ms__static_dispatch(ms_req_t *r)
         }
         best = m;
     }
-    if (best == NULL || !get_or_head(r))
+    if (best == NULL || best->o.hooked || !get_or_head(r))
         return MS_STATIC_MISS;
     if (!have_fields)
         read_fields(r, &q);

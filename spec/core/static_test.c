@@ -295,6 +295,42 @@ TEST(static_a_changed_file_is_seen_on_the_next_turn_of_the_loop)
     teardown();
 }
 
+TEST(static_a_hooked_mount_inside_a_plain_one_wins_its_paths_and_goes_to_the_handler)
+{
+    setup();
+    char sub[128];
+    snprintf(sub, sizeof(sub), "%s/private", root);
+    if (mkdir(sub, 0755) != 0)
+        abort();
+    write_file("private/secret.txt", S("behind the hook"));
+    snprintf(sub, sizeof(sub), "%s/private/open", root);
+    if (mkdir(sub, 0755) != 0)
+        abort();
+    write_file("private/open/a.txt", S("open again"));
+    ms_static_opts_t o;
+    ms_static_opts_default(&o);
+    o.hooked = 1;
+    snprintf(sub, sizeof(sub), "%s/private", root);
+    ASSERT_EQ(1, ms_static_mount(srv, "/files/private", sub, &o));
+    o.hooked = 0;
+    snprintf(sub, sizeof(sub), "%s/private/open", root);
+    ASSERT_EQ(2, ms_static_mount(srv, "/files/private/open", sub, &o));
+    ms_memio_t m;
+    get(&m, "GET /files/private/secret.txt HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "lua 404"); /* the hook's: the outer mount did not answer */
+    ASSERT_LACKS(text_of(&m), "behind the hook");
+    ASSERT_EQ(1, handled);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    /* a plain mount inside the hooked one is the core's again */
+    get(&m, "GET /files/private/open/a.txt HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "\r\n\r\nopen again");
+    ASSERT_EQ(1, handled);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
 TEST(static_accept_encoding_weights_and_stars)
 {
     struct {

@@ -130,6 +130,7 @@ describe("static files", function()
         tmp = os.tmpname()
         os.remove(tmp)
         sh("mkdir -p " .. q(tmp .. "/www/docs") .. " " .. q(tmp .. "/www/noindex") .. " "
+            .. q(tmp .. "/www/private") .. " "
             .. q(tmp .. "/www/big") .. " " .. q(tmp .. "/list/sub") .. " "
             .. q(tmp .. "/spa/assets") .. " " .. q(tmp .. "/outside"))
         www, list, spa = tmp .. "/www", tmp .. "/list", tmp .. "/spa"
@@ -156,6 +157,7 @@ describe("static files", function()
             ["app.3f9a1c.js"] = "fingerprinted()\n",
             ["plain.js"] = "plain()\n",
             ["private.txt"] = "private, behind the hook\n",
+            ["private/secret.txt"] = "SECRET behind the inner mount's hook\n",
             ["docs/index.html"] = "<p>docs index</p>\n",
             ["noindex/a.txt"] = "a\n",
             [".env"] = "SECRET_ENV=" .. secret .. "\n",
@@ -201,6 +203,11 @@ app:static("/hooked", WWW, { hook = function(req, res)
     if req.path:find("private", 1, true) then
         return res:status(403):send("forbidden by the hook\n")
     end
+end })
+
+-- A hooked mount inside the plain one at "/": its own paths are the hook's.
+app:static("/private", WWW .. "/private", { hook = function(req, res)
+    return res:status(403):send("denied by the inner hook\n")
 end })
 
 app:get("/api/x", function(req, res)
@@ -918,6 +925,16 @@ return app
             local res = get("/hooked/private.txt")
             assert.equal(403, res.status)
             assert.equal("forbidden by the hook\n", res.body)
+        end)
+
+        twice("inside a mount without one, runs its hook for its own paths", function()
+            for _, method in ipairs { "GET", "HEAD" } do
+                local res = get("/private/secret.txt", nil, method)
+                assert.equal(403, res.status, method)
+                assert.falsy(res.body:find("SECRET", 1, true), method)
+            end
+            -- the outer mount still serves what is outside the inner one
+            assert.equal(files["hello.txt"], get("/hello.txt").body)
         end)
 
         twice("gives the app's 404 for a missing file", function()

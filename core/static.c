@@ -236,11 +236,14 @@ static ms_sfile_t *find(ms_static_t *st, const ms_mount_t *m, const char *key, s
     return NULL;
 }
 
+/* Whether `sb` is not the file `f` was made from, as it was then. The ctime counts: a chmod,
+ * a chown, a rename or a rewrite that put the mtime back (cp -p) changes nothing else. */
 static int changed(const ms_sfile_t *f, const struct stat *sb)
 {
     return sb->st_nlink == 0 || (uint64_t)sb->st_size != f->file_size ||
            (uint64_t)sb->st_ino != f->ino || (uint64_t)sb->st_dev != f->dev ||
-           sb->st_mtim.tv_sec != f->mtime_sec || sb->st_mtim.tv_nsec != f->mtime_nsec;
+           sb->st_mtim.tv_sec != f->mtime_sec || sb->st_mtim.tv_nsec != f->mtime_nsec ||
+           sb->st_ctim.tv_sec != f->ctime_sec || sb->st_ctim.tv_nsec != f->ctime_nsec;
 }
 
 /* Reads a whole file of `size` bytes; NULL if it is not that long any more. */
@@ -285,6 +288,8 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     f->size = f->file_size = (uint64_t)sb->st_size;
     f->mtime_sec = sb->st_mtim.tv_sec;
     f->mtime_nsec = sb->st_mtim.tv_nsec;
+    f->ctime_sec = sb->st_ctim.tv_sec;
+    f->ctime_nsec = sb->st_ctim.tv_nsec;
     f->dev = (uint64_t)sb->st_dev;
     f->ino = (uint64_t)sb->st_ino;
     f->checked = st->turn;
@@ -304,28 +309,50 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     return f;
 }
 
-/* Opens `key` under the mount: beneath its directory, or as given for a handler's file. */
+/* Opens `key` under the mount: beneath its directory, or as given for a handler's file. A
+ * regular file that nobody may read (no r in its mode) is refused with UV_EACCES even where
+ * the open worked, as it does for root: whether a file is served must not depend on the
+ * user the workers run as, nor on whether it was cached before the chmod. */
 static int open_key(const ms_mount_t *m, const char *key, int *fd, struct stat *sb)
 {
-    if (m->root_fd >= 0)
-        return ms_path_open(m->root_fd, key, fd, sb);
-    *fd = open(key, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (*fd < 0)
-        return -errno;
-    if (fstat(*fd, sb) < 0 || !(S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode))) {
-        int rc = errno ? -errno : UV_EACCES;
+    if (m->root_fd >= 0) {
+        int rc = ms_path_open(m->root_fd, key, fd, sb);
+        if (rc < 0)
+            return rc;
+    } else {
+        *fd = open(key, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (*fd < 0)
+            return -errno;
+        if (fstat(*fd, sb) < 0 || !(S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode))) {
+            int rc = errno ? -errno : UV_EACCES;
+            close(*fd);
+            *fd = -1;
+            return S_ISREG(sb->st_mode) ? rc : UV_EACCES;
+        }
+    }
+    if (S_ISREG(sb->st_mode) && (sb->st_mode & (S_IRUSR | S_IRGRP | S_IROTH)) == 0) {
         close(*fd);
         *fd = -1;
-        return S_ISREG(sb->st_mode) ? rc : UV_EACCES;
+        return UV_EACCES;
     }
     return 0;
 }
 
+static int hit(ms_static_t *st, ms_sfile_t *f, ms_sfile_t **out)
+{
+    lru_unlink(f);
+    lru_newest(st, f);
+    *out = f;
+    return 0;
+}
+
 /**
- * The cached file for `key` under `m`. A hit checks that the file is still the one opened with
- * one fstat() (at most once per turn of the loop), and no path walk: a file changed, deleted
- * or renamed over is opened again. Returns 0 with *out (borrowed from the cache), UV_EISDIR
- * for a directory, or a negative code.
+ * The cached file for `key` under `m`. At most once per turn of the loop, a hit resolves the
+ * path again, by the rules of the first open: a file changed (in its contents or its
+ * metadata: the ctime), deleted, renamed over, moved out of the mount (or out from under a
+ * directory of its path) or made unreadable is evicted, and what the path names now is
+ * served, or not. Returns 0 with *out (borrowed from the cache), UV_EISDIR for a directory,
+ * or a negative code.
  */
 static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_sfile_t **out)
 {
@@ -333,20 +360,22 @@ static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_s
     uint64_t now = st->turn;
     uint32_t h = key_hash(m, key, n);
     ms_sfile_t *f = find(st, m, key, n, h);
-    if (f != NULL) {
-        struct stat sb;
-        if (f->checked == now || (fstat(f->fd, &sb) == 0 && !changed(f, &sb))) {
-            f->checked = now;
-            lru_unlink(f);
-            lru_newest(st, f);
-            *out = f;
-            return 0;
-        }
-        evict(s, f);
-    }
+    if (f != NULL && f->checked == now)
+        return hit(st, f, out);
+    /* For a hit, openat2 beneath the root, fstat and close: two calls more than an fstat of
+     * the open descriptor, which cannot see a rename of the file or of a directory above it.
+     * Once per turn, whatever the number of requests in it. */
     int fd;
     struct stat sb;
     int rc = open_key(m, key, &fd, &sb);
+    if (f != NULL) {
+        if (rc == 0 && S_ISREG(sb.st_mode) && !changed(f, &sb)) {
+            close(fd);
+            f->checked = now;
+            return hit(st, f, out);
+        }
+        evict(s, f);
+    }
     if (rc < 0)
         return rc;
     if (S_ISDIR(sb.st_mode)) {

@@ -331,6 +331,65 @@ TEST(static_a_hooked_mount_inside_a_plain_one_wins_its_paths_and_goes_to_the_han
     teardown();
 }
 
+/* One GET of `path` on a new connection, on a new turn of the loop: 1 when `want` came back
+ * from the core, 0 when the request went on to the handler, -1 for anything else. */
+static int served(const char *path, const char *want)
+{
+    srv->statics->turn++;
+    char req[256];
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nhost: x\r\n\r\n", path);
+    int before = handled;
+    ms_memio_t m;
+    get(&m, req);
+    char *out = text_of(&m);
+    int got = strstr(out, want) != NULL;
+    if (got == (handled != before))
+        got = -1;
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    return got;
+}
+
+TEST(static_a_cached_file_moved_out_or_made_unreadable_is_not_served_on_the_next_turn)
+{
+    setup();
+    char a[128], out[128], dir[128], dir_out[128];
+    snprintf(a, sizeof(a), "%s/a.txt", root);
+    snprintf(out, sizeof(out), "%s.out", root);
+    snprintf(dir, sizeof(dir), "%s/d", root);
+    snprintf(dir_out, sizeof(dir_out), "%s.dir", root);
+    write_file("a.txt", S("cached a"));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a")); /* a hit */
+    /* moved out of the mount: same inode, size and mtime */
+    ASSERT_EQ(0, rename(a, out));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(0, rename(out, a));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    /* made unreadable: only the ctime and the mode change, and root could still open it */
+    ASSERT_EQ(0, chmod(a, 0));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a")); /* a first open refuses it too */
+    ASSERT_EQ(0, chmod(a, 0644));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    /* a directory of its path moved out: the file itself does not change at all */
+    ASSERT_EQ(0, mkdir(dir, 0755));
+    write_file("d/b.txt", S("cached b"));
+    ASSERT_EQ(1, served("/files/d/b.txt", "cached b"));
+    ASSERT_EQ(0, rename(dir, dir_out));
+    ASSERT_EQ(0, served("/files/d/b.txt", "cached b"));
+    ASSERT_EQ(0, rename(dir_out, dir));
+    /* rewritten in place at the same size with the mtime put back (cp -p): the ctime moved */
+    struct stat sb;
+    ASSERT_EQ(0, stat(a, &sb));
+    write_file("a.txt", S("cached A"));
+    struct timespec times[2] = {sb.st_atim, sb.st_mtim};
+    ASSERT_EQ(0, utimensat(AT_FDCWD, a, times, 0));
+    ASSERT_EQ(1, served("/files/a.txt", "cached A"));
+    ASSERT_EQ(1, srv->statics->count); /* d/b.txt went when it was not found */
+    teardown();
+}
+
 TEST(static_accept_encoding_weights_and_stars)
 {
     struct {

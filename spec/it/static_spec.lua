@@ -791,6 +791,44 @@ return app
             os.remove(path)
         end)
 
+        it("is not found on the request after it is moved out of the mount", function()
+            local path, away = www .. "/moving.txt", tmp .. "/outside/moving.txt"
+            write(path, "moving\n")
+            for i = 1, ROUNDS do
+                assert.equal("moving\n", get("/moving.txt").body, "round " .. i)
+                sh("mv " .. q(path) .. " " .. q(away))
+                local res = get("/moving.txt")
+                assert.equal(404, res.status, "round " .. i)
+                assert.equal("app 404\n", res.body)
+                sh("mv " .. q(away) .. " " .. q(path))
+            end
+            -- and a directory above it, which leaves the file itself as it was
+            sh("mkdir -p " .. q(www .. "/movingdir") .. " && mv " .. q(path) .. " "
+                .. q(www .. "/movingdir/f.txt"))
+            assert.equal("moving\n", get("/movingdir/f.txt").body)
+            sh("mv " .. q(www .. "/movingdir") .. " " .. q(tmp .. "/outside/movingdir"))
+            assert.equal(404, get("/movingdir/f.txt").status)
+            sh("rm -rf " .. q(tmp .. "/outside/movingdir"))
+        end)
+
+        it("is not served on the request after it is made unreadable", function()
+            local path = www .. "/unreadable.txt"
+            write(path, "readable\n")
+            for i = 1, ROUNDS do
+                assert.equal("readable\n", get("/unreadable.txt").body, "round " .. i)
+                sh("chmod 000 " .. q(path))
+                local res = get("/unreadable.txt")
+                assert.equal(404, res.status, "round " .. i)
+                assert.equal("app 404\n", res.body)
+                sh("chmod 644 " .. q(path))
+            end
+            -- nor on a first open, whoever the server runs as
+            sh("chmod 000 " .. q(path))
+            assert.equal(404, get("/unreadable.txt").status)
+            assert.equal(404, get("/unreadable.txt").status)
+            os.remove(path)
+        end)
+
         it("is served anew after a large file is rewritten", function()
             local path = www .. "/big/changing.bin"
             write(path, ("1"):rep(200000))

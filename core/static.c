@@ -5,6 +5,7 @@
  * in the same writev as the head. */
 #include "static.h"
 
+#include <assert.h>
 #include <brotli/encode.h>
 #include <dirent.h>
 #include <errno.h>
@@ -295,6 +296,10 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     f->checked = st->turn;
     size_t tl;
     f->type = ms_mime_type(st->mime, key, n, &tl);
+    if (tl > UINT8_MAX) { /* a mime.types line can name any length; type_len cannot */
+        f->type = "application/octet-stream";
+        tl = strlen(f->type);
+    }
     f->type_len = (uint8_t)tl;
     f->compressible = (uint8_t)ms_mime_compressible(f->type, tl);
     set_validators(f);
@@ -709,18 +714,28 @@ static int add_fields(ms_req_t *r, const ms_mount_t *m, const char *buf, size_t 
     return rc;
 }
 
+/* Room for a part head: its fixed text (57 bytes), a type of up to 255 and a Content-Range. */
+#define PART_HEAD_MAX (64 + UINT8_MAX + MS_CONTENT_RANGE_SIZE)
+
 /* multipart/byteranges (RFC 9110 14.6): the part head before range `i`, or the closing
- * delimiter when i == n. Returns its length. */
-static size_t part_head(char *out, size_t cap, const ms_sfile_t *f, const ms_range_t *rg, int i,
-                        int n, uint32_t boundary)
+ * delimiter when i == n. Returns its length, which is what went into `out` (PART_HEAD_MAX
+ * bytes): snprintf's answer is what it would have written, and past `cap` that is the
+ * stack's bytes. */
+static size_t part_head(char *out, const ms_sfile_t *f, const ms_range_t *rg, int i, int n,
+                        uint32_t boundary)
 {
-    if (i == n)
-        return (size_t)snprintf(out, cap, "\r\n--%08x%08x--\r\n", boundary, ~boundary);
-    char cr[MS_CONTENT_RANGE_SIZE];
-    ms_content_range(cr, sizeof(cr), rg[i].first, rg[i].last, f->size);
-    return (size_t)snprintf(out, cap,
-                            "%s--%08x%08x\r\ncontent-type: %.*s\r\ncontent-range: %s\r\n\r\n",
-                            i ? "\r\n" : "", boundary, ~boundary, (int)f->type_len, f->type, cr);
+    int len;
+    if (i == n) {
+        len = snprintf(out, PART_HEAD_MAX, "\r\n--%08x%08x--\r\n", boundary, ~boundary);
+    } else {
+        char cr[MS_CONTENT_RANGE_SIZE];
+        ms_content_range(cr, sizeof(cr), rg[i].first, rg[i].last, f->size);
+        len = snprintf(out, PART_HEAD_MAX,
+                       "%s--%08x%08x\r\ncontent-type: %.*s\r\ncontent-range: %s\r\n\r\n",
+                       i ? "\r\n" : "", boundary, ~boundary, (int)f->type_len, f->type, cr);
+    }
+    assert(len > 0 && len < PART_HEAD_MAX); /* type_len is a uint8_t */
+    return len < 0 ? 0 : len >= PART_HEAD_MAX ? PART_HEAD_MAX - 1 : (size_t)len;
 }
 
 static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *buf, char *w,
@@ -740,17 +755,17 @@ static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *bu
         return ms_reply_end(r);
     }
     uint32_t boundary = ms__hash16(f->etag) ^ r->v.id;
-    char part[256];
+    char part[PART_HEAD_MAX];
     uint64_t total = 0;
     for (int i = 0; i <= n; i++)
-        total += part_head(part, sizeof(part), f, rg, i, n, boundary) +
+        total += part_head(part, f, rg, i, n, boundary) +
                  (i < n ? rg[i].last - rg[i].first + 1 : 0);
     w += snprintf(w, 96, "content-type: multipart/byteranges; boundary=%08x%08x\r\n", boundary,
                   ~boundary);
     add_fields(r, m, buf, (size_t)(w - buf));
     ms_reply_begin(r, total);
     for (int i = 0; i <= n; i++) {
-        size_t len = part_head(part, sizeof(part), f, rg, i, n, boundary);
+        size_t len = part_head(part, f, rg, i, n, boundary);
         ms_reply_piece(r, part, len, MS_VEC_OUT, -1);
         if (i < n)
             ms__reply_file(r, f, rg[i].first, rg[i].last - rg[i].first + 1);

@@ -390,6 +390,65 @@ TEST(static_a_cached_file_moved_out_or_made_unreadable_is_not_served_on_the_next
     teardown();
 }
 
+TEST(static_byteranges_part_heads_hold_a_long_type_whole)
+{
+    setup();
+    /* A mime.types with a type of 255 bytes, the most an entry keeps, and a longer one. */
+    char type[256], longer[300], line[700];
+    memcpy(type, "application/x-", 14);
+    memset(type + 14, 'a', 255 - 14);
+    type[255] = 0;
+    memcpy(longer, "application/x-", 14);
+    memset(longer + 14, 'b', 280 - 14);
+    longer[280] = 0;
+    int n = snprintf(line, sizeof(line), "%s long\n%s longer\n", type, longer);
+    write_file("mime.types", line, (size_t)n);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/mime.types", root);
+    ms_mime_t *mt = ms_mime_load(path);
+    const ms_mime_t *was = srv->statics->mime;
+    srv->statics->mime = mt;
+    char *data = pattern(100);
+    write_file("x.long", data, 100);
+    write_file("x.longer", data, 100);
+
+    ms_memio_t m;
+    get(&m, "GET /files/x.long HTTP/1.1\r\nhost: x\r\nrange: bytes=1-1,50-50\r\n\r\n");
+    char *out = text_of(&m);
+    ASSERT_HAS(out, "HTTP/1.1 206 Partial Content\r\n");
+    char want[512];
+    snprintf(want, sizeof(want), "\r\ncontent-type: %s\r\ncontent-range: bytes 1-1/100\r\n\r\n",
+             type);
+    ASSERT_HAS(out, want);
+    ASSERT_HAS(out, "\r\ncontent-range: bytes 50-50/100\r\n\r\n");
+    size_t blen;
+    const char *body = body_of(&m, &blen);
+    char cl[64];
+    snprintf(cl, sizeof(cl), "content-length: %zu\r\n", blen);
+    ASSERT_HAS(out, cl);
+    ASSERT(blen > 4 && memcmp(body + blen - 4, "--\r\n", 4) == 0);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+
+    /* Longer than a reply keeps: sent as bytes of no known type, never cut short. */
+    get(&m, "GET /files/x.longer HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "content-type: application/octet-stream\r\n");
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+
+    /* part_head itself, at the largest sizes */
+    ms_sfile_t f = {.type = type, .type_len = 255, .size = UINT64_MAX};
+    ms_range_t rg[2] = {{UINT64_MAX - 3, UINT64_MAX - 2}, {UINT64_MAX - 2, UINT64_MAX - 2}};
+    char part[PART_HEAD_MAX];
+    ASSERT_EQ(part_head(part, &f, rg, 1, 2, 0xffffffffu), strlen(part));
+    ASSERT_EQ(part_head(part, &f, rg, 2, 2, 0xffffffffu), strlen(part));
+
+    srv->statics->mime = was;
+    ms_mime_free(mt);
+    free(data);
+    teardown();
+}
+
 TEST(static_accept_encoding_weights_and_stars)
 {
     struct {

@@ -252,7 +252,8 @@ typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
 typedef struct ms_limits_s {
     uint32_t connections;     /* open connections per worker; past it, new ones are closed */
-    uint32_t per_source;      /* open connections from one address */
+    uint32_t per_source;      /* open connections from one source: an IPv4 address, or ... */
+    uint32_t source_ipv6_prefix; /* ... the IPv6 addresses under this prefix (64; 0 to 128) */
     uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
     uint32_t line_bytes;      /* request line */
     uint32_t head_bytes;      /* request line plus fields */

@@ -295,6 +295,7 @@ void ms_limits_default(ms_limits_t *l)
 {
     l->connections = 16384;
     l->per_source = 256;
+    l->source_ipv6_prefix = 64;
     l->in_flight = 1024;
     l->line_bytes = 8 * 1024;
     l->head_bytes = 32 * 1024;

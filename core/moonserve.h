@@ -316,6 +316,8 @@ const ms_server_stats_t *ms_server_stats(ms_server_t *s);
 /* The logger: one line per event, to stderr unless replaced. */
 typedef void (*ms_log_fn)(int level, const char *msg, size_t len);
 enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
+/* Lines above `level` are dropped; a level outside MS_LOG_ERR..MS_LOG_DEBUG is taken as the
+ * nearest one. ms_log() logs a line of an unknown level as MS_LOG_ERR. */
 void ms_log_set(ms_log_fn fn, int level);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs to a file (appending) instead of stderr; NULL goes back to stderr. */

@@ -467,9 +467,19 @@ static int memconn_close(lua_State *L)
 
 /* -- Module -------------------------------------------------------------------------------- */
 
+/* A log level argument: 0 (error), 1 (warn), 2 (info) or 3 (debug); anything else raises. */
+static int check_level(lua_State *L, int arg)
+{
+    lua_Number v = luaL_checknumber(L, arg);
+    if (!(v >= MS_LOG_ERR && v <= MS_LOG_DEBUG) || v != (lua_Number)(int)v)
+        return luaL_argerror(
+            L, arg, lua_pushfstring(L, "log level 0 (error) to 3 (debug) expected, got %f", v));
+    return (int)v;
+}
+
 static int core_log(lua_State *L)
 {
-    int level = (int)luaL_checkinteger(L, 1);
+    int level = check_level(L, 1);
     size_t n;
     const char *msg = luaL_checklstring(L, 2, &n);
     ms_log(level, "%.*s", (int)n, msg);
@@ -478,7 +488,7 @@ static int core_log(lua_State *L)
 
 static int core_log_level(lua_State *L)
 {
-    ms_log_set(NULL, (int)luaL_checkinteger(L, 1));
+    ms_log_set(NULL, check_level(L, 1));
     return 0;
 }
 

@@ -252,8 +252,7 @@ typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
 typedef struct ms_limits_s {
     uint32_t connections;     /* open connections per worker; past it, new ones are closed */
-    uint32_t per_source;      /* open connections from one source: an IPv4 address, or ... */
-    uint32_t source_ipv6_prefix; /* ... the IPv6 addresses under this prefix (64; 0 to 128) */
+    uint32_t per_source;      /* open connections from one source (see below) */
     uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
     uint32_t line_bytes;      /* request line */
     uint32_t head_bytes;      /* request line plus fields */
@@ -267,6 +266,9 @@ typedef struct ms_limits_s {
     uint32_t idle_timeout_ms; /* keep-alive between requests: close */
     uint32_t send_timeout_ms; /* a reply that makes no progress: close */
     uint32_t requests_per_connection;
+    /* What one source is for per_source: an IPv4 address, or the IPv6 addresses under a
+     * prefix of this many bits (64: a host or subscriber may hold a whole /64; 0 to 128). */
+    uint32_t source_ipv6_prefix;
 } ms_limits_t;
 
 /* Fills `l` with the defaults. */

@@ -758,8 +758,8 @@ static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *bu
     char part[PART_HEAD_MAX];
     uint64_t total = 0;
     for (int i = 0; i <= n; i++)
-        total += part_head(part, f, rg, i, n, boundary) +
-                 (i < n ? rg[i].last - rg[i].first + 1 : 0);
+        total +=
+            part_head(part, f, rg, i, n, boundary) + (i < n ? rg[i].last - rg[i].first + 1 : 0);
     w += snprintf(w, 96, "content-type: multipart/byteranges; boundary=%08x%08x\r\n", boundary,
                   ~boundary);
     add_fields(r, m, buf, (size_t)(w - buf));

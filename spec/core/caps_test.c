@@ -51,9 +51,12 @@ static void remove_all(ms_server_t *s, ms_conn_t *conns, int n)
 
 TEST(caps_counts_ipv6_sources_by_their_prefix_64_unless_told)
 {
-    static const char *const ips[] = {"2001:db8:1:2::1", "2001:db8:1:2:ffff:ffff:ffff:ffff",
-                                      "2001:db8:1:2:aaaa::7", "2001:db8:1:3::1",
-                                      "::ffff:10.0.0.1", "::ffff:10.0.0.2"};
+    /* three of one /64, one of the next, two IPv4 */
+    static const char *const ips[] = {
+        "2001:db8:1:2::1",      "2001:db8:1:2:ffff:ffff:ffff:ffff",
+        "2001:db8:1:2:aaaa::7", "2001:db8:1:3::1",
+        "::ffff:10.0.0.1",      "::ffff:10.0.0.2",
+    };
     int n = (int)(sizeof(ips) / sizeof(*ips));
     ms_conn_t conns[6];
     uv_loop_t loop;

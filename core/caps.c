@@ -1,4 +1,5 @@
-/* caps.c: counting open connections per source address, and logging refused floods. */
+/* caps.c: counting open connections per source (an address; an IPv6 network), and logging
+ * refused floods. */
 #include "moonserve.h"
 
 #include <netinet/in.h>
@@ -56,6 +57,22 @@ int ms__source_key(const struct sockaddr *sa, uint8_t key[16])
     return -1;
 }
 
+/* What a connection from `src` is counted under: an IPv4 address as it is, an IPv6 one cut
+ * to its first `source_ipv6_prefix` bits. One subscriber or host is given a /64 (RFC 6177)
+ * and may take any of its 2^64 addresses, so counting /128s would not cap it at all. */
+static void source_of(const ms_server_t *s, const uint8_t src[16], uint8_t key[16])
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memcpy(key, src, 16);
+    uint32_t bits = s->limits.source_ipv6_prefix;
+    if (bits >= 128 || memcmp(src, mapped, 12) == 0)
+        return;
+    uint32_t full = bits / 8;
+    if (bits % 8)
+        key[full++] &= (uint8_t)(0xff << (8 - bits % 8));
+    memset(key + full, 0, 16 - full);
+}
+
 /* Counts a connection from c->source. Returns 0, or MS_EBUSY when the source already has
  * `per_source` open (the connection is then not counted). */
 int ms__source_add(ms_server_t *s, ms_conn_t *c)
@@ -67,12 +84,14 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c)
     }
     if ((t->len + 1) * 2 > t->cap)
         grow(t);
-    uint32_t j = ms__hash16(c->source) & (t->cap - 1);
-    while (!empty(&t->rows[j]) && memcmp(t->rows[j].addr, c->source, 16) != 0)
+    uint8_t key[16];
+    source_of(s, c->source, key);
+    uint32_t j = ms__hash16(key) & (t->cap - 1);
+    while (!empty(&t->rows[j]) && memcmp(t->rows[j].addr, key, 16) != 0)
         j = (j + 1) & (t->cap - 1);
     source_row_t *r = &t->rows[j];
     if (empty(r)) {
-        memcpy(r->addr, c->source, 16);
+        memcpy(r->addr, key, 16);
         t->len++;
     } else if (r->count >= s->limits.per_source) {
         return MS_EBUSY;
@@ -85,8 +104,10 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c)
 void ms__source_remove(ms_server_t *s, ms_conn_t *c)
 {
     ms_sources_t *t = s->sources;
-    uint32_t mask = t->cap - 1, j = ms__hash16(c->source) & mask;
-    while (memcmp(t->rows[j].addr, c->source, 16) != 0)
+    uint8_t key[16];
+    source_of(s, c->source, key); /* the limits do not change while the server lives */
+    uint32_t mask = t->cap - 1, j = ms__hash16(key) & mask;
+    while (memcmp(t->rows[j].addr, key, 16) != 0)
         j = (j + 1) & mask;
     c->source_counted = 0;
     if (--t->rows[j].count > 0)

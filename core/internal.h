@@ -80,8 +80,9 @@ struct ms_sfile_s {
     uint64_t size;      /* of what is served: the file, or `data` for a variant */
     uint64_t file_size; /* of the file as stat()ed */
     int64_t mtime_sec, mtime_nsec;
+    int64_t ctime_sec, ctime_nsec; /* a chmod, chown or rename changes only this */
     uint64_t dev, ino;
-    uint64_t checked;          /* the turn of the loop of the last fstat() */
+    uint64_t checked;          /* the turn of the loop of the last check of the path */
     uint64_t sidecars_checked; /* loop ms of the last look for sidecars */
     ms_sfile_t *variant[3];    /* by MS_ENC_* (index 0 unused): encoded forms, when known */
     const char *type;          /* Content-Type, from the mime table */

@@ -259,7 +259,7 @@ typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
 typedef struct ms_limits_s {
     uint32_t connections;     /* open connections per worker; past it, new ones are closed */
-    uint32_t per_source;      /* open connections from one address */
+    uint32_t per_source;      /* open connections from one source (see below) */
     uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
     uint32_t line_bytes;      /* request line */
     uint32_t head_bytes;      /* request line plus fields */
@@ -273,6 +273,9 @@ typedef struct ms_limits_s {
     uint32_t idle_timeout_ms; /* keep-alive between requests: close */
     uint32_t send_timeout_ms; /* a reply that makes no progress: close */
     uint32_t requests_per_connection;
+    /* What one source is for per_source: an IPv4 address, or the IPv6 addresses under a
+     * prefix of this many bits (64: a host or subscriber may hold a whole /64; 0 to 128). */
+    uint32_t source_ipv6_prefix;
 } ms_limits_t;
 
 /* Fills `l` with the defaults. */
@@ -322,6 +325,8 @@ const ms_server_stats_t *ms_server_stats(ms_server_t *s);
 /* The logger: one line per event, to stderr unless replaced. */
 typedef void (*ms_log_fn)(int level, const char *msg, size_t len);
 enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
+/* Lines above `level` are dropped; a level outside MS_LOG_ERR..MS_LOG_DEBUG is taken as the
+ * nearest one. ms_log() logs a line of an unknown level as MS_LOG_ERR. */
 void ms_log_set(ms_log_fn fn, int level);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs to a file (appending) instead of stderr; NULL goes back to stderr. */

@@ -142,6 +142,13 @@ int ms_req_client_ip(ms_req_t *r, char *buf, size_t len)
 static const uint8_t v2_sig[12] = {0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d,
                                    0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a};
 
+/* What we take after a v2 header's 16 bytes: the addresses (36 bytes at most) and TLVs. The
+ * format allows 65535; a proxy of ours sends nowhere near that, and a longer claim is refused
+ * whether it comes in one read or in many. */
+#define V2_LEN_MAX 512
+/* A v1 line, "PROXY" to CRLF, is 107 bytes at most (the spec's worst case, TCP6). */
+#define V1_LINE_MAX 107
+
 /* Parses a PROXY header at the start of `p`. Returns the bytes it takes, 0 when more are
  * needed, or MS_EBADREQ. `src` gets the client's address; *known is 0 when the header says
  * nothing about it (v1 UNKNOWN, v2 LOCAL: a health check from the proxy itself). */
@@ -156,10 +163,10 @@ ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known)
             return 0;
         uint8_t ver_cmd = (uint8_t)p[12], fam = (uint8_t)p[13];
         size_t len = ((size_t)(uint8_t)p[14] << 8) | (uint8_t)p[15];
-        if ((ver_cmd >> 4) != 2)
+        if ((ver_cmd >> 4) != 2 || len > V2_LEN_MAX)
             return MS_EBADREQ;
         if (n < 16 + len)
-            return len > 512 ? MS_EBADREQ : 0;
+            return 0;
         const uint8_t *a = (const uint8_t *)p + 16;
         if ((ver_cmd & 0xf) == 0) /* LOCAL */
             return (ssize_t)(16 + len);
@@ -178,19 +185,20 @@ ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known)
         }
         return (ssize_t)(16 + len);
     }
-    /* v1: "PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\n", 107 bytes at most. */
+    /* v1: "PROXY TCP4 192.0.2.1 198.51.100.2 56324 443\r\n": its CR is within the first
+     * V1_LINE_MAX - 1 bytes, so that the LF after it is byte V1_LINE_MAX at the latest. */
     size_t k = n < 6 ? n : 6;
     if (memcmp(p, "PROXY ", k) != 0)
         return MS_EBADREQ;
-    const char *eol = memchr(p, '\r', n < 107 ? n : 107);
+    const char *eol = memchr(p, '\r', n < V1_LINE_MAX - 1 ? n : V1_LINE_MAX - 1);
     if (eol == NULL)
-        return n >= 107 ? MS_EBADREQ : 0;
+        return n >= V1_LINE_MAX - 1 ? MS_EBADREQ : 0;
     if ((size_t)(eol - p) + 1 >= n)
         return 0;
     if (eol[1] != '\n')
         return MS_EBADREQ;
     size_t total = (size_t)(eol - p) + 2;
-    char line[108];
+    char line[V1_LINE_MAX];
     memcpy(line, p, (size_t)(eol - p));
     line[eol - p] = 0;
     if (strncmp(line, "PROXY UNKNOWN", 13) == 0)

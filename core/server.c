@@ -46,8 +46,10 @@ static void log_stderr(int level, const char *msg, size_t len)
     char line[1200];
     int n = snprintf(line, sizeof(line), "moonserve[%d] %s: %.*s\n", (int)getpid(), names[level],
                      (int)len, msg);
-    if (n > (int)sizeof(line))
-        n = (int)sizeof(line);
+    if (n >= (int)sizeof(line)) { /* cut short: still one line, and no NUL sent */
+        n = (int)sizeof(line) - 1;
+        line[n - 1] = '\n';
+    }
     if (n > 0 && write(log_fd, line, (size_t)n) < 0) {
         /* nowhere left to say it */
     }
@@ -85,11 +87,14 @@ static int log_level = MS_LOG_INFO;
 void ms_log_set(ms_log_fn fn, int level)
 {
     log_fn = fn ? fn : log_stderr;
-    log_level = level;
+    log_level = level < MS_LOG_ERR ? MS_LOG_ERR : level > MS_LOG_DEBUG ? MS_LOG_DEBUG : level;
 }
 
 void ms_log(int level, const char *fmt, ...)
 {
+    /* Levels name the lines (log_stderr's table): one outside them is an error's. */
+    if (level < MS_LOG_ERR || level > MS_LOG_DEBUG)
+        level = MS_LOG_ERR;
     if (level > log_level)
         return;
     char buf[1024];
@@ -295,6 +300,7 @@ void ms_limits_default(ms_limits_t *l)
 {
     l->connections = 16384;
     l->per_source = 256;
+    l->source_ipv6_prefix = 64;
     l->in_flight = 1024;
     l->line_bytes = 8 * 1024;
     l->head_bytes = 32 * 1024;

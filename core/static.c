@@ -5,6 +5,7 @@
  * in the same writev as the head. */
 #include "static.h"
 
+#include <assert.h>
 #include <brotli/encode.h>
 #include <dirent.h>
 #include <errno.h>
@@ -53,7 +54,7 @@ typedef struct ms_mount_s {
 } ms_mount_t;
 
 typedef struct ms_static_s {
-    ms_mount_t **mounts; /* longest prefix first */
+    ms_mount_t **mounts; /* in the order mounted: a mount's number is its index */
     uint32_t nmounts;
     ms_mount_t files; /* for ms_static_file() */
     const ms_mime_t *mime;
@@ -236,11 +237,14 @@ static ms_sfile_t *find(ms_static_t *st, const ms_mount_t *m, const char *key, s
     return NULL;
 }
 
+/* Whether `sb` is not the file `f` was made from, as it was then. The ctime counts: a chmod,
+ * a chown, a rename or a rewrite that put the mtime back (cp -p) changes nothing else. */
 static int changed(const ms_sfile_t *f, const struct stat *sb)
 {
     return sb->st_nlink == 0 || (uint64_t)sb->st_size != f->file_size ||
            (uint64_t)sb->st_ino != f->ino || (uint64_t)sb->st_dev != f->dev ||
-           sb->st_mtim.tv_sec != f->mtime_sec || sb->st_mtim.tv_nsec != f->mtime_nsec;
+           sb->st_mtim.tv_sec != f->mtime_sec || sb->st_mtim.tv_nsec != f->mtime_nsec ||
+           sb->st_ctim.tv_sec != f->ctime_sec || sb->st_ctim.tv_nsec != f->ctime_nsec;
 }
 
 /* Reads a whole file of `size` bytes; NULL if it is not that long any more. */
@@ -285,11 +289,17 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     f->size = f->file_size = (uint64_t)sb->st_size;
     f->mtime_sec = sb->st_mtim.tv_sec;
     f->mtime_nsec = sb->st_mtim.tv_nsec;
+    f->ctime_sec = sb->st_ctim.tv_sec;
+    f->ctime_nsec = sb->st_ctim.tv_nsec;
     f->dev = (uint64_t)sb->st_dev;
     f->ino = (uint64_t)sb->st_ino;
     f->checked = st->turn;
     size_t tl;
     f->type = ms_mime_type(st->mime, key, n, &tl);
+    if (tl > UINT8_MAX) { /* a mime.types line can name any length; type_len cannot */
+        f->type = "application/octet-stream";
+        tl = strlen(f->type);
+    }
     f->type_len = (uint8_t)tl;
     f->compressible = (uint8_t)ms_mime_compressible(f->type, tl);
     set_validators(f);
@@ -304,28 +314,50 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     return f;
 }
 
-/* Opens `key` under the mount: beneath its directory, or as given for a handler's file. */
+/* Opens `key` under the mount: beneath its directory, or as given for a handler's file. A
+ * regular file that nobody may read (no r in its mode) is refused with UV_EACCES even where
+ * the open worked, as it does for root: whether a file is served must not depend on the
+ * user the workers run as, nor on whether it was cached before the chmod. */
 static int open_key(const ms_mount_t *m, const char *key, int *fd, struct stat *sb)
 {
-    if (m->root_fd >= 0)
-        return ms_path_open(m->root_fd, key, fd, sb);
-    *fd = open(key, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (*fd < 0)
-        return -errno;
-    if (fstat(*fd, sb) < 0 || !(S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode))) {
-        int rc = errno ? -errno : UV_EACCES;
+    if (m->root_fd >= 0) {
+        int rc = ms_path_open(m->root_fd, key, fd, sb);
+        if (rc < 0)
+            return rc;
+    } else {
+        *fd = open(key, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        if (*fd < 0)
+            return -errno;
+        if (fstat(*fd, sb) < 0 || !(S_ISREG(sb->st_mode) || S_ISDIR(sb->st_mode))) {
+            int rc = errno ? -errno : UV_EACCES;
+            close(*fd);
+            *fd = -1;
+            return S_ISREG(sb->st_mode) ? rc : UV_EACCES;
+        }
+    }
+    if (S_ISREG(sb->st_mode) && (sb->st_mode & (S_IRUSR | S_IRGRP | S_IROTH)) == 0) {
         close(*fd);
         *fd = -1;
-        return S_ISREG(sb->st_mode) ? rc : UV_EACCES;
+        return UV_EACCES;
     }
     return 0;
 }
 
+static int hit(ms_static_t *st, ms_sfile_t *f, ms_sfile_t **out)
+{
+    lru_unlink(f);
+    lru_newest(st, f);
+    *out = f;
+    return 0;
+}
+
 /**
- * The cached file for `key` under `m`. A hit checks that the file is still the one opened with
- * one fstat() (at most once per turn of the loop), and no path walk: a file changed, deleted
- * or renamed over is opened again. Returns 0 with *out (borrowed from the cache), UV_EISDIR
- * for a directory, or a negative code.
+ * The cached file for `key` under `m`. At most once per turn of the loop, a hit resolves the
+ * path again, by the rules of the first open: a file changed (in its contents or its
+ * metadata: the ctime), deleted, renamed over, moved out of the mount (or out from under a
+ * directory of its path) or made unreadable is evicted, and what the path names now is
+ * served, or not. Returns 0 with *out (borrowed from the cache), UV_EISDIR for a directory,
+ * or a negative code.
  */
 static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_sfile_t **out)
 {
@@ -333,20 +365,22 @@ static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_s
     uint64_t now = st->turn;
     uint32_t h = key_hash(m, key, n);
     ms_sfile_t *f = find(st, m, key, n, h);
-    if (f != NULL) {
-        struct stat sb;
-        if (f->checked == now || (fstat(f->fd, &sb) == 0 && !changed(f, &sb))) {
-            f->checked = now;
-            lru_unlink(f);
-            lru_newest(st, f);
-            *out = f;
-            return 0;
-        }
-        evict(s, f);
-    }
+    if (f != NULL && f->checked == now)
+        return hit(st, f, out);
+    /* For a hit, openat2 beneath the root, fstat and close: two calls more than an fstat of
+     * the open descriptor, which cannot see a rename of the file or of a directory above it.
+     * Once per turn, whatever the number of requests in it. */
     int fd;
     struct stat sb;
     int rc = open_key(m, key, &fd, &sb);
+    if (f != NULL) {
+        if (rc == 0 && S_ISREG(sb.st_mode) && !changed(f, &sb)) {
+            close(fd);
+            f->checked = now;
+            return hit(st, f, out);
+        }
+        evict(s, f);
+    }
     if (rc < 0)
         return rc;
     if (S_ISDIR(sb.st_mode)) {
@@ -680,18 +714,28 @@ static int add_fields(ms_req_t *r, const ms_mount_t *m, const char *buf, size_t 
     return rc;
 }
 
+/* Room for a part head: its fixed text (57 bytes), a type of up to 255 and a Content-Range. */
+#define PART_HEAD_MAX (64 + UINT8_MAX + MS_CONTENT_RANGE_SIZE)
+
 /* multipart/byteranges (RFC 9110 14.6): the part head before range `i`, or the closing
- * delimiter when i == n. Returns its length. */
-static size_t part_head(char *out, size_t cap, const ms_sfile_t *f, const ms_range_t *rg, int i,
-                        int n, uint32_t boundary)
+ * delimiter when i == n. Returns its length, which is what went into `out` (PART_HEAD_MAX
+ * bytes): snprintf's answer is what it would have written, and past `cap` that is the
+ * stack's bytes. */
+static size_t part_head(char *out, const ms_sfile_t *f, const ms_range_t *rg, int i, int n,
+                        uint32_t boundary)
 {
-    if (i == n)
-        return (size_t)snprintf(out, cap, "\r\n--%08x%08x--\r\n", boundary, ~boundary);
-    char cr[MS_CONTENT_RANGE_SIZE];
-    ms_content_range(cr, sizeof(cr), rg[i].first, rg[i].last, f->size);
-    return (size_t)snprintf(out, cap,
-                            "%s--%08x%08x\r\ncontent-type: %.*s\r\ncontent-range: %s\r\n\r\n",
-                            i ? "\r\n" : "", boundary, ~boundary, (int)f->type_len, f->type, cr);
+    int len;
+    if (i == n) {
+        len = snprintf(out, PART_HEAD_MAX, "\r\n--%08x%08x--\r\n", boundary, ~boundary);
+    } else {
+        char cr[MS_CONTENT_RANGE_SIZE];
+        ms_content_range(cr, sizeof(cr), rg[i].first, rg[i].last, f->size);
+        len = snprintf(out, PART_HEAD_MAX,
+                       "%s--%08x%08x\r\ncontent-type: %.*s\r\ncontent-range: %s\r\n\r\n",
+                       i ? "\r\n" : "", boundary, ~boundary, (int)f->type_len, f->type, cr);
+    }
+    assert(len > 0 && len < PART_HEAD_MAX); /* type_len is a uint8_t */
+    return len < 0 ? 0 : len >= PART_HEAD_MAX ? PART_HEAD_MAX - 1 : (size_t)len;
 }
 
 static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *buf, char *w,
@@ -711,17 +755,17 @@ static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *bu
         return ms_reply_end(r);
     }
     uint32_t boundary = ms__hash16(f->etag) ^ r->v.id;
-    char part[256];
+    char part[PART_HEAD_MAX];
     uint64_t total = 0;
     for (int i = 0; i <= n; i++)
-        total += part_head(part, sizeof(part), f, rg, i, n, boundary) +
-                 (i < n ? rg[i].last - rg[i].first + 1 : 0);
+        total +=
+            part_head(part, f, rg, i, n, boundary) + (i < n ? rg[i].last - rg[i].first + 1 : 0);
     w += snprintf(w, 96, "content-type: multipart/byteranges; boundary=%08x%08x\r\n", boundary,
                   ~boundary);
     add_fields(r, m, buf, (size_t)(w - buf));
     ms_reply_begin(r, total);
     for (int i = 0; i <= n; i++) {
-        size_t len = part_head(part, sizeof(part), f, rg, i, n, boundary);
+        size_t len = part_head(part, f, rg, i, n, boundary);
         ms_reply_piece(r, part, len, MS_VEC_OUT, -1);
         if (i < n)
             ms__reply_file(r, f, rg[i].first, rg[i].last - rg[i].first + 1);
@@ -1031,7 +1075,9 @@ static int under(const ms_mount_t *m, const ms_str_t *path)
 }
 
 /* The mount with the longest prefix the request's path is under ("/assets/img" before
- * "/assets"), for its Host if the mount names one. */
+ * "/assets"), for its Host if the mount names one. Hooked mounts take part in the choice:
+ * when one wins, the request goes to Lua, where its hook runs first; an outer mount without
+ * a hook must not answer for the paths beneath it. */
 int ms__static_dispatch(ms_req_t *r)
 {
     ms_static_t *st = r->conn->server->statics;
@@ -1040,7 +1086,7 @@ int ms__static_dispatch(ms_req_t *r)
     int have_fields = 0;
     for (uint32_t i = 0; i < st->nmounts; i++) {
         ms_mount_t *m = st->mounts[i];
-        if (m->o.hooked || !under(m, &r->v.path) || (best && best->prefix_len >= m->prefix_len))
+        if (!under(m, &r->v.path) || (best && best->prefix_len >= m->prefix_len))
             continue;
         if (m->o.host != NULL) {
             if (!have_fields)
@@ -1051,7 +1097,7 @@ int ms__static_dispatch(ms_req_t *r)
         }
         best = m;
     }
-    if (best == NULL || !get_or_head(r))
+    if (best == NULL || best->o.hooked || !get_or_head(r))
         return MS_STATIC_MISS;
     if (!have_fields)
         read_fields(r, &q);

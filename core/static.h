@@ -24,7 +24,8 @@ typedef struct ms_static_opts_s {
     uint8_t precompressed;     /* serve file.br and file.gz when the client takes them */
     uint8_t compress;          /* compress with brotli or gzip on the fly, caching the result */
     uint8_t live_reload;       /* add a script to HTML pages that reloads them on a change */
-    uint8_t hooked;            /* the app runs a hook first: never matched before Lua */
+    uint8_t hooked;            /* the app runs a hook first: a request this mount wins (by
+                                * the longest prefix) goes to Lua, never served before it */
 } ms_static_opts_t;
 
 void ms_static_opts_default(ms_static_opts_t *o);
@@ -61,8 +62,9 @@ int ms_static_file(ms_req_t *r, const char *path, size_t len, int typed);
 /* Counts changes seen under live_reload mounts (for the page reload event stream). */
 uint64_t ms_static_generation(ms_server_t *s);
 
-/* For the request path: serves `r` in the core if a mount without a hook matches. Returns 0
- * when it answered, else MS_STATIC_MISS. */
+/* For the request path: serves `r` in the core if the mount with the longest prefix it is
+ * under has no hook. Returns 0 when it answered, else MS_STATIC_MISS (also when a hooked
+ * mount wins: Lua runs the hook, then ms_static_serve()). */
 int ms__static_dispatch(ms_req_t *r);
 void ms__static_free(ms_server_t *s);
 

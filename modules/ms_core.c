@@ -97,6 +97,7 @@ static const struct {
     }
     LIMIT("connections", connections, 0, 1),
     LIMIT("per_source", per_source, 0, 1),
+    LIMIT("source_ipv6_prefix", source_ipv6_prefix, 0, 1),
     LIMIT("in_flight", in_flight, 0, 1),
     LIMIT("line_bytes", line_bytes, 0, 1),
     LIMIT("head_bytes", head_bytes, 0, 1),
@@ -126,8 +127,11 @@ static void read_limits(lua_State *L, int t, ms_limits_t *lim)
         if (!lua_isnumber(L, -1))
             luaL_error(L, "bad limit %s (number expected)", key);
         double d = lua_tonumber(L, -1) * limit_keys[i].scale;
-        if (d < 0 || d > (limit_keys[i].wide ? 1.8e19 : 4294967295.0))
-            luaL_error(L, "bad limit %s (out of range)", key);
+        double max = limit_keys[i].wide ? 1.8e19 : 4294967295.0;
+        if (limit_keys[i].offset == offsetof(ms_limits_t, source_ipv6_prefix))
+            max = 128; /* bits of an address */
+        if (d < 0 || d > max)
+            luaL_error(L, "bad limit %s (out of range: 0 to %.0f)", key, max);
         char *field = (char *)lim + limit_keys[i].offset;
         if (limit_keys[i].wide)
             *(uint64_t *)field = (uint64_t)d;
@@ -464,9 +468,19 @@ static int memconn_close(lua_State *L)
 
 /* -- Module -------------------------------------------------------------------------------- */
 
+/* A log level argument: 0 (error), 1 (warn), 2 (info) or 3 (debug); anything else raises. */
+static int check_level(lua_State *L, int arg)
+{
+    lua_Number v = luaL_checknumber(L, arg);
+    if (!(v >= MS_LOG_ERR && v <= MS_LOG_DEBUG) || v != (lua_Number)(int)v)
+        return luaL_argerror(
+            L, arg, lua_pushfstring(L, "log level 0 (error) to 3 (debug) expected, got %f", v));
+    return (int)v;
+}
+
 static int core_log(lua_State *L)
 {
-    int level = (int)luaL_checkinteger(L, 1);
+    int level = check_level(L, 1);
     size_t n;
     const char *msg = luaL_checklstring(L, 2, &n);
     ms_log(level, "%.*s", (int)n, msg);
@@ -475,7 +489,7 @@ static int core_log(lua_State *L)
 
 static int core_log_level(lua_State *L)
 {
-    ms_log_set(NULL, (int)luaL_checkinteger(L, 1));
+    ms_log_set(NULL, check_level(L, 1));
     return 0;
 }
 

@@ -21,7 +21,8 @@ options:
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
-  --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source, in_flight,
+  --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source,
+                       source_ipv6_prefix (bits: IPv6 sources counted by /64), in_flight,
                        line_bytes, head_bytes, header_count, body_bytes, body_min_rate
                        (bytes/s), requests_per_connection, and in seconds head_timeout,
                        body_timeout, idle_timeout, send_timeout

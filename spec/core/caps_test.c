@@ -18,6 +18,78 @@ static void from(ms_conn_t *c, const char *ip)
     c->source_known = 1;
 }
 
+static void from6(ms_conn_t *c, const char *ip)
+{
+    struct sockaddr_storage ss;
+    struct sockaddr_in6 *sa = (struct sockaddr_in6 *)&ss;
+    memset(&ss, 0, sizeof(ss));
+    sa->sin6_family = AF_INET6;
+    if (inet_pton(AF_INET6, ip, &sa->sin6_addr) != 1)
+        abort();
+    ms__source_key((struct sockaddr *)&ss, c->source);
+    c->source_known = 1;
+}
+
+/* Adds connections from each of `ips` in turn; returns how many were counted. */
+static int add_all(ms_server_t *s, ms_conn_t *conns, const char *const *ips, int n)
+{
+    int counted = 0;
+    for (int i = 0; i < n; i++) {
+        memset(&conns[i], 0, sizeof(conns[i]));
+        from6(&conns[i], ips[i]);
+        counted += ms__source_add(s, &conns[i]) == 0;
+    }
+    return counted;
+}
+
+static void remove_all(ms_server_t *s, ms_conn_t *conns, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (conns[i].source_counted)
+            ms__source_remove(s, &conns[i]);
+}
+
+TEST(caps_counts_ipv6_sources_by_their_prefix_64_unless_told)
+{
+    /* three of one /64, one of the next, two IPv4 */
+    static const char *const ips[] = {
+        "2001:db8:1:2::1",      "2001:db8:1:2:ffff:ffff:ffff:ffff",
+        "2001:db8:1:2:aaaa::7", "2001:db8:1:3::1",
+        "::ffff:10.0.0.1",      "::ffff:10.0.0.2",
+    };
+    int n = (int)(sizeof(ips) / sizeof(*ips));
+    ms_conn_t conns[6];
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    ASSERT_EQ(64, (int)lim.source_ipv6_prefix);
+    lim.per_source = 2;
+    ms_server_t *s = ms_server_new(&loop, &lim, NULL, NULL, NULL);
+    /* one /64 takes two; the next /64 and IPv4 (mapped, each its own) are not held to it */
+    ASSERT_EQ(5, add_all(s, conns, ips, n));
+    ASSERT_EQ(0, conns[2].source_counted);
+    ASSERT_EQ(4, (int)s->sources->len);
+    remove_all(s, conns, n);
+    ASSERT_EQ(0, (int)s->sources->len);
+    ms_server_free(s);
+
+    static const struct {
+        uint32_t bits;
+        int counted;
+    } cases[] = {{128, 6}, {63, 4}, {56, 4}, {47, 4}, {0, 4}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(*cases); i++) {
+        lim.source_ipv6_prefix = cases[i].bits;
+        s = ms_server_new(&loop, &lim, NULL, NULL, NULL);
+        if (add_all(s, conns, ips, n) != cases[i].counted)
+            TEST_FAIL("/%u: want %d counted", cases[i].bits, cases[i].counted);
+        remove_all(s, conns, n);
+        ASSERT_EQ(0, (int)s->sources->len);
+        ms_server_free(s);
+    }
+    uv_loop_close(&loop);
+}
+
 static void on_request_park(ms_req_t *r, void *data)
 {
     ms_req_t **slot = data;

@@ -49,6 +49,46 @@ TEST(proxy_refuses_bad_v1_headers)
     ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(longline, sizeof(longline), src, &known));
 }
 
+TEST(proxy_v1_lines_are_107_bytes_at_most_with_their_crlf)
+{
+    uint8_t src[16];
+    int known;
+    char line[120];
+    memset(line, 'x', sizeof(line));
+    memcpy(line, "PROXY UNKNOWN ", 14); /* what follows UNKNOWN is ignored, so any length */
+    memcpy(line + 105, "\r\n", 2);
+    ASSERT_EQ(107, ms__proxy_parse(line, 107, src, &known));
+    ASSERT_EQ(107, ms__proxy_parse(line, sizeof(line), src, &known));
+    memset(line + 105, 'x', 2);
+    memcpy(line + 106, "\r\n", 2); /* 108 bytes */
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(line, 108, src, &known));
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse(line, 106, src, &known)); /* no CR in time */
+    ASSERT_EQ(0, ms__proxy_parse(line, 105, src, &known));          /* may still come */
+}
+
+TEST(proxy_v2_headers_over_512_bytes_are_refused_in_one_read_or_many)
+{
+    uint8_t src[16];
+    int known;
+    static uint8_t h[16 + 600];
+    memcpy(h, v2_sig, 12);
+    h[12] = 0x21; /* v2, PROXY */
+    h[13] = 0x11; /* TCP over IPv4 */
+    uint8_t addrs[12] = {203, 0, 113, 9, 10, 0, 0, 1, 0x1f, 0x90, 0x00, 0x50};
+    memcpy(h + 16, addrs, 12);
+    h[14] = 512 >> 8;
+    h[15] = 512 & 0xff; /* the addresses and 500 bytes of TLVs: the most we take */
+    ASSERT_EQ(16 + 512, ms__proxy_parse((char *)h, 16 + 512, src, &known));
+    ASSERT_EQ(0, ms__proxy_parse((char *)h, 16 + 511, src, &known));
+    h[14] = 513 >> 8;
+    h[15] = 513 & 0xff;
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse((char *)h, 16 + 513, src, &known)); /* in one read */
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse((char *)h, sizeof(h), src, &known));
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse((char *)h, 16, src, &known)); /* as soon as it says */
+    h[12] = 0x20; /* LOCAL is held to it too */
+    ASSERT_EQ(MS_EBADREQ, ms__proxy_parse((char *)h, 16 + 513, src, &known));
+}
+
 TEST(proxy_reads_v2_headers)
 {
     uint8_t src[16];

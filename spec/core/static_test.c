@@ -295,6 +295,160 @@ TEST(static_a_changed_file_is_seen_on_the_next_turn_of_the_loop)
     teardown();
 }
 
+TEST(static_a_hooked_mount_inside_a_plain_one_wins_its_paths_and_goes_to_the_handler)
+{
+    setup();
+    char sub[128];
+    snprintf(sub, sizeof(sub), "%s/private", root);
+    if (mkdir(sub, 0755) != 0)
+        abort();
+    write_file("private/secret.txt", S("behind the hook"));
+    snprintf(sub, sizeof(sub), "%s/private/open", root);
+    if (mkdir(sub, 0755) != 0)
+        abort();
+    write_file("private/open/a.txt", S("open again"));
+    ms_static_opts_t o;
+    ms_static_opts_default(&o);
+    o.hooked = 1;
+    snprintf(sub, sizeof(sub), "%s/private", root);
+    ASSERT_EQ(1, ms_static_mount(srv, "/files/private", sub, &o));
+    o.hooked = 0;
+    snprintf(sub, sizeof(sub), "%s/private/open", root);
+    ASSERT_EQ(2, ms_static_mount(srv, "/files/private/open", sub, &o));
+    ms_memio_t m;
+    get(&m, "GET /files/private/secret.txt HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "lua 404"); /* the hook's: the outer mount did not answer */
+    ASSERT_LACKS(text_of(&m), "behind the hook");
+    ASSERT_EQ(1, handled);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    /* a plain mount inside the hooked one is the core's again */
+    get(&m, "GET /files/private/open/a.txt HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "\r\n\r\nopen again");
+    ASSERT_EQ(1, handled);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+/* One GET of `path` on a new connection, on a new turn of the loop: 1 when `want` came back
+ * from the core, 0 when the request went on to the handler, -1 for anything else. */
+static int served(const char *path, const char *want)
+{
+    srv->statics->turn++;
+    char req[256];
+    snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nhost: x\r\n\r\n", path);
+    int before = handled;
+    ms_memio_t m;
+    get(&m, req);
+    char *out = text_of(&m);
+    int got = strstr(out, want) != NULL;
+    if (got == (handled != before))
+        got = -1;
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    return got;
+}
+
+TEST(static_a_cached_file_moved_out_or_made_unreadable_is_not_served_on_the_next_turn)
+{
+    setup();
+    char a[128], out[128], dir[128], dir_out[128];
+    snprintf(a, sizeof(a), "%s/a.txt", root);
+    snprintf(out, sizeof(out), "%s.out", root);
+    snprintf(dir, sizeof(dir), "%s/d", root);
+    snprintf(dir_out, sizeof(dir_out), "%s.dir", root);
+    write_file("a.txt", S("cached a"));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a")); /* a hit */
+    /* moved out of the mount: same inode, size and mtime */
+    ASSERT_EQ(0, rename(a, out));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(0, rename(out, a));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    /* made unreadable: only the ctime and the mode change, and root could still open it */
+    ASSERT_EQ(0, chmod(a, 0));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a"));
+    ASSERT_EQ(0, served("/files/a.txt", "cached a")); /* a first open refuses it too */
+    ASSERT_EQ(0, chmod(a, 0644));
+    ASSERT_EQ(1, served("/files/a.txt", "cached a"));
+    /* a directory of its path moved out: the file itself does not change at all */
+    ASSERT_EQ(0, mkdir(dir, 0755));
+    write_file("d/b.txt", S("cached b"));
+    ASSERT_EQ(1, served("/files/d/b.txt", "cached b"));
+    ASSERT_EQ(0, rename(dir, dir_out));
+    ASSERT_EQ(0, served("/files/d/b.txt", "cached b"));
+    ASSERT_EQ(0, rename(dir_out, dir));
+    /* rewritten in place at the same size with the mtime put back (cp -p): the ctime moved */
+    struct stat sb;
+    ASSERT_EQ(0, stat(a, &sb));
+    write_file("a.txt", S("cached A"));
+    struct timespec times[2] = {sb.st_atim, sb.st_mtim};
+    ASSERT_EQ(0, utimensat(AT_FDCWD, a, times, 0));
+    ASSERT_EQ(1, served("/files/a.txt", "cached A"));
+    ASSERT_EQ(1, srv->statics->count); /* d/b.txt went when it was not found */
+    teardown();
+}
+
+TEST(static_byteranges_part_heads_hold_a_long_type_whole)
+{
+    setup();
+    /* A mime.types with a type of 255 bytes, the most an entry keeps, and a longer one. */
+    char type[256], longer[300], line[700];
+    memcpy(type, "application/x-", 14);
+    memset(type + 14, 'a', 255 - 14);
+    type[255] = 0;
+    memcpy(longer, "application/x-", 14);
+    memset(longer + 14, 'b', 280 - 14);
+    longer[280] = 0;
+    int n = snprintf(line, sizeof(line), "%s long\n%s longer\n", type, longer);
+    write_file("mime.types", line, (size_t)n);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/mime.types", root);
+    ms_mime_t *mt = ms_mime_load(path);
+    const ms_mime_t *was = srv->statics->mime;
+    srv->statics->mime = mt;
+    char *data = pattern(100);
+    write_file("x.long", data, 100);
+    write_file("x.longer", data, 100);
+
+    ms_memio_t m;
+    get(&m, "GET /files/x.long HTTP/1.1\r\nhost: x\r\nrange: bytes=1-1,50-50\r\n\r\n");
+    char *out = text_of(&m);
+    ASSERT_HAS(out, "HTTP/1.1 206 Partial Content\r\n");
+    char want[512];
+    snprintf(want, sizeof(want), "\r\ncontent-type: %s\r\ncontent-range: bytes 1-1/100\r\n\r\n",
+             type);
+    ASSERT_HAS(out, want);
+    ASSERT_HAS(out, "\r\ncontent-range: bytes 50-50/100\r\n\r\n");
+    size_t blen;
+    const char *body = body_of(&m, &blen);
+    char cl[64];
+    snprintf(cl, sizeof(cl), "content-length: %zu\r\n", blen);
+    ASSERT_HAS(out, cl);
+    ASSERT(blen > 4 && memcmp(body + blen - 4, "--\r\n", 4) == 0);
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+
+    /* Longer than a reply keeps: sent as bytes of no known type, never cut short. */
+    get(&m, "GET /files/x.longer HTTP/1.1\r\nhost: x\r\n\r\n");
+    ASSERT_HAS(text_of(&m), "content-type: application/octet-stream\r\n");
+    ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+
+    /* part_head itself, at the largest sizes */
+    ms_sfile_t f = {.type = type, .type_len = 255, .size = UINT64_MAX};
+    ms_range_t rg[2] = {{UINT64_MAX - 3, UINT64_MAX - 2}, {UINT64_MAX - 2, UINT64_MAX - 2}};
+    char part[PART_HEAD_MAX];
+    ASSERT_EQ(part_head(part, &f, rg, 1, 2, 0xffffffffu), strlen(part));
+    ASSERT_EQ(part_head(part, &f, rg, 2, 2, 0xffffffffu), strlen(part));
+
+    srv->statics->mime = was;
+    ms_mime_free(mt);
+    free(data);
+    teardown();
+}
+
 TEST(static_accept_encoding_weights_and_stars)
 {
     struct {

@@ -64,4 +64,28 @@ describe("moonserve behind proxies", function()
             conns[i]:close()
         end
     end)
+
+    it("counts IPv6 clients by their /64 against per_source", function()
+        local conns = {}
+        for i = 1, 4 do
+            local s = helper.connect(proxied)
+            assert(s:send(("PROXY TCP6 2001:db8:5:6::%x ::1 5555 80\r\n"):format(i)))
+            conns[i] = s
+        end
+        -- Four addresses of one /64 are one source; the next /64 is another.
+        assert.is_true(helper.closed(conns[4]))
+        assert.equal("2001:db8:5:7::1", ip(proxied, "PROXY TCP6 2001:db8:5:7::1 ::1 5555 80\r\n"))
+        for i = 1, 3 do
+            conns[i]:close()
+        end
+    end)
+
+    it("refuses a PROXY v2 header longer than 512 bytes that comes in one piece", function()
+        local len = 513
+        local v2 = "\r\n\r\n\0\r\nQUIT\n" .. "\33\17" .. string.char(len / 256, len % 256)
+            .. "\198\51\100\9" .. "\127\0\0\1" .. "\21\179\0\80" .. ("\0"):rep(len - 12)
+        local s = helper.connect(proxied)
+        assert(s:send(v2 .. "GET /ip HTTP/1.1\r\nHost: t\r\n\r\n"))
+        assert.is_true(helper.closed(s))
+    end)
 end)

@@ -130,6 +130,7 @@ describe("static files", function()
         tmp = os.tmpname()
         os.remove(tmp)
         sh("mkdir -p " .. q(tmp .. "/www/docs") .. " " .. q(tmp .. "/www/noindex") .. " "
+            .. q(tmp .. "/www/private") .. " "
             .. q(tmp .. "/www/big") .. " " .. q(tmp .. "/list/sub") .. " "
             .. q(tmp .. "/spa/assets") .. " " .. q(tmp .. "/outside"))
         www, list, spa = tmp .. "/www", tmp .. "/list", tmp .. "/spa"
@@ -156,6 +157,7 @@ describe("static files", function()
             ["app.3f9a1c.js"] = "fingerprinted()\n",
             ["plain.js"] = "plain()\n",
             ["private.txt"] = "private, behind the hook\n",
+            ["private/secret.txt"] = "SECRET behind the inner mount's hook\n",
             ["docs/index.html"] = "<p>docs index</p>\n",
             ["noindex/a.txt"] = "a\n",
             [".env"] = "SECRET_ENV=" .. secret .. "\n",
@@ -201,6 +203,11 @@ app:static("/hooked", WWW, { hook = function(req, res)
     if req.path:find("private", 1, true) then
         return res:status(403):send("forbidden by the hook\n")
     end
+end })
+
+-- A hooked mount inside the plain one at "/": its own paths are the hook's.
+app:static("/private", WWW .. "/private", { hook = function(req, res)
+    return res:status(403):send("denied by the inner hook\n")
 end })
 
 app:get("/api/x", function(req, res)
@@ -784,6 +791,44 @@ return app
             os.remove(path)
         end)
 
+        it("is not found on the request after it is moved out of the mount", function()
+            local path, away = www .. "/moving.txt", tmp .. "/outside/moving.txt"
+            write(path, "moving\n")
+            for i = 1, ROUNDS do
+                assert.equal("moving\n", get("/moving.txt").body, "round " .. i)
+                sh("mv " .. q(path) .. " " .. q(away))
+                local res = get("/moving.txt")
+                assert.equal(404, res.status, "round " .. i)
+                assert.equal("app 404\n", res.body)
+                sh("mv " .. q(away) .. " " .. q(path))
+            end
+            -- and a directory above it, which leaves the file itself as it was
+            sh("mkdir -p " .. q(www .. "/movingdir") .. " && mv " .. q(path) .. " "
+                .. q(www .. "/movingdir/f.txt"))
+            assert.equal("moving\n", get("/movingdir/f.txt").body)
+            sh("mv " .. q(www .. "/movingdir") .. " " .. q(tmp .. "/outside/movingdir"))
+            assert.equal(404, get("/movingdir/f.txt").status)
+            sh("rm -rf " .. q(tmp .. "/outside/movingdir"))
+        end)
+
+        it("is not served on the request after it is made unreadable", function()
+            local path = www .. "/unreadable.txt"
+            write(path, "readable\n")
+            for i = 1, ROUNDS do
+                assert.equal("readable\n", get("/unreadable.txt").body, "round " .. i)
+                sh("chmod 000 " .. q(path))
+                local res = get("/unreadable.txt")
+                assert.equal(404, res.status, "round " .. i)
+                assert.equal("app 404\n", res.body)
+                sh("chmod 644 " .. q(path))
+            end
+            -- nor on a first open, whoever the server runs as
+            sh("chmod 000 " .. q(path))
+            assert.equal(404, get("/unreadable.txt").status)
+            assert.equal(404, get("/unreadable.txt").status)
+            os.remove(path)
+        end)
+
         it("is served anew after a large file is rewritten", function()
             local path = www .. "/big/changing.bin"
             write(path, ("1"):rep(200000))
@@ -918,6 +963,16 @@ return app
             local res = get("/hooked/private.txt")
             assert.equal(403, res.status)
             assert.equal("forbidden by the hook\n", res.body)
+        end)
+
+        twice("inside a mount without one, runs its hook for its own paths", function()
+            for _, method in ipairs { "GET", "HEAD" } do
+                local res = get("/private/secret.txt", nil, method)
+                assert.equal(403, res.status, method)
+                assert.falsy(res.body:find("SECRET", 1, true), method)
+            end
+            -- the outer mount still serves what is outside the inner one
+            assert.equal(files["hello.txt"], get("/hello.txt").body)
         end)
 
         twice("gives the app's 404 for a missing file", function()

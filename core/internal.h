@@ -267,6 +267,7 @@ void ms__h2_req_finished(ms_req_t *r);
 void ms__h2_fail(ms_req_t *r);
 void ms__h2_refuse_body(ms_req_t *r);
 void ms__h2_body_taken(ms_req_t *r, size_t n);
+void ms__h2_body_wait(ms_req_t *r);
 /* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
 #define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define MS_H2_PREFACE_LEN 24
@@ -283,6 +284,9 @@ void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
 int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
+/* 0 if `p` is whole field lines ("name: value\r\n"...) as a reply may carry them: token
+ * names, values without CR, LF or NUL. MS_EBADHEADER otherwise. */
+int ms__fields_check(const char *p, size_t len);
 
 /* buf helpers */
 static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)

@@ -177,7 +177,9 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
  * the reply is complete. */
 int ms_reply_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
 
-/* Adds a whole field line ("name: value\r\n") that the caller vouches for: no checks. */
+/* Adds whole field lines ("name: value\r\n"...), checked as ms_reply_header checks a name
+ * and a value: anything else (a line without its CRLF, a name that is not a token, a CR, LF
+ * or NUL in a value) is MS_EBADHEADER and adds nothing. */
 int ms_reply_field(ms_req_t *r, const char *line, size_t len);
 
 /* Forgets the fields added so far (an error page replaces the reply). MS_ESENT if too late. */

@@ -1156,6 +1156,7 @@ int ms_static_mount(ms_server_t *s, const char *prefix, const char *dir, const m
         plen--;
     if ((prefix[0] != '/' && prefix[0] != 0) || !field_value_ok(o->cache_control) ||
         (o->cache_control && strlen(o->cache_control) > CACHE_CONTROL_MAX) ||
+        (o->fields && ms__fields_check(o->fields, strlen(o->fields)) != 0) ||
         (o->index && (strlen(o->index) > 60 || strchr(o->index, '/') || !o->index[0])))
         return UV_EINVAL;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -284,9 +284,6 @@ void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
 int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
-/* 0 if `p` is whole field lines ("name: value\r\n"...) as a reply may carry them: token
- * names, values without CR, LF or NUL. MS_EBADHEADER otherwise. */
-int ms__fields_check(const char *p, size_t len);
 
 /* buf helpers */
 static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)

@@ -130,7 +130,7 @@ static inline size_t value_span(const char *p, size_t n)
     return i;
 }
 
-int ms__fields_check(const char *p, size_t len)
+int ms_fields_check(const char *p, size_t len)
 {
     while (len > 0) {
         size_t nlen = name_span(p, len);
@@ -200,9 +200,18 @@ int ms_reply_field(ms_req_t *r, const char *line, size_t len)
 {
     if (r->v.flags & MS_REQ_HEAD_SENT)
         return MS_ESENT;
-    if (MS_UNLIKELY(ms__fields_check(line, len) != 0))
+    if (MS_UNLIKELY(ms_fields_check(line, len) != 0))
         return MS_EBADHEADER;
     memcpy(reserve_field(r, len), line, len);
+    r->res_headers.len += len;
+    return 0;
+}
+
+int ms_reply_fields_checked(ms_req_t *r, const char *lines, size_t len)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    memcpy(reserve_field(r, len), lines, len);
     r->res_headers.len += len;
     return 0;
 }

@@ -20,6 +20,9 @@
 /* Protocol glitches (frames on closed streams, zero window updates, empty DATA frames,
  * streams we had to reset) a connection may make before it gets GOAWAY. */
 #define H2_GLITCHES_MAX 1000
+/* What the frame pre-scan looks at of each frame: the 9-byte header, a pad length and a
+ * stream dependency. */
+#define H2_SCAN_HEAD 14
 
 typedef struct ms_stream_s ms_stream_t;
 
@@ -32,6 +35,12 @@ typedef struct ms_h2_s {
     uint8_t going_away;
     uint8_t flush_pending; /* in the worker's list of connections to write this turn */
     ms_conn_t *next_pending;
+    /* The frame pre-scan (scan_frames): bytes of the preface or of a frame's payload still
+     * to pass over, and the start of a frame header split across reads. */
+    uint32_t scan_skip;
+    uint8_t scan_len;
+    uint8_t scan_hd[H2_SCAN_HEAD];
+    int32_t malformed_id; /* a HEADERS frame the pre-scan found malformed opens this stream */
 } ms_h2_t;
 
 struct ms_stream_s {
@@ -48,7 +57,13 @@ struct ms_stream_s {
     uint8_t dispatched;  /* its head was whole: a handler (or the core) has it */
     uint8_t reset_after; /* RST_STREAM(NO_ERROR) once the reply is sent: the rest of the
                           * request body is not wanted (RFC 9113 8.1) */
+    uint8_t end_sent;    /* the reply's last frame (END_STREAM) has gone */
+    uint8_t malformed;   /* reset with PROTOCOL_ERROR instead of being dispatched */
+    uint8_t tunnel;      /* a tunnel (extended CONNECT): its body has no deadline, and it is
+                          * not reset when its handler is done */
     int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
+    uint64_t body_start; /* when the body's budget began (loop ms; 0: not yet) */
+    uint64_t body_mark;  /* body bytes received by then */
 };
 
 static ms_stream_t *stream_of(ms_req_t *r)
@@ -75,6 +90,8 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
         st->head_bytes = 0;
         st->refused = 0;
         st->closed = st->deferred = st->provider = st->reset_after = st->dispatched = 0;
+        st->end_sent = st->malformed = st->tunnel = 0;
+        st->body_start = st->body_mark = 0;
     }
     st->req.conn = h2->conn;
     st->req.v.version = 20;
@@ -178,22 +195,26 @@ static int field_nv(ms_req_t *r, const char *line, size_t len, nghttp2_nv *nv)
     return 1;
 }
 
-/* How many field lines `b` holds. */
+/* How many field lines `b` holds, a last one without its LF included. */
 static int count_lines(const ms_buf_t *b)
 {
     int n = 0;
     for (size_t i = 0; i < b->len; i++)
         n += b->base[i] == '\n';
-    return n;
+    return n + (b->len > 0 && b->base[b->len - 1] != '\n');
 }
 
-/* Field lines ("name: value\r\n"...) as HTTP/2 fields into `nva`; returns how many. */
+/* Field lines ("name: value\r\n"...) as HTTP/2 fields into `nva`, which has room for
+ * count_lines(b); returns how many. The lines were checked as they entered the reply
+ * (req.c); a last one without its LF would still end at the buffer's end. */
 static int fields_nv(ms_req_t *r, const ms_buf_t *b, nghttp2_nv *nva)
 {
     int n = 0;
     const char *p = b->base, *end = p != NULL ? p + b->len : p;
     while (p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            eol = end;
         size_t len = (size_t)(eol - p);
         n += field_nv(r, p, len > 0 && p[len - 1] == '\r' ? len - 1 : len, &nva[n]);
         p = eol + 1;
@@ -422,13 +443,29 @@ void ms__h2_fail(ms_req_t *r)
         nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
 }
 
-/* The handler is done with the stream: it goes when nghttp2 is done with it too. */
+/* A stream whose reply is complete, or will be, while the client has not ended its side:
+ * nothing will read what it still sends, and the open stream would hold its memory with no
+ * deadline. It is reset with NO_ERROR (RFC 9113 8.1) once the reply's last frame has gone. */
+static void reset_when_sent(ms_stream_t *st)
+{
+    if (st->closed || (st->req.v.flags & MS_REQ_BODY_DONE))
+        return;
+    if (st->end_sent)
+        nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
+    else
+        st->reset_after = 1;
+}
+
+/* The handler is done with the stream: it goes when nghttp2 is done with it too, at the
+ * latest once its reply has gone (a tunnel ends as its handler says). */
 void ms__h2_req_finished(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
     ms_conn_t *c = r->conn;
     if (st->closed)
         stream_free(st);
+    else if (!st->tunnel)
+        reset_when_sent(st);
     if (!(c->flags & MS_CONN_IN_FEED))
         ms__h2_flush_soon(c);
     ms__conn_rearm(c);
@@ -437,33 +474,79 @@ void ms__h2_req_finished(ms_req_t *r)
 
 /* -- Request bodies ---------------------------------------------------------------------------- */
 
-/* The body of a dispatched stream will not be read whole: the handler is answered for (when
- * its reply has not started) and learns of it. */
-static void refuse_body(ms_req_t *r, int status, const char *why)
+/* The stream's body will not be read: `status` with `text` (its reason and a newline) as
+ * the reply unless one has begun, then the handler learns. The rest of the body is not
+ * wanted: the client is told so once the reply has gone (a reset now would drop it). */
+static void stop_body(ms_req_t *r, int status, const char *text, const char *why)
 {
     ms_stream_t *st = stream_of(r);
     char peer[64];
     ms_conn_peer(r->conn, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d %.*s: %s", peer, st->id, status,
+           (int)strlen(text) - 5, text + 4, why);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
-        char body[8];
-        int n = snprintf(body, sizeof(body), "%d\n", status);
         ms_reply_reset(r);
         r->v.status = (uint16_t)status;
-        ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
+        ms_reply_send(r, text, strlen(text), MS_VEC_STATIC, -1);
     }
-    /* The rest of the body is not wanted: the client is told so once the reply has gone
-     * (a reset now would drop the reply). */
-    if (!st->closed && !(r->v.flags & MS_REQ_BODY_DONE))
-        st->reset_after = 1;
+    reset_when_sent(st);
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
 }
 
 void ms__h2_refuse_body(ms_req_t *r)
 {
-    refuse_body(r, 413, "body larger than the route's body_bytes");
+    stop_body(r, 413, "413 Content Too Large\n", "body larger than the route's body_bytes");
+}
+
+/* A body has body_timeout; past it, it may go on while it keeps body_min_rate on average
+ * since its budget began, as on HTTP/1.1, looked at each second. It is looked at only while
+ * the handler waits for it: a handler at work is not the client's delay. A late body gets
+ * 408 and RST_STREAM; the connection and its other streams go on. */
+static void body_check(ms_timer_t *t)
+{
+    ms_req_t *r = container_of(t, ms_req_t, timer);
+    ms_stream_t *st = stream_of(r);
+    ms_conn_t *c = r->conn;
+    ms_server_t *s = c->server;
+    const ms_limits_t *lim = &s->limits;
+    if (r->v.wait != MS_WAIT_BODY || st->closed)
+        return; /* woken since: its next wait looks again */
+    uint64_t ms = uv_now(s->loop) - st->body_start;
+    if (ms < lim->body_timeout_ms) {
+        ms_timer_start(s, t, lim->body_timeout_ms - ms, body_check);
+        return;
+    }
+    uint64_t got = r->body_seen - st->body_mark;
+    if (ms > 0 && got * 1000 / ms >= lim->body_min_rate) {
+        ms_timer_start(s, t, 1000, body_check);
+        return;
+    }
+    s->stats.timeouts++;
+    c->refs++;
+    stop_body(r, 408, "408 Request Timeout\n",
+              "body not complete within body_timeout at body_min_rate");
+    if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
+        ms__conn_rearm(c);
+    ms__conn_release(c);
+}
+
+/* The handler waits for the body: its deadline, from when the budget began (the first wait). */
+void ms__h2_body_wait(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    ms_server_t *s = r->conn->server;
+    if (st->tunnel || st->closed || r->timer.index != 0 ||
+        (r->v.flags & (MS_REQ_BODY_DONE | MS_REQ_BODY_ERROR)))
+        return;
+    uint64_t now = uv_now(s->loop), due;
+    if (st->body_start == 0) {
+        st->body_start = now;
+        st->body_mark = r->body_seen;
+    }
+    due = st->body_start + s->limits.body_timeout_ms;
+    ms_timer_start(s, &r->timer, due > now ? due - now : 0, body_check);
 }
 
 /* The handler took `n` body bytes: the client may send as many more (WINDOW_UPDATE). A handler
@@ -471,6 +554,13 @@ void ms__h2_refuse_body(ms_req_t *r)
 void ms__h2_body_taken(ms_req_t *r, size_t n)
 {
     ms_stream_t *st = stream_of(r);
+    if (n >= H2_WINDOW / 2 && st->body_start != 0) {
+        /* Half a window or more waited for the handler: the client may have been held back
+         * by us, so its budget starts again (as HTTP/1.1's does after backpressure). */
+        st->body_start = uv_now(r->conn->server->loop);
+        st->body_mark = r->body_seen;
+        ms_timer_stop(r->conn->server, &r->timer);
+    }
     if (!st->closed)
         nghttp2_session_consume(st->h2->ng, st->id, n);
     if (!(r->conn->flags & MS_CONN_IN_FEED))
@@ -500,6 +590,10 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         return 0;
     }
     ms_stream_t *st = stream_new(h2, frame->hd.stream_id);
+    if (frame->hd.stream_id == h2->malformed_id) {
+        st->malformed = 1; /* (scan_frames) */
+        h2->malformed_id = 0;
+    }
     nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, st);
     return 0;
 }
@@ -523,9 +617,9 @@ static int on_trailer(ms_stream_t *st, const uint8_t *name, size_t nlen, const u
         return 0; /* nobody reads them */
     st->head_bytes += (uint32_t)(nlen + vlen + 32);
     if (st->head_bytes > lim->head_bytes || (uint32_t)r->ntrailers >= lim->header_count) {
-        refuse_body(r, 431,
-                    st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
-                                                     : "too many trailer fields");
+        stop_body(r, 431, "431 Request Header Fields Too Large\n",
+                  st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
+                                                   : "too many trailer fields");
         return 0;
     }
     ms__req_add_trailer(r, (const char *)name, nlen, (const char *)value, vlen);
@@ -563,12 +657,20 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
             to = &r->v.target;
         else if (nlen == 10 && memcmp(name, ":authority", 10) == 0)
             name = (const uint8_t *)"host", nlen = 4; /* kept as Host for the handler */
+        else if (nlen == 7 && memcmp(name, ":scheme", 7) == 0) {
+            /* nghttp2 checks :path only for http and https: any other scheme is refused, so
+             * that every request reaches the handler with a path it checked. */
+            if (!(vlen == 4 && memcmp(value, "http", 4) == 0) &&
+                !(vlen == 5 && memcmp(value, "https", 5) == 0))
+                st->malformed = 1;
+            return 0;
+        }
         if (to != NULL) {
             copy_str(r, to, value, vlen);
             return 0;
         }
         if (nlen != 4)
-            return 0; /* :scheme, :protocol */
+            return 0; /* :protocol */
     }
     if (r->v.nheaders == r->headers_cap) {
         int cap = r->headers_cap * 2;
@@ -601,6 +703,28 @@ static void split_target(ms_req_t *r)
     r->v.query.len = q ? n - (size_t)(q + 1 - t) : 0;
 }
 
+/* A request target is a path from the root, or "*" for OPTIONS (RFC 9113 8.3.1): anything
+ * else would meet checks and routes that each read it their own way. */
+static int target_ok(const ms_req_t *r)
+{
+    const ms_str_t *t = &r->v.target;
+    if (t->len > 0 && t->base[0] == '/')
+        return 1;
+    return t->len == 1 && t->base[0] == '*' && r->v.method.len == 7 &&
+           memcmp(r->v.method.base, "OPTIONS", 7) == 0;
+}
+
+/* A malformed request (RFC 9113 8.1.1): a stream error, never served. */
+static void reset_malformed(ms_h2_t *h2, ms_stream_t *st, const char *why)
+{
+    char peer[64];
+    ms_conn_peer(h2->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: reset: %s", peer, st->id, why);
+    h2->conn->server->stats.bad_requests++;
+    glitch(h2);
+    nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+}
+
 /* Answers a stream from the core (431, 503) without the handler. */
 static void refuse_stream(ms_stream_t *st, int status, const char *why)
 {
@@ -617,6 +741,7 @@ static void refuse_stream(ms_stream_t *st, int status, const char *why)
     ms__h2_reply_head(r, n);
     ms_out_t *o = ms__h2_stream_out(r);
     ms__out_text(st->h2->conn->server, o, body, (size_t)n);
+    reset_when_sent(st); /* no handler will read what the client still sends */
 }
 
 /* A whole request head: the stream becomes a request, dispatched like an HTTP/1.1 one. */
@@ -637,6 +762,13 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     if (r->v.method.base == NULL || r->v.target.base == NULL) {
         glitch(h2);
         nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+        return;
+    }
+    if (st->malformed || !target_ok(r)) {
+        reset_malformed(h2, st,
+                        st->malformed ? "a :scheme other than http or https, or a stream that "
+                                        "depends on itself"
+                                      : ":path does not start with /");
         return;
     }
     if (s->stats.in_flight >= s->limits.in_flight) {
@@ -712,8 +844,6 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
         return 0;
     }
     ms__buf_append(&r->body, (const char *)data, len);
-    if (r->conn->phase == MS_PHASE_BODY)
-        r->conn->phase = MS_PHASE_NONE; /* progress: the body's deadline starts again */
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
     return 0;
@@ -729,16 +859,17 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void 
     st->closed = 1;
     ms_req_t *r = &st->req;
     if (r->v.flags & MS_REQ_IN_HANDLER) {
-        /* The client reset it, or the connection ends: the handler learns, then lets go. */
-        if (!(r->v.flags & MS_REQ_DONE))
-            ms__req_abort(r);
+        /* The client reset it, or the connection ends: the handler learns (one that replied
+         * and still waits for the body too), then lets go. */
+        ms__req_abort(r);
         return 0;
     }
     stream_free(st);
     return 0;
 }
 
-/* A reply's last frame has gone: a stream whose body we refused is reset now. */
+/* A reply's last frame has gone: a stream whose client has not ended it and whose body
+ * nobody reads (refused, late, or its handler done) is reset now. */
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     (void)user;
@@ -746,7 +877,10 @@ static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *
         !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
     ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
-    if (st != NULL && st->reset_after && !st->closed) {
+    if (st == NULL)
+        return 0;
+    st->end_sent = 1;
+    if (st->reset_after && !st->closed && !(st->req.v.flags & MS_REQ_BODY_DONE)) {
         st->reset_after = 0;
         nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
     }
@@ -808,6 +942,7 @@ static ms_h2_t *session_new(ms_conn_t *c)
     ms_h2_t *h2 = ms_mem_alloc(sizeof(*h2));
     memset(h2, 0, sizeof(*h2));
     h2->conn = c;
+    h2->scan_skip = MS_H2_PREFACE_LEN; /* every session's input starts with the preface */
     if (nghttp2_session_server_new2(&h2->ng, callbacks, h2, options) != 0) {
         ms_mem_free(h2);
         return NULL;
@@ -911,7 +1046,18 @@ void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
     /* The request, copied out of the HTTP/1 buffers, without its hop-by-hop fields. */
     ms_req_t *sr = &st->req;
     copy_str(sr, &sr->v.method, (const uint8_t *)r->v.method.base, r->v.method.len);
-    copy_str(sr, &sr->v.target, (const uint8_t *)r->v.target.base, r->v.target.len);
+    /* The target as HTTP/1.1 understood it (an absolute form without its scheme and
+     * authority): what :path would have said. */
+    size_t plen = r->v.path.len, qlen = r->v.query.base != NULL ? r->v.query.len + 1 : 0;
+    char *target = ms_pool_alloc(&sr->pool, plen + qlen + 1);
+    memcpy(target, r->v.path.base, plen);
+    if (qlen > 0) {
+        target[plen] = '?';
+        memcpy(target + plen + 1, r->v.query.base, qlen - 1);
+    }
+    target[plen + qlen] = 0;
+    sr->v.target.base = target;
+    sr->v.target.len = plen + qlen;
     for (int i = 0; i < r->v.nheaders; i++) {
         const ms_header_t *f = &r->headers[i];
         static const char *const hop[] = {"connection", "upgrade", "http2-settings", "keep-alive"};
@@ -930,13 +1076,135 @@ void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
     ms__h2_flush(c);
 }
 
+/* -- The frame pre-scan ------------------------------------------------------------------- */
+
+/* How much of a frame's start (its 9-byte header `hd` and what follows) the pre-scan looks
+ * at: the stream dependency of PRIORITY, and of HEADERS with the PRIORITY flag (after the
+ * pad length, if PADDED); never more than the frame. */
+static size_t scan_want(const uint8_t *hd)
+{
+    size_t len = (size_t)hd[0] << 16 | (size_t)hd[1] << 8 | hd[2], want = 0;
+    if (hd[3] == NGHTTP2_PRIORITY)
+        want = 4;
+    else if (hd[3] == NGHTTP2_HEADERS && (hd[4] & NGHTTP2_FLAG_PRIORITY))
+        want = (hd[4] & NGHTTP2_FLAG_PADDED ? 1 : 0) + 4;
+    return 9 + (want < len ? want : len);
+}
+
+/* Where the stream dependency lies in `have` bytes of a frame's start that depends on its
+ * own stream, or NULL. */
+static uint8_t *scan_self_dependency(uint8_t *hd, size_t have)
+{
+    uint32_t id =
+        (uint32_t)(hd[5] & 0x7f) << 24 | (uint32_t)hd[6] << 16 | (uint32_t)hd[7] << 8 | hd[8];
+    size_t off = hd[3] == NGHTTP2_HEADERS && (hd[4] & NGHTTP2_FLAG_PADDED) ? 10 : 9;
+    if (have < off + 4 || id == 0)
+        return NULL; /* nothing to look at, or a frame too short: nghttp2's FRAME_SIZE_ERROR */
+    uint8_t *d = hd + off;
+    uint32_t dep =
+        (uint32_t)(d[0] & 0x7f) << 24 | (uint32_t)d[1] << 16 | (uint32_t)d[2] << 8 | d[3];
+    return dep == id ? d : NULL;
+}
+
+/* A frame makes stream `id` depend on itself: the stream is reset with PROTOCOL_ERROR, or,
+ * when this HEADERS frame opens it, reset instead of being dispatched. */
+static void self_dependent(ms_h2_t *h2, int32_t id, int type)
+{
+    ms_stream_t *st = nghttp2_session_get_stream_user_data(h2->ng, id);
+    if (type == NGHTTP2_HEADERS && st == NULL) {
+        h2->malformed_id = id; /* (on_begin_headers) */
+        return;
+    }
+    char peer[64];
+    ms_conn_peer(h2->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: reset: it depends on itself", peer, id);
+    h2->conn->server->stats.bad_requests++;
+    glitch(h2);
+    if (st != NULL)
+        st->malformed = 1;
+    nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, id, NGHTTP2_PROTOCOL_ERROR);
+}
+
+/* Feeds nghttp2 `n` bytes; 0, or its error (a negative NGHTTP2_ERR_*). */
+static ssize_t feed_ng(ms_h2_t *h2, const uint8_t *p, size_t n)
+{
+    ssize_t rc = n > 0 ? nghttp2_session_mem_recv(h2->ng, p, n) : 0;
+    return rc < 0 ? rc : 0;
+}
+
+/* The client's bytes, through the pre-scan and into nghttp2. nghttp2 1.52 makes some checks
+ * of RFC 9113 in code that priorities being off skips: a stream that depends on itself is a
+ * stream error (5.3.1: PROTOCOL_ERROR), which it does not look for in PRIORITY (dropped
+ * unread) and makes a connection error in HEADERS. So the frame headers are looked at
+ * first; a frame that breaks the rule reaches nghttp2 depending on the root instead, and
+ * its stream is reset here. A frame's start split across reads waits in scan_hd, unfed,
+ * until it is whole. Common case: one look at each frame header, and one call to nghttp2.
+ * Returns what nghttp2_session_mem_recv returns. */
+static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
+{
+    size_t pos = 0, fed = 0, hold = n;
+    ssize_t rc;
+    while (pos < n) {
+        if (h2->scan_skip > 0) {
+            size_t k = n - pos < h2->scan_skip ? n - pos : h2->scan_skip;
+            pos += k;
+            h2->scan_skip -= (uint32_t)k;
+            continue;
+        }
+        size_t start = pos, have;
+        uint8_t *hd = (uint8_t *)(uintptr_t)(p + pos), copy[H2_SCAN_HEAD];
+        if (h2->scan_len == 0 && n - pos >= 9 && n - pos >= (have = scan_want(hd))) {
+            pos += have; /* the common case: whole in this read, looked at where it lies */
+        } else {
+            /* Split across reads: gathered, the header first, then what it says to look at. */
+            size_t need = h2->scan_len < 9 ? 9 : scan_want(h2->scan_hd);
+            for (int round = 0; round < 2 && pos < n; round++) {
+                size_t k = need - h2->scan_len < n - pos ? need - h2->scan_len : n - pos;
+                memcpy(h2->scan_hd + h2->scan_len, p + pos, k);
+                h2->scan_len = (uint8_t)(h2->scan_len + k);
+                pos += k;
+                if (h2->scan_len < need)
+                    break;
+                need = scan_want(h2->scan_hd);
+            }
+            if (h2->scan_len < 9 || h2->scan_len < scan_want(h2->scan_hd)) {
+                hold = start; /* (pos == n) held back until the rest comes */
+                break;
+            }
+            hd = h2->scan_hd;
+            have = h2->scan_len;
+            h2->scan_len = 0;
+        }
+        size_t len = (size_t)hd[0] << 16 | (size_t)hd[1] << 8 | hd[2];
+        h2->scan_skip = (uint32_t)(9 + len - have);
+        uint8_t *dep = have > 9 ? scan_self_dependency(hd, have) : NULL;
+        if (dep == NULL && hd != h2->scan_hd)
+            continue;
+        /* This frame's start goes to nghttp2 from here, after what came before it. */
+        if ((rc = feed_ng(h2, p + fed, start - fed)) < 0)
+            return rc;
+        if (dep != NULL) {
+            int32_t id = (int32_t)((uint32_t)(hd[5] & 0x7f) << 24 | (uint32_t)hd[6] << 16 |
+                                   (uint32_t)hd[7] << 8 | hd[8]);
+            memcpy(copy, hd, have);
+            memset(copy + (dep - hd), 0, 4); /* on the root, not exclusive */
+            self_dependent(h2, id, hd[3]);
+            hd = copy;
+        }
+        if ((rc = feed_ng(h2, hd, have)) < 0)
+            return rc;
+        fed = pos;
+    }
+    return feed_ng(h2, p + fed, hold - fed);
+}
+
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
 {
     ms_h2_t *h2 = c->h2;
     c->refs++;
     uint32_t in_feed = c->flags & MS_CONN_IN_FEED;
     c->flags |= MS_CONN_IN_FEED;
-    ssize_t n = nghttp2_session_mem_recv(h2->ng, (const uint8_t *)data, len);
+    ssize_t n = recv_frames(h2, (const uint8_t *)data, len);
     c->flags = (c->flags & ~MS_CONN_IN_FEED) | in_feed;
     if (n < 0) {
         char peer[64];
@@ -962,9 +1230,9 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
 
 /* The connection's one deadline, for what its streams wait for, the most pressing first:
  * replies the client does not take (its windows shut, or its socket full: send_timeout), a
- * head not whole (head_timeout, from when a stream's head began), a body a handler waits
- * for that does not come (body_timeout, from the last body bytes). Streams at work in their
- * handlers have none here; with no stream open, the idle timeout. */
+ * head not whole (head_timeout, from when a stream's head began). A body a handler waits for
+ * has its own deadline, per stream (body_check). Streams at work in their handlers have none
+ * here; with no stream open, the idle timeout. */
 void ms__h2_rearm(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
@@ -980,17 +1248,13 @@ void ms__h2_rearm(ms_conn_t *c)
             }
             if (!st->dispatched)
                 phase = MS_PHASE_HEAD;
-            else if (st->req.v.wait == MS_WAIT_BODY && phase == MS_PHASE_NONE)
-                phase = MS_PHASE_BODY;
         }
         if (phase == MS_PHASE_NONE) {
             c->phase = MS_PHASE_NONE;
             ms_timer_stop(s, &c->timer);
         } else if (c->phase != phase) {
             ms__conn_arm(c, phase,
-                         phase == MS_PHASE_SEND   ? lim->send_timeout_ms
-                         : phase == MS_PHASE_HEAD ? lim->head_timeout_ms
-                                                  : lim->body_timeout_ms);
+                         phase == MS_PHASE_SEND ? lim->send_timeout_ms : lim->head_timeout_ms);
         }
         return;
     }
@@ -1004,9 +1268,8 @@ void ms__h2_timeout(ms_conn_t *c, int phase)
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2: closed: %s", peer,
-           phase == MS_PHASE_SEND   ? "the client took no reply bytes for send_timeout"
-           : phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
-                                    : "body not coming within body_timeout");
+           phase == MS_PHASE_SEND ? "the client took no reply bytes for send_timeout"
+                                  : "head not complete within head_timeout");
     if (phase == MS_PHASE_SEND) {
         ms__conn_close(c, 0);
         return;

@@ -275,6 +275,7 @@ void ms__h2_req_finished(ms_req_t *r);
 void ms__h2_fail(ms_req_t *r);
 void ms__h2_refuse_body(ms_req_t *r);
 void ms__h2_body_taken(ms_req_t *r, size_t n);
+void ms__h2_body_wait(ms_req_t *r);
 /* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
 #define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define MS_H2_PREFACE_LEN 24

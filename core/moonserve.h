@@ -183,8 +183,19 @@ int ms_reply_header(ms_req_t *r, const char *name, size_t nlen, const char *valu
  * the reply is complete. */
 int ms_reply_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
 
-/* Adds a whole field line ("name: value\r\n") that the caller vouches for: no checks. */
+/* Adds whole field lines ("name: value\r\n"...), checked by ms_fields_check(): anything
+ * else is MS_EBADHEADER and adds nothing. */
 int ms_reply_field(ms_req_t *r, const char *line, size_t len);
+
+/* 0 if `p` is whole field lines as a reply may carry them: "name: value\r\n"..., each name a
+ * token, each value without CR, LF or NUL (what ms_reply_header checks of a name and value).
+ * MS_EBADHEADER otherwise. */
+int ms_fields_check(const char *p, size_t len);
+
+/* Adds field lines that passed ms_fields_check() once and cannot change since (a constant,
+ * lines checked when a mount or the framework's security fields were set up), without
+ * checking them again. Anything that comes with a request goes through ms_reply_field. */
+int ms_reply_fields_checked(ms_req_t *r, const char *lines, size_t len);
 
 /* Forgets the fields added so far (an error page replaces the reply). MS_ESENT if too late. */
 int ms_reply_reset(ms_req_t *r);

@@ -141,21 +141,50 @@ static inline char *reserve_field(ms_req_t *r, size_t need)
     return reserve_in(r, &r->res_headers, need);
 }
 
-/* Appends "name: value\r\n" to `b`, the name and value checked: a token, and no CR, LF or
- * NUL (no response splitting). */
+/* -- Field lines ------------------------------------------------------------------------- */
+
+/* Every field line that enters a reply or its trailers, by whichever call, is checked here:
+ * a name that is a token (RFC 9110 5.6.2) and a value with no CR, LF or NUL. A line is then
+ * one field for every protocol: no response splitting on HTTP/1.1, and HTTP/2 splits the
+ * fields at the same line ends that HTTP/1.1 writes. */
+
+static inline size_t name_span(const char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n && ms__tchar[(unsigned char)p[i]])
+        i++;
+    return i;
+}
+
+static inline size_t value_span(const char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n && p[i] != '\r' && p[i] != '\n' && p[i] != 0)
+        i++;
+    return i;
+}
+
+int ms_fields_check(const char *p, size_t len)
+{
+    while (len > 0) {
+        size_t nlen = name_span(p, len);
+        if (nlen == 0 || nlen == len || p[nlen] != ':')
+            return MS_EBADHEADER;
+        size_t vlen = value_span(p + nlen + 1, len - nlen - 1), line = nlen + 1 + vlen + 2;
+        if (line > len || p[line - 2] != '\r' || p[line - 1] != '\n')
+            return MS_EBADHEADER;
+        p += line;
+        len -= line;
+    }
+    return 0;
+}
+
+/* Appends "name: value\r\n" to `b`, the name and value checked as above. */
 static int add_line(ms_req_t *r, ms_buf_t *b, const char *name, size_t nlen, const char *value,
                     size_t vlen)
 {
-    if (nlen == 0)
+    if (nlen == 0 || name_span(name, nlen) != nlen || value_span(value, vlen) != vlen)
         return MS_EBADHEADER;
-    for (size_t i = 0; i < nlen; i++)
-        if (!ms__tchar[(unsigned char)name[i]])
-            return MS_EBADHEADER;
-    for (size_t i = 0; i < vlen; i++) {
-        unsigned char ch = (unsigned char)value[i];
-        if (ch == '\r' || ch == '\n' || ch == 0)
-            return MS_EBADHEADER;
-    }
     char *w = reserve_in(r, b, nlen + vlen + 4);
     memcpy(w, name, nlen);
     w += nlen;
@@ -205,7 +234,18 @@ int ms_reply_field(ms_req_t *r, const char *line, size_t len)
 {
     if (r->v.flags & MS_REQ_HEAD_SENT)
         return MS_ESENT;
+    if (MS_UNLIKELY(ms_fields_check(line, len) != 0))
+        return MS_EBADHEADER;
     memcpy(reserve_field(r, len), line, len);
+    r->res_headers.len += len;
+    return 0;
+}
+
+int ms_reply_fields_checked(ms_req_t *r, const char *lines, size_t len)
+{
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    memcpy(reserve_field(r, len), lines, len);
     r->res_headers.len += len;
     return 0;
 }
@@ -511,6 +551,8 @@ int ms_req_wait_body(ms_req_t *r)
     }
     ms_req_park(r); /* a wait outlives the read: the head leaves the shared buffer */
     r->v.wait = MS_WAIT_BODY;
+    if (c->h2 != NULL)
+        ms__h2_body_wait(r); /* a stream's body has its own deadline */
     return 0;
 }
 

@@ -708,9 +708,10 @@ static int answer(ms_req_t *r, int status, const char *body)
 
 static int add_fields(ms_req_t *r, const ms_mount_t *m, const char *buf, size_t n)
 {
-    int rc = ms_reply_field(r, buf, n);
+    /* (lines built here from parts checked when mounted, and the mount's own fields) */
+    int rc = ms_reply_fields_checked(r, buf, n);
     if (rc == 0 && m->fields_len > 0)
-        rc = ms_reply_field(r, m->o.fields, m->fields_len);
+        rc = ms_reply_fields_checked(r, m->o.fields, m->fields_len);
     return rc;
 }
 
@@ -1211,6 +1212,7 @@ int ms_static_mount(ms_server_t *s, const char *prefix, const char *dir, const m
         plen--;
     if ((prefix[0] != '/' && prefix[0] != 0) || !field_value_ok(o->cache_control) ||
         (o->cache_control && strlen(o->cache_control) > CACHE_CONTROL_MAX) ||
+        (o->fields && ms_fields_check(o->fields, strlen(o->fields)) != 0) ||
         (o->index && (strlen(o->index) > 60 || strchr(o->index, '/') || !o->index[0])))
         return UV_EINVAL;
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

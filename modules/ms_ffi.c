@@ -61,10 +61,21 @@ MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
     return ms_req_peer_trusted(r);
 }
 
-/* Adds field lines the framework built and checked once ("name: value\r\n"...). */
+/* Adds field lines ("name: value\r\n"...), checked. */
 MS_FFI int ms_ffi_res_fields(ms_req_t *r, const char *lines, size_t len)
 {
     return ms_reply_field(r, lines, len);
+}
+
+/* Field lines that passed ms_ffi_fields_check once (the framework's security fields). */
+MS_FFI int ms_ffi_res_fields_checked(ms_req_t *r, const char *lines, size_t len)
+{
+    return ms_reply_fields_checked(r, lines, len);
+}
+
+MS_FFI int ms_ffi_fields_check(const char *lines, size_t len)
+{
+    return ms_fields_check(lines, len);
 }
 
 MS_FFI int ms_ffi_res_header(ms_req_t *r, const char *name, size_t nlen, const char *value,
@@ -104,7 +115,7 @@ static int queue(ms_req_t *r, reply_fn fn, const char *p, size_t len)
 MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len, int text)
 {
     if (text && len > 0)
-        ms_reply_field(r, default_type, sizeof(default_type) - 1);
+        ms_reply_fields_checked(r, default_type, sizeof(default_type) - 1);
     return queue(r, ms_reply_send, body, len);
 }
 
@@ -112,7 +123,7 @@ MS_FFI int ms_ffi_res_send(ms_req_t *r, const char *body, size_t len, int text)
 MS_FFI int ms_ffi_res_begin(ms_req_t *r, double total, int text)
 {
     if (text && total > 0)
-        ms_reply_field(r, default_type, sizeof(default_type) - 1);
+        ms_reply_fields_checked(r, default_type, sizeof(default_type) - 1);
     return ms_reply_begin(r, (uint64_t)total);
 }
 
@@ -130,7 +141,7 @@ MS_FFI int ms_ffi_res_end(ms_req_t *r)
 MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len, int text)
 {
     if (text && !(r->v.flags & MS_REQ_HEAD_SENT))
-        ms_reply_field(r, default_type, sizeof(default_type) - 1);
+        ms_reply_fields_checked(r, default_type, sizeof(default_type) - 1);
     return queue(r, ms_reply_write, chunk, len);
 }
 

@@ -55,10 +55,10 @@ end
 function App:secure_reply(req, res)
     local sec = security_of(self)
     if sec.always ~= "" then
-        res:fields(sec.always)
+        res:_fields_checked(sec.always)
     end
     if sec.https ~= "" and req.scheme == "https" then
-        res:fields(sec.https)
+        res:_fields_checked(sec.https)
     end
 end
 

@@ -40,6 +40,8 @@ int ms_ffi_res_header(ms_req_view_t *r, const char *name, size_t nlen, const cha
 int ms_ffi_res_reset(ms_req_view_t *r);
 int ms_ffi_res_trailer(ms_req_view_t *r, const char *name, size_t nlen, const char *value, size_t vlen);
 int ms_ffi_res_fields(ms_req_view_t *r, const char *lines, size_t len);
+int ms_ffi_res_fields_checked(ms_req_view_t *r, const char *lines, size_t len);
+int ms_ffi_fields_check(const char *lines, size_t len);
 int ms_ffi_req_peer_trusted(ms_req_view_t *r);
 int ms_ffi_res_send(ms_req_view_t *r, const char *body, size_t len, int text);
 int ms_ffi_res_begin(ms_req_view_t *r, double total, int text);

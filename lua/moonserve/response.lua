@@ -62,10 +62,20 @@ local function add_header(self, name, value, level)
     end
 end
 
--- Adds field lines built and checked beforehand ("name: value\r\n"...): the framework's
--- fixed headers, one call for all of them.
+-- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
 function Response:fields(lines)
     local rc = C.ms_ffi_res_fields(view(self), lines, #lines)
+    if rc < 0 then
+        local _, err = base.fail(rc)
+        error("cannot add fields: " .. err, 2)
+    end
+    return self
+end
+
+-- The framework's fixed lines, checked once when they were built (security.compile), and
+-- not again per request.
+function Response:_fields_checked(lines)
+    local rc = C.ms_ffi_res_fields_checked(view(self), lines, #lines)
     if rc < 0 then
         local _, err = base.fail(rc)
         error("cannot add fields: " .. err, 2)

@@ -4,7 +4,8 @@
 -- beats a trailing "*"; among equals the route added first wins.
 local codec = require "moonserve.codec"
 
-local find, sub, gsub, concat = string.find, string.sub, string.gsub, table.concat
+local byte, find, sub, gsub, concat = string.byte, string.find, string.sub, string.gsub,
+    table.concat
 
 local Router = {}
 Router.__index = Router
@@ -101,6 +102,12 @@ local S_node, S_pos, S_n, S_stage = {}, {}, {}, {}
 local caps = {} -- the segments taken by ":name", then caps.splat; read at once by the caller
 
 local function walk(root, path, method)
+    -- The walk starts after the leading "/", which it checks rather than assumes: a path
+    -- without one ("Xadmin/secret") is no route's, and must not be served as "/admin/secret"
+    -- past whatever checked its own reading of it.
+    if byte(path, 1) ~= 47 then
+        return nil
+    end
     local len = #path
     local top = 1
     S_node[1], S_pos[1], S_n[1], S_stage[1] = root, 2, 0, 0

@@ -281,8 +281,16 @@ function _M.compile(opts)
         end
         https[#https + 1] = line("strict-transport-security", v)
     end
-    return { always = table.concat(always), https = table.concat(https),
-        csrf = compile_csrf(opts.csrf) }
+    local out = { always = table.concat(always), https = table.concat(https) }
+    -- The one check every reply line passes, once here: the lines are sent unchecked after.
+    local C = require("moonserve.base").C
+    for _, lines in pairs(out) do
+        if C.ms_ffi_fields_check(lines, #lines) ~= 0 then
+            error("bad security fields " .. ("%q"):format(lines), 3)
+        end
+    end
+    out.csrf = compile_csrf(opts.csrf)
+    return out
 end
 
 return _M

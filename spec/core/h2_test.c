@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include <nghttp2/nghttp2.h>
+#include <unistd.h>
 
 #include "../../core/memio.h"
 #include "../../core/h2.c"
@@ -38,6 +39,7 @@ static void note_fields(ms_req_t *r)
                               (int)r->trailers[i].name.len, r->trailers[i].name.base,
                               (int)r->trailers[i].value.len, r->trailers[i].value.base);
 }
+static int fields_rc[8];
 
 static void echo_step(ms_req_t *r)
 {
@@ -74,6 +76,26 @@ static void on_request(ms_req_t *r, void *data)
         ms_req_wait_body(r);
         return;
     }
+    if (path_is(r, "/replywait")) {
+        parked = r; /* answers, then waits for a body that does not come */
+        ms_reply_send(r, S("early"), MS_VEC_STATIC, -1);
+        ms_req_wait_body(r);
+        return;
+    }
+    if (path_is(r, "/fields")) {
+        /* Lines that are not whole field lines are refused, whatever else is right. */
+        fields_rc[0] = ms_reply_field(r, S("x-a: 1"));
+        fields_rc[1] = ms_reply_field(r, S("x-b: 2\r\nx-c: 3"));
+        fields_rc[2] = ms_reply_field(r, S("x d: 4\r\n"));
+        fields_rc[3] = ms_reply_field(r, S("x-e: 5\n"));
+        fields_rc[4] = ms_reply_field(r, S("x-f: 6\r7\r\n"));
+        fields_rc[5] = ms_reply_field(r, "x-g: \0\r\n", 8);
+        fields_rc[6] = ms_reply_field(r, S(": 8\r\n"));
+        fields_rc[7] = ms_reply_field(r, S("x-ok: 9\r\nx-ok2:10\r\n"));
+        ms_reply_send(r, S("fields"), MS_VEC_STATIC, -1);
+        ms_req_finish(r);
+        return;
+    }
     if (path_is(r, "/stream")) {
         ms_reply_write(r, S("one "), MS_VEC_STATIC, -1);
         ms_reply_write(r, S("two"), MS_VEC_STATIC, -1);
@@ -103,6 +125,7 @@ static void on_resume(ms_req_t *r, void *data)
 
 typedef struct reply_s {
     int status;
+    int saw_ok2;
     char body[400000];
     size_t len;
     int closed;
@@ -129,6 +152,8 @@ static int c_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *n
         rp->saw_connection_field = 1;
     if (nl == 4 && memcmp(name, "date", 4) == 0)
         rp->saw_date = 1;
+    if (nl == 5 && memcmp(name, "x-ok2", 5) == 0 && vl == 2 && memcmp(value, "10", 2) == 0)
+        rp->saw_ok2 = 1;
     return 0;
 }
 
@@ -246,16 +271,31 @@ static ssize_t body_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t le
     return (ssize_t)n;
 }
 
-static int32_t request(const char *method, const char *path, body_t *body)
+/* A body that never comes: the client's side of the stream stays open. */
+static ssize_t body_never(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
+                          nghttp2_data_source *src, void *u)
+{
+    return NGHTTP2_ERR_DEFERRED;
+}
+
+static int32_t request_scheme(const char *method, const char *scheme, const char *path,
+                              body_t *body)
 {
     nghttp2_nv nva[] = {
         {(uint8_t *)":method", (uint8_t *)method, 7, strlen(method), 0},
-        {(uint8_t *)":scheme", (uint8_t *)"http", 7, 4, 0},
+        {(uint8_t *)":scheme", (uint8_t *)scheme, 7, strlen(scheme), 0},
         {(uint8_t *)":path", (uint8_t *)path, 5, strlen(path), 0},
         {(uint8_t *)":authority", (uint8_t *)"example.test", 10, 12, 0},
     };
-    nghttp2_data_provider prd = {.source.ptr = body, .read_callback = body_read};
+    nghttp2_data_provider prd = {.source.ptr = body,
+                                 .read_callback =
+                                     body != NULL && body->p == NULL ? body_never : body_read};
     return nghttp2_submit_request(client, NULL, nva, 4, body ? &prd : NULL, NULL);
+}
+
+static int32_t request(const char *method, const char *path, body_t *body)
+{
+    return request_scheme(method, "http", path, body);
 }
 
 /* -- Tests --------------------------------------------------------------------------------- */
@@ -408,6 +448,286 @@ TEST(h2_a_header_list_over_head_bytes_gets_431)
     pump();
     ASSERT_EQ(200, reply_of(next)->status);
     teardown();
+}
+
+TEST(h2_resets_a_path_without_a_leading_slash_and_a_scheme_other_than_http)
+{
+    setup();
+    /* nghttp2 checks :path only for http and https: with another scheme, "Xadmin/secret"
+     * would have reached the handler, and the router served it as /admin/secret. */
+    int32_t a = request_scheme("GET", "foo", "Xadmin/secret", NULL);
+    int32_t b = request_scheme("GET", "foo", "/admin/secret", NULL);
+    int32_t c = request_scheme("GET", "foo", "*", NULL);
+    int32_t d = request_scheme("OPTIONS", "http", "*", NULL);
+    pump();
+    int32_t bad[] = {a, b, c};
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(0, reply_of(bad[i])->status);
+        ASSERT_EQ(1, reply_of(bad[i])->closed);
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)reply_of(bad[i])->error);
+    }
+    ASSERT_EQ(200, reply_of(d)->status); /* OPTIONS * is a request */
+    ASSERT_STR_EQ("v20 * example.test", reply_of(d)->body);
+    ASSERT_EQ(1, srv->stats.requests); /* only OPTIONS * reached a handler */
+    ASSERT_EQ(0, goaway_seen);
+    teardown();
+}
+
+TEST(h2_a_stream_the_client_never_ends_is_reset_once_answered)
+{
+    setup();
+    body_t never = {NULL, 0, 0, NULL, 0};
+    int32_t ids[4];
+    for (int i = 0; i < 4; i++)
+        ids[i] = request("POST", "/x", &never);
+    pump();
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(200, reply_of(ids[i])->status);
+        ASSERT_EQ(1, reply_of(ids[i])->closed); /* RST_STREAM(NO_ERROR), RFC 9113 8.1 */
+        ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(ids[i])->error);
+    }
+    ASSERT_EQ(0, m.conn->h2->nstreams); /* nothing held for a client that stays silent */
+    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, goaway_seen);
+    teardown();
+}
+
+TEST(h2_a_handler_that_replied_and_waits_for_the_body_wakes_on_reset)
+{
+    setup();
+    body_t never = {NULL, 0, 0, NULL, 0};
+    int32_t id = request("POST", "/replywait", &never);
+    pump();
+    ASSERT(parked != NULL);
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT_EQ(MS_WAIT_BODY, parked->v.wait);
+    nghttp2_submit_rst_stream(client, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+    pump();
+    ASSERT_EQ(1, aborted_seen);
+    ASSERT_EQ(MS_WAIT_NONE, parked->v.wait);
+    const char *p;
+    ASSERT_EQ(MS_ECLOSED, (int)ms_req_body_take(parked, &p));
+    ms_req_finish(parked);
+    ASSERT_EQ(0, m.conn->h2->nstreams);
+    teardown();
+}
+
+/* Runs the loop for `ms` milliseconds of its own time, moving bytes as they come. */
+static void run_for(uint64_t ms)
+{
+    uv_update_time(&loop);
+    uint64_t until = uv_now(&loop) + ms;
+    while (uv_now(&loop) < until) {
+        pump();
+        usleep(5000);
+        uv_update_time(&loop);
+        uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    pump();
+}
+
+typedef struct drip_s {
+    int sent, allowed;
+} drip_t;
+
+/* One byte of body each time the test allows one, of a content-length it never reaches. */
+static ssize_t body_drip(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
+                         nghttp2_data_source *src, void *u)
+{
+    drip_t *d = src->ptr;
+    if (d->sent == d->allowed)
+        return NGHTTP2_ERR_DEFERRED;
+    buf[0] = 'x';
+    d->sent++;
+    return 1;
+}
+
+TEST(h2_a_body_below_body_min_rate_gets_408_and_a_reset_while_the_connection_goes_on)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.body_timeout_ms = 100;
+    lim.body_min_rate = 4096;
+    setup_limits(&lim);
+    drip_t d = {0, 1};
+    nghttp2_nv nva[] = {
+        {(uint8_t *)":method", (uint8_t *)"POST", 7, 4, 0},
+        {(uint8_t *)":scheme", (uint8_t *)"http", 7, 4, 0},
+        {(uint8_t *)":path", (uint8_t *)"/echo", 5, 5, 0},
+        {(uint8_t *)":authority", (uint8_t *)"example.test", 10, 12, 0},
+        {(uint8_t *)"content-length", (uint8_t *)"100000", 14, 6, 0},
+    };
+    nghttp2_data_provider prd = {.source.ptr = &d, .read_callback = body_drip};
+    int32_t id = nghttp2_submit_request(client, NULL, nva, 5, &prd, NULL);
+    pump();
+    for (int i = 0; i < 6 && !reply_of(id)->closed; i++) {
+        run_for(40); /* a byte every 40 ms: 25 bytes a second, far below body_min_rate */
+        d.allowed++;
+        nghttp2_session_resume_data(client, id);
+    }
+    ASSERT_EQ(408, reply_of(id)->status);
+    ASSERT_EQ(1, reply_of(id)->closed);
+    ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(id)->error);
+    ASSERT(d.sent < 6);
+    ASSERT(m.conn != NULL); /* the connection goes on */
+    ASSERT_EQ(0, goaway_seen);
+    int32_t next = request("GET", "/after", NULL);
+    pump();
+    ASSERT_EQ(200, reply_of(next)->status);
+    ASSERT_EQ(0, srv->stats.in_flight);
+    teardown();
+}
+
+TEST(h2_a_body_that_keeps_body_min_rate_may_take_longer_than_body_timeout)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.body_timeout_ms = 100;
+    lim.body_min_rate = 10; /* bytes a second: a byte every 40 ms is 25 */
+    setup_limits(&lim);
+    drip_t d = {0, 1};
+    nghttp2_nv nva[] = {
+        {(uint8_t *)":method", (uint8_t *)"POST", 7, 4, 0},
+        {(uint8_t *)":scheme", (uint8_t *)"http", 7, 4, 0},
+        {(uint8_t *)":path", (uint8_t *)"/echo", 5, 5, 0},
+        {(uint8_t *)":authority", (uint8_t *)"example.test", 10, 12, 0},
+    };
+    nghttp2_data_provider prd = {.source.ptr = &d, .read_callback = body_drip};
+    int32_t id = nghttp2_submit_request(client, NULL, nva, 4, &prd, NULL);
+    pump();
+    for (int i = 0; i < 8; i++) {
+        run_for(40);
+        d.allowed++;
+        nghttp2_session_resume_data(client, id);
+    }
+    ASSERT_EQ(0, reply_of(id)->status); /* 320 ms, past body_timeout: still read */
+    ASSERT_EQ(0, reply_of(id)->closed);
+    nghttp2_submit_rst_stream(client, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+    pump();
+    teardown();
+}
+
+/* Appends a frame header to `b`. */
+static void put_frame_head(ms_buf_t *b, size_t len, int type, int flags, uint32_t id)
+{
+    uint8_t hd[9] = {(uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len,
+                     (uint8_t)type,        (uint8_t)flags,      (uint8_t)(id >> 24),
+                     (uint8_t)(id >> 16),  (uint8_t)(id >> 8),  (uint8_t)id};
+    ms__buf_append(b, (const char *)hd, 9);
+}
+
+/* A GET's header block of literal fields (no indexing, no Huffman coding). */
+static size_t get_block(char *out, const char *path)
+{
+    size_t n = 0, pl = strlen(path);
+    static const char head[] = "\x00\x07:method\x03GET\x00\x07:scheme\x04http"
+                               "\x00\x0a:authority\x01h\x00\x05:path";
+    memcpy(out, head, sizeof(head) - 1);
+    n = sizeof(head) - 1;
+    out[n++] = (char)pl;
+    memcpy(out + n, path, pl);
+    return n + pl;
+}
+
+/* The frames of type `type` on stream `id` in what the server wrote; the last one's error
+ * code in *code (RST_STREAM, GOAWAY). */
+static int frames_of(const ms_buf_t *out, int type, uint32_t id, uint32_t *code)
+{
+    int k = 0;
+    const uint8_t *p = (const uint8_t *)out->base;
+    for (size_t off = 0; off + 9 <= out->len;) {
+        size_t len = (size_t)p[off] << 16 | (size_t)p[off + 1] << 8 | p[off + 2];
+        uint32_t sid = (uint32_t)p[off + 5] << 24 | (uint32_t)p[off + 6] << 16 |
+                       (uint32_t)p[off + 7] << 8 | p[off + 8];
+        if (p[off + 3] == type && (sid & 0x7fffffff) == id) {
+            k++;
+            const uint8_t *c = p + off + 9 + (type == NGHTTP2_GOAWAY ? 4 : 0);
+            if (code != NULL)
+                *code = (uint32_t)c[0] << 24 | (uint32_t)c[1] << 16 | (uint32_t)c[2] << 8 | c[3];
+        }
+        off += 9 + len;
+    }
+    return k;
+}
+
+TEST(h2_a_stream_that_depends_on_itself_is_reset_in_a_frame_split_anywhere)
+{
+    /* Stream 1 parks; PRIORITY makes 1 depend on 1; HEADERS (PADDED | PRIORITY) opens 3
+     * depending on 3; stream 5 is a plain GET. Fed whole, then a byte a read. */
+    ms_buf_t in = {0};
+    char block[64];
+    ms__buf_append(&in, MS_H2_PREFACE, MS_H2_PREFACE_LEN);
+    put_frame_head(&in, 0, NGHTTP2_SETTINGS, 0, 0);
+    size_t bl = get_block(block, "/park");
+    put_frame_head(&in, bl, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS, 1);
+    ms__buf_append(&in, block, bl);
+    put_frame_head(&in, 5, NGHTTP2_PRIORITY, 0, 1);
+    ms__buf_append(&in, "\x80\x00\x00\x01\x10", 5);
+    bl = get_block(block, "/x");
+    put_frame_head(&in, 1 + 5 + bl + 2, NGHTTP2_HEADERS,
+                   NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM | NGHTTP2_FLAG_PADDED |
+                       NGHTTP2_FLAG_PRIORITY,
+                   3);
+    ms__buf_append(&in, "\x02\x00\x00\x00\x03\x10", 6);
+    ms__buf_append(&in, block, bl);
+    ms__buf_append(&in, "\x00\x00", 2);
+    bl = get_block(block, "/ok");
+    put_frame_head(&in, bl, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM, 5);
+    ms__buf_append(&in, block, bl);
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        setup();
+        if (bytewise)
+            for (size_t i = 0; i < in.len; i++)
+                ms_memio_feed(&m, in.base + i, 1);
+        else
+            ms_memio_feed(&m, in.base, in.len);
+        uv_run(&loop, UV_RUN_NOWAIT);
+        uint32_t code = 0xff;
+        ASSERT_EQ(1, frames_of(&m.out, NGHTTP2_RST_STREAM, 1, &code));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT(parked != NULL);
+        ASSERT(parked->v.flags & MS_REQ_ABORTED);
+        code = 0xff;
+        ASSERT_EQ(1, frames_of(&m.out, NGHTTP2_RST_STREAM, 3, &code));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, frames_of(&m.out, NGHTTP2_HEADERS, 3, NULL)); /* never served */
+        ASSERT_EQ(1, frames_of(&m.out, NGHTTP2_HEADERS, 5, NULL));
+        ASSERT_EQ(0, frames_of(&m.out, NGHTTP2_GOAWAY, 0, NULL));
+        ASSERT_EQ(2, srv->stats.requests);
+        ms_req_finish(parked);
+        m.out.len = 0;
+        teardown();
+    }
+    ms_mem_free(in.base);
+}
+
+TEST(h2_field_lines_that_are_not_whole_are_refused_and_the_reply_still_goes)
+{
+    setup();
+    int32_t id = request("GET", "/fields", NULL);
+    pump();
+    for (int i = 0; i < 7; i++)
+        ASSERT_EQ(MS_EBADHEADER, fields_rc[i]);
+    ASSERT_EQ(0, fields_rc[7]);
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT_STR_EQ("fields", reply_of(id)->body);
+    ASSERT_EQ(1, reply_of(id)->saw_ok2);
+    teardown();
+}
+
+TEST(h2_fields_nv_counts_a_last_line_without_its_lf)
+{
+    ms_req_t r;
+    memset(&r, 0, sizeof(r));
+    ms_pool_init(&r.pool);
+    ms_buf_t b = {(char *)"x-a: 1\r\nx-b: 2", 14, 14};
+    ASSERT_EQ(2, count_lines(&b));
+    nghttp2_nv nva[2];
+    ASSERT_EQ(2, fields_nv(&r, &b, nva));
+    ASSERT_EQ(3, (int)nva[1].namelen);
+    ASSERT_EQ(1, (int)nva[1].valuelen);
+    ASSERT(memcmp(nva[1].value, "2", 1) == 0);
+    ms_pool_free(&r.pool);
 }
 
 static void stopped(ms_server_t *s)

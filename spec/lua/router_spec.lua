@@ -126,6 +126,21 @@ describe("moonserve.router, as a trie", function()
         end
     end)
 
+    it("matches no route for a path that does not start with a slash", function()
+        local r = router.new()
+        r:add("GET", "/admin/secret", "literal")
+        r:add("GET", "/admin/:id", "param")
+        r:add("GET", "/files/*", "splat")
+        r:add("GET", "/", "root")
+        for _, path in ipairs { "Xadmin/secret", "Xadmin/7", "Xfiles/a", "X", "*", "" } do
+            local value, params, allow = r:match("GET", path)
+            assert.is_nil(value, path)
+            assert.is_nil(params, path)
+            assert.is_nil(allow, path)
+        end
+        assert.equal("literal", (r:match("GET", "/admin/secret")))
+    end)
+
     it("refuses a * that is not last and a : without a name", function()
         assert.has_error(function() router.new():add("GET", "/a/*/b", "h") end)
         assert.has_error(function() router.new():add("GET", "/a/:", "h") end)

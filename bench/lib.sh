@@ -307,6 +307,17 @@ cpu_ticks() {
     tree_stats "$1" | awk '{ u += $2; s += $3 } END { if (NR == 0) exit 1; print u, s }'
 }
 
+# cpu_stat CPULIST: prints "busy idle steal" in clock ticks, summed over the CPUs of a
+# taskset list, from /proc/stat: busy is user, nice, system, irq and softirq, whatever ran
+# (the server, other processes, the kernel's softirq threads); idle includes iowait.
+cpu_stat() {
+    local want
+    want=$(cpu_list "$1" | sed 's/^/cpu/' | tr '\n' ' ')
+    awk -v want=" $want" 'index(want, " " $1 " ") {
+        busy += $2 + $3 + $4 + $7 + $8; idle += $5 + $6; steal += $9 }
+        END { print busy + 0, idle + 0, steal + 0 }' /proc/stat
+}
+
 # -- Server configs ------------------------------------------------------------
 
 # The limits every config shares: idle keep-alive connections stay open for 300 s and a
@@ -488,13 +499,13 @@ skip() {
     log "skip $1: $2"
 }
 
-# start_server NAME [idle]: starts NAME pinned to SERVER_CPU and waits for its port.
+# start_server NAME: starts NAME pinned to SERVER_CPU and waits for its port.
 # Sets SRV_PORT, SRV_H2PORT (empty when it has no HTTP/2 listener) and SRV_PID (the
 # process whose CPU, with its descendants', and memory get measured: the one holding the
 # listening socket, or with several workers the master the launcher started). On failure
 # prints one line saying why, sets START_WHY and returns 1; the caller goes on without it.
 start_server() {
-    local name=$1 mode=${2:-} dir="$WORK/$1" port h2port="" cmd=() limits=()
+    local name=$1 dir="$WORK/$1" port h2port="" cmd=() limits=()
     mkdir -p "$dir"
     chmod 755 "$dir"
     port=$(free_port)
@@ -545,11 +556,10 @@ start_server() {
         cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers "$w")
         # The peers' keep-alive rules: 300 s idle, and no cap that matters on requests per
         # connection (moonserve's default closes a connection after 1000).
-        limits=(--limit idle_timeout=300 --limit requests_per_connection=1000000)
-        if [ "$mode" = idle ]; then
-            # The defaults cap connections from one address well below 10k.
-            limits+=(--limit connections=20000 --limit per_source=20000)
-        fi
+        # The defaults cap connections from one address at 256 (the peers have no such cap;
+        # a 256-connection case would sit at it), and well below 10k for idle.
+        limits=(--limit idle_timeout=300 --limit requests_per_connection=1000000
+            --limit connections=20000 --limit per_source=20000)
         h2port=$port # tried; a case check decides whether it answers HTTP/2
         ;;
     *)
@@ -680,7 +690,7 @@ check_case() {
     path=$(case_path "$c")
     url="http://127.0.0.1:${SRV_PORT[$s]}$path"
     case $c in
-    hello | pipeline16 | churn | json)
+    hello | hello256 | pipeline16 | churn | json)
         body=$(curl -s --max-time 5 -w '\n%{http_code}' "$url" || true)
         code=${body##*$'\n'}
         body=${body%$'\n'*}
@@ -740,7 +750,7 @@ check_case() {
         [ "$code" = 304 ] || { CHECK_WHY="conditional GET answered '$code'"; return 1; }
         COND_ARGS[$s]=$(printf '%q ' "${args[@]}")
         ;;
-    h2hello)
+    h2hello | h2hello256)
         [ -n "${SRV_H2PORT[$s]}" ] || { CHECK_WHY="no HTTP/2 listener"; return 1; }
         body=$(timeout 10 h2load -n 8 -c 1 -t 1 "http://127.0.0.1:${SRV_H2PORT[$s]}/" 2>&1 || true)
         [[ $body == *"8 succeeded"* && $body == *"8 2xx"* ]] || { CHECK_WHY="no prior-knowledge h2c answer"; return 1; }

@@ -172,6 +172,31 @@ function helper.closed(s, timeout)
     return err == nil or err == "closed"
 end
 
+-- The program a spec runs for `name`, from spec/tools.txt: its path (for a Python module,
+-- Debian's python3, which imports it). Fails naming the Debian package when it is missing,
+-- or when the list does not have it. Build commands with it: helper.tool("nghttp") .. " -v ".
+local tool_list, tool_found = nil, {}
+function helper.tool(name)
+    if tool_found[name] then
+        return tool_found[name]
+    end
+    local tools = require "tools"
+    if not tool_list then
+        tool_list = assert(tools.read(ROOT .. "/spec/tools.txt"))
+    end
+    local entry = tool_list.by_name[name]
+    if not entry then
+        error(name .. " is not in spec/tools.txt: add it there with the Debian package that "
+            .. "brings it", 2)
+    end
+    local found, why = tools.find(entry)
+    if not found then
+        error(why, 2)
+    end
+    tool_found[name] = found
+    return found
+end
+
 -- Runs a shell command; returns its output and exit status.
 function helper.run(cmd)
     local p = io.popen(cmd .. "; echo \"__status=$?\"")
@@ -183,7 +208,7 @@ end
 
 -- curl with the given arguments against the server; returns its output.
 function helper.curl(args)
-    local out = helper.run("curl -sS --max-time 30 " .. args .. " 2>&1")
+    local out = helper.run(helper.tool("curl") .. " -sS --max-time 30 " .. args .. " 2>&1")
     return out
 end
 

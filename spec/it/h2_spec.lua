@@ -477,11 +477,6 @@ end
 
 local write, sh = helper.write_file, helper.sh
 
-local function need(tool)
-    local _, status = helper.run("command -v " .. tool .. " >/dev/null")
-    assert(status == 0, tool .. " is needed by these specs (nghttp2-client, curl)")
-end
-
 local function occurrences(text, plain)
     local n, pos = 0, 1
     while true do
@@ -540,9 +535,9 @@ return app
 
     describe("with real clients", function()
         setup(function()
-            need("curl")
-            need("nghttp")
-            need("h2load")
+            helper.tool("curl")
+            helper.tool("nghttp")
+            helper.tool("h2load")
         end)
 
         local function curl(args)
@@ -624,7 +619,8 @@ return app
         end)
 
         twice("answers 50 concurrent streams on one connection (nghttp)", function()
-            local out = helper.run("timeout 20 nghttp -nv -m 50 " .. base .. "/ 2>&1")
+            local out = helper.run("timeout 20 " .. helper.tool("nghttp") .. " -nv -m 50 "
+                .. base .. "/ 2>&1")
             local ids, n = {}, 0
             for id, status in out:gmatch("recv %(stream_id=(%d+)%) :status: (%d+)") do
                 assert.equal("200", status)
@@ -638,7 +634,8 @@ return app
         end)
 
         it("answers 5000 requests over 4 connections, 16 streams each (h2load)", function()
-            local out = helper.run("timeout 30 h2load -n 5000 -c 4 -m 16 " .. base .. "/ 2>&1")
+            local out = helper.run("timeout 30 " .. helper.tool("h2load") .. " -n 5000 -c 4 -m 16 "
+                .. base .. "/ 2>&1")
             assert.truthy(out:find("5000 succeeded, 0 failed, 0 errored", 1, true), out)
             assert.truthy(out:find("status codes: 5000 2xx, 0 3xx, 0 4xx, 0 5xx", 1, true), out)
         end)

@@ -3,7 +3,7 @@ local helper = require "helper"
 local socket = require "socket"
 
 local function children(pid)
-    local out = helper.run("pgrep -P " .. pid)
+    local out = helper.run(helper.tool("pgrep") .. " -P " .. pid)
     local pids = {}
     for p in out:gmatch("%d+") do
         pids[#pids + 1] = p
@@ -46,7 +46,8 @@ describe("moonserve with workers", function()
         local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
         local before = children(srv.pid)
-        local wrk = io.popen(("wrk -t1 -c8 -d2s http://127.0.0.1:%d/hello 2>&1"):format(srv.port))
+        local wrk = io.popen((helper.tool("wrk") .. " -t1 -c8 -d2s http://127.0.0.1:%d/hello 2>&1")
+            :format(srv.port))
         socket.sleep(0.5)
         os.execute("kill -9 " .. before[1]) -- under load
         assert.is_true(wait_for(function()
@@ -72,7 +73,8 @@ describe("moonserve with workers", function()
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
         assert.equal("v1", get(srv.port, "/").body)
         assert(helper.run(("sed -i 's/v1/v2/' %s"):format(app)))
-        local wrk = io.popen(("wrk -t1 -c16 -d3s http://127.0.0.1:%d/ 2>&1"):format(srv.port))
+        local wrk = io.popen((helper.tool("wrk") .. " -t1 -c16 -d3s http://127.0.0.1:%d/ 2>&1")
+            :format(srv.port))
         socket.sleep(1)
         os.execute("kill -HUP " .. srv.pid)
         local out = wrk:read("*a")

@@ -847,7 +847,7 @@ return app
         it("streams a 1 GiB file whole while the server stays small", function()
             local before = rss_kb(srv.pid)
             assert.truthy(before, "the server's VmRSS")
-            local job = background(("curl -sS --max-time 60 -o /dev/null "
+            local job = background((helper.tool("curl") .. " -sS --max-time 60 -o /dev/null "
                 .. "-w '%%{http_code} %%{size_download}' http://127.0.0.1:%d/big/sparse.bin")
                 :format(srv.port))
             local peak = before

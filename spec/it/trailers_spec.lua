@@ -43,7 +43,8 @@ return app
     end)
 
     it("sends them in a HEADERS frame that ends the stream over HTTP/2", function()
-        local out = helper.sh("timeout 10 nghttp -v http://127.0.0.1:" .. srv.port .. "/trail 2>&1")
+        local out = helper.sh("timeout 10 " .. helper.tool("nghttp") .. " -v http://127.0.0.1:"
+            .. srv.port .. "/trail 2>&1")
         assert.matches("part one part two", out)
         -- the trailer comes after the DATA, in a HEADERS frame with END_STREAM
         local data = out:find("recv DATA frame", 1, true)

@@ -394,6 +394,11 @@ void ms__h2_flush(ms_conn_t *c)
 
 /* Writes the connections whose handlers replied outside a read (a timer, a resumed
  * handler), once per turn of the loop: their frames leave together. */
+static void poll_once(uv_idle_t *idle)
+{
+    uv_idle_stop(idle); /* it only had to keep one poll from blocking */
+}
+
 static void write_pending(uv_prepare_t *p)
 {
     ms_server_t *s = container_of(p, ms_server_t, h2_turn);
@@ -414,6 +419,11 @@ static void write_pending(uv_prepare_t *p)
         ms__conn_release(c);
         c = next;
     }
+    /* A handler woken here (its write went out at once) may have replied again: that waits
+     * for the next turn, which must come without waiting for an event (a prepare handle
+     * does not shorten the poll; an idle one does). */
+    if (s->h2_pending != NULL)
+        uv_idle_start(&s->h2_again, poll_once);
 }
 
 void ms__h2_write_pending(ms_server_t *s)

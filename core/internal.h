@@ -173,6 +173,8 @@ struct ms_server_s {
     ms_recycle_t h1_free, out_free, chunk_free, stream_free;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     uv_prepare_t h2_turn;        /* writes HTTP/2 connections replied to outside a read */
+    uv_idle_t h2_again;          /* keeps the next poll from blocking while h2_turn has work
+                                  * that its own run made (a handler woken by a write) */
     ms_conn_t *h2_pending;
     /* timers */
     uv_timer_t uv_timer;

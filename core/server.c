@@ -331,6 +331,8 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->conns.next = s->conns.prev = &s->conns;
     uv_prepare_init(loop, &s->h2_turn);
     uv_unref((uv_handle_t *)&s->h2_turn);
+    uv_idle_init(loop, &s->h2_again);
+    uv_unref((uv_handle_t *)&s->h2_again);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
                                         * is work still to do */
     return s;
@@ -550,6 +552,8 @@ void ms_server_free(ms_server_t *s)
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
     if (!uv_is_closing((uv_handle_t *)&s->h2_turn))
         uv_close((uv_handle_t *)&s->h2_turn, NULL);
+    if (!uv_is_closing((uv_handle_t *)&s->h2_again))
+        uv_close((uv_handle_t *)&s->h2_again, NULL);
     /* The uv_timer lives inside `s`: let the loop finish closing it first. */
     uv_run(s->loop, UV_RUN_NOWAIT);
     ms_mem_free(s->heap);

@@ -20,9 +20,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (size < 2)
         return 0;
-    /* First byte: the piece size the input is fed in (1..256). Second: congestion. */
+    /* First byte: the largest piece the input is fed in (1..256); with the second's bit 2,
+     * each piece is as long as the input's own byte at its start says (up to that), so frame
+     * headers split anywhere. Second: congestion. */
     size_t step = (size_t)data[0] + 1;
-    int congested = data[1] & 1;
+    int congested = data[1] & 1, varied = data[1] & 2;
     data += 2;
     size -= 2;
 
@@ -38,8 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     m.congested = congested;
     nparked = 0;
     ms_memio_feed(&m, MS_H2_PREFACE, MS_H2_PREFACE_LEN);
-    for (size_t off = 0; off < size && m.conn != NULL; off += step) {
-        size_t n = size - off < step ? size - off : step;
+    for (size_t off = 0, n; off < size && m.conn != NULL; off += n) {
+        n = varied ? 1 + (size_t)data[off] % step : step;
+        if (n > size - off)
+            n = size - off;
         char *piece = malloc(n); /* a copy, so ASan sees any read past what was fed */
         memcpy(piece, data + off, n);
         ms_memio_feed(&m, piece, n);

@@ -62,25 +62,24 @@ local function add_header(self, name, value, level)
     end
 end
 
--- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
-function Response:fields(lines)
-    local rc = C.ms_ffi_res_fields(view(self), lines, #lines)
+local function add_fields(self, add, lines)
+    local rc = add(view(self), lines, #lines)
     if rc < 0 then
         local _, err = base.fail(rc)
-        error("cannot add fields: " .. err, 2)
+        error("cannot add fields: " .. err, 3)
     end
     return self
+end
+
+-- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
+function Response:fields(lines)
+    return add_fields(self, C.ms_ffi_res_fields, lines)
 end
 
 -- The framework's fixed lines, checked once when they were built (security.compile), and
 -- not again per request.
 function Response:_fields_checked(lines)
-    local rc = C.ms_ffi_res_fields_checked(view(self), lines, #lines)
-    if rc < 0 then
-        local _, err = base.fail(rc)
-        error("cannot add fields: " .. err, 2)
-    end
-    return self
+    return add_fields(self, C.ms_ffi_res_fields_checked, lines)
 end
 
 -- Adds a field. `value` may be a list, which adds one field per item. Names are sent as

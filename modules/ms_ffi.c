@@ -51,6 +51,32 @@ MS_FFI int ms_ffi_req_trailers(ms_req_t *r, ms_header_t *out, int n)
     return r->ntrailers;
 }
 
+/* Whether every byte of `p` may stand in a URL path as it is (RFC 3986 3.3: pchar, "/" and
+ * the "%" of escapes). A loop in Lua over the bytes would be a trace of its own whose exit
+ * the JIT cannot follow back into the dispatcher. */
+MS_FFI int ms_ffi_path_plain(const char *p, size_t n)
+{
+    static const char extra[] = "-._~!$&'()*+,;=:@/%";
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              (c != 0 && memchr(extra, c, sizeof(extra) - 1) != NULL)))
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether `p` holds none of the printable bytes no URL may hold as they are (RFC 3986 2:
+ * space " < > \\ ^ ` { | }), for res:redirect; in C for the same reason. */
+MS_FFI int ms_ffi_url_plain(const char *p, size_t n)
+{
+    static const char never[] = " \"<>\\^`{|}";
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0 && memchr(never, p[i], sizeof(never) - 1) != NULL)
+            return 0;
+    return 1;
+}
+
 MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
 {
     return ms_req_client_ip(r, buf, len);

@@ -4,6 +4,8 @@
 local byte, char, find, format, gsub, sub = string.byte, string.char, string.find,
     string.format, string.gsub, string.sub
 
+local C = require("moonserve.base").C
+
 local _M = {}
 
 -- Unreserved (RFC 3986 2.3) escapes become the byte; other escapes get upper-case digits.
@@ -23,22 +25,6 @@ local NOT_PATH = "[^%w%-%._~!$&'()*+,;=:@/%%]"
 
 local function escape_byte(c)
     return format("%%%02X", byte(c))
-end
-
--- The same class as a table by byte, for a loop the JIT compiles (a class search with
--- string.find is not compiled, and would leave every request's trace).
-local PATH_BYTE = {}
-for b = 0, 255 do
-    PATH_BYTE[b] = not find(char(b), NOT_PATH)
-end
-
-local function has_not_path(path)
-    for i = 1, #path do
-        if not PATH_BYTE[byte(path, i)] then
-            return true
-        end
-    end
-    return false
 end
 
 -- RFC 3986 5.2.4, on a path of segments: "." goes, ".." takes the previous segment with it
@@ -66,11 +52,11 @@ end
 
 -- The canonical form of `path` under `trailing` ("strip": "/a/" -> "/a", "add": "/a" ->
 -- "/a/", "keep": as it comes). Returns the path itself when it is canonical already, so
--- callers compare with ==. Cheap on the common path: a look at each byte, three plain
+-- callers compare with ==. Cheap on the common path: a look at each byte (in C), three plain
 -- searches and a look at the last byte.
 function _M.path(path, trailing)
     local canon = path
-    if has_not_path(path) then
+    if C.ms_ffi_path_plain(path, #path) == 0 then
         canon = gsub(canon, NOT_PATH, escape_byte)
     end
     if find(canon, "%", 1, true) then

@@ -267,7 +267,7 @@ function Response:redirect(url, code)
     if code < 300 or code > 399 then
         error("bad redirect status " .. tostring(code), 2)
     end
-    if find(url, NOT_URL) then
+    if C.ms_ffi_url_plain(url, #url) == 0 then
         url = gsub(url, NOT_URL, escape_byte)
     end
     self:status(code)

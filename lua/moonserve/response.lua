@@ -66,7 +66,7 @@ local function add_fields(self, add, lines)
     local rc = add(view(self), lines, #lines)
     if rc < 0 then
         local _, err = base.fail(rc)
-        error("cannot add fields: " .. err, 3)
+        error("cannot add fields: " .. err, 2) -- the callers below tail-call: 2 is theirs
     end
     return self
 end

@@ -299,7 +299,7 @@ static void on_connection(uv_stream_t *ls, int status)
 void ms_limits_default(ms_limits_t *l)
 {
 #define MS_LIMIT_DEFAULT(key, field, type, dflt, unit, max, doc)                                   \
-    l->field = (type)(dflt)*MS_UNIT_SCALE(unit);
+    l->field = (type)((dflt)*MS_UNIT_SCALE(unit));
     MS_LIMITS(MS_LIMIT_DEFAULT)
 #undef MS_LIMIT_DEFAULT
 }

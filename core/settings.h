@@ -16,7 +16,8 @@
  *   key      the name in app:run{ limits = { ... } } and in --limit KEY=VALUE
  *   field    the member of ms_limits_t
  *   type     uint32_t or uint64_t
- *   default  in the unit a user writes: seconds for SECONDS (the README shows this)
+ *   default  in the unit a user writes: seconds for SECONDS (the README shows this; 0.5 is
+ *            500 ms)
  *   unit     COUNT, BYTES, BITS, RATE (bytes a second) or SECONDS (given in seconds, stored
  *            in milliseconds: the field's name ends in _ms)
  *   max      the largest value a user may give, in the field's unit (0: what the field holds)
@@ -25,16 +26,12 @@
 #define MS_LIMITS(X)                                                                               \
     X(connections, connections, uint32_t, 16384, COUNT, 0,                                         \
       "open connections per worker; past it, new ones are closed")                                 \
-    X(per_source, per_source, uint32_t, 256, COUNT, 0,                                             \
-      "open connections from one source")                                                          \
+    X(per_source, per_source, uint32_t, 256, COUNT, 0, "open connections from one source")         \
     X(in_flight, in_flight, uint32_t, 1024, COUNT, 0,                                              \
       "requests in handlers per worker; past it, 503")                                             \
-    X(line_bytes, line_bytes, uint32_t, 8192, BYTES, 0,                                            \
-      "the request line: 414")                                                                     \
-    X(head_bytes, head_bytes, uint32_t, 32768, BYTES, 0,                                           \
-      "request line plus fields: 431")                                                             \
-    X(header_count, header_count, uint32_t, 100, COUNT, 0,                                         \
-      "number of fields: 431")                                                                     \
+    X(line_bytes, line_bytes, uint32_t, 8192, BYTES, 0, "the request line: 414")                   \
+    X(head_bytes, head_bytes, uint32_t, 32768, BYTES, 0, "request line plus fields: 431")          \
+    X(header_count, header_count, uint32_t, 100, COUNT, 0, "number of fields: 431")                \
     X(body_bytes, body_bytes, uint64_t, 8388608, BYTES, 0,                                         \
       "a request body, unless its route says otherwise: 413")                                      \
     X(body_bytes_max, body_bytes_max, uint64_t, 0, BYTES, 0,                                       \

@@ -104,7 +104,9 @@ static const struct {
      offsetof(ms_limits_t, field),                                                                 \
      sizeof(type) == 8,                                                                            \
      MS_UNIT_SCALE(unit),                                                                          \
-     (max) > 0 ? (double)(max) : sizeof(type) == 8 ? 1.8e19 : 4294967295.0,                        \
+     (max) > 0           ? (double)(max)                                                           \
+     : sizeof(type) == 8 ? 1.8e19                                                                  \
+                         : 4294967295.0,                                                           \
      UNIT_NAME_##unit,                                                                             \
      doc},
     MS_LIMITS(LIMIT)
@@ -186,8 +188,8 @@ static int server_listen(lua_State *L)
     binding_t *b = check_server(L);
     const char *addr = luaL_checkstring(L, 2);
     int flags = lua_toboolean(L, 4) ? MS_LISTEN_PROXY : 0;
-    int rc = ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, MS_LISTEN_BACKLOG),
-                               flags);
+    int rc =
+        ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, MS_LISTEN_BACKLOG), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
     lua_pushinteger(L, ms_server_port(b->server));

@@ -203,7 +203,7 @@ TEST(caps_defaults_set_every_limit_from_the_table)
     memset(&lim, 0xa5, sizeof(lim));
     ms_limits_default(&lim);
 #define CHECK_DEFAULT(key, field, type, dflt, unit, max, doc)                                      \
-    ASSERT((uint64_t)lim.field == (uint64_t)(dflt)*MS_UNIT_SCALE(unit));
+    ASSERT((uint64_t)lim.field == (uint64_t)((dflt)*MS_UNIT_SCALE(unit)));
     MS_LIMITS(CHECK_DEFAULT)
 #undef CHECK_DEFAULT
     ASSERT_EQ(0, (int)lim.body_bytes_max);

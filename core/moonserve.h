@@ -7,6 +7,7 @@
 #include <uv.h>
 
 #include "errors.h"
+#include "settings.h"
 
 #define MS_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define MS_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -268,28 +269,14 @@ int ms_anchor_drain(ms_server_t *s, int32_t *out, int n);
 
 typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
+/* A worker's limits: one member for each line of MS_LIMITS (settings.h), in its order. */
 typedef struct ms_limits_s {
-    uint32_t connections;     /* open connections per worker; past it, new ones are closed */
-    uint32_t per_source;      /* open connections from one source (see below) */
-    uint32_t in_flight;       /* requests in handlers per worker; past it, 503 */
-    uint32_t line_bytes;      /* request line */
-    uint32_t head_bytes;      /* request line plus fields */
-    uint32_t header_count;    /* number of fields */
-    uint64_t body_bytes;      /* request body, unless the route says otherwise */
-    uint64_t body_bytes_max;  /* the largest any route allows: longer declared bodies are
-                               * refused before any Lua runs (0: body_bytes) */
-    uint32_t head_timeout_ms; /* a whole head, from its first byte: 408 */
-    uint32_t body_timeout_ms; /* the whole body, unless it keeps body_min_rate: 408 */
-    uint32_t body_min_rate;   /* bytes a second a body must average past body_timeout */
-    uint32_t idle_timeout_ms; /* keep-alive between requests: close */
-    uint32_t send_timeout_ms; /* a reply that makes no progress: close */
-    uint32_t requests_per_connection;
-    /* What one source is for per_source: an IPv4 address, or the IPv6 addresses under a
-     * prefix of this many bits (64: a host or subscriber may hold a whole /64; 0 to 128). */
-    uint32_t source_ipv6_prefix;
+#define MS_LIMIT_FIELD(key, field, type, dflt, unit, max, doc) type field;
+    MS_LIMITS(MS_LIMIT_FIELD)
+#undef MS_LIMIT_FIELD
 } ms_limits_t;
 
-/* Fills `l` with the defaults. */
+/* Fills `l` with the defaults of MS_LIMITS. */
 void ms_limits_default(ms_limits_t *l);
 
 typedef struct ms_server_stats_s {

@@ -298,20 +298,10 @@ static void on_connection(uv_stream_t *ls, int status)
 
 void ms_limits_default(ms_limits_t *l)
 {
-    l->connections = 16384;
-    l->per_source = 256;
-    l->source_ipv6_prefix = 64;
-    l->in_flight = 1024;
-    l->line_bytes = 8 * 1024;
-    l->head_bytes = 32 * 1024;
-    l->header_count = 100;
-    l->body_bytes = 8 * 1024 * 1024;
-    l->head_timeout_ms = 10000;
-    l->body_timeout_ms = 30000;
-    l->body_min_rate = 4096;
-    l->idle_timeout_ms = 15000;
-    l->send_timeout_ms = 30000;
-    l->requests_per_connection = 1000;
+#define MS_LIMIT_DEFAULT(key, field, type, dflt, unit, max, doc)                                   \
+    l->field = (type)((dflt)*MS_UNIT_SCALE(unit));
+    MS_LIMITS(MS_LIMIT_DEFAULT)
+#undef MS_LIMIT_DEFAULT
 }
 
 ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
@@ -388,7 +378,8 @@ int ms_listen_fd(const char *addr, int backlog, int port)
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     socklen_t len =
         ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, backlog > 0 ? backlog : 511) < 0) {
+    if (bind(fd, (struct sockaddr *)&ss, len) < 0 ||
+        listen(fd, backlog > 0 ? backlog : MS_LISTEN_BACKLOG) < 0) {
         rc = -errno;
         close(fd);
         return rc;
@@ -414,7 +405,7 @@ int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
     uv_tcp_init(s->loop, &l->tcp);
     int rc = uv_tcp_open(&l->tcp, fd);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, 511, on_connection);
+        rc = uv_listen((uv_stream_t *)&l->tcp, MS_LISTEN_BACKLOG, on_connection);
     if (rc < 0) {
         uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
         return rc;
@@ -442,7 +433,8 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
     if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : 511, on_connection);
+        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : MS_LISTEN_BACKLOG,
+                       on_connection);
     if (rc < 0) {
         uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
         return rc;

@@ -25,9 +25,6 @@
 enum { MS_ENC_IDENTITY, MS_ENC_BR, MS_ENC_GZIP };
 #define ENC_BIT(e) (1u << (e))
 
-/* Defaults of the cache: open files, and bytes of contents held in memory. */
-#define CACHE_FILES 1024
-#define CACHE_BYTES (64u * 1024 * 1024)
 /* Sidecars (file.br, file.gz) are looked for again after this long. */
 #define SIDECAR_RECHECK_MS 1000
 /* On-the-fly compression: bytes of input a worker may compress per second, with this burst. It
@@ -139,10 +136,10 @@ static ms_static_t *statics(ms_server_t *s)
         st->lru = ms_mem_alloc(sizeof(*st->lru));
         memset(st->lru, 0, sizeof(*st->lru));
         st->lru->older = st->lru->newer = st->lru;
-        st->max_files = CACHE_FILES;
-        st->max_bytes = CACHE_BYTES;
+        st->max_files = MS_STATIC_CACHE_FILES;
+        st->max_bytes = MS_STATIC_CACHE_BYTES;
         st->budget = COMPRESS_BURST;
-        st->mask = 2 * CACHE_FILES - 1;
+        st->mask = 2 * MS_STATIC_CACHE_FILES - 1;
         st->table = ms_mem_alloc((st->mask + 1) * sizeof(*st->table));
         memset(st->table, 0, (st->mask + 1) * sizeof(*st->table));
         ms_static_opts_t o;

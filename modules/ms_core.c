@@ -84,34 +84,42 @@ static void on_resume(ms_req_t *r, void *data)
 
 /* -- Server ------------------------------------------------------------------------------- */
 
-/* The limits Lua may set: name, where, and seconds to milliseconds for times. */
+/* The limits Lua may set, made from MS_LIMITS (core/settings.h): add a limit there, not here. */
+#define UNIT_NAME_COUNT   "count"
+#define UNIT_NAME_BYTES   "bytes"
+#define UNIT_NAME_BITS    "bits"
+#define UNIT_NAME_RATE    "bytes/s"
+#define UNIT_NAME_SECONDS "s"
 static const struct {
     const char *name;
     size_t offset;
-    int wide;  /* uint64_t rather than uint32_t */
-    int scale; /* 1000 for times, given in seconds */
+    int wide;         /* uint64_t rather than uint32_t */
+    int scale;        /* 1000 for times: given in seconds, kept in milliseconds */
+    double max;       /* the largest value, in the field's unit */
+    const char *unit; /* UNIT_NAME_* */
+    const char *doc;
 } limit_keys[] = {
-#define LIMIT(name, field, wide, scale)                                                            \
-    {                                                                                              \
-        name, offsetof(ms_limits_t, field), wide, scale                                            \
-    }
-    LIMIT("connections", connections, 0, 1),
-    LIMIT("per_source", per_source, 0, 1),
-    LIMIT("source_ipv6_prefix", source_ipv6_prefix, 0, 1),
-    LIMIT("in_flight", in_flight, 0, 1),
-    LIMIT("line_bytes", line_bytes, 0, 1),
-    LIMIT("head_bytes", head_bytes, 0, 1),
-    LIMIT("header_count", header_count, 0, 1),
-    LIMIT("body_bytes", body_bytes, 1, 1),
-    LIMIT("body_bytes_max", body_bytes_max, 1, 1),
-    LIMIT("head_timeout", head_timeout_ms, 0, 1000),
-    LIMIT("body_timeout", body_timeout_ms, 0, 1000),
-    LIMIT("body_min_rate", body_min_rate, 0, 1),
-    LIMIT("idle_timeout", idle_timeout_ms, 0, 1000),
-    LIMIT("send_timeout", send_timeout_ms, 0, 1000),
-    LIMIT("requests_per_connection", requests_per_connection, 0, 1),
+#define LIMIT(key, field, type, dflt, unit, max, doc)                                              \
+    {#key,                                                                                         \
+     offsetof(ms_limits_t, field),                                                                 \
+     sizeof(type) == 8,                                                                            \
+     MS_UNIT_SCALE(unit),                                                                          \
+     (max) > 0           ? (double)(max)                                                           \
+     : sizeof(type) == 8 ? 1.8e19                                                                  \
+                         : 4294967295.0,                                                           \
+     UNIT_NAME_##unit,                                                                             \
+     doc},
+    MS_LIMITS(LIMIT)
 #undef LIMIT
 };
+
+/* read_limits() and core.default_limits() store and load each field as one of these. */
+#define LIMIT_TYPE(key, field, type, dflt, unit, max, doc)                                         \
+    _Static_assert(sizeof(((ms_limits_t *)0)->field) == sizeof(type) &&                            \
+                       (sizeof(type) == 4 || sizeof(type) == 8) && (type)-1 > 0,                   \
+                   #key ": uint32_t or uint64_t");
+MS_LIMITS(LIMIT_TYPE)
+#undef LIMIT_TYPE
 
 /* Reads the table at `t` into `lim`; misuse (an unknown key, a bad value) raises. */
 static void read_limits(lua_State *L, int t, ms_limits_t *lim)
@@ -127,9 +135,7 @@ static void read_limits(lua_State *L, int t, ms_limits_t *lim)
         if (!lua_isnumber(L, -1))
             luaL_error(L, "bad limit %s (number expected)", key);
         double d = lua_tonumber(L, -1) * limit_keys[i].scale;
-        double max = limit_keys[i].wide ? 1.8e19 : 4294967295.0;
-        if (limit_keys[i].offset == offsetof(ms_limits_t, source_ipv6_prefix))
-            max = 128; /* bits of an address */
+        double max = limit_keys[i].max;
         if (d < 0 || d > max)
             luaL_error(L, "bad limit %s (out of range: 0 to %.0f)", key, max);
         char *field = (char *)lim + limit_keys[i].offset;
@@ -182,7 +188,8 @@ static int server_listen(lua_State *L)
     binding_t *b = check_server(L);
     const char *addr = luaL_checkstring(L, 2);
     int flags = lua_toboolean(L, 4) ? MS_LISTEN_PROXY : 0;
-    int rc = ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, 511), flags);
+    int rc =
+        ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, MS_LISTEN_BACKLOG), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
     lua_pushinteger(L, ms_server_port(b->server));
@@ -351,12 +358,12 @@ static int server_static(lua_State *L)
     return 1;
 }
 
-/* server:static_cache(files, bytes): caps the static file cache. */
+/* server:static_cache([files[, bytes]]): caps the static file cache (nil: the default). */
 static int server_static_cache(lua_State *L)
 {
     binding_t *b = check_server(L);
-    lua_Integer files = luaL_checkinteger(L, 2);
-    lua_Number bytes = luaL_checknumber(L, 3);
+    lua_Integer files = luaL_optinteger(L, 2, MS_STATIC_CACHE_FILES);
+    lua_Number bytes = luaL_optnumber(L, 3, (lua_Number)MS_STATIC_CACHE_BYTES);
     luaL_argcheck(L, files > 0 && files < (1 << 24), 2, "a count of files expected");
     luaL_argcheck(L, bytes >= 0, 3, "a size in bytes expected");
     ms_static_cache_limits(b->server, (uint32_t)files, (uint64_t)bytes);
@@ -540,9 +547,9 @@ static int core_master(lua_State *L)
     lua_getfield(L, 1, "workers");
     o.workers = (int)luaL_checkinteger(L, -1);
     lua_getfield(L, 1, "stop_timeout");
-    o.stop_timeout = luaL_optnumber(L, -1, 30);
+    o.stop_timeout = luaL_optnumber(L, -1, MS_STOP_TIMEOUT);
     lua_getfield(L, 1, "backlog");
-    o.backlog = (int)luaL_optinteger(L, -1, 511);
+    o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
     if (rc < 0)
@@ -586,6 +593,46 @@ static int core_default_limits(lua_State *L)
         lua_pushnumber(L, v / limit_keys[i].scale);
         lua_setfield(L, -2, limit_keys[i].name);
     }
+    return 1;
+}
+
+/* core.limits() -> { { key =, default =, unit =, doc = }, ... }: every limit in the order of
+ * MS_LIMITS, defaults as core.default_limits() gives them (times in seconds). The CLI's help
+ * and the README's check are made from it. */
+static int core_limits(lua_State *L)
+{
+    core_default_limits(L);
+    int defaults = lua_gettop(L);
+    size_t n = sizeof(limit_keys) / sizeof(limit_keys[0]);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_createtable(L, 0, 4);
+        lua_pushstring(L, limit_keys[i].name);
+        lua_setfield(L, -2, "key");
+        lua_getfield(L, defaults, limit_keys[i].name);
+        lua_setfield(L, -2, "default");
+        lua_pushstring(L, limit_keys[i].unit);
+        lua_setfield(L, -2, "unit");
+        lua_pushstring(L, limit_keys[i].doc);
+        lua_setfield(L, -2, "doc");
+        lua_rawseti(L, -2, (int)i + 1);
+    }
+    return 1;
+}
+
+/* core.defaults() -> { backlog =, static_cache_files =, static_cache_bytes =, stop_timeout = }:
+ * the other defaults the core applies when Lua gives none (core/settings.h). */
+static int core_defaults(lua_State *L)
+{
+    lua_createtable(L, 0, 4);
+    lua_pushinteger(L, MS_LISTEN_BACKLOG);
+    lua_setfield(L, -2, "backlog");
+    lua_pushinteger(L, MS_STATIC_CACHE_FILES);
+    lua_setfield(L, -2, "static_cache_files");
+    lua_pushnumber(L, (lua_Number)MS_STATIC_CACHE_BYTES);
+    lua_setfield(L, -2, "static_cache_bytes");
+    lua_pushnumber(L, MS_STOP_TIMEOUT);
+    lua_setfield(L, -2, "stop_timeout");
     return 1;
 }
 
@@ -644,6 +691,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"worker_ready", core_worker_ready},
                                      {"cpus", core_cpus},
                                      {"default_limits", core_default_limits},
+                                     {"limits", core_limits},
+                                     {"defaults", core_defaults},
                                      {"run_once", core_run_once},
                                      {"now", core_now},
                                      {NULL, NULL}};

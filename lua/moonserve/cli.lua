@@ -21,13 +21,11 @@ options:
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
-  --limit KEY=VALUE    set a limit; repeatable. Keys: connections, per_source,
-                       source_ipv6_prefix (bits: IPv6 sources counted by /64), in_flight,
-                       line_bytes, head_bytes, header_count, body_bytes, body_min_rate
-                       (bytes/s), requests_per_connection, and in seconds head_timeout,
-                       body_timeout, idle_timeout, send_timeout
+  --limit KEY=VALUE    set a limit; repeatable (sizes in bytes, times in seconds). The keys,
+                       with their defaults:
+$limits
   --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
-  --stop-timeout S     seconds a stopping worker may take to finish (default 30)
+  --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
   --quiet              log errors and warnings only
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
@@ -35,6 +33,19 @@ now, which take over while the old ones finish; USR1 reopens the log file.
   -h, --help           this text
   -v, --version        the version
 ]]
+
+-- USAGE with the core's limits and defaults filled in: they are defined once, in the core.
+local function usage()
+    local core = require("moonserve.base").core
+    local lines = {}
+    for i, l in ipairs(core.limits()) do
+        lines[i] = string.format("    %-30s %s", l.key .. "=" .. string.format("%.14g", l.default),
+            l.doc)
+    end
+    local fill = { limits = table.concat(lines, "\n"),
+        stop_timeout = string.format("%.14g", core.defaults().stop_timeout) }
+    return (USAGE:gsub("%$([%w_]+)", fill))
+end
 
 local function die(msg)
     io.stderr:write("moonserve: ", msg, "\n")
@@ -57,7 +68,7 @@ function _M.main(args)
             return v
         end
         if a == "-h" or a == "--help" then
-            io.stdout:write(USAGE)
+            io.stdout:write(usage())
             return 0
         elseif a == "-v" or a == "--version" then
             io.stdout:write("moonserve ", require("moonserve")._VERSION, "\n")

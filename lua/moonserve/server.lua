@@ -364,7 +364,7 @@ local function make(the_app, opts, limits)
     local srv = _M.create(the_app, limits)
     local cache = opts.static_cache
     if cache then
-        srv:static_cache(cache.files or 1024, cache.bytes or 64 * 1024 * 1024)
+        srv:static_cache(cache.files, cache.bytes) -- nil: the core's defaults
     end
     for _, cidr in ipairs(opts.trusted_proxies or {}) do
         local ok, err = srv:trust(cidr)
@@ -386,9 +386,10 @@ end
 -- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
 -- X-Forwarded-For is believed;
 -- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
--- process; opts.limits; opts.static_cache: { files = 1024, bytes = 64 MiB }, the cache of
--- static files per worker; opts.log: a log file instead of stderr; opts.stop_timeout: seconds
--- a stopping worker may take (default 30); opts.on_listen(port) in single-process mode.
+-- process; opts.limits (core.limits()); opts.static_cache: { files = n, bytes = n }, the
+-- cache of static files per worker; opts.log: a log file instead of stderr;
+-- opts.stop_timeout: seconds a stopping worker may take; opts.on_listen(port) in
+-- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)
     opts = opts or {}
     if opts.log then

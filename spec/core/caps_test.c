@@ -195,4 +195,21 @@ TEST(caps_answers_503_and_closes_past_in_flight_without_running_the_handler)
     uv_loop_close(&loop);
 }
 
+TEST(caps_defaults_set_every_limit_from_the_table)
+{
+    /* Whatever the caller's struct held before, ms_limits_default() leaves the table's values
+     * in every field (body_bytes_max once kept what the stack had). */
+    ms_limits_t lim;
+    memset(&lim, 0xa5, sizeof(lim));
+    ms_limits_default(&lim);
+#define CHECK_DEFAULT(key, field, type, dflt, unit, max, doc)                                      \
+    ASSERT((uint64_t)lim.field == (uint64_t)((dflt)*MS_UNIT_SCALE(unit)));
+    MS_LIMITS(CHECK_DEFAULT)
+#undef CHECK_DEFAULT
+    ASSERT_EQ(0, (int)lim.body_bytes_max);
+    ASSERT_EQ(10000, (int)lim.head_timeout_ms); /* seconds in the table, milliseconds here */
+    ASSERT_EQ(8 * 1024 * 1024, (int)lim.body_bytes);
+    ASSERT_EQ(1000, (int)lim.requests_per_connection);
+}
+
 TEST_MAIN()

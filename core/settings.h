@@ -1,0 +1,71 @@
+/* settings.h: the table of a worker's limits, and the other defaults the core and Lua share. */
+#ifndef MS_SETTINGS_H
+#define MS_SETTINGS_H
+
+/* Every limit is one line of MS_LIMITS. Made from it: ms_limits_t (moonserve.h) and
+ * ms_limits_default() (server.c); the keys the Lua module reads and reports
+ * (modules/ms_core.c: core.server{ limits = ... }, core.default_limits(), core.limits());
+ * the --limit lines of `moonserve --help` (lua/moonserve/cli.lua formats core.limits()).
+ * spec/lua/limits_spec.lua checks README.md's table of limits against it.
+ *
+ * To add a limit: add its line here (at the end, so that ms_limits_t's layout stays), enforce
+ * it where it applies (read s->limits.FIELD in h1.c, h2.c, conn.c, ...), add its row to the
+ * README's table, and a test that exceeds it. Nothing else names the keys.
+ *
+ * X(key, field, type, default, unit, max, doc):
+ *   key      the name in app:run{ limits = { ... } } and in --limit KEY=VALUE
+ *   field    the member of ms_limits_t
+ *   type     uint32_t or uint64_t
+ *   default  in the unit a user writes: seconds for SECONDS (the README shows this; 0.5 is
+ *            500 ms)
+ *   unit     COUNT, BYTES, BITS, RATE (bytes a second) or SECONDS (given in seconds, stored
+ *            in milliseconds: the field's name ends in _ms)
+ *   max      the largest value a user may give, in the field's unit (0: what the field holds)
+ *   doc      one line, for --help and core.limits()
+ */
+#define MS_LIMITS(X)                                                                               \
+    X(connections, connections, uint32_t, 16384, COUNT, 0,                                         \
+      "open connections per worker; past it, new ones are closed")                                 \
+    X(per_source, per_source, uint32_t, 256, COUNT, 0, "open connections from one source")         \
+    X(in_flight, in_flight, uint32_t, 1024, COUNT, 0,                                              \
+      "requests in handlers per worker; past it, 503")                                             \
+    X(line_bytes, line_bytes, uint32_t, 8192, BYTES, 0, "the request line: 414")                   \
+    X(head_bytes, head_bytes, uint32_t, 32768, BYTES, 0, "request line plus fields: 431")          \
+    X(header_count, header_count, uint32_t, 100, COUNT, 0, "number of fields: 431")                \
+    X(body_bytes, body_bytes, uint64_t, 8388608, BYTES, 0,                                         \
+      "a request body, unless its route says otherwise: 413")                                      \
+    X(body_bytes_max, body_bytes_max, uint64_t, 0, BYTES, 0,                                       \
+      "the largest body any route allows (0: body_bytes)")                                         \
+    X(head_timeout, head_timeout_ms, uint32_t, 10, SECONDS, 0,                                     \
+      "a whole head, from its first byte: 408")                                                    \
+    X(body_timeout, body_timeout_ms, uint32_t, 30, SECONDS, 0,                                     \
+      "a whole body, unless it keeps body_min_rate: 408")                                          \
+    X(body_min_rate, body_min_rate, uint32_t, 4096, RATE, 0,                                       \
+      "bytes a second a body must average past body_timeout")                                      \
+    X(idle_timeout, idle_timeout_ms, uint32_t, 15, SECONDS, 0,                                     \
+      "keep-alive between requests: close")                                                        \
+    X(send_timeout, send_timeout_ms, uint32_t, 30, SECONDS, 0,                                     \
+      "a reply that makes no progress: close")                                                     \
+    X(requests_per_connection, requests_per_connection, uint32_t, 1000, COUNT, 0,                  \
+      "requests on one connection: the last closes it")                                            \
+    /* An IPv4 address is one source; IPv6 addresses are one under a prefix of this many bits      \
+     * (a host or subscriber may hold a whole /64). */                                             \
+    X(source_ipv6_prefix, source_ipv6_prefix, uint32_t, 64, BITS, 128,                             \
+      "bits of the IPv6 prefix that is one source for per_source")
+
+/* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
+enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };
+#define MS_UNIT_SCALE(unit) (MS_UNIT_##unit == MS_UNIT_SECONDS ? 1000 : 1)
+
+/* -- Other shared defaults -------------------------------------------------------------- */
+
+/* listen(2)'s backlog when a caller gives none (0 or less). */
+#define MS_LISTEN_BACKLOG 511
+/* The static file cache of a worker: open files, and bytes of contents held in memory
+ * (server:static_cache() and app:run{ static_cache = ... } override them). */
+#define MS_STATIC_CACHE_FILES 1024
+#define MS_STATIC_CACHE_BYTES (64u * 1024 * 1024)
+/* Seconds a stopping worker may take to finish before the master kills it. */
+#define MS_STOP_TIMEOUT 30
+
+#endif

@@ -76,7 +76,7 @@ local ok, err = pcall(require, "moonserve.base")
 io.write(ok and "loaded" or err)
 ]])
         f:close()
-        local out = helper.run("luajit " .. script .. " 2>&1")
+        local out = helper.run(helper.tool("luajit") .. " " .. script .. " 2>&1")
         os.remove(script)
         assert.matches("moonserve.core and lua/moonserve/base.lua disagree on "
             .. "offsetof%(ms_req_view_t, wait%)", out)

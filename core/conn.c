@@ -47,6 +47,7 @@ void ms_conn_peer(ms_conn_t *c, char *buf, size_t len)
 static void conn_free(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
+    assert(c->refs == 0);
     ms_timer_stop(s, &c->timer);
     if (c->h1 != NULL)
         ms__h1_free(s, c->h1);
@@ -62,14 +63,16 @@ static void conn_free(ms_conn_t *c)
     c->next->prev = c->prev;
     s->stats.closed++;
     s->stats.conns--;
-    ms_mem_free(c);
+    /* Before the free: a stopping server's callback may look at what is left of it. */
     ms__server_conn_gone(s, c);
+    ms_mem_free(c);
 }
 
 /* Closes the transport. A request still held by a handler is aborted: its replies are
  * dropped and the connection's memory lives until the handler lets go of it. */
 void ms__conn_close(ms_conn_t *c, int graceful)
 {
+    assert(c->refs > 0);
     if (c->flags & MS_CONN_CLOSED)
         return;
     c->flags |= MS_CONN_CLOSED | MS_CONN_CLOSING;
@@ -88,6 +91,7 @@ void ms_conn_closed(ms_conn_t *c)
 
 void ms__conn_release(ms_conn_t *c)
 {
+    assert(c->refs > 0);
     if (--c->refs == 0)
         conn_free(c);
 }
@@ -262,8 +266,10 @@ static void maybe_close(ms_conn_t *c)
 /* Moves the queue's write position `n` bytes on. */
 void ms__out_advance(ms_out_t *o, size_t n)
 {
+    assert(n <= o->bytes);
     o->bytes -= n;
     while (n > 0) {
+        assert(o->pos < o->nvecs && o->pos_off <= o->vecs[o->pos].len);
         size_t left = o->vecs[o->pos].len - o->pos_off;
         if (n < left) {
             o->pos_off += n;
@@ -293,7 +299,9 @@ static int write_later(ms_conn_t *c, ms_out_t *o, uv_buf_t *iov, unsigned n, siz
 static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
 {
     ms_server_t *s = c->server;
+    assert(o->pos < o->nvecs);
     const ms_vec_t *v = &o->vecs[o->pos];
+    assert(v->owner == MS_VEC_FILE && o->pos_off < v->len);
     const ms_sfile_t *f = (const ms_sfile_t *)v->base;
     uint64_t off = v->off + o->pos_off;
     size_t left = v->len - o->pos_off;
@@ -387,6 +395,7 @@ static int out_write(ms_conn_t *c, ms_out_t *o)
                 return rc;
             continue;
         }
+        assert(o->pos_off <= iov[0].len);
         iov[0].base += o->pos_off;
         iov[0].len -= o->pos_off;
         total -= o->pos_off;

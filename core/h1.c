@@ -593,7 +593,7 @@ static void dispatch(ms_conn_t *c, ms_h1_t *h)
     ms_req_t *r = &h->req;
     s->stats.in_flight++;
     r->v.flags |= MS_REQ_IN_HANDLER;
-    c->refs++;
+    ms__conn_hold(c);
     c->requests++;
     s->stats.requests++;
     if (c->requests >= s->limits.requests_per_connection)
@@ -834,7 +834,7 @@ static void maybe_idle(ms_conn_t *c)
 void ms__h1_feed(ms_conn_t *c, const char *data, size_t len)
 {
     ms_h1_t *h = c->h1 != NULL ? c->h1 : h1_get(c);
-    c->refs++; /* a handler run from here may let go of the connection */
+    ms__conn_hold(c); /* a handler run from here may let go of the connection */
     int kept = 0;
     if (h->in.len > h->in_off) {
         /* Bytes were kept: new bytes go after them, read in place or copied. */
@@ -885,7 +885,8 @@ void ms__h1_req_finished(ms_conn_t *c)
         ms__conn_release(c); /* feed goes on from where it was, or nothing is left to do */
         return;
     }
-    c->refs--; /* the transport's reference remains: the connection is open */
+    assert(c->refs > 1); /* the transport's reference remains: the connection is open */
+    c->refs--;
     if (c->server->depth > 0) {
         /* Called from inside a handler's call into the core (LuaJIT FFI), where calling
          * back into Lua is not allowed: serve what comes next once the callback returns. */
@@ -936,7 +937,7 @@ void ms__h1_timeout(ms_conn_t *c, int phase)
             return;
         }
     }
-    c->refs++;
+    ms__conn_hold(c);
     refuse(c, h, 408,
            phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
                                   : "body not complete within body_timeout at body_min_rate");

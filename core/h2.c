@@ -66,6 +66,8 @@ struct ms_stream_s {
     uint64_t body_mark;  /* body bytes received by then */
 };
 
+_Static_assert(offsetof(ms_stream_t, req) == 0, "a stream is its request");
+
 static ms_stream_t *stream_of(ms_req_t *r)
 {
     return (ms_stream_t *)r; /* the request is the stream's first member */
@@ -439,7 +441,7 @@ void ms__h2_flush_soon(ms_conn_t *c)
     if (h2 == NULL || h2->flush_pending || (c->flags & MS_CONN_CLOSED))
         return;
     h2->flush_pending = 1;
-    c->refs++; /* the list's */
+    ms__conn_hold(c); /* the list's */
     h2->next_pending = s->h2_pending;
     s->h2_pending = c;
     uv_prepare_start(&s->h2_turn, write_pending);
@@ -534,7 +536,7 @@ static void body_check(ms_timer_t *t)
         return;
     }
     s->stats.timeouts++;
-    c->refs++;
+    ms__conn_hold(c);
     stop_body(r, 408, "408 Request Timeout\n",
               "body not complete within body_timeout at body_min_rate");
     if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
@@ -800,7 +802,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     s->stats.requests++;
     c->requests++;
     r->v.flags |= MS_REQ_IN_HANDLER;
-    c->refs++; /* the handler's */
+    ms__conn_hold(c); /* the handler's */
     if (s->statics != NULL && ms__static_dispatch(r) == 0) {
         ms_req_finish(r);
         return;
@@ -1211,7 +1213,7 @@ static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
 void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
 {
     ms_h2_t *h2 = c->h2;
-    c->refs++;
+    ms__conn_hold(c);
     uint32_t in_feed = c->flags & MS_CONN_IN_FEED;
     c->flags |= MS_CONN_IN_FEED;
     ssize_t n = recv_frames(h2, (const uint8_t *)data, len);
@@ -1284,7 +1286,7 @@ void ms__h2_timeout(ms_conn_t *c, int phase)
         ms__conn_close(c, 0);
         return;
     }
-    c->refs++;
+    ms__conn_hold(c);
     nghttp2_session_terminate_session(c->h2->ng, NGHTTP2_NO_ERROR);
     ms__h2_flush(c);
     if (!(c->flags & MS_CONN_CLOSED))

@@ -2,6 +2,7 @@
 #ifndef MS_INTERNAL_H
 #define MS_INTERNAL_H
 
+#include <assert.h>
 #include <llhttp.h>
 #include <sys/socket.h>
 #include <string.h>
@@ -126,6 +127,14 @@ struct ms_conn_s {
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;                 /* 1 for the transport, 1 while a handler holds the request */
 };
+
+/* Takes one more reference on a connection that is alive: one with none left is freed, and
+ * nobody may hold it again. ms__conn_release gives it back. */
+static inline void ms__conn_hold(ms_conn_t *c)
+{
+    assert(c->refs > 0);
+    c->refs++;
+}
 
 /* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
 typedef struct ms_cidr_s {

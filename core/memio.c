@@ -30,7 +30,7 @@ static int mem_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     ms_memio_t *m = memio_of(c);
     gather(&m->held, bufs, n);
-    c->refs++; /* as a socket write would, the pending write holds the connection */
+    ms__conn_hold(c); /* as a socket write would, the pending write holds the connection */
     return 0;
 }
 

@@ -14,8 +14,11 @@
 #define MS_NOINLINE    __attribute__((noinline))
 #define MS_EXPORT      __attribute__((visibility("default")))
 
+/* The struct a member belongs to. The conditional is never taken; it makes the compiler
+ * check that `ptr` points to the member's type, so a cast cannot hide a wrong member. */
 #ifndef container_of
-#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#define container_of(ptr, type, member)                                                            \
+    ((type *)((char *)(1 ? (ptr) : &((type *)0)->member) - offsetof(type, member)))
 #endif
 
 typedef struct ms_server_s ms_server_t;
@@ -156,6 +159,7 @@ struct ms_req_s {
     ms_timer_t timer;     /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
+_Static_assert(offsetof(ms_req_t, v) == 0, "an ms_req_t * is an ms_req_view_t * (Lua's view)");
 
 /* The client's address as text: the peer, or the address a PROXY header named, or, when
  * that is a trusted proxy, the first untrusted address of X-Forwarded-For from the right.

@@ -33,8 +33,11 @@ void ms__req_reset(ms_req_t *r)
 
 void ms__req_wake(ms_req_t *r, int wait)
 {
+    assert(wait != MS_WAIT_NONE);
     if (r->v.wait != wait)
         return;
+    /* Only a handler that is still running may wait, and its request holds the connection. */
+    assert((r->v.flags & MS_REQ_IN_HANDLER) && r->conn->refs > 0);
     r->v.wait = MS_WAIT_NONE;
     ms_server_t *s = r->conn->server;
     ms__server_call(s, s->on_resume, r);
@@ -550,6 +553,7 @@ int ms_req_wait_body(ms_req_t *r)
         }
     }
     ms_req_park(r); /* a wait outlives the read: the head leaves the shared buffer */
+    assert(r->v.wait == MS_WAIT_NONE && (r->v.flags & MS_REQ_IN_HANDLER));
     r->v.wait = MS_WAIT_BODY;
     if (c->h2 != NULL)
         ms__h2_body_wait(r); /* a stream's body has its own deadline */
@@ -567,6 +571,7 @@ int ms_req_sleep(ms_req_t *r, uint64_t ms)
     if (r->v.wait != MS_WAIT_NONE)
         return MS_EBUSY;
     ms_req_park(r);
+    assert(r->v.flags & MS_REQ_IN_HANDLER);
     r->v.wait = MS_WAIT_TIMER;
     ms_timer_start(r->conn->server, &r->timer, ms, sleep_done);
     return 0;
@@ -584,6 +589,7 @@ int ms_req_wait_drain(ms_req_t *r, int all)
     if (all ? ms__req_queued(r) == 0 : !ms_reply_congested(r))
         return 1; /* the socket took it: no need to wait */
     ms_req_park(r);
+    assert(r->v.wait == MS_WAIT_NONE && (r->v.flags & MS_REQ_IN_HANDLER));
     r->v.wait = MS_WAIT_DRAIN;
     return 0;
 }

@@ -114,6 +114,10 @@ static inline ms_tcp_t *tcp_of(ms_conn_t *c)
     return ms_conn_io_data(c);
 }
 
+/* ms_conn_new puts a transport's data right after the connection (ms_conn_io_data): the
+ * way back from the handle counts on no padding between them. */
+_Static_assert(sizeof(ms_conn_t) % _Alignof(ms_tcp_t) == 0, "a transport's data follows its connection");
+
 static inline ms_conn_t *conn_of_handle(uv_handle_t *h)
 {
     return (ms_conn_t *)((char *)h - offsetof(ms_tcp_t, tcp) - sizeof(ms_conn_t));
@@ -164,7 +168,7 @@ static int tcp_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
         t->wreq = NULL;
         return rc;
     }
-    c->refs++; /* the write request holds the connection */
+    ms__conn_hold(c); /* the write request holds the connection */
     return 0;
 }
 
@@ -493,7 +497,7 @@ void ms__server_defer(ms_server_t *s, ms_conn_t *c)
     if (c->flags & MS_CONN_DEFERRED)
         return; /* once in the list is enough; the list holds one reference */
     c->flags |= MS_CONN_DEFERRED;
-    c->refs++;
+    ms__conn_hold(c);
     c->deferred_next = s->deferred;
     s->deferred = c;
 }
@@ -501,7 +505,7 @@ void ms__server_defer(ms_server_t *s, ms_conn_t *c)
 /* Called as each connection goes: a stopping server reports when the last is gone. */
 void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c)
 {
-    (void)c;
+    assert(c == NULL || c->refs == 0); /* NULL: a check without a connection going */
     if (s->stopping && s->stats.conns == 0 && s->stopped != NULL) {
         void (*done)(ms_server_t *) = s->stopped;
         s->stopped = NULL;

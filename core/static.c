@@ -185,6 +185,7 @@ static void lru_newest(ms_static_t *st, ms_sfile_t *f)
 
 void ms__sfile_unref(ms_server_t *s, ms_sfile_t *f)
 {
+    assert(f->refs > 0);
     if (--f->refs > 0)
         return;
     for (int e = MS_ENC_BR; e <= MS_ENC_GZIP; e++)

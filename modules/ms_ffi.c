@@ -257,3 +257,78 @@ MS_FFI int ms_ffi_server_stopping(ms_req_t *r)
 {
     return ms_server_stopping(ms_conn_server(r->conn));
 }
+
+/* -- The boundary, checked -------------------------------------------------------------- */
+
+/* What lua/moonserve/base.lua must agree with: the layout of the types it declares again,
+ * the request flags, the wait states, the error codes it compares with and the log levels.
+ * base.lua reads this at load, checks its cdef against the layouts and takes the constants
+ * from here, so a core and a framework of different builds fail at once with a message
+ * instead of reading the wrong bytes. Names are as the Lua side spells them. */
+typedef struct ms_ffi_abi_s {
+    const char *name;
+    int64_t value;
+} ms_ffi_abi_t;
+
+#define SIZE(t) {"sizeof(" #t ")", (int64_t)sizeof(t)}
+#define OFF(t, f) {"offsetof(" #t ", " #f ")", (int64_t)offsetof(t, f)}
+#define CONST(name) {#name, (int64_t)MS_##name}
+
+static const ms_ffi_abi_t abi[] = {
+    SIZE(ms_str_t),
+    OFF(ms_str_t, base),
+    OFF(ms_str_t, len),
+    SIZE(ms_header_t),
+    OFF(ms_header_t, name),
+    OFF(ms_header_t, value),
+    SIZE(ms_req_view_t),
+    OFF(ms_req_view_t, method),
+    OFF(ms_req_view_t, target),
+    OFF(ms_req_view_t, path),
+    OFF(ms_req_view_t, query),
+    OFF(ms_req_view_t, id),
+    OFF(ms_req_view_t, version),
+    OFF(ms_req_view_t, status),
+    OFF(ms_req_view_t, handler),
+    OFF(ms_req_view_t, wait),
+    OFF(ms_req_view_t, nheaders),
+    OFF(ms_req_view_t, flags),
+    OFF(ms_req_view_t, content_length),
+    CONST(REQ_HEAD_SENT),
+    CONST(REQ_DONE),
+    CONST(REQ_ABORTED),
+    CONST(REQ_BODY_DONE),
+    CONST(REQ_HAS_BODY),
+    CONST(REQ_EXPECT),
+    CONST(REQ_CHUNKED_OUT),
+    CONST(REQ_IS_HEAD),
+    CONST(REQ_CLOSE),
+    CONST(REQ_PARKED),
+    CONST(REQ_IN_HANDLER),
+    CONST(REQ_BODY_ERROR),
+    CONST(REQ_STATIC_DIR),
+    CONST(WAIT_NONE),
+    CONST(WAIT_BODY),
+    CONST(WAIT_TIMER),
+    CONST(WAIT_DRAIN),
+    CONST(LOG_ERR),
+    CONST(LOG_WARN),
+    CONST(LOG_INFO),
+    CONST(LOG_DEBUG),
+    {"EAGAIN", UV_EAGAIN},
+#define MS_ERR_ABI(name, value, msg) {#name, (int64_t)(value)},
+    MS_ERRNO_MAP(MS_ERR_ABI)
+#undef MS_ERR_ABI
+};
+
+#undef SIZE
+#undef OFF
+#undef CONST
+
+/* The table above: *n entries. Its own shape is the one thing the two sides must take on
+ * trust, so it never changes; new entries are added, none is renamed. */
+MS_FFI const ms_ffi_abi_t *ms_ffi_abi(int *n)
+{
+    *n = (int)(sizeof(abi) / sizeof(abi[0]));
+    return abi;
+}

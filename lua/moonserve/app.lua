@@ -1,13 +1,10 @@
 -- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
-local bit = require "bit"
 local canon = require "moonserve.canon"
 local router = require "moonserve.router"
 local security = require "moonserve.security"
 
 local find, lower, sub, type, select = string.find, string.lower, string.sub, type, select
-local band = bit.band
-local STATIC_DIR = 0x1000 -- MS_REQ_STATIC_DIR (core/moonserve.h): a directory the core left to us
 
 local App = {}
 App.__index = App
@@ -495,7 +492,7 @@ function App:handle(req, res)
         rawset(req, "path", path)
         rawset(req, "base_path", base)
     end
-    if app.opts.canonical ~= false and band(req.r.flags, STATIC_DIR) == 0 then
+    if app.opts.canonical ~= false and not req:_static_dir() then
         -- One URL per resource: a non-canonical path redirects to the canonical one.
         local c = canon.path(path, app.trailing)
         if c ~= path then

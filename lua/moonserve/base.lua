@@ -70,21 +70,92 @@ int ms_ffi_server_stopping(ms_req_view_t *r);
 ]]
 end
 
--- Request flags (core/moonserve.h, MS_REQ_*).
-_M.REQ_HEAD_SENT = 0x001
-_M.REQ_DONE = 0x002
-_M.REQ_ABORTED = 0x004
-_M.REQ_BODY_DONE = 0x008
-_M.REQ_HAS_BODY = 0x010
-_M.REQ_STATIC_DIR = 0x1000
-
--- libuv's EAGAIN: "nothing yet, wait".
-_M.EAGAIN = -11
-
-_M.LOG_ERR, _M.LOG_WARN, _M.LOG_INFO, _M.LOG_DEBUG = 0, 1, 2, 3
-
 local C = _M.C
 local ffi_string = ffi.string
+local format, ipairs, pairs, tostring = string.format, ipairs, pairs, tostring
+
+-- -- The boundary, checked -------------------------------------------------------------
+-- The core exports what this file must agree with (modules/ms_ffi.c, ms_ffi_abi): the
+-- layout of the types declared above, the request flags, wait states, error codes and log
+-- levels. The layouts are checked against the cdef here, and the constants are taken from
+-- the core, so a core and a framework from different builds fail at load with a message
+-- instead of reading the wrong bytes of a request.
+if not pcall(ffi.typeof, "ms_ffi_abi_t") then
+    ffi.cdef [[
+typedef struct ms_ffi_abi_s { const char *name; int64_t value; } ms_ffi_abi_t;
+const ms_ffi_abi_t *ms_ffi_abi(int *n);
+]]
+end
+
+-- The fields of each mirrored type that Lua reads, in order.
+local LAYOUT = {
+    { "ms_str_t", { "base", "len" } },
+    { "ms_header_t", { "name", "value" } },
+    { "ms_req_view_t", { "method", "target", "path", "query", "id", "version", "status",
+        "handler", "wait", "nheaders", "flags", "content_length" } },
+}
+
+-- The constants taken from the core, by the name they have here (MS_ dropped).
+local CONSTANTS = {
+    "REQ_HEAD_SENT", "REQ_DONE", "REQ_ABORTED", "REQ_BODY_DONE", "REQ_HAS_BODY", "REQ_EXPECT",
+    "REQ_CHUNKED_OUT", "REQ_IS_HEAD", "REQ_CLOSE", "REQ_PARKED", "REQ_IN_HANDLER",
+    "REQ_BODY_ERROR", "REQ_STATIC_DIR",
+    "WAIT_NONE", "WAIT_BODY", "WAIT_TIMER", "WAIT_DRAIN",
+    "LOG_ERR", "LOG_WARN", "LOG_INFO", "LOG_DEBUG",
+    "EAGAIN", -- libuv's, which is the platform's errno negated: "nothing yet, wait"
+    "EBADREQ", "EBADHEADER", "ERESERVED", "ESENT", "ECLOSED", "ETOOBIG", "EBUSY", "ESTATE",
+}
+
+local function disagree(what, in_core, here)
+    error(format("moonserve.core and lua/moonserve/base.lua disagree on %s (core: %s, Lua: %s):"
+        .. " rebuild/reinstall them together", what, tostring(in_core), tostring(here)), 0)
+end
+
+-- The core's table as { name = value }; a core too old to have one is a mismatch too.
+local function read_abi()
+    local n = ffi.new("int[1]")
+    local ok, p = pcall(function() return C.ms_ffi_abi(n) end)
+    if not ok then
+        disagree("ms_ffi_abi", "missing", "required")
+    end
+    local t = {}
+    for i = 0, n[0] - 1 do
+        t[ffi_string(p[i].name)] = tonumber(p[i].value)
+    end
+    return t
+end
+
+-- Checks `abi` (the core's table, or one a test makes) against this file's cdef and
+-- constants; raises with the first disagreement. Returns the constants, by name.
+function _M.check_abi(abi)
+    for _, ty in ipairs(LAYOUT) do
+        local name, fields = ty[1], ty[2]
+        local what = "sizeof(" .. name .. ")"
+        if abi[what] ~= ffi.sizeof(name) then
+            disagree(what, abi[what], ffi.sizeof(name))
+        end
+        for _, f in ipairs(fields) do
+            what = "offsetof(" .. name .. ", " .. f .. ")"
+            local here = ffi.offsetof(name, f)
+            if abi[what] ~= here then
+                disagree(what, abi[what], here)
+            end
+        end
+    end
+    local k = {}
+    for _, name in ipairs(CONSTANTS) do
+        if abi[name] == nil then
+            disagree(name, "missing", "required")
+        end
+        k[name] = abi[name]
+    end
+    return k
+end
+
+_M.abi = read_abi()
+for name, v in pairs(_M.check_abi(_M.abi)) do
+    _M[name] = v
+end
 
 -- nil, "ENAME: message", "ENAME" for a negative core code: the Lua failure convention.
 function _M.fail(code)

@@ -1,5 +1,6 @@
 -- moonserve/request.lua: the request a handler gets: lazy fields over the core's FFI view.
 local ffi = require "ffi"
+local bit = require "bit"
 local base = require "moonserve.base"
 local codec = require "moonserve.codec"
 local coro = require "moonserve.coroutine"
@@ -7,7 +8,8 @@ local coro = require "moonserve.coroutine"
 local C = base.C
 local ffi_str = ffi.string
 local concat, lower, sub, find = table.concat, string.lower, string.sub, string.find
-local EAGAIN = base.EAGAIN
+local EAGAIN, STATIC_DIR = base.EAGAIN, base.REQ_STATIC_DIR
+local band = bit.band
 local check, park = coro.check, coro.park
 
 local vlen = ffi.new("size_t[1]")          -- reused; never held across a yield
@@ -115,6 +117,12 @@ function _M.new(r)
     local t = new_tab(0, 6)
     t.r = r
     return setmetatable(t, mt)
+end
+
+-- Whether a static mount found a directory here that it leaves to the routes (for the app's
+-- canonical redirect, which must not move such a path).
+function Request:_static_dir()
+    return band(view(self).flags, STATIC_DIR) ~= 0
 end
 
 -- The first value of a header field, by name in any case, or nil.

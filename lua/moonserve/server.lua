@@ -13,8 +13,8 @@ local C, core = base.C, base.core
 local band = bit.band
 local co_create, co_resume, co_yield = coro.raw.create, coro.raw.resume, coro.raw.yield
 local traceback, format, type = debug.traceback, string.format, type
-local PARK, EXIT, HEAD_SENT = coro.PARK, coro.EXIT, base.REQ_HEAD_SENT
-local REQ_IN_HANDLER = 0x400
+local PARK, EXIT = coro.PARK, coro.EXIT
+local HEAD_SENT, REQ_IN_HANDLER = base.REQ_HEAD_SENT, base.REQ_IN_HANDLER
 local coro_park = coro.park
 
 

@@ -303,7 +303,13 @@ const char *ms__date_line(ms_server_t *s);
 /* req.c */
 const char *ms__reason(int status);
 int ms__refusal_body(int status, char *buf, size_t size);
-int ms__req_busy(ms_server_t *s);
+int ms__req_refused_busy(ms_server_t *s);
+/* Over the in-flight cap? Then the refusal is counted and logged, and the protocol answers
+ * 503 with ms__refusal_body and retry-after: 1, the same on every protocol. */
+static inline int ms__req_busy(ms_server_t *s)
+{
+    return MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
+}
 void ms__req_dispatch(ms_req_t *r);
 void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);

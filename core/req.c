@@ -58,12 +58,10 @@ int ms__refusal_body(int status, char *buf, size_t size)
     return snprintf(buf, size, "%d %s\n", status, ms__reason(status));
 }
 
-/* Over the in-flight cap? Then it counts the refusal and logs it (a flood as one line a
- * second); the protocol answers 503 with ms__refusal_body and retry-after: 1. */
-int ms__req_busy(ms_server_t *s)
+/* A request over the in-flight cap (ms__req_busy): counted and logged, a flood as one line
+ * a second. */
+int ms__req_refused_busy(ms_server_t *s)
 {
-    if (s->stats.in_flight < s->limits.in_flight)
-        return 0;
     s->stats.refused_busy++;
     ms__log_refusals(s);
     return 1;

@@ -417,8 +417,7 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
     ms_req_t *r = &h->req;
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, ms__reason(status),
-           why ? why : "malformed");
+    ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, ms__reason(status), why ? why : "malformed");
     s->stats.bad_requests++;
     h->state = MS_H1_DEAD;
     if (c->flags & MS_CONN_CLOSED) {

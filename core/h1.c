@@ -4,7 +4,6 @@
 #include <stdio.h>
 
 #include "internal.h"
-#include "static.h"
 
 /* -- Head validation ---------------------------------------------------------------------
  * llhttp 8.1 predates the fixes for a header ended by a bare CR and for obs-fold, so every
@@ -411,49 +410,6 @@ void ms__h1_free(ms_server_t *s, ms_h1_t *h)
 
 /* -- Refusals ---------------------------------------------------------------------------- */
 
-static const char *reason(int status)
-{
-    switch (status) {
-    case 100: return "Continue";
-    case 101: return "Switching Protocols";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 206: return "Partial Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 303: return "See Other";
-    case 304: return "Not Modified";
-    case 307: return "Temporary Redirect";
-    case 308: return "Permanent Redirect";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 410: return "Gone";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 415: return "Unsupported Media Type";
-    case 416: return "Range Not Satisfiable";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    }
-    return "";
-}
-
 /* Answers a request the core will not hand to Lua (or whose body went wrong) and closes. */
 static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
 {
@@ -461,7 +417,7 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
     ms_req_t *r = &h->req;
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, reason(status), why ? why : "malformed");
+    ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, ms__reason(status), why ? why : "malformed");
     s->stats.bad_requests++;
     h->state = MS_H1_DEAD;
     if (c->flags & MS_CONN_CLOSED) {
@@ -472,11 +428,12 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
         r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE | MS_REQ_CLOSE;
         ms_out_t *o = ms__conn_out(c);
         char *w = ms__out_reserve(o, 512);
+        char body[64];
+        int len = ms__refusal_body(status, body, sizeof(body));
         int n = snprintf(w, 512,
                          "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: text/plain; "
-                         "charset=utf-8\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n%d %s\n",
-                         status, reason(status), ms__date_line(s), strlen(reason(status)) + 5,
-                         status, reason(status));
+                         "charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s",
+                         status, ms__reason(status), ms__date_line(s), len, body);
         ms__out_commit(s, o, (size_t)n);
         c->flags |= MS_CONN_CLOSING;
         if (!(c->flags & MS_CONN_IN_FEED))
@@ -534,7 +491,7 @@ int ms__h1_reply_head(ms_req_t *r, int64_t clen)
     if (clen == -1 && r->v.version == 10)
         r->v.flags |= MS_REQ_CLOSE;
     ms_out_t *o = ms__conn_out(c);
-    const char *why = reason(r->v.status);
+    const char *why = ms__reason(r->v.status);
     size_t wlen = strlen(why);
     char *w0 = ms__out_reserve(o, 192 + wlen + r->res_headers.len), *w = w0;
     w = PUT(w, "HTTP/1.1 ");
@@ -576,9 +533,7 @@ static void refuse_busy(ms_conn_t *c)
     static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nserver: moonserve\r\n"
                                "retry-after: 1\r\ncontent-type: text/plain; charset=utf-8\r\n"
                                "content-length: 24\r\nconnection: close\r\n";
-    static const char body[] = "\r\n503 Service Unavailable\n";
-    s->stats.refused_busy++;
-    ms__log_refusals(s);
+    static const char body[] = "\r\n503 Service Unavailable\n"; /* ms__refusal_body's */
     ms_out_t *o = ms__conn_out(c);
     ms__out_vec(s, o, busy, sizeof(busy) - 1, MS_VEC_STATIC, -1);
     ms__out_text(s, o, ms__date_line(s), 37);
@@ -589,21 +544,10 @@ static void refuse_busy(ms_conn_t *c)
 
 static void dispatch(ms_conn_t *c, ms_h1_t *h)
 {
-    ms_server_t *s = c->server;
-    ms_req_t *r = &h->req;
-    s->stats.in_flight++;
-    r->v.flags |= MS_REQ_IN_HANDLER;
-    ms__conn_hold(c);
-    c->requests++;
-    s->stats.requests++;
-    if (c->requests >= s->limits.requests_per_connection)
-        r->v.flags |= MS_REQ_CLOSE;
-    /* Under a static mount, the core answers by itself. */
-    if (s->statics != NULL && ms__static_dispatch(r) == 0) {
-        ms_req_finish(r);
-        return;
-    }
-    ms__server_call(s, s->on_request, r);
+    /* (the request dispatch counts is the connection's last one it may make) */
+    if (c->requests + 1 >= c->server->limits.requests_per_connection)
+        h->req.v.flags |= MS_REQ_CLOSE;
+    ms__req_dispatch(&h->req);
 }
 
 /* Feeds body bytes to llhttp; returns how far it read. */
@@ -782,7 +726,7 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
             if (n == 0)
                 return p;
             h->scan = 0;
-            if (MS_UNLIKELY(c->server->stats.in_flight >= lim->in_flight)) {
+            if (MS_UNLIKELY(ms__req_busy(c->server))) {
                 refuse_busy(c);
                 return end;
             }

@@ -7,7 +7,6 @@
 #include <stdio.h>
 
 #include "internal.h"
-#include "static.h"
 
 /* What a server advertises, and what a connection may do before it is told to go away. */
 #define H2_MAX_STREAMS       100
@@ -737,19 +736,30 @@ static void reset_malformed(ms_h2_t *h2, ms_stream_t *st, const char *why)
     nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
 
-/* Answers a stream from the core (431, 503) without the handler. */
+/* Answers a stream from the core (431, 413, 503) without the handler. The 503 over
+ * in_flight is the refusal every protocol makes, with the same body and retry-after; `why`
+ * is NULL for it, as ms__req_busy logged it. */
 static void refuse_stream(ms_stream_t *st, int status, const char *why)
 {
-    char peer[64];
-    ms_conn_peer(st->h2->conn, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
+    if (why != NULL) {
+        char peer[64];
+        ms_conn_peer(st->h2->conn, peer, sizeof(peer));
+        ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
+    }
     ms_req_t *r = &st->req;
     r->v.status = (uint16_t)status;
     r->v.flags |= MS_REQ_DONE;
     static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
     ms_reply_field(r, type, sizeof(type) - 1);
     char body[64];
-    int n = snprintf(body, sizeof(body), "%d\n", status);
+    int n;
+    if (status == 503) {
+        static const char retry[] = "retry-after: 1\r\n";
+        ms_reply_field(r, retry, sizeof(retry) - 1);
+        n = ms__refusal_body(status, body, sizeof(body));
+    } else {
+        n = snprintf(body, sizeof(body), "%d\n", status);
+    }
     ms__h2_reply_head(r, n);
     ms_out_t *o = ms__h2_stream_out(r);
     ms__out_text(st->h2->conn->server, o, body, (size_t)n);
@@ -783,10 +793,8 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
                                       : ":path does not start with /");
         return;
     }
-    if (s->stats.in_flight >= s->limits.in_flight) {
-        s->stats.refused_busy++;
-        ms__log_refusals(s);
-        refuse_stream(st, 503, "over in_flight");
+    if (ms__req_busy(s)) {
+        refuse_stream(st, 503, NULL); /* (the flood is logged as one line a second) */
         return;
     }
     if (r->v.content_length > 0 && (uint64_t)r->v.content_length > s->limits.body_bytes_max &&
@@ -798,16 +806,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     r->v.id = ++s->next_req_id;
     if (r->v.method.len == 4 && memcmp(r->v.method.base, "HEAD", 4) == 0)
         r->v.flags |= MS_REQ_IS_HEAD;
-    s->stats.in_flight++;
-    s->stats.requests++;
-    c->requests++;
-    r->v.flags |= MS_REQ_IN_HANDLER;
-    ms__conn_hold(c); /* the handler's */
-    if (s->statics != NULL && ms__static_dispatch(r) == 0) {
-        ms_req_finish(r);
-        return;
-    }
-    ms__server_call(s, s->on_request, r);
+    ms__req_dispatch(r);
 }
 
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)

@@ -181,6 +181,9 @@ struct ms_server_s {
     ms_conn_t conns; /* sentinel of the open connection list */
     ms_recycle_t h1_free, out_free, chunk_free, stream_free;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
+    /* The step before the handler (static mounts, set by static.c): 0 when it answered the
+     * request, which is then finished; NULL when there is none. */
+    int (*before_handler)(ms_req_t *r);
     uv_prepare_t h2_turn;        /* writes HTTP/2 connections replied to outside a read */
     uv_idle_t h2_again;          /* keeps the next poll from blocking while h2_turn has work
                                   * that its own run made (a handler woken by a write) */
@@ -298,6 +301,16 @@ void ms__timers_run(uv_timer_t *ut);
 const char *ms__date_line(ms_server_t *s);
 
 /* req.c */
+const char *ms__reason(int status);
+int ms__refusal_body(int status, char *buf, size_t size);
+int ms__req_refused_busy(ms_server_t *s);
+/* Over the in-flight cap? Then the refusal is counted and logged, and the protocol answers
+ * 503 with ms__refusal_body and retry-after: 1, the same on every protocol. */
+static inline int ms__req_busy(ms_server_t *s)
+{
+    return MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
+}
+void ms__req_dispatch(ms_req_t *r);
 void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);

@@ -1,7 +1,91 @@
 /* req.c: what a handler does with a request: fields, body, waits, reply, finish. */
+#include <stdio.h>
+
 #include "moonserve.h"
 
 #include "internal.h"
+
+/* -- Dispatch and refusal, the same for every protocol ------------------------------------ */
+
+/* The reason phrase of a status ("" for one the core does not know). */
+const char *ms__reason(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 101: return "Switching Protocols";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 206: return "Partial Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 303: return "See Other";
+    case 304: return "Not Modified";
+    case 307: return "Temporary Redirect";
+    case 308: return "Permanent Redirect";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 410: return "Gone";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 416: return "Range Not Satisfiable";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    }
+    return "";
+}
+
+/* The body of a refusal the core answers by itself: the status and its reason,
+ * "503 Service Unavailable\n". Returns its length. */
+int ms__refusal_body(int status, char *buf, size_t size)
+{
+    return snprintf(buf, size, "%d %s\n", status, ms__reason(status));
+}
+
+/* A request over the in-flight cap (ms__req_busy): counted and logged, a flood as one line
+ * a second. */
+int ms__req_refused_busy(ms_server_t *s)
+{
+    s->stats.refused_busy++;
+    ms__log_refusals(s);
+    return 1;
+}
+
+/* A whole request head, from any protocol: it counts, the handler's hold on the connection
+ * is taken, the steps before the handler may answer it (static mounts), else the handler
+ * has it. What a protocol decides of its own (a connection's last request, a malformed
+ * stream) it decides before calling this. */
+void ms__req_dispatch(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    ms_server_t *s = c->server;
+    s->stats.in_flight++;
+    s->stats.requests++;
+    c->requests++;
+    r->v.flags |= MS_REQ_IN_HANDLER;
+    ms__conn_hold(c); /* the handler's */
+    if (s->before_handler != NULL && s->before_handler(r) == 0) {
+        ms_req_finish(r);
+        return;
+    }
+    ms__server_call(s, s->on_request, r);
+}
 
 void ms__req_init(ms_req_t *r)
 {

@@ -155,6 +155,7 @@ static ms_static_t *statics(ms_server_t *s)
         uv_check_start(st->counter, count_turn);
         uv_unref((uv_handle_t *)st->counter);
         s->statics = st;
+        s->before_handler = ms__static_dispatch;
     }
     return s->statics;
 }
@@ -1272,4 +1273,5 @@ void ms__static_free(ms_server_t *s)
     ms_mem_free(st->lru);
     ms_mem_free(st);
     s->statics = NULL;
+    s->before_handler = NULL;
 }

@@ -488,18 +488,20 @@ void ms__h2_req_finished(ms_req_t *r)
 /* The stream's body will not be read: `status` with `text` (its reason and a newline) as
  * the reply unless one has begun, then the handler learns. The rest of the body is not
  * wanted: the client is told so once the reply has gone (a reset now would drop it). */
-static void stop_body(ms_req_t *r, int status, const char *text, const char *why)
+static void stop_body(ms_req_t *r, int status, const char *why)
 {
     ms_stream_t *st = stream_of(r);
     char peer[64];
     ms_conn_peer(r->conn, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d %.*s: %s", peer, st->id, status,
-           (int)strlen(text) - 5, text + 4, why);
+    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d %s: %s", peer, st->id, status,
+           ms__reason(status), why);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+        char body[64];
+        int n = ms__refusal_body(status, body, sizeof(body));
         ms_reply_reset(r);
         r->v.status = (uint16_t)status;
-        ms_reply_send(r, text, strlen(text), MS_VEC_STATIC, -1);
+        ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
     }
     reset_when_sent(st);
     if (r->v.wait == MS_WAIT_BODY)
@@ -508,7 +510,7 @@ static void stop_body(ms_req_t *r, int status, const char *text, const char *why
 
 void ms__h2_refuse_body(ms_req_t *r)
 {
-    stop_body(r, 413, "413 Content Too Large\n", "body larger than the route's body_bytes");
+    stop_body(r, 413, "body larger than the route's body_bytes");
 }
 
 /* A body has body_timeout; past it, it may go on while it keeps body_min_rate on average
@@ -536,8 +538,7 @@ static void body_check(ms_timer_t *t)
     }
     s->stats.timeouts++;
     ms__conn_hold(c);
-    stop_body(r, 408, "408 Request Timeout\n",
-              "body not complete within body_timeout at body_min_rate");
+    stop_body(r, 408, "body not complete within body_timeout at body_min_rate");
     if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
         ms__conn_rearm(c);
     ms__conn_release(c);
@@ -628,9 +629,9 @@ static int on_trailer(ms_stream_t *st, const uint8_t *name, size_t nlen, const u
         return 0; /* nobody reads them */
     st->head_bytes += (uint32_t)(nlen + vlen + 32);
     if (st->head_bytes > lim->head_bytes || (uint32_t)r->ntrailers >= lim->header_count) {
-        stop_body(r, 431, "431 Request Header Fields Too Large\n",
-                  st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
-                                                   : "too many trailer fields");
+        const char *why = st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
+                                                           : "too many trailer fields";
+        stop_body(r, 431, why);
         return 0;
     }
     ms__req_add_trailer(r, (const char *)name, nlen, (const char *)value, vlen);

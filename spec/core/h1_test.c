@@ -3,6 +3,7 @@
 
 #include "../../core/h1.c"
 #include "../../core/memio.h"
+#include "fields.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -41,16 +42,7 @@ static void echo_step(ms_req_t *r)
             r->v.status = 400;
             reply_text(r, "bad body");
         } else {
-            size_t k = 0;
-            for (int i = 0; i < r->v.nheaders; i++)
-                k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
-                                      (int)r->headers[i].name.len, r->headers[i].name.base,
-                                      (int)r->headers[i].value.len, r->headers[i].value.base);
-            k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "|");
-            for (int i = 0; i < r->ntrailers; i++)
-                k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
-                                      (int)r->trailers[i].name.len, r->trailers[i].name.base,
-                                      (int)r->trailers[i].value.len, r->trailers[i].value.base);
+            note_fields(r, seen_fields, sizeof(seen_fields));
             ms_reply_send(r, echoed.base ? echoed.base : "", echoed.len, MS_VEC_OUT, -1);
         }
         ms_req_finish(r);

@@ -7,6 +7,7 @@
 
 #include "../../core/memio.h"
 #include "../../core/h2.c"
+#include "fields.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -26,19 +27,6 @@ static int path_is(ms_req_t *r, const char *p)
 static ms_buf_t echoed;
 static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists */
 
-static void note_fields(ms_req_t *r)
-{
-    size_t k = 0;
-    for (int i = 0; i < r->v.nheaders; i++)
-        k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
-                              (int)r->headers[i].name.len, r->headers[i].name.base,
-                              (int)r->headers[i].value.len, r->headers[i].value.base);
-    k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "|");
-    for (int i = 0; i < r->ntrailers; i++)
-        k += (size_t)snprintf(seen_fields + k, sizeof(seen_fields) - k, "%.*s=%.*s;",
-                              (int)r->trailers[i].name.len, r->trailers[i].name.base,
-                              (int)r->trailers[i].value.len, r->trailers[i].value.base);
-}
 static int fields_rc[8];
 
 static void echo_step(ms_req_t *r)
@@ -52,7 +40,7 @@ static void echo_step(ms_req_t *r)
         }
         if (n == UV_EAGAIN && ms_req_wait_body(r) == 0)
             return;
-        note_fields(r);
+        note_fields(r, seen_fields, sizeof(seen_fields));
         ms_reply_send(r, echoed.base ? echoed.base : "", echoed.len, MS_VEC_OUT, -1);
         ms_req_finish(r);
         return;

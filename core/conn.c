@@ -16,6 +16,7 @@ ms_conn_t *ms_conn_new(ms_server_t *s, const ms_io_t *io, size_t extra)
     c->server = s;
     c->io = io;
     c->refs = 1;
+    ms__conn_accept(c); /* the accept stage reads first */
     c->next = s->conns.next;
     c->prev = &s->conns;
     s->conns.next->prev = c;
@@ -49,10 +50,8 @@ static void conn_free(ms_conn_t *c)
     ms_server_t *s = c->server;
     assert(c->refs == 0);
     ms_timer_stop(s, &c->timer);
-    if (c->h1 != NULL)
-        ms__h1_free(s, c->h1);
-    if (c->h2 != NULL)
-        ms__h2_free(c);
+    if (c->pstate != NULL)
+        c->proto->free(s, c->pstate);
     if (c->pend != NULL)
         ms__out_release(s, c->pend);
     if (c->flight != NULL)
@@ -77,10 +76,7 @@ void ms__conn_close(ms_conn_t *c, int graceful)
         return;
     c->flags |= MS_CONN_CLOSED | MS_CONN_CLOSING;
     ms_timer_stop(c->server, &c->timer);
-    if (c->h1 != NULL && (c->h1->req.v.flags & MS_REQ_IN_HANDLER))
-        ms__req_abort(&c->h1->req);
-    if (c->h2 != NULL)
-        ms__h2_abort(c);
+    c->proto->abort(c);
     c->io->close(c, graceful);
 }
 
@@ -98,36 +94,22 @@ void ms__conn_release(ms_conn_t *c)
 
 void ms_conn_eof(ms_conn_t *c, int err)
 {
-    if (err != UV_EOF || c->h2 != NULL) {
+    if (err != UV_EOF) {
         ms__conn_close(c, 0);
         return;
     }
-    ms__h1_eof(c);
+    c->proto->eof(c);
 }
 
 void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
 {
-    ms_h1_t *h = c->h1;
-    if (h == NULL || h->in.len == h->in_off) {
+    buf->base = NULL;
+    if (c->proto->read_buf != NULL)
+        c->proto->read_buf(c, buf);
+    if (buf->base == NULL) {
         buf->base = c->server->rbuf;
         buf->len = MS_READ_BUF_SIZE;
-        return;
     }
-    /* Bytes are kept (a partial head, or requests behind a parked one): read after them so
-     * the head ends up contiguous. The kept bytes start at the head being scanned, and
-     * `scan` counts from there, so moving them leaves it as it is. */
-    assert(h->scan <= h->in.len - h->in_off);
-    if (h->in_off > 0) {
-        memmove(h->in.base, h->in.base + h->in_off, h->in.len - h->in_off);
-        h->in.len -= h->in_off;
-        h->in_off = 0;
-    }
-    if (h->in.cap - h->in.len < MS_CONN_BUF_MIN) {
-        h->in.cap = h->in.cap * 2 > MS_CONN_BUF_MIN ? h->in.cap * 2 : MS_CONN_BUF_MIN;
-        h->in.base = ms_mem_realloc(h->in.base, h->in.cap);
-    }
-    buf->base = h->in.base + h->in.len;
-    buf->len = h->in.cap - h->in.len;
 }
 
 void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
@@ -135,10 +117,7 @@ void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
     /* Bytes end idleness; a head's and a body's deadlines stay (trickling earns nothing). */
     if (c->phase == MS_PHASE_IDLE)
         c->phase = MS_PHASE_NONE;
-    if (c->h2 != NULL)
-        ms__h2_feed(c, data, len);
-    else
-        ms__h1_feed(c, data, len);
+    c->proto->feed(c, data, len);
 }
 
 /* -- Reply queue ------------------------------------------------------------------------- */
@@ -492,10 +471,7 @@ void ms_conn_write_done(ms_conn_t *c, int status)
     }
     if (c->phase == MS_PHASE_SEND)
         c->phase = MS_PHASE_NONE; /* progress */
-    if (c->h2 != NULL)
-        ms__h2_flush(c); /* frames that waited for room */
-    else
-        ms__conn_flush(c);
+    c->proto->write(c);           /* (HTTP/2's frames that waited for room) */
     ms__conn_drain_check(c);
     ms__conn_rearm(c);
 }
@@ -508,7 +484,7 @@ size_t ms__conn_queued(ms_conn_t *c)
 /* Reply bytes of `r` not yet written: the connection's, and on HTTP/2 its stream's. */
 size_t ms__req_queued(ms_req_t *r)
 {
-    return ms__conn_queued(r->conn) + (r->conn->h2 != NULL ? ms__h2_stream_out(r)->bytes : 0);
+    return r->conn->proto->queued(r);
 }
 
 int ms_reply_congested(ms_req_t *r)
@@ -574,10 +550,7 @@ static void timer_expired(ms_timer_t *t)
         return;
     }
     c->server->stats.timeouts++;
-    if (c->h2 != NULL)
-        ms__h2_timeout(c, phase);
-    else
-        ms__h1_timeout(c, phase);
+    c->proto->timeout(c, phase);
 }
 
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms)
@@ -587,48 +560,17 @@ void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms)
 }
 
 /* Points the connection's one timer at what it waits for now: the socket to take a reply
- * (send_timeout, reset by progress), a body (body_timeout, reset by each read), the rest of
- * a head (head_timeout, from its first byte: trickling bytes does not extend it), or the
- * next request (idle_timeout). A handler at work has no deadline here. */
+ * (send_timeout, reset by progress), or what its protocol waits for. */
 void ms__conn_rearm(ms_conn_t *c)
 {
-    ms_server_t *s = c->server;
-    const ms_limits_t *lim = &s->limits;
-    ms_h1_t *h = c->h1;
     if (c->flags & MS_CONN_CLOSED)
         return;
     if (c->flight != NULL) {
         if (c->phase != MS_PHASE_SEND)
-            ms__conn_arm(c, MS_PHASE_SEND, lim->send_timeout_ms);
+            ms__conn_arm(c, MS_PHASE_SEND, c->server->limits.send_timeout_ms);
         return;
     }
-    if (c->h2 != NULL) {
-        ms__h2_rearm(c);
-        return;
-    }
-    /* A body we hold back (backpressure, or 100 Continue not yet sent) is not late. */
-    if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF) &&
-        !(h->req.v.flags & MS_REQ_EXPECT)) {
-        if (c->phase != MS_PHASE_BODY) {
-            h->body_start = uv_now(s->loop);
-            h->body_mark = h->req.body_seen;
-            ms__conn_arm(c, MS_PHASE_BODY, lim->body_timeout_ms);
-        }
-        return;
-    }
-    if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
-        c->phase = MS_PHASE_NONE;
-        ms_timer_stop(s, &c->timer);
-        return;
-    }
-    if (c->flags & MS_CONN_CLOSING)
-        return;
-    if (h != NULL && h->state == MS_H1_HEAD && (h->scan > 0 || h->in.len > h->in_off)) {
-        if (c->phase != MS_PHASE_HEAD)
-            ms__conn_arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
-        return;
-    }
-    ms__conn_arm_idle(c);
+    c->proto->rearm(c);
 }
 
 /* Waits for the next request: idle_timeout, or a short grace once the server stops. */
@@ -651,14 +593,5 @@ void ms__conn_start(ms_conn_t *c)
 /* Resumes a handler waiting for the reply queue to drain, once it has. */
 void ms__conn_drain_check(ms_conn_t *c)
 {
-    ms_h1_t *h = c->h1;
-    if (c->h2 != NULL) {
-        ms__h2_drain_check(c);
-        return;
-    }
-    if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN &&
-        (h->req.drain_all ? ms__conn_queued(c) == 0 : !ms_reply_congested(&h->req)))
-        ms__req_wake(&h->req, MS_WAIT_DRAIN);
-    else if (h != NULL && h->out_paused)
-        ms__h1_out_drained(c);
+    c->proto->drain_check(c);
 }

@@ -5,6 +5,46 @@
 
 #include "internal.h"
 
+typedef struct ms_h1_s ms_h1_t;
+
+/* HTTP/1 state of an active connection: dropped back to the worker when it goes idle. */
+enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
+
+struct ms_h1_s {
+    ms_h1_t *next_free;
+    llhttp_t parser;
+    ms_buf_t in;          /* owned: bytes kept between reads (partial head, pipelined requests) */
+    size_t in_off;        /* consumed prefix of `in` */
+    size_t scan;          /* how far the head scan got in `in` */
+    int state;            /* MS_H1_* */
+    int msg_done;         /* llhttp finished the current message */
+    int field_open;       /* a header name is being read */
+    int discard_body;     /* the handler is done: body bytes still coming are dropped */
+    int head_done;        /* fields from now on are trailers */
+    int out_paused;       /* the next request waits until the reply queue drains */
+    ms_buf_t trailer;     /* owned: the trailer field being read, name then value */
+    size_t trailer_name;  /* how much of `trailer` is the name */
+    size_t trailer_bytes; /* of all trailer fields so far, held to head_bytes */
+    uint32_t chunk_ext;   /* bytes of extensions on the current chunk-size line */
+    uint64_t body_start;  /* when the wait for the body began (loop ms) */
+    uint64_t body_mark;   /* body bytes received by then */
+    int status;           /* the status a refused request gets */
+    const char *why;      /* why the request was refused, for the log */
+    const ms_limits_t *conn_limits; /* the worker's */
+    ms_req_t req;
+};
+
+/* The connection's HTTP/1.1 state: NULL while it idles, or once it speaks another protocol. */
+static inline ms_h1_t *h1_of(ms_conn_t *c)
+{
+    return c->proto == &ms__h1_proto ? c->pstate : NULL;
+}
+
+static inline ms_h1_t *h1_of_req(ms_req_t *r)
+{
+    return container_of(r, ms_h1_t, req);
+}
+
 /* -- Head validation ---------------------------------------------------------------------
  * llhttp 8.1 predates the fixes for a header ended by a bare CR and for obs-fold, so every
  * head passes this scan first. It also finds the end of the head, so llhttp always sees a
@@ -369,11 +409,11 @@ static ms_h1_t *h1_get(ms_conn_t *c)
     }
     h->conn_limits = &s->limits;
     h->req.conn = c;
-    c->h1 = h;
+    c->pstate = h;
     return h;
 }
 
-void ms__h1_destroy(void *p)
+static void h1_destroy(void *p)
 {
     ms_h1_t *h = p;
     ms_pool_free(&h->req.pool);
@@ -383,8 +423,9 @@ void ms__h1_destroy(void *p)
     ms_mem_free(h);
 }
 
-void ms__h1_free(ms_server_t *s, ms_h1_t *h)
+static void h1_free(ms_server_t *s, void *pstate)
 {
+    ms_h1_t *h = pstate;
     ms__req_reset(&h->req);
     llhttp_reset(&h->parser);
     h->state = MS_H1_HEAD;
@@ -405,20 +446,18 @@ void ms__h1_free(ms_server_t *s, ms_h1_t *h)
         h->req.body.cap = 0;
     }
     if (!ms__recycle_put(&s->h1_free, h))
-        ms__h1_destroy(h);
+        h1_destroy(h);
 }
 
 /* -- Refusals ---------------------------------------------------------------------------- */
 
-/* Answers a request the core will not hand to Lua (or whose body went wrong) and closes. */
-static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
+/* Answers a request the core will not hand to Lua (or whose body went wrong) and closes;
+ * ms__req_refuse logged it. */
+static void h1_refuse(ms_req_t *r, int status)
 {
+    ms_conn_t *c = r->conn;
     ms_server_t *s = c->server;
-    ms_req_t *r = &h->req;
-    char peer[64];
-    ms_conn_peer(c, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: %d %s: %s", peer, status, ms__reason(status), why ? why : "malformed");
-    s->stats.bad_requests++;
+    ms_h1_t *h = h1_of_req(r);
     h->state = MS_H1_DEAD;
     if (c->flags & MS_CONN_CLOSED) {
         /* nothing to send */
@@ -432,8 +471,9 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
         int len = ms__refusal_body(status, body, sizeof(body));
         int n = snprintf(w, 512,
                          "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: text/plain; "
-                         "charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s",
-                         status, ms__reason(status), ms__date_line(s), len, body);
+                         "charset=utf-8\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s",
+                         status, ms__reason(status), ms__date_line(s), len,
+                         status == 503 ? "retry-after: 1\r\n" : "", body);
         ms__out_commit(s, o, (size_t)n);
         c->flags |= MS_CONN_CLOSING;
         if (!(c->flags & MS_CONN_IN_FEED))
@@ -446,12 +486,6 @@ static void refuse(ms_conn_t *c, ms_h1_t *h, int status, const char *why)
         if (r->v.wait == MS_WAIT_BODY)
             ms__req_wake(r, MS_WAIT_BODY);
     }
-}
-
-/* The handler asked for a body its route does not allow: 413, and a close. */
-void ms__h1_refuse_body(ms_conn_t *c)
-{
-    refuse(c, c->h1, 413, "body larger than the route's body_bytes");
 }
 
 /* -- Replies ----------------------------------------------------------------------------- */
@@ -478,7 +512,7 @@ static char *put_u64(char *w, uint64_t v)
 
 /* Queues the reply head. `clen` is the body length, -1 for a body of unknown length
  * (chunked, or closing on HTTP/1.0), -2 for a status that has no body. */
-int ms__h1_reply_head(ms_req_t *r, int64_t clen)
+static void h1_reply_head(ms_req_t *r, int64_t clen)
 {
     ms_conn_t *c = r->conn;
     ms_server_t *s = c->server;
@@ -519,7 +553,6 @@ int ms__h1_reply_head(ms_req_t *r, int64_t clen)
     w = PUT(w, "\r\n");
     ms__out_commit(s, o, (size_t)(w - w0));
     r->v.flags |= MS_REQ_HEAD_SENT;
-    return 0;
 }
 
 /* -- Reading ----------------------------------------------------------------------------- */
@@ -538,7 +571,7 @@ static void refuse_busy(ms_conn_t *c)
     ms__out_vec(s, o, busy, sizeof(busy) - 1, MS_VEC_STATIC, -1);
     ms__out_text(s, o, ms__date_line(s), 37);
     ms__out_vec(s, o, body, sizeof(body) - 1, MS_VEC_STATIC, -1);
-    c->h1->state = MS_H1_DEAD;
+    h1_of(c)->state = MS_H1_DEAD;
     c->flags |= MS_CONN_CLOSING;
 }
 
@@ -559,8 +592,8 @@ static const char *feed_body(ms_conn_t *c, ms_h1_t *h, const char *p, const char
         p = llhttp_get_error_pos(&h->parser);
         h->state = MS_H1_WAIT_NEXT;
     } else if (e != HPE_OK) {
-        refuse(c, h, h->status ? h->status : 400,
-               h->why ? h->why : llhttp_get_error_reason(&h->parser));
+        ms__req_refuse(&h->req, h->status ? h->status : 400,
+                       h->why ? h->why : llhttp_get_error_reason(&h->parser));
         return end;
     } else {
         p = end;
@@ -575,19 +608,10 @@ static const char *feed_body(ms_conn_t *c, ms_h1_t *h, const char *p, const char
     return p;
 }
 
-/* "Upgrade: h2c" with its HTTP2-Settings, on a request without a body (RFC 7540 3.2): the
- * request becomes stream 1 of an HTTP/2 connection. */
-static int upgrade_to_h2c(ms_req_t *r)
-{
-    const ms_str_t *up = ms_req_header(r, "upgrade", 7);
-    return up != NULL && up->len == 3 && ms__ieq(up->base, "h2c", 3) &&
-           ms_req_header(r, "http2-settings", 14) != NULL && r->v.content_length <= 0 &&
-           !(r->v.flags & MS_REQ_HAS_BODY);
-}
-
 /* Parses a whole head with llhttp, then hands the request to the handler. Returns 0, 1 for
- * a request that upgrades to HTTP/2, or -1 when it was refused. */
-static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
+ * a request that switches the connection to another protocol (`*to`), or -1 when it was
+ * refused. */
+static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n, const ms_proto_t **to)
 {
     ms_req_t *r = &h->req;
     r->v.id = ++c->server->next_req_id;
@@ -595,8 +619,8 @@ static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
     r->head.base = p;
     r->head.len = n;
     llhttp_errno_t e = llhttp_execute(&h->parser, p, n);
-    if ((e == HPE_PAUSED_UPGRADE || (e == HPE_PAUSED && h->parser.upgrade)) && c->requests == 0 &&
-        upgrade_to_h2c(r)) {
+    if ((e == HPE_PAUSED_UPGRADE || (e == HPE_PAUSED && h->parser.upgrade)) &&
+        (*to = ms__upgrade_proto(r)) != NULL) {
         h->msg_done = 1;
         return 1;
     }
@@ -608,8 +632,8 @@ static int start_request(ms_conn_t *c, ms_h1_t *h, const char *p, size_t n)
         e = HPE_PAUSED;
     }
     if (e != HPE_OK && e != HPE_PAUSED) {
-        refuse(c, h, h->status ? h->status : 400,
-               h->why ? h->why : llhttp_get_error_reason(&h->parser));
+        ms__req_refuse(&h->req, h->status ? h->status : 400,
+                       h->why ? h->why : llhttp_get_error_reason(&h->parser));
         return -1;
     }
     h->state = h->msg_done ? MS_H1_WAIT_NEXT : MS_H1_BODY;
@@ -627,39 +651,6 @@ static void next_request(ms_h1_t *h)
     h->trailer.len = h->trailer_name = h->trailer_bytes = 0;
 }
 
-/* Reads the PROXY header a proxy-protocol listener's connection starts with. Returns how far
- * it got: `p` when more bytes are needed, `end` when the connection is done for. */
-static MS_NOINLINE const char *read_proxy_header(ms_conn_t *c, const char *p, const char *end)
-{
-    ms_server_t *s = c->server;
-    uint8_t src[16];
-    int known;
-    ssize_t n = ms__proxy_parse(p, (size_t)(end - p), src, &known);
-    if (n == 0)
-        return p;
-    char peer[64];
-    ms_conn_peer(c, peer, sizeof(peer));
-    if (n < 0) {
-        ms_log(MS_LOG_INFO, "%s: closed: no valid PROXY protocol header", peer);
-        s->stats.bad_requests++;
-        ms__conn_close(c, 0);
-        return end;
-    }
-    c->flags &= ~MS_CONN_PROXY;
-    if (known) {
-        memcpy(c->source, src, 16);
-        c->source_known = 1;
-    }
-    /* The client behind the proxy is the source the per-source cap counts. */
-    if (c->source_known && !ms__trusted(s, c->source) && ms__source_add(s, c) < 0) {
-        s->stats.refused_conns++;
-        ms__log_refusals(s);
-        ms__conn_close(c, 0);
-        return end;
-    }
-    return p + n;
-}
-
 /* The state machine over the bytes at hand. Returns how far it got; the caller keeps the
  * rest for later. Requests are answered strictly in order: while a handler holds one,
  * the bytes of the next stay unparsed. */
@@ -669,13 +660,6 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
     while (p < end) {
         if (c->flags & MS_CONN_CLOSING)
             return end; /* closing after this reply: whatever comes next is dropped */
-        if (MS_UNLIKELY(c->flags & MS_CONN_PROXY)) {
-            const char *q = read_proxy_header(c, p, end);
-            if (q == p || q == end)
-                return q;
-            p = q;
-            continue;
-        }
         switch (h->state) {
         case MS_H1_HEAD: {
             if (MS_UNLIKELY(h->scan == 0 && ms__conn_queued(c) > MS_OUT_HIGH_WATER)) {
@@ -688,16 +672,6 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 }
                 return p;
             }
-            if (MS_UNLIKELY(c->requests == 0 && h->scan == 0 && *p == 'P')) {
-                /* HTTP/2 with prior knowledge: the connection preface instead of a request. */
-                size_t n = (size_t)(end - p);
-                if (memcmp(p, MS_H2_PREFACE, n < MS_H2_PREFACE_LEN ? n : MS_H2_PREFACE_LEN) == 0) {
-                    if (n < MS_H2_PREFACE_LEN)
-                        return p;
-                    ms__h2_start(c, p, n);
-                    return end;
-                }
-            }
             if (h->scan == 0) {
                 /* RFC 9112 2.2: ignore empty lines before a request line. */
                 while (end - p >= 2 && p[0] == '\r' && p[1] == '\n')
@@ -707,7 +681,7 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
             }
             ssize_t n = scan_head(p, (size_t)(end - p), &h->scan, &h->why);
             if (n < 0) {
-                refuse(c, h, 400, h->why);
+                ms__req_refuse(&h->req, 400, h->why);
                 return end;
             }
             size_t have = n > 0 ? (size_t)n : (size_t)(end - p);
@@ -715,11 +689,11 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 /* Only a head longer than a request line may hold one that is too long. */
                 const char *lf = memchr(p, '\n', have);
                 if (lf == NULL ? have > lim->line_bytes : (size_t)(lf - p) > lim->line_bytes) {
-                    refuse(c, h, 414, "request line larger than line_bytes");
+                    ms__req_refuse(&h->req, 414, "request line larger than line_bytes");
                     return end;
                 }
                 if (have > lim->head_bytes) {
-                    refuse(c, h, 431, "head larger than head_bytes");
+                    ms__req_refuse(&h->req, 431, "head larger than head_bytes");
                     return end;
                 }
             }
@@ -730,12 +704,13 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 refuse_busy(c);
                 return end;
             }
-            int started = start_request(c, h, p, (size_t)n);
+            const ms_proto_t *to = NULL;
+            int started = start_request(c, h, p, (size_t)n, &to);
             if (started < 0)
                 return end;
             if (started == 1) {
-                ms__h2_upgrade(c, &h->req, p + n, (size_t)(end - p - n));
-                return end;
+                ms__conn_switch(c, to, &h->req, p + n, (size_t)(end - p - n));
+                return end; /* (`h` is gone) */
             }
             p += n;
             /* Body bytes already here go in first, so a small body is whole when the
@@ -763,21 +738,21 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
 /* An idle connection gives its HTTP/1 state back and keeps only itself and its socket. */
 static void maybe_idle(ms_conn_t *c)
 {
-    ms_h1_t *h = c->h1;
+    ms_h1_t *h = h1_of(c);
     if (h == NULL || (c->flags & MS_CONN_CLOSED))
         return;
     if (h->state == MS_H1_HEAD && h->scan == 0 && h->in.len == h->in_off &&
         !(h->req.v.flags & MS_REQ_IN_HANDLER) && c->flight == NULL) {
-        c->h1 = NULL;
-        ms__h1_free(c->server, h);
+        c->pstate = NULL;
+        h1_free(c->server, h);
         ms__conn_idle(c);
     }
     ms__conn_rearm(c);
 }
 
-void ms__h1_feed(ms_conn_t *c, const char *data, size_t len)
+static void h1_feed(ms_conn_t *c, const char *data, size_t len)
 {
-    ms_h1_t *h = c->h1 != NULL ? c->h1 : h1_get(c);
+    ms_h1_t *h = c->pstate != NULL ? c->pstate : h1_get(c);
     ms__conn_hold(c); /* a handler run from here may let go of the connection */
     int kept = 0;
     if (h->in.len > h->in_off) {
@@ -793,7 +768,7 @@ void ms__h1_feed(ms_conn_t *c, const char *data, size_t len)
     c->flags |= MS_CONN_IN_FEED;
     const char *p = process(c, h, data, data + len);
     c->flags &= ~MS_CONN_IN_FEED;
-    if (c->h1 == h && !(c->flags & MS_CONN_CLOSED)) {
+    if (c->pstate == h && !(c->flags & MS_CONN_CLOSED)) {
         size_t rest = (size_t)(data + len - p);
         if (kept) {
             h->in_off = h->in.len - rest;
@@ -817,10 +792,13 @@ void ms__h1_feed(ms_conn_t *c, const char *data, size_t len)
     ms__conn_release(c);
 }
 
+static void h1_resume(ms_conn_t *c);
+
 /* The handler let go of the request (ms_req_finish). */
-void ms__h1_req_finished(ms_conn_t *c)
+static void h1_finished(ms_req_t *r)
 {
-    ms_h1_t *h = c->h1;
+    ms_conn_t *c = r->conn;
+    ms_h1_t *h = h1_of_req(r);
     if (h->req.v.flags & MS_REQ_CLOSE)
         c->flags |= MS_CONN_CLOSING;
     if (!h->msg_done)
@@ -837,13 +815,13 @@ void ms__h1_req_finished(ms_conn_t *c)
         ms__server_defer(c->server, c);
         return;
     }
-    ms__h1_continue(c);
+    h1_resume(c);
 }
 
 /* Serves whatever came in behind a finished request. */
-void ms__h1_continue(ms_conn_t *c)
+static void h1_resume(ms_conn_t *c)
 {
-    ms_h1_t *h = c->h1;
+    ms_h1_t *h = h1_of(c);
     if (h == NULL || (c->flags & MS_CONN_CLOSED))
         return;
     if (c->flags & MS_CONN_READ_OFF) {
@@ -851,7 +829,7 @@ void ms__h1_continue(ms_conn_t *c)
         c->io->read_start(c);
     }
     if (h->state == MS_H1_WAIT_NEXT || h->in.len > h->in_off) {
-        ms__h1_feed(c, NULL, 0); /* serve what came in behind it */
+        h1_feed(c, NULL, 0); /* serve what came in behind it */
         return;
     }
     ms__conn_flush(c);
@@ -860,9 +838,9 @@ void ms__h1_continue(ms_conn_t *c)
 
 /* A deadline passed: the head or the body did not come in time (408), or the client stopped
  * reading a reply (close). */
-void ms__h1_timeout(ms_conn_t *c, int phase)
+static void h1_timeout(ms_conn_t *c, int phase)
 {
-    ms_h1_t *h = c->h1;
+    ms_h1_t *h = h1_of(c);
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
     if (phase == MS_PHASE_SEND || h == NULL) {
@@ -882,17 +860,18 @@ void ms__h1_timeout(ms_conn_t *c, int phase)
         }
     }
     ms__conn_hold(c);
-    refuse(c, h, 408,
-           phase == MS_PHASE_HEAD ? "head not complete within head_timeout"
-                                  : "body not complete within body_timeout at body_min_rate");
+    ms__req_refuse(&h->req, 408,
+                   phase == MS_PHASE_HEAD
+                       ? "head not complete within head_timeout"
+                       : "body not complete within body_timeout at body_min_rate");
     ms__conn_flush(c);
     ms__conn_release(c);
 }
 
 /* The reply queue drained below half its high-water mark: pipelined requests go on. */
-void ms__h1_out_drained(ms_conn_t *c)
+static void h1_out_drained(ms_conn_t *c)
 {
-    ms_h1_t *h = c->h1;
+    ms_h1_t *h = h1_of(c);
     if (h == NULL || !h->out_paused || (c->flags & MS_CONN_IN_FEED) ||
         ms__conn_queued(c) > MS_OUT_HIGH_WATER / 2)
         return;
@@ -901,21 +880,23 @@ void ms__h1_out_drained(ms_conn_t *c)
         ms__server_defer(c->server, c); /* no calls into Lua from inside one */
         return;
     }
-    ms__h1_continue(c);
+    h1_resume(c);
 }
 
-void ms__h1_body_drained(ms_conn_t *c)
+/* The handler took body bytes: a socket stopped for backpressure reads again. */
+static void h1_body_taken(ms_req_t *r, size_t n)
 {
-    if ((c->flags & MS_CONN_READ_OFF) && c->h1 != NULL &&
-        c->h1->req.body.len <= MS_BODY_HIGH_WATER / 2) {
+    ms_conn_t *c = r->conn;
+    (void)n;
+    if ((c->flags & MS_CONN_READ_OFF) && r->body.len <= MS_BODY_HIGH_WATER / 2) {
         c->flags &= ~MS_CONN_READ_OFF;
         c->io->read_start(c);
     }
 }
 
-void ms__h1_eof(ms_conn_t *c)
+static void h1_eof(ms_conn_t *c)
 {
-    ms_h1_t *h = c->h1;
+    ms_h1_t *h = h1_of(c);
     if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
         /* The client may have only shut its sending side: the reply can still go out. */
         ms_req_t *r = &h->req;
@@ -933,3 +914,197 @@ void ms__h1_eof(ms_conn_t *c)
     }
     ms__conn_close(c, 0);
 }
+
+/* -- The protocol's table ----------------------------------------------------------------- */
+
+static void h1_read_buf(ms_conn_t *c, uv_buf_t *buf)
+{
+    ms_h1_t *h = c->pstate;
+    if (h == NULL || h->in.len == h->in_off)
+        return; /* the worker's shared buffer */
+    /* Bytes are kept (a partial head, or requests behind a parked one): read after them so
+     * the head ends up contiguous. The kept bytes start at the head being scanned, and
+     * `scan` counts from there, so moving them leaves it as it is. */
+    assert(h->scan <= h->in.len - h->in_off);
+    if (h->in_off > 0) {
+        memmove(h->in.base, h->in.base + h->in_off, h->in.len - h->in_off);
+        h->in.len -= h->in_off;
+        h->in_off = 0;
+    }
+    if (h->in.cap - h->in.len < MS_CONN_BUF_MIN) {
+        h->in.cap = h->in.cap * 2 > MS_CONN_BUF_MIN ? h->in.cap * 2 : MS_CONN_BUF_MIN;
+        h->in.base = ms_mem_realloc(h->in.base, h->in.cap);
+    }
+    buf->base = h->in.base + h->in.len;
+    buf->len = h->in.cap - h->in.len;
+}
+
+/* What the connection waits for: a body (body_timeout, reset by each read), the rest of a
+ * head (head_timeout, from its first byte: trickling bytes does not extend it), or the next
+ * request (idle_timeout). A handler at work has no deadline here. */
+static void h1_rearm(ms_conn_t *c)
+{
+    ms_server_t *s = c->server;
+    const ms_limits_t *lim = &s->limits;
+    ms_h1_t *h = c->pstate;
+    /* A body we hold back (backpressure, or 100 Continue not yet sent) is not late. */
+    if (h != NULL && h->state == MS_H1_BODY && !(c->flags & MS_CONN_READ_OFF) &&
+        !(h->req.v.flags & MS_REQ_EXPECT)) {
+        if (c->phase != MS_PHASE_BODY) {
+            h->body_start = uv_now(s->loop);
+            h->body_mark = h->req.body_seen;
+            ms__conn_arm(c, MS_PHASE_BODY, lim->body_timeout_ms);
+        }
+        return;
+    }
+    if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
+        c->phase = MS_PHASE_NONE;
+        ms_timer_stop(s, &c->timer);
+        return;
+    }
+    if (c->flags & MS_CONN_CLOSING)
+        return;
+    if (h != NULL && h->state == MS_H1_HEAD && (h->scan > 0 || h->in.len > h->in_off)) {
+        if (c->phase != MS_PHASE_HEAD)
+            ms__conn_arm(c, MS_PHASE_HEAD, lim->head_timeout_ms);
+        return;
+    }
+    ms__conn_arm_idle(c);
+}
+
+static void h1_drain_check(ms_conn_t *c)
+{
+    ms_h1_t *h = c->pstate;
+    if (h != NULL && h->req.v.wait == MS_WAIT_DRAIN &&
+        (h->req.drain_all ? ms__conn_queued(c) == 0 : !ms_reply_congested(&h->req)))
+        ms__req_wake(&h->req, MS_WAIT_DRAIN);
+    else if (h != NULL && h->out_paused)
+        h1_out_drained(c);
+}
+
+/* The server stops: a connection waiting for its next request gets the short grace. */
+static void h1_stop(ms_conn_t *c)
+{
+    ms_h1_t *h = c->pstate;
+    if (h == NULL || !(h->req.v.flags & MS_REQ_IN_HANDLER))
+        ms__conn_rearm(c);
+}
+
+static void h1_abort(ms_conn_t *c)
+{
+    ms_h1_t *h = c->pstate;
+    if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER))
+        ms__req_abort(&h->req);
+}
+
+static ms_out_t *h1_out(ms_req_t *r)
+{
+    return ms__conn_out(r->conn);
+}
+
+/* A piece of a body of unknown length: a chunk on HTTP/1.1 (HTTP/1.0's ends with the close). */
+static void h1_body_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms_conn_t *c = r->conn;
+    ms_server_t *s = c->server;
+    ms_out_t *o = ms__conn_out(c);
+    if (!(r->v.flags & MS_REQ_CHUNKED_OUT)) {
+        ms__req_queue_body(r, o, p, len, owner, anchor);
+        return;
+    }
+    char *w = ms__out_reserve(o, 20);
+    int n = 0;
+    static const char hex[] = "0123456789abcdef";
+    char tmp[16];
+    for (size_t v = len; v != 0; v >>= 4)
+        tmp[n++] = hex[v & 15];
+    for (int i = 0; i < n; i++)
+        w[i] = tmp[n - 1 - i];
+    w[n] = '\r';
+    w[n + 1] = '\n';
+    ms__out_commit(s, o, (size_t)n + 2);
+    ms__req_queue_body(r, o, p, len, owner, anchor);
+    ms__out_text(s, o, "\r\n", 2);
+}
+
+/* The last chunk, the trailer fields, the end. */
+static void h1_body_end(ms_req_t *r)
+{
+    ms_server_t *s = r->conn->server;
+    if (!(r->v.flags & MS_REQ_CHUNKED_OUT))
+        return;
+    ms_out_t *o = ms__conn_out(r->conn);
+    ms__out_text(s, o, "0\r\n", 3);
+    if (r->res_trailers.len > 0)
+        ms__out_text(s, o, r->res_trailers.base, r->res_trailers.len);
+    ms__out_text(s, o, "\r\n", 2);
+}
+
+static void h1_send_continue(ms_req_t *r)
+{
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    ms__out_vec(r->conn->server, ms__conn_out(r->conn), cont, sizeof(cont) - 1, MS_VEC_STATIC, -1);
+}
+
+static void h1_fail(ms_req_t *r)
+{
+    r->v.flags |= MS_REQ_DONE | MS_REQ_CLOSE; /* no last chunk, and the connection closes */
+    r->conn->flags |= MS_CONN_CLOSING;
+}
+
+static void h1_body_wait(ms_req_t *r)
+{
+    (void)r; /* the connection's timer has the body's deadline (h1_rearm) */
+}
+
+static size_t h1_queued(ms_req_t *r)
+{
+    return ms__conn_queued(r->conn);
+}
+
+static void h1_where(ms_req_t *r, char *buf, size_t len)
+{
+    (void)r;
+    (void)len;
+    buf[0] = 0;
+}
+
+static void h1_worker_init(ms_server_t *s)
+{
+    (void)s;
+}
+
+static void h1_worker_free(ms_server_t *s)
+{
+    ms__recycle_drain(&s->h1_free, h1_destroy);
+}
+
+const ms_proto_t ms__h1_proto = {
+    .name = "http/1.1",
+    .read_buf = h1_read_buf,
+    .feed = h1_feed,
+    .eof = h1_eof,
+    .write = ms__conn_flush,
+    .rearm = h1_rearm,
+    .timeout = h1_timeout,
+    .drain_check = h1_drain_check,
+    .resume = h1_resume,
+    .stop = h1_stop,
+    .abort = h1_abort,
+    .free = h1_free,
+    .reply_head = h1_reply_head,
+    .out = h1_out,
+    .body_piece = h1_body_piece,
+    .body_end = h1_body_end,
+    .send_continue = h1_send_continue,
+    .flush = ms__conn_flush,
+    .finished = h1_finished,
+    .fail = h1_fail,
+    .refuse = h1_refuse,
+    .body_taken = h1_body_taken,
+    .body_wait = h1_body_wait,
+    .queued = h1_queued,
+    .where = h1_where,
+    .worker_init = h1_worker_init,
+    .worker_free = h1_worker_free,
+};

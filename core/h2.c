@@ -67,6 +67,16 @@ struct ms_stream_s {
 
 _Static_assert(offsetof(ms_stream_t, req) == 0, "a stream is its request");
 
+/* The connection's session: NULL before it is made, or once the connection has gone. */
+static inline ms_h2_t *h2_of(ms_conn_t *c)
+{
+    return c->proto == &ms__h2_proto ? c->pstate : NULL;
+}
+
+static void h2_flush(ms_conn_t *c);
+static void h2_flush_soon(ms_conn_t *c);
+static void h2_drain_check(ms_conn_t *c);
+
 static ms_stream_t *stream_of(ms_req_t *r)
 {
     return (ms_stream_t *)r; /* the request is the stream's first member */
@@ -109,6 +119,8 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
     return st;
 }
 
+static void stream_destroy(void *p);
+
 static void stream_free(ms_stream_t *st)
 {
     ms_h2_t *h2 = st->h2;
@@ -131,10 +143,10 @@ static void stream_free(ms_stream_t *st)
         ms__out_release(s, st->out);
     }
     if (!ms__recycle_put(&s->stream_free, st))
-        ms__h2_stream_destroy(st);
+        stream_destroy(st);
 }
 
-void ms__h2_stream_destroy(void *p)
+static void stream_destroy(void *p)
 {
     ms_stream_t *st = p;
     ms_mem_free(st->req.body.base);
@@ -142,7 +154,7 @@ void ms__h2_stream_destroy(void *p)
     ms_mem_free(st);
 }
 
-ms_out_t *ms__h2_stream_out(ms_req_t *r)
+static ms_out_t *stream_out(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
     if (st->out == NULL) {
@@ -226,8 +238,7 @@ static int fields_nv(ms_req_t *r, const ms_buf_t *b, nghttp2_nv *nva)
 static int submit_trailers(nghttp2_session *ng, ms_stream_t *st)
 {
     ms_req_t *r = &st->req;
-    nghttp2_nv *nva =
-        ms_pool_alloc(&r->pool, (size_t)count_lines(&r->res_trailers) * sizeof(*nva));
+    nghttp2_nv *nva = ms_pool_alloc(&r->pool, (size_t)count_lines(&r->res_trailers) * sizeof(*nva));
     int n = fields_nv(r, &r->res_trailers, nva);
     return nghttp2_submit_trailer(ng, st->id, nva, (size_t)n);
 }
@@ -303,7 +314,7 @@ static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *f
 
 /* The reply head as a HEADERS frame; a body, if any, follows in DATA frames. `clen` as for
  * HTTP/1.1: the length, -1 unknown, -2 none. */
-void ms__h2_reply_head(ms_req_t *r, int64_t clen)
+static void h2_reply_head(ms_req_t *r, int64_t clen)
 {
     ms_stream_t *st = stream_of(r);
     ms_h2_t *h2 = st->h2;
@@ -361,9 +372,9 @@ static void resume_streams(ms_h2_t *h2)
 
 /* Frames what nghttp2 has to send into the connection's queue, while the queue has room,
  * and writes it. */
-void ms__h2_flush(ms_conn_t *c)
+static void h2_flush(ms_conn_t *c)
 {
-    ms_h2_t *h2 = c->h2;
+    ms_h2_t *h2 = h2_of(c);
     if (h2 == NULL || (c->flags & MS_CONN_CLOSED))
         return;
     resume_streams(h2);
@@ -407,14 +418,14 @@ static void write_pending(uv_prepare_t *p)
     s->h2_pending = NULL;
     uv_prepare_stop(p);
     while (c != NULL) {
-        ms_h2_t *h2 = c->h2;
+        ms_h2_t *h2 = h2_of(c);
         ms_conn_t *next = h2 != NULL ? h2->next_pending : NULL;
         if (h2 != NULL) {
             h2->flush_pending = 0;
             h2->next_pending = NULL;
-            ms__h2_flush(c);
-            if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
-                ms__h2_drain_check(c);
+            h2_flush(c);
+            if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
+                h2_drain_check(c);
             ms__conn_rearm(c);
         }
         ms__conn_release(c);
@@ -427,15 +438,9 @@ static void write_pending(uv_prepare_t *p)
         uv_idle_start(&s->h2_again, poll_once);
 }
 
-void ms__h2_write_pending(ms_server_t *s)
+static void h2_flush_soon(ms_conn_t *c)
 {
-    if (s->h2_pending != NULL)
-        write_pending(&s->h2_turn);
-}
-
-void ms__h2_flush_soon(ms_conn_t *c)
-{
-    ms_h2_t *h2 = c->h2;
+    ms_h2_t *h2 = h2_of(c);
     ms_server_t *s = c->server;
     if (h2 == NULL || h2->flush_pending || (c->flags & MS_CONN_CLOSED))
         return;
@@ -446,7 +451,7 @@ void ms__h2_flush_soon(ms_conn_t *c)
     uv_prepare_start(&s->h2_turn, write_pending);
 }
 
-void ms__h2_fail(ms_req_t *r)
+static void h2_fail(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
     r->v.flags |= MS_REQ_DONE;
@@ -469,7 +474,7 @@ static void reset_when_sent(ms_stream_t *st)
 
 /* The handler is done with the stream: it goes when nghttp2 is done with it too, at the
  * latest once its reply has gone (a tunnel ends as its handler says). */
-void ms__h2_req_finished(ms_req_t *r)
+static void h2_finished(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
     ms_conn_t *c = r->conn;
@@ -478,39 +483,35 @@ void ms__h2_req_finished(ms_req_t *r)
     else if (!st->tunnel)
         reset_when_sent(st);
     if (!(c->flags & MS_CONN_IN_FEED))
-        ms__h2_flush_soon(c);
+        h2_flush_soon(c);
     ms__conn_rearm(c);
     ms__conn_release(c); /* the handler's reference */
 }
 
 /* -- Request bodies ---------------------------------------------------------------------------- */
 
-/* The stream's body will not be read: `status` with `text` (its reason and a newline) as
- * the reply unless one has begun, then the handler learns. The rest of the body is not
+/* The core answers the stream (ms__req_refuse logged it): the refusal as its reply unless
+ * one has begun, then a handler waiting for the body learns. The rest of the body is not
  * wanted: the client is told so once the reply has gone (a reset now would drop it). */
-static void stop_body(ms_req_t *r, int status, const char *why)
+static void h2_refuse(ms_req_t *r, int status)
 {
     ms_stream_t *st = stream_of(r);
-    char peer[64];
-    ms_conn_peer(r->conn, peer, sizeof(peer));
-    ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d %s: %s", peer, st->id, status,
-           ms__reason(status), why);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+        static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
+        static const char retry[] = "retry-after: 1\r\n";
         char body[64];
         int n = ms__refusal_body(status, body, sizeof(body));
         ms_reply_reset(r);
         r->v.status = (uint16_t)status;
+        ms_reply_field(r, type, sizeof(type) - 1);
+        if (status == 503)
+            ms_reply_field(r, retry, sizeof(retry) - 1);
         ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
     }
     reset_when_sent(st);
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
-}
-
-void ms__h2_refuse_body(ms_req_t *r)
-{
-    stop_body(r, 413, "body larger than the route's body_bytes");
 }
 
 /* A body has body_timeout; past it, it may go on while it keeps body_min_rate on average
@@ -538,14 +539,14 @@ static void body_check(ms_timer_t *t)
     }
     s->stats.timeouts++;
     ms__conn_hold(c);
-    stop_body(r, 408, "body not complete within body_timeout at body_min_rate");
-    if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
+    ms__req_refuse(r, 408, "body not complete within body_timeout at body_min_rate");
+    if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
         ms__conn_rearm(c);
     ms__conn_release(c);
 }
 
 /* The handler waits for the body: its deadline, from when the budget began (the first wait). */
-void ms__h2_body_wait(ms_req_t *r)
+static void h2_body_wait(ms_req_t *r)
 {
     ms_stream_t *st = stream_of(r);
     ms_server_t *s = r->conn->server;
@@ -563,7 +564,7 @@ void ms__h2_body_wait(ms_req_t *r)
 
 /* The handler took `n` body bytes: the client may send as many more (WINDOW_UPDATE). A handler
  * that does not read grants nothing, so an unread body never grows past the window. */
-void ms__h2_body_taken(ms_req_t *r, size_t n)
+static void h2_body_taken(ms_req_t *r, size_t n)
 {
     ms_stream_t *st = stream_of(r);
     if (n >= H2_WINDOW / 2 && st->body_start != 0) {
@@ -576,7 +577,7 @@ void ms__h2_body_taken(ms_req_t *r, size_t n)
     if (!st->closed)
         nghttp2_session_consume(st->h2->ng, st->id, n);
     if (!(r->conn->flags & MS_CONN_IN_FEED))
-        ms__h2_flush_soon(r->conn);
+        h2_flush_soon(r->conn);
 }
 
 /* -- nghttp2 callbacks ---------------------------------------------------------------------------
@@ -631,7 +632,7 @@ static int on_trailer(ms_stream_t *st, const uint8_t *name, size_t nlen, const u
     if (st->head_bytes > lim->head_bytes || (uint32_t)r->ntrailers >= lim->header_count) {
         const char *why = st->head_bytes > lim->head_bytes ? "trailer fields larger than head_bytes"
                                                            : "too many trailer fields";
-        stop_body(r, 431, why);
+        ms__req_refuse(r, 431, why);
         return 0;
     }
     ms__req_add_trailer(r, (const char *)name, nlen, (const char *)value, vlen);
@@ -737,36 +738,6 @@ static void reset_malformed(ms_h2_t *h2, ms_stream_t *st, const char *why)
     nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
 
-/* Answers a stream from the core (431, 413, 503) without the handler. The 503 over
- * in_flight is the refusal every protocol makes, with the same body and retry-after; `why`
- * is NULL for it, as ms__req_busy logged it. */
-static void refuse_stream(ms_stream_t *st, int status, const char *why)
-{
-    if (why != NULL) {
-        char peer[64];
-        ms_conn_peer(st->h2->conn, peer, sizeof(peer));
-        ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: %d: %s", peer, st->id, status, why);
-    }
-    ms_req_t *r = &st->req;
-    r->v.status = (uint16_t)status;
-    r->v.flags |= MS_REQ_DONE;
-    static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
-    ms_reply_field(r, type, sizeof(type) - 1);
-    char body[64];
-    int n;
-    if (status == 503) {
-        static const char retry[] = "retry-after: 1\r\n";
-        ms_reply_field(r, retry, sizeof(retry) - 1);
-        n = ms__refusal_body(status, body, sizeof(body));
-    } else {
-        n = snprintf(body, sizeof(body), "%d\n", status);
-    }
-    ms__h2_reply_head(r, n);
-    ms_out_t *o = ms__h2_stream_out(r);
-    ms__out_text(st->h2->conn->server, o, body, (size_t)n);
-    reset_when_sent(st); /* no handler will read what the client still sends */
-}
-
 /* A whole request head: the stream becomes a request, dispatched like an HTTP/1.1 one. */
 static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
 {
@@ -779,7 +750,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     else
         r->v.flags |= MS_REQ_HAS_BODY;
     if (st->refused) {
-        refuse_stream(st, st->refused, "head larger than head_bytes or header_count");
+        ms__req_refuse(r, st->refused, "head larger than head_bytes or header_count");
         return;
     }
     if (r->v.method.base == NULL || r->v.target.base == NULL) {
@@ -795,12 +766,12 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
         return;
     }
     if (ms__req_busy(s)) {
-        refuse_stream(st, 503, NULL); /* (the flood is logged as one line a second) */
+        ms__req_refuse(r, 503, NULL); /* (the flood is logged as one line a second) */
         return;
     }
     if (r->v.content_length > 0 && (uint64_t)r->v.content_length > s->limits.body_bytes_max &&
         (uint64_t)r->v.content_length > s->limits.body_bytes) {
-        refuse_stream(st, 413, "body larger than body_bytes_max");
+        ms__req_refuse(r, 413, "body larger than body_bytes_max");
         return;
     }
     split_target(r);
@@ -852,7 +823,7 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
     if (r->body_seen > r->body_limit) {
         nghttp2_session_consume(ng, id, len);
         if (!(r->v.flags & MS_REQ_BODY_ERROR))
-            ms__h2_refuse_body(r);
+            ms__req_refuse(r, 413, "body larger than the route's body_bytes");
         return 0;
     }
     ms__buf_append(&r->body, (const char *)data, len);
@@ -970,30 +941,6 @@ static ms_h2_t *session_new(ms_conn_t *c)
     return h2;
 }
 
-/* The HTTP/1 state is not needed any more. */
-static void drop_h1(ms_conn_t *c)
-{
-    ms_h1_t *h = c->h1;
-    c->h1 = NULL;
-    if (h != NULL)
-        ms__h1_free(c->server, h);
-}
-
-/* Takes the connection over for HTTP/2: `data` starts with the client's preface. */
-int ms__h2_start(ms_conn_t *c, const char *data, size_t len)
-{
-    ms_h2_t *h2 = session_new(c);
-    if (h2 == NULL) {
-        ms__conn_close(c, 0);
-        return -1;
-    }
-    c->h2 = h2;
-    ms__h2_feed(c, data, len);
-    drop_h1(c);
-    ms__h2_flush(c); /* (the HTTP/1 read this came from writes only its own queue) */
-    return 0;
-}
-
 /* base64url without padding (RFC 4648 5), as HTTP2-Settings carries it. Returns the length,
  * or -1 for anything else. */
 static ssize_t base64url(const char *in, size_t n, uint8_t *out, size_t cap)
@@ -1032,7 +979,9 @@ static ssize_t base64url(const char *in, size_t n, uint8_t *out, size_t cap)
 /* "Upgrade: h2c" (RFC 7540 3.2): 101, then the request `r` (HTTP/1.1's, head and all) goes
  * on as stream 1 of an HTTP/2 session; `rest` is what the client sent after it (its preface,
  * its frames). */
-void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
+static void h2_feed(ms_conn_t *c, const char *data, size_t len);
+
+static void h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
 {
     const ms_str_t *hs = ms_req_header(r, "http2-settings", 14);
     uint8_t settings[256];
@@ -1045,10 +994,7 @@ void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: closed: a bad HTTP2-Settings in an upgrade to h2c", peer);
         c->server->stats.bad_requests++;
-        if (h2 != NULL) {
-            c->h2 = h2; /* so that the session goes with the connection */
-            drop_h1(c);
-        }
+        c->pstate = h2; /* so that the session goes with the connection */
         ms__conn_close(c, 0);
         return;
     }
@@ -1080,12 +1026,11 @@ void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
             on_header(h2->ng, NULL, (const uint8_t *)f->name.base, f->name.len,
                       (const uint8_t *)f->value.base, f->value.len, 0, st);
     }
-    c->h2 = h2;
+    c->pstate = h2;
     dispatch(h2, st, 1);
     if (restlen > 0)
-        ms__h2_feed(c, rest, restlen);
-    drop_h1(c);
-    ms__h2_flush(c);
+        h2_feed(c, rest, restlen);
+    h2_flush(c); /* (the HTTP/1.1 read this came from writes only its own queue) */
 }
 
 /* -- The frame pre-scan ------------------------------------------------------------------- */
@@ -1210,9 +1155,18 @@ static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
     return feed_ng(h2, p + fed, hold - fed);
 }
 
-void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
+/* Bytes of the connection; the first start with the client's preface, and make the session. */
+static void h2_feed(ms_conn_t *c, const char *data, size_t len)
 {
-    ms_h2_t *h2 = c->h2;
+    ms_h2_t *h2 = c->pstate;
+    if (MS_UNLIKELY(h2 == NULL)) {
+        h2 = session_new(c);
+        if (h2 == NULL) {
+            ms__conn_close(c, 0);
+            return;
+        }
+        c->pstate = h2;
+    }
     ms__conn_hold(c);
     uint32_t in_feed = c->flags & MS_CONN_IN_FEED;
     c->flags |= MS_CONN_IN_FEED;
@@ -1231,10 +1185,10 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
                                                           : NGHTTP2_PROTOCOL_ERROR);
     }
     if (!in_feed) {
-        ms__h2_flush(c);
+        h2_flush(c);
         /* Handlers that waited for room while the read went on: the write may have made it. */
-        if (c->h2 != NULL && !(c->flags & MS_CONN_CLOSED))
-            ms__h2_drain_check(c);
+        if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
+            h2_drain_check(c);
     }
     ms__conn_rearm(c);
     ms__conn_release(c);
@@ -1245,13 +1199,14 @@ void ms__h2_feed(ms_conn_t *c, const char *data, size_t len)
  * head not whole (head_timeout, from when a stream's head began). A body a handler waits for
  * has its own deadline, per stream (body_check). Streams at work in their handlers have none
  * here; with no stream open, the idle timeout. */
-void ms__h2_rearm(ms_conn_t *c)
+static void h2_rearm(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
     const ms_limits_t *lim = &s->limits;
-    if (c->h2->nstreams > 0) {
+    ms_h2_t *h2 = c->pstate;
+    if (h2 != NULL && h2->nstreams > 0) {
         int phase = MS_PHASE_NONE;
-        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+        for (ms_stream_t *st = h2->streams; st != NULL; st = st->next) {
             if (st->closed)
                 continue;
             if (st->out != NULL && st->out->bytes > 0) {
@@ -1273,33 +1228,33 @@ void ms__h2_rearm(ms_conn_t *c)
     ms__conn_arm_idle(c);
 }
 
-/* A deadline of ms__h2_rearm() passed: one log line, then GOAWAY and a close (at once for a
+/* A deadline of h2_rearm() passed: one log line, then GOAWAY and a close (at once for a
  * client that takes nothing). Handlers still at work learn that their streams are gone. */
-void ms__h2_timeout(ms_conn_t *c, int phase)
+static void h2_timeout(ms_conn_t *c, int phase)
 {
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2: closed: %s", peer,
            phase == MS_PHASE_SEND ? "the client took no reply bytes for send_timeout"
                                   : "head not complete within head_timeout");
-    if (phase == MS_PHASE_SEND) {
+    if (phase == MS_PHASE_SEND || c->pstate == NULL) {
         ms__conn_close(c, 0);
         return;
     }
     ms__conn_hold(c);
-    nghttp2_session_terminate_session(c->h2->ng, NGHTTP2_NO_ERROR);
-    ms__h2_flush(c);
+    nghttp2_session_terminate_session(h2_of(c)->ng, NGHTTP2_NO_ERROR);
+    h2_flush(c);
     if (!(c->flags & MS_CONN_CLOSED))
         ms__conn_close(c, 1);
     ms__conn_release(c);
 }
 
-void ms__h2_drain_check(ms_conn_t *c)
+static void h2_drain_check(ms_conn_t *c)
 {
     /* A woken handler may finish, and its stream go, at once: start over after each. */
-    for (int woke = 1; woke && c->h2 != NULL;) {
+    for (int woke = 1; woke && h2_of(c) != NULL;) {
         woke = 0;
-        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+        for (ms_stream_t *st = h2_of(c)->streams; st != NULL; st = st->next) {
             ms_req_t *r = &st->req;
             if (r->v.wait == MS_WAIT_DRAIN &&
                 (r->drain_all ? ms__req_queued(r) == 0 : !ms_reply_congested(r))) {
@@ -1312,28 +1267,31 @@ void ms__h2_drain_check(ms_conn_t *c)
 }
 
 /* The server stops: GOAWAY with the last stream seen; those finish, no new ones start. */
-void ms__h2_stop(ms_conn_t *c)
+static void h2_stop(ms_conn_t *c)
 {
-    ms_h2_t *h2 = c->h2;
-    if (h2->going_away)
+    ms_h2_t *h2 = c->pstate;
+    if (h2 == NULL || h2->going_away)
         return;
     h2->going_away = 1;
     nghttp2_submit_goaway(h2->ng, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(h2->ng), NGHTTP2_NO_ERROR, NULL,
                           0);
-    ms__h2_flush(c);
+    h2_flush(c);
     ms__conn_rearm(c);
 }
 
 /* The connection is closing: handlers still at work learn that their streams are gone. */
-void ms__h2_abort(ms_conn_t *c)
+static void h2_abort(ms_conn_t *c)
 {
-    for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next)
+    ms_h2_t *h2 = c->pstate;
+    if (h2 == NULL)
+        return;
+    for (ms_stream_t *st = h2->streams; st != NULL; st = st->next)
         st->closed = 1;
     /* A woken handler may finish, and its stream go, at once: start over after each. */
     for (int woke = 1; woke;) {
         woke = 0;
-        for (ms_stream_t *st = c->h2->streams; st != NULL; st = st->next) {
+        for (ms_stream_t *st = h2->streams; st != NULL; st = st->next) {
             ms_req_t *r = &st->req;
             if ((r->v.flags & MS_REQ_IN_HANDLER) && !(r->v.flags & MS_REQ_ABORTED)) {
                 ms__req_abort(r);
@@ -1344,12 +1302,105 @@ void ms__h2_abort(ms_conn_t *c)
     }
 }
 
-void ms__h2_free(ms_conn_t *c)
+static void h2_free(ms_server_t *s, void *pstate)
 {
-    ms_h2_t *h2 = c->h2;
+    ms_h2_t *h2 = pstate;
+    (void)s;
     while (h2->streams != NULL)
         stream_free(h2->streams);
     nghttp2_session_del(h2->ng);
     ms_mem_free(h2);
-    c->h2 = NULL;
 }
+
+/* -- The protocol's table ----------------------------------------------------------------- */
+
+/* "Upgrade: h2c" with its HTTP2-Settings, on a connection's first request, without a body
+ * (RFC 7540 3.2): the request becomes stream 1 of an HTTP/2 connection. */
+static int h2_upgrade_ok(ms_req_t *r)
+{
+    const ms_str_t *up = ms_req_header(r, "upgrade", 7);
+    return up != NULL && up->len == 3 && ms__ieq(up->base, "h2c", 3) && r->conn->requests == 0 &&
+           ms_req_header(r, "http2-settings", 14) != NULL && r->v.content_length <= 0 &&
+           !(r->v.flags & MS_REQ_HAS_BODY);
+}
+
+static void h2_eof(ms_conn_t *c)
+{
+    ms__conn_close(c, 0); /* a client that shuts its side has ended the session */
+}
+
+static void h2_nothing(ms_conn_t *c)
+{
+    (void)c; /* (nothing waits for a handler's call into the core to return) */
+}
+
+static void h2_body_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms__req_queue_body(r, stream_out(r), p, len, owner, anchor);
+}
+
+static void h2_req_nothing(ms_req_t *r)
+{
+    (void)r; /* the body's end, with trailers, is the data source's (data_read); the client
+              * sends its body without waiting for 100 Continue */
+}
+
+static size_t h2_queued(ms_req_t *r)
+{
+    return ms__conn_queued(r->conn) + stream_out(r)->bytes;
+}
+
+static void h2_where(ms_req_t *r, char *buf, size_t len)
+{
+    snprintf(buf, len, "HTTP/2 stream %d: ", (int)stream_of(r)->id);
+}
+
+static void h2_worker_init(ms_server_t *s)
+{
+    uv_prepare_init(s->loop, &s->h2_turn);
+    uv_unref((uv_handle_t *)&s->h2_turn);
+    uv_idle_init(s->loop, &s->h2_again);
+    uv_unref((uv_handle_t *)&s->h2_again);
+}
+
+static void h2_worker_free(ms_server_t *s)
+{
+    if (s->h2_pending != NULL)
+        write_pending(&s->h2_turn); /* lets go of the connections it holds */
+    ms__recycle_drain(&s->stream_free, stream_destroy);
+    if (!uv_is_closing((uv_handle_t *)&s->h2_turn))
+        uv_close((uv_handle_t *)&s->h2_turn, NULL);
+    if (!uv_is_closing((uv_handle_t *)&s->h2_again))
+        uv_close((uv_handle_t *)&s->h2_again, NULL);
+}
+
+const ms_proto_t ms__h2_proto = {
+    .name = "h2",
+    .feed = h2_feed,
+    .eof = h2_eof,
+    .write = h2_flush,
+    .rearm = h2_rearm,
+    .timeout = h2_timeout,
+    .drain_check = h2_drain_check,
+    .resume = h2_nothing,
+    .stop = h2_stop,
+    .abort = h2_abort,
+    .free = h2_free,
+    .reply_head = h2_reply_head,
+    .out = stream_out,
+    .body_piece = h2_body_piece,
+    .body_end = h2_req_nothing,
+    .send_continue = h2_req_nothing,
+    .flush = h2_flush_soon,
+    .finished = h2_finished,
+    .fail = h2_fail,
+    .refuse = h2_refuse,
+    .body_taken = h2_body_taken,
+    .body_wait = h2_body_wait,
+    .queued = h2_queued,
+    .where = h2_where,
+    .upgrade = h2_upgrade,
+    .upgrade_ok = h2_upgrade_ok,
+    .worker_init = h2_worker_init,
+    .worker_free = h2_worker_free,
+};

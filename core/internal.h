@@ -108,15 +108,67 @@ enum {
     MS_CONN_DEFERRED = 1 << 7  /* in the worker's deferred list */
 };
 
+/* A protocol a connection speaks (h1.c, h2.c), chosen by the accept stage (accept.c). The
+ * connection layer (conn.c), the request API (req.c) and the server (server.c) reach a
+ * protocol only through its table, so none of them knows a protocol's state or framing. */
+typedef struct ms_proto_s {
+    const char *name;
+    /* -- The connection's side. */
+    /* Where the next read goes: the protocol's own buffer when it keeps bytes between reads
+     * (a partial head); NULL for the worker's shared buffer. */
+    void (*read_buf)(ms_conn_t *c, uv_buf_t *buf);
+    void (*feed)(ms_conn_t *c, const char *data, size_t len);
+    void (*eof)(ms_conn_t *c); /* the peer shut its sending side */
+    /* Writes what is queued now, the protocol's own frames first (a background write is done,
+     * or the socket has room again). */
+    void (*write)(ms_conn_t *c);
+    /* Points the connection's timer at what the protocol waits for (ms__conn_rearm has
+     * handled a reply the socket has not taken). */
+    void (*rearm)(ms_conn_t *c);
+    void (*timeout)(ms_conn_t *c, int phase);
+    void (*drain_check)(ms_conn_t *c); /* the reply queue shrank: wake who waits for it */
+    void (*resume)(ms_conn_t *c);      /* work deferred while a handler called into the core */
+    void (*stop)(ms_conn_t *c);        /* the server stops: finish what is under way */
+    void (*abort)(ms_conn_t *c); /* the transport closes: handlers learn their requests are gone */
+    void (*free)(ms_server_t *s, void *pstate);
+    /* -- The request's side. */
+    /* Queues the reply head. `clen`: the body's length, -1 unknown, -2 a status without one. */
+    void (*reply_head)(ms_req_t *r, int64_t clen);
+    ms_out_t *(*out)(ms_req_t *r); /* where the reply's body pieces queue */
+    /* A piece of a body of unknown length (HTTP/1.1 frames it as a chunk). */
+    void (*body_piece)(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor);
+    void (*body_end)(ms_req_t *r);      /* the end of such a body, with the reply's trailers */
+    void (*send_continue)(ms_req_t *r); /* 100 Continue: the client may send its body */
+    void (*flush)(ms_conn_t *c);        /* writes the replies made outside a read */
+    void (*finished)(ms_req_t *r);      /* the handler let go of the request */
+    void (*fail)(ms_req_t *r);          /* a reply cut short: it must not look complete */
+    /* The core answers in the handler's place (ms__req_refuse logged it): a reply with
+     * ms__refusal_body unless one has begun, and no more of the request is read. */
+    void (*refuse)(ms_req_t *r, int status);
+    void (*body_taken)(ms_req_t *r, size_t n); /* the handler took body bytes: room for more */
+    void (*body_wait)(ms_req_t *r);            /* the handler waits for body bytes */
+    size_t (*queued)(ms_req_t *r);             /* reply bytes of `r` not yet written */
+    /* Writes what names the request in a log line after the peer ("" or "HTTP/2 stream 3: "). */
+    void (*where)(ms_req_t *r, char *buf, size_t len);
+    /* Takes over a connection from the request `r` of the protocol it speaks, which answered
+     * it with 101; `rest` is what the client sent after that request. NULL when the protocol
+     * cannot be switched to. */
+    void (*upgrade)(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen);
+    /* A request that asks to switch to this protocol (Upgrade), and may. */
+    int (*upgrade_ok)(ms_req_t *r);
+    void (*worker_init)(ms_server_t *s);
+    void (*worker_free)(ms_server_t *s);
+} ms_proto_t;
+
 struct ms_conn_s {
     ms_server_t *server;
-    const ms_io_t *io;
-    ms_h1_t *h1;            /* from the worker's recycle list while the connection is active */
-    struct ms_h2_s *h2;     /* the HTTP/2 session, once the connection speaks it (h1 is NULL) */
-    ms_out_t *pend;         /* replies not yet written */
-    ms_out_t *flight;       /* replies being written (io->write may hold part of them) */
-    ms_conn_t *prev, *next; /* the worker's list of open connections */
-    ms_timer_t timer;       /* the deadline of what it waits for: MS_PHASE_* */
+    const ms_io_t *io;       /* the transport */
+    const ms_proto_t *proto; /* what it speaks: the accept stage's until that chooses */
+    void *pstate;            /* the protocol's state; NULL while an HTTP/1.1 connection idles */
+    ms_out_t *pend;          /* replies not yet written */
+    ms_out_t *flight;        /* replies being written (io->write may hold part of them) */
+    ms_conn_t *prev, *next;  /* the worker's list of open connections */
+    ms_timer_t timer;        /* the deadline of what it waits for: MS_PHASE_* */
     uint8_t phase;
     uint8_t source_known;   /* `source` holds the client's address */
     uint8_t source_counted; /* and it is counted in the worker's per-source table */
@@ -145,33 +197,6 @@ typedef struct ms_cidr_s {
 /* What a connection's timer waits for. */
 enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
 
-/* HTTP/1 state of an active connection: dropped back to the worker when it goes idle. */
-enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
-
-struct ms_h1_s {
-    ms_h1_t *next_free;
-    llhttp_t parser;
-    ms_buf_t in;         /* owned: bytes kept between reads (partial head, pipelined requests) */
-    size_t in_off;       /* consumed prefix of `in` */
-    size_t scan;         /* how far the head scan got in `in` */
-    int state;           /* MS_H1_* */
-    int msg_done;        /* llhttp finished the current message */
-    int field_open;      /* a header name is being read */
-    int discard_body;    /* the handler is done: body bytes still coming are dropped */
-    int head_done;       /* fields from now on are trailers */
-    int out_paused;      /* the next request waits until the reply queue drains */
-    ms_buf_t trailer;    /* owned: the trailer field being read, name then value */
-    size_t trailer_name; /* how much of `trailer` is the name */
-    size_t trailer_bytes; /* of all trailer fields so far, held to head_bytes */
-    uint32_t chunk_ext;  /* bytes of extensions on the current chunk-size line */
-    uint64_t body_start; /* when the wait for the body began (loop ms) */
-    uint64_t body_mark;  /* body bytes received by then */
-    int status;          /* the status a refused request gets */
-    const char *why;     /* why the request was refused, for the log */
-    const ms_limits_t *conn_limits; /* the worker's */
-    ms_req_t req;
-};
-
 struct ms_server_s {
     uv_loop_t *loop;
     ms_limits_t limits;
@@ -179,14 +204,17 @@ struct ms_server_s {
     void *data;
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
-    ms_recycle_t h1_free, out_free, chunk_free, stream_free;
+    ms_recycle_t out_free, chunk_free;
+    /* The protocols' own, touched by no other file: recycled HTTP/1.1 states and HTTP/2
+     * streams, and HTTP/2's writes once a turn of the loop. */
+    ms_recycle_t h1_free, stream_free;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     /* The step before the handler (static mounts, set by static.c): 0 when it answered the
      * request, which is then finished; NULL when there is none. */
     int (*before_handler)(ms_req_t *r);
-    uv_prepare_t h2_turn;        /* writes HTTP/2 connections replied to outside a read */
-    uv_idle_t h2_again;          /* keeps the next poll from blocking while h2_turn has work
-                                  * that its own run made (a handler woken by a write) */
+    uv_prepare_t h2_turn; /* writes HTTP/2 connections replied to outside a read */
+    uv_idle_t h2_again;   /* keeps the next poll from blocking while h2_turn has work
+                           * that its own run made (a handler woken by a write) */
     ms_conn_t *h2_pending;
     /* timers */
     uv_timer_t uv_timer;
@@ -255,41 +283,18 @@ int ms__trusted(const ms_server_t *s, const uint8_t a[16]);
 void ms__format_ip(const uint8_t a[16], char *buf, size_t len);
 ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);
 
-/* h1.c */
-void ms__h1_feed(ms_conn_t *c, const char *data, size_t len);
-void ms__h1_eof(ms_conn_t *c);
-void ms__h1_req_finished(ms_conn_t *c);
-void ms__h1_continue(ms_conn_t *c);
-void ms__h1_body_drained(ms_conn_t *c);
-void ms__h1_out_drained(ms_conn_t *c);
-int ms__h1_reply_head(ms_req_t *r, int64_t content_length);
-int ms__h1_send_error(ms_conn_t *c, int status, const char *why);
-void ms__h1_free(ms_server_t *s, ms_h1_t *h);
-void ms__h1_destroy(void *p);
-void ms__h1_timeout(ms_conn_t *c, int phase);
-void ms__h1_refuse_body(ms_conn_t *c);
-
-/* h2.c */
-int ms__h2_start(ms_conn_t *c, const char *data, size_t len);
-void ms__h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen);
-void ms__h2_feed(ms_conn_t *c, const char *data, size_t len);
-void ms__h2_flush(ms_conn_t *c);
-void ms__h2_flush_soon(ms_conn_t *c);
-void ms__h2_write_pending(ms_server_t *s);
-void ms__h2_free(ms_conn_t *c);
-void ms__h2_stream_destroy(void *p);
-void ms__h2_abort(ms_conn_t *c);
-void ms__h2_rearm(ms_conn_t *c);
-void ms__h2_timeout(ms_conn_t *c, int phase);
-void ms__h2_drain_check(ms_conn_t *c);
-void ms__h2_stop(ms_conn_t *c);
-void ms__h2_reply_head(ms_req_t *r, int64_t clen);
-ms_out_t *ms__h2_stream_out(ms_req_t *r);
-void ms__h2_req_finished(ms_req_t *r);
-void ms__h2_fail(ms_req_t *r);
-void ms__h2_refuse_body(ms_req_t *r);
-void ms__h2_body_taken(ms_req_t *r, size_t n);
-void ms__h2_body_wait(ms_req_t *r);
+/* accept.c: the accept stage, the one place that knows every protocol. */
+void ms__conn_accept(ms_conn_t *c);
+/* The protocol the request `r` asks to switch its connection to (Upgrade), or NULL. */
+const ms_proto_t *ms__upgrade_proto(ms_req_t *r);
+/* Hands the connection to `to`, which takes over from the request `r` of the protocol it
+ * speaks now (that protocol's state is freed once `to` has what it needs of it). */
+void ms__conn_switch(ms_conn_t *c, const ms_proto_t *to, ms_req_t *r, const char *rest,
+                     size_t restlen);
+void ms__protos_init(ms_server_t *s);
+void ms__protos_free(ms_server_t *s);
+/* The protocols, for the accept stage. */
+extern const ms_proto_t ms__h1_proto, ms__h2_proto;
 /* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
 #define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define MS_H2_PREFACE_LEN 24
@@ -311,6 +316,12 @@ static inline int ms__req_busy(ms_server_t *s)
     return MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
 }
 void ms__req_dispatch(ms_req_t *r);
+/* The core answers `r` in the handler's place (a limit, a malformed head, a deadline): one
+ * log line and one body (ms__refusal_body), the same on every protocol. */
+void ms__req_refuse(ms_req_t *r, int status, const char *why);
+/* Queues a body piece on `o`: copied if small or not ours to keep, referenced otherwise. */
+void ms__req_queue_body(ms_req_t *r, ms_out_t *o, const char *p, size_t len, int owner,
+                        int32_t anchor);
 void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);

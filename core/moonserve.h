@@ -24,7 +24,6 @@
 typedef struct ms_server_s ms_server_t;
 typedef struct ms_conn_s ms_conn_t;
 typedef struct ms_req_s ms_req_t;
-typedef struct ms_h1_s ms_h1_t;
 typedef struct ms_out_s ms_out_t;
 
 /* -- Memory ---------------------------------------------------------------------------- */
@@ -156,6 +155,7 @@ struct ms_req_s {
     uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
     uint64_t chain_left;  /* bytes a reply sent in pieces still owes (ms_reply_begin) */
     uint8_t drain_all;    /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
+    uint16_t refused;     /* the status the core answered with in the handler's place */
     ms_timer_t timer;     /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };

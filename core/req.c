@@ -67,6 +67,20 @@ int ms__req_refused_busy(ms_server_t *s)
     return 1;
 }
 
+void ms__req_refuse(ms_req_t *r, int status, const char *why)
+{
+    ms_conn_t *c = r->conn;
+    if (why != NULL) { /* (NULL: a 503 over in_flight, which ms__req_busy counted and logged) */
+        char peer[64], where[48];
+        ms_conn_peer(c, peer, sizeof(peer));
+        c->proto->where(r, where, sizeof(where));
+        ms_log(MS_LOG_INFO, "%s: %s%d %s: %s", peer, where, status, ms__reason(status), why);
+        c->server->stats.bad_requests++;
+    }
+    r->refused = (uint16_t)status;
+    c->proto->refuse(r, status);
+}
+
 /* A whole request head, from any protocol: it counts, the handler's hold on the connection
  * is taken, the steps before the handler may answer it (static mounts), else the handler
  * has it. What a protocol decides of its own (a connection's last request, a malformed
@@ -113,6 +127,7 @@ void ms__req_reset(ms_req_t *r)
     r->ntrailers = r->trailers_cap = 0;
     r->body.len = 0;
     r->body_seen = 0;
+    r->refused = 0;
 }
 
 void ms__req_wake(ms_req_t *r, int wait)
@@ -154,8 +169,7 @@ const ms_str_t *ms_req_trailer(ms_req_t *r, const char *name, size_t len)
     return NULL;
 }
 
-void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
-                         size_t vlen)
+void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value, size_t vlen)
 {
     if (r->ntrailers == r->trailers_cap) {
         int cap = r->trailers_cap ? r->trailers_cap * 2 : 4;
@@ -352,12 +366,10 @@ static void drop_anchor(ms_server_t *s, int owner, int32_t anchor)
         s->anchor_released[s->anchor_released_n++] = anchor;
 }
 
-/* Queues a body piece: copied if small or not ours to keep, referenced otherwise. An
- * HTTP/2 stream keeps its own queue, which DATA frames take from. */
-static void queue_body(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
+void ms__req_queue_body(ms_req_t *r, ms_out_t *o, const char *p, size_t len, int owner,
+                        int32_t anchor)
 {
     ms_conn_t *c = r->conn;
-    ms_out_t *o = c->h2 != NULL ? ms__h2_stream_out(r) : ms__conn_out(c);
     if (owner == MS_VEC_OUT || (len <= MS_COPY_BODY_MAX && owner == MS_VEC_LUA)) {
         ms__out_text(c->server, o, p, len);
         drop_anchor(c->server, owner, anchor);
@@ -372,24 +384,22 @@ static inline int bodyless(const ms_req_t *r)
     return st < 200 || st == 204 || st == 304;
 }
 
-/* What differs between the protocols: how the head leaves, where body pieces queue, and
- * when the queue is written (not from inside a read: the read writes once at its end). */
+/* What differs between the protocols (how the head leaves, where body pieces queue, how
+ * the queue is written) is the protocol's. A read writes once, at its end. */
 static inline void reply_head(ms_req_t *r, int64_t clen)
 {
-    if (r->conn->h2 != NULL)
-        ms__h2_reply_head(r, clen);
-    else
-        ms__h1_reply_head(r, clen);
+    r->conn->proto->reply_head(r, clen);
+}
+
+static inline void queue_body(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms__req_queue_body(r, r->conn->proto->out(r), p, len, owner, anchor);
 }
 
 static inline void flush(ms_conn_t *c)
 {
-    if (c->flags & MS_CONN_IN_FEED)
-        return;
-    if (c->h2 != NULL)
-        ms__h2_flush_soon(c); /* frames of every stream, once this turn of the loop */
-    else
-        ms__conn_flush(c);
+    if (!(c->flags & MS_CONN_IN_FEED))
+        c->proto->flush(c);
 }
 
 int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t anchor)
@@ -462,8 +472,7 @@ int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
     if ((r->v.flags & (MS_REQ_ABORTED | MS_REQ_IS_HEAD)) || (c->flags & MS_CONN_CLOSED) ||
         bodyless(r))
         return 0;
-    ms_out_t *o = c->h2 != NULL ? ms__h2_stream_out(r) : ms__conn_out(c);
-    return ms__out_file(c->server, o, f, off, (size_t)len);
+    return ms__out_file(c->server, c->proto->out(r), f, off, (size_t)len);
 }
 
 int ms_reply_end(ms_req_t *r)
@@ -499,24 +508,7 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
         drop_anchor(s, owner, anchor);
         return 0; /* an empty chunk would end the body */
     }
-    ms_out_t *o = c->pend;
-    if (r->v.flags & MS_REQ_CHUNKED_OUT) {
-        o = ms__conn_out(c);
-        char *w = ms__out_reserve(o, 20);
-        int n = 0;
-        static const char hex[] = "0123456789abcdef";
-        char tmp[16];
-        for (size_t v = len; v != 0; v >>= 4)
-            tmp[n++] = hex[v & 15];
-        for (int i = 0; i < n; i++)
-            w[i] = tmp[n - 1 - i];
-        w[n] = '\r';
-        w[n + 1] = '\n';
-        ms__out_commit(s, o, (size_t)n + 2);
-    }
-    queue_body(r, chunk, len, owner, anchor);
-    if (r->v.flags & MS_REQ_CHUNKED_OUT)
-        ms__out_text(s, o, "\r\n", 2);
+    c->proto->body_piece(r, chunk, len, owner, anchor);
     flush(c);
     return 0;
 }
@@ -525,14 +517,8 @@ void ms_req_fail(ms_req_t *r)
 {
     /* A reply cut short must not look complete: no last chunk, and the connection closes
      * (on HTTP/2, the stream is reset). */
-    if ((r->v.flags & MS_REQ_HEAD_SENT) && !(r->v.flags & MS_REQ_DONE)) {
-        if (r->conn->h2 != NULL) {
-            ms__h2_fail(r);
-            return;
-        }
-        r->v.flags |= MS_REQ_DONE | MS_REQ_CLOSE;
-        r->conn->flags |= MS_CONN_CLOSING;
-    }
+    if ((r->v.flags & MS_REQ_HEAD_SENT) && !(r->v.flags & MS_REQ_DONE))
+        r->conn->proto->fail(r);
 }
 
 void ms_req_finish(ms_req_t *r)
@@ -542,14 +528,8 @@ void ms_req_finish(ms_req_t *r)
         ms_reply_send(r, "", 0, MS_VEC_STATIC, -1);
     } else if (!(r->v.flags & MS_REQ_DONE)) {
         r->v.flags |= MS_REQ_DONE;
-        if ((r->v.flags & MS_REQ_CHUNKED_OUT) && !(r->v.flags & MS_REQ_ABORTED) &&
-            !(c->flags & MS_CONN_CLOSED)) {
-            /* The last chunk, the trailer fields, the end. */
-            ms_out_t *o = ms__conn_out(c);
-            ms__out_text(c->server, o, "0\r\n", 3);
-            if (r->res_trailers.len > 0)
-                ms__out_text(c->server, o, r->res_trailers.base, r->res_trailers.len);
-            ms__out_text(c->server, o, "\r\n", 2);
+        if (!(r->v.flags & MS_REQ_ABORTED) && !(c->flags & MS_CONN_CLOSED)) {
+            c->proto->body_end(r);
             flush(c);
         }
     }
@@ -558,10 +538,7 @@ void ms_req_finish(ms_req_t *r)
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
     ms_timer_stop(c->server, &r->timer);
-    if (c->h2 != NULL)
-        ms__h2_req_finished(r);
-    else
-        ms__h1_req_finished(c);
+    c->proto->finished(r);
 }
 
 /* -- Waiting ----------------------------------------------------------------------------- */
@@ -583,12 +560,8 @@ static int over_limit(ms_req_t *r)
     uint64_t declared = r->v.content_length > 0 ? (uint64_t)r->v.content_length : 0;
     if (declared <= r->body_limit && r->body_seen <= r->body_limit)
         return 0;
-    if (!(r->v.flags & MS_REQ_BODY_ERROR)) {
-        if (r->conn->h2 != NULL)
-            ms__h2_refuse_body(r);
-        else
-            ms__h1_refuse_body(r->conn);
-    }
+    if (!(r->v.flags & MS_REQ_BODY_ERROR))
+        ms__req_refuse(r, 413, "body larger than the route's body_bytes");
     return 1;
 }
 
@@ -600,19 +573,14 @@ int64_t ms_req_body_take(ms_req_t *r, const char **out)
     if (MS_UNLIKELY(over_limit(r)))
         return MS_ETOOBIG;
     if (r->v.flags & MS_REQ_BODY_ERROR)
-        return (r->conn->h1 && r->conn->h1->status == 413) || r->body_seen > r->body_limit
-                   ? MS_ETOOBIG
-                   : MS_EBADREQ;
+        return r->refused == 413 || r->body_seen > r->body_limit ? MS_ETOOBIG : MS_EBADREQ;
     size_t n = r->body.len;
     if (n > 0) {
         /* The bytes stay where they are until the core appends again, which happens only
          * after the handler yields; Lua copies them before that. */
         *out = r->body.base;
         r->body.len = 0;
-        if (r->conn->h2 != NULL)
-            ms__h2_body_taken(r, n);
-        else
-            ms__h1_body_drained(r->conn);
+        r->conn->proto->body_taken(r, n);
         return (int64_t)n;
     }
     return (r->v.flags & MS_REQ_BODY_DONE) ? 0 : UV_EAGAIN;
@@ -631,16 +599,14 @@ int ms_req_wait_body(ms_req_t *r)
         /* The client holds the body back until we ask for it. */
         r->v.flags &= ~MS_REQ_EXPECT;
         if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
-            ms__out_vec(c->server, ms__conn_out(c), "HTTP/1.1 100 Continue\r\n\r\n", 25,
-                        MS_VEC_STATIC, -1);
+            c->proto->send_continue(r);
             flush(c);
         }
     }
     ms_req_park(r); /* a wait outlives the read: the head leaves the shared buffer */
     assert(r->v.wait == MS_WAIT_NONE && (r->v.flags & MS_REQ_IN_HANDLER));
     r->v.wait = MS_WAIT_BODY;
-    if (c->h2 != NULL)
-        ms__h2_body_wait(r); /* a stream's body has its own deadline */
+    c->proto->body_wait(r); /* (an HTTP/2 stream's body has its own deadline) */
     return 0;
 }
 

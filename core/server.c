@@ -116,7 +116,8 @@ static inline ms_tcp_t *tcp_of(ms_conn_t *c)
 
 /* ms_conn_new puts a transport's data right after the connection (ms_conn_io_data): the
  * way back from the handle counts on no padding between them. */
-_Static_assert(sizeof(ms_conn_t) % _Alignof(ms_tcp_t) == 0, "a transport's data follows its connection");
+_Static_assert(sizeof(ms_conn_t) % _Alignof(ms_tcp_t) == 0,
+               "a transport's data follows its connection");
 
 static inline ms_conn_t *conn_of_handle(uv_handle_t *h)
 {
@@ -323,10 +324,7 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->data = data;
     s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
     s->conns.next = s->conns.prev = &s->conns;
-    uv_prepare_init(loop, &s->h2_turn);
-    uv_unref((uv_handle_t *)&s->h2_turn);
-    uv_idle_init(loop, &s->h2_again);
-    uv_unref((uv_handle_t *)&s->h2_again);
+    ms__protos_init(s);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
                                         * is work still to do */
     return s;
@@ -487,7 +485,7 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
         s->deferred = c->deferred_next;
         c->deferred_next = NULL;
         c->flags &= ~MS_CONN_DEFERRED;
-        ms__h1_continue(c);
+        c->proto->resume(c);
         ms__conn_release(c);
     }
 }
@@ -525,31 +523,21 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
     /* Every reply from now on says "connection: close". A connection waiting for its next
      * request gets a short grace to send it (a busy keep-alive client always has one on the
      * way, and closing under it would be an error on its side); then it closes. */
-    for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next) {
-        if (c->h2 != NULL)
-            ms__h2_stop(c); /* GOAWAY: streams under way finish, no new ones */
-        else if (c->h1 == NULL || !(c->h1->req.v.flags & MS_REQ_IN_HANDLER))
-            ms__conn_rearm(c);
-    }
+    for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
+        c->proto->stop(c);
     ms__server_conn_gone(s, NULL);
 }
 
 void ms_server_free(ms_server_t *s)
 {
-    ms__h2_write_pending(s); /* lets go of the connections it holds */
-    ms__recycle_drain(&s->h1_free, ms__h1_destroy);
+    ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
     ms__sources_free(s);
     ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);
-    ms__recycle_drain(&s->stream_free, ms__h2_stream_destroy);
     ms__static_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
-    if (!uv_is_closing((uv_handle_t *)&s->h2_turn))
-        uv_close((uv_handle_t *)&s->h2_turn, NULL);
-    if (!uv_is_closing((uv_handle_t *)&s->h2_again))
-        uv_close((uv_handle_t *)&s->h2_again, NULL);
     /* The uv_timer lives inside `s`: let the loop finish closing it first. */
     uv_run(s->loop, UV_RUN_NOWAIT);
     ms_mem_free(s->heap);

@@ -852,12 +852,12 @@ TEST(h1_idle_connection_holds_no_buffers)
     ms_memio_t m;
     ms_conn_t *c = ms_memio_open(srv, &m);
     ms_memio_feed(&m, S("GET /hello HTTP/1.1\r\nHost: h\r\n\r\n"));
-    ASSERT(c->h1 == NULL);
+    ASSERT(h1_of(c) == NULL);
     ASSERT(c->pend == NULL && c->flight == NULL);
     ms_memio_feed(&m, S("GET /hel"));
-    ASSERT(c->h1 != NULL); /* a partial head keeps its bytes */
+    ASSERT(h1_of(c) != NULL); /* a partial head keeps its bytes */
     ms_memio_feed(&m, S("lo HTTP/1.1\r\nHost: h\r\n\r\n"));
-    ASSERT(c->h1 == NULL);
+    ASSERT(h1_of(c) == NULL);
     ASSERT_EQ(2, count(output(&m), "hello world"));
     ms_memio_peer_close(&m, UV_EOF);
     ms_memio_free(&m);

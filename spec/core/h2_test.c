@@ -390,7 +390,7 @@ TEST(h2_a_reset_reaches_a_parked_handler_which_may_still_finish)
     ASSERT_EQ(0, ms_reply_send(parked, S("late"), MS_VEC_STATIC, -1));
     ms_req_finish(parked);
     ASSERT_EQ(0, srv->stats.in_flight);
-    ASSERT_EQ(0, m.conn->h2->nstreams);
+    ASSERT_EQ(0, h2_of(m.conn)->nstreams);
     int32_t next = request("GET", "/after", NULL);
     pump();
     ASSERT_EQ(200, reply_of(next)->status);
@@ -474,7 +474,7 @@ TEST(h2_a_stream_the_client_never_ends_is_reset_once_answered)
         ASSERT_EQ(1, reply_of(ids[i])->closed); /* RST_STREAM(NO_ERROR), RFC 9113 8.1 */
         ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(ids[i])->error);
     }
-    ASSERT_EQ(0, m.conn->h2->nstreams); /* nothing held for a client that stays silent */
+    ASSERT_EQ(0, h2_of(m.conn)->nstreams); /* nothing held for a client that stays silent */
     ASSERT_EQ(0, srv->stats.in_flight);
     ASSERT_EQ(0, goaway_seen);
     teardown();
@@ -496,7 +496,7 @@ TEST(h2_a_handler_that_replied_and_waits_for_the_body_wakes_on_reset)
     const char *p;
     ASSERT_EQ(MS_ECLOSED, (int)ms_req_body_take(parked, &p));
     ms_req_finish(parked);
-    ASSERT_EQ(0, m.conn->h2->nstreams);
+    ASSERT_EQ(0, h2_of(m.conn)->nstreams);
     teardown();
 }
 

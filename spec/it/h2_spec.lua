@@ -1249,14 +1249,15 @@ describe("moonserve over HTTP/2 with small limits", function()
             local frames = c:collect(5, c:until_done(id))
             local st = c:stream(id)
             assert.equal(431, st.status, describe_frames(frames))
-            assert.equal("431\n", st.body)
+            assert.equal("431 Request Header Fields Too Large\n", st.body)
             assert.is_true(st.ended)
             c:send(headers(id + 2, request("GET", "/"), END_HEADERS + END_STREAM))
             frames = c:collect(5, c:until_done(id + 2))
             assert.equal(200, c:stream(id + 2).status, describe_frames(frames))
             assert.equal("hello", c:stream(id + 2).body)
             assert.truthy(srv:log():find("HTTP/2 stream " .. id
-                .. ": 431: head larger than head_bytes or header_count", 1, true))
+                .. ": 431 Request Header Fields Too Large: head larger than head_bytes or header_count",
+                1, true))
         end)
 
     twice_on_one_connection("answers a head with more fields than header_count with 431",
@@ -1268,7 +1269,7 @@ describe("moonserve over HTTP/2 with small limits", function()
             c:send(headers(id, request("GET", "/", many), END_HEADERS + END_STREAM))
             local frames = c:collect(5, c:until_done(id))
             assert.equal(431, c:stream(id).status, describe_frames(frames))
-            assert.equal("431\n", c:stream(id).body)
+            assert.equal("431 Request Header Fields Too Large\n", c:stream(id).body)
         end)
 
     twice_on_one_connection("answers a declared body over body_bytes with 413", function(c, id)
@@ -1276,7 +1277,7 @@ describe("moonserve over HTTP/2 with small limits", function()
             data(id, ("y"):rep(1500), END_STREAM))
         local frames = c:collect(5, c:until_done(id))
         assert.equal(413, c:stream(id).status, describe_frames(frames))
-        assert.equal("413\n", c:stream(id).body)
+        assert.equal("413 Content Too Large\n", c:stream(id).body)
     end)
 
     twice_on_one_connection("answers a body that grows over body_bytes with 413 and RST_STREAM",

@@ -1,0 +1,49 @@
+-- The core's layers, as its built objects show them: the connection layer, the request API,
+-- the server and static files call no protocol by name (they go through its ms_proto_t),
+-- neither protocol names the other, and the accept stage names only the protocols' tables.
+describe("the core's layers", function()
+    local helper = require "helper"
+    local lib = os.getenv("MOONSERVE_CORE_LIB")
+
+    -- Undefined symbols of each object of the core's library: { ["conn.c.o"] = { sym, ... } }.
+    local function undefined()
+        assert.truthy(lib, "MOONSERVE_CORE_LIB names the core's static library")
+        local p = assert(io.popen(helper.tool("nm") .. " -A -u " .. lib .. " 2>&1"))
+        local out = p:read("*a")
+        p:close()
+        local by_object = {}
+        for object, sym in out:gmatch("([%w_.]+%.o):%s+U%s+([%w_]+)") do
+            by_object[object] = by_object[object] or {}
+            table.insert(by_object[object], sym)
+        end
+        assert.truthy(by_object["conn.c.o"], "nm listed the core's objects:\n" .. out)
+        return by_object
+    end
+
+    local function protocol_symbols(syms, pattern)
+        local found = {}
+        for _, sym in ipairs(syms or {}) do
+            if sym:match(pattern) then
+                table.insert(found, sym)
+            end
+        end
+        return found
+    end
+
+    it("has no protocol named outside the protocols and the accept stage", function()
+        local u = undefined()
+        for _, object in ipairs({ "conn.c.o", "req.c.o", "server.c.o", "static.c.o" }) do
+            assert.same({}, protocol_symbols(u[object], "^ms__h[12]_"), object)
+        end
+        assert.same({}, protocol_symbols(u["h1.c.o"], "^ms__h2_"), "h1.c.o")
+        assert.same({}, protocol_symbols(u["h2.c.o"], "^ms__h1_"), "h2.c.o")
+    end)
+
+    it("has the accept stage name only the protocols' tables", function()
+        local named = protocol_symbols(undefined()["accept.c.o"], "^ms__h[12]_")
+        assert.is_true(#named >= 1 and #named <= 4, table.concat(named, " "))
+        for _, sym in ipairs(named) do
+            assert.truthy(sym:match("_proto$"), sym)
+        end
+    end)
+end)

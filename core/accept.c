@@ -134,6 +134,12 @@ static void accept_feed(ms_conn_t *c, const char *data, size_t len)
             held->len = 0;
         goto done;
     }
+    const char *alpn = c->io->alpn != NULL ? c->io->alpn(c) : NULL;
+    if (alpn != NULL) {
+        /* The transport agreed on the protocol (TLS ALPN): no preface to sniff. */
+        choose(c, strcmp(alpn, "h2") == 0 ? HTTP2 : HTTP1, p, end);
+        goto done;
+    }
     size_t n = (size_t)(end - p);
     if (MS_UNLIKELY(*p == 'P') &&
         memcmp(p, MS_H2_PREFACE, n < MS_H2_PREFACE_LEN ? n : MS_H2_PREFACE_LEN) == 0) {

@@ -77,7 +77,10 @@ void ms__conn_close(ms_conn_t *c, int graceful)
     c->flags |= MS_CONN_CLOSED | MS_CONN_CLOSING;
     ms_timer_stop(c->server, &c->timer);
     c->proto->abort(c);
-    c->io->close(c, graceful);
+    if (graceful && c->io->shutdown != NULL)
+        c->io->shutdown(c);
+    else
+        c->io->close(c);
 }
 
 void ms_conn_closed(ms_conn_t *c)

@@ -271,6 +271,10 @@ void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c);
 void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
+/* tcp.c: a connection accepted on `listener`, its source known and not yet reading; NULL
+ * when there was none to accept. */
+ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener);
+
 /* caps.c */
 int ms__source_key(const struct sockaddr *sa, uint8_t key[16]);
 int ms__source_add(ms_server_t *s, ms_conn_t *c);

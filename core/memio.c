@@ -44,7 +44,7 @@ static void mem_read_start(ms_conn_t *c)
     memio_of(c)->reading = 1;
 }
 
-static void mem_close(ms_conn_t *c, int graceful)
+static void mem_end(ms_conn_t *c, int graceful)
 {
     ms_memio_t *m = memio_of(c);
     m->closed = graceful ? 1 : 2;
@@ -57,6 +57,16 @@ static void mem_close(ms_conn_t *c, int graceful)
     ms_conn_closed(c);
 }
 
+static void mem_shutdown(ms_conn_t *c)
+{
+    mem_end(c, 1);
+}
+
+static void mem_close(ms_conn_t *c)
+{
+    mem_end(c, 0);
+}
+
 static void mem_peer(ms_conn_t *c, char *buf, size_t len)
 {
     snprintf(buf, len, "memory");
@@ -67,6 +77,7 @@ static const ms_io_t mem_io = {
     .write = mem_write,
     .read_stop = mem_read_stop,
     .read_start = mem_read_start,
+    .shutdown = mem_shutdown,
     .close = mem_close,
     .peer = mem_peer,
 };

@@ -145,18 +145,18 @@ struct ms_req_s {
     ms_str_t head;        /* the raw head, which every view above points into */
     ms_header_t *headers; /* hdr_inline, or pooled when there are more */
     int headers_cap;
-    ms_buf_t res_headers; /* the reply's fields as text, pooled */
+    ms_buf_t res_headers;  /* the reply's fields as text, pooled */
     ms_buf_t res_trailers; /* the reply's trailer fields as text, pooled */
     ms_header_t *trailers; /* the request's trailer fields, copied into the pool as they
                             * arrive; never among the headers */
     int ntrailers, trailers_cap;
-    ms_buf_t body;        /* request body bytes not yet read by the handler; owned */
-    uint64_t body_seen;   /* request body bytes received so far */
-    uint64_t body_limit;  /* body_bytes, or what the handler's route allows */
-    uint64_t chain_left;  /* bytes a reply sent in pieces still owes (ms_reply_begin) */
-    uint8_t drain_all;    /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
-    uint16_t refused;     /* the status the core answered with in the handler's place */
-    ms_timer_t timer;     /* moonserve.sleep() */
+    ms_buf_t body;       /* request body bytes not yet read by the handler; owned */
+    uint64_t body_seen;  /* request body bytes received so far */
+    uint64_t body_limit; /* body_bytes, or what the handler's route allows */
+    uint64_t chain_left; /* bytes a reply sent in pieces still owes (ms_reply_begin) */
+    uint8_t drain_all;   /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
+    uint16_t refused;    /* the status the core answered with in the handler's place */
+    ms_timer_t timer;    /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
 _Static_assert(offsetof(ms_req_t, v) == 0, "an ms_req_t * is an ms_req_view_t * (Lua's view)");
@@ -340,6 +340,8 @@ int ms_log_reopen(void);
  * The engine is transport-agnostic: a connection writes through an ms_io_t. The server
  * uses libuv TCP; tests, fuzzers and benchmarks use a memory transport and feed bytes. */
 
+/* A transport: what carries a connection's bytes (plain TCP in tcp.c, memory in memio.c; TLS
+ * wraps one). The engine above it never touches a socket. */
 typedef struct ms_io_s {
     /* Writes what it can now: returns bytes written, UV_EAGAIN, or a negative code. */
     int (*try_write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
@@ -352,12 +354,20 @@ typedef struct ms_io_s {
     /* Holds partial segments back while on (a head and the file after it leave in full
      * segments), and sends them when off. May be NULL. */
     void (*cork)(ms_conn_t *c, int on);
+    /* Reading: bytes come in through ms_conn_read_buf() and ms_conn_feed(), the end of them
+     * through ms_conn_eof(). */
     void (*read_stop)(ms_conn_t *c);
     void (*read_start)(ms_conn_t *c);
-    /* Closes the transport; once it is closed it calls ms_conn_closed(c). */
-    void (*close)(ms_conn_t *c, int graceful);
+    /* Ends the connection once what was written has gone (TCP: FIN, not a reset that could
+     * destroy the last reply), then closes. May be NULL: close instead. */
+    void (*shutdown)(ms_conn_t *c);
+    /* Closes the transport now; once it is closed it calls ms_conn_closed(c). */
+    void (*close)(ms_conn_t *c);
     /* Writes the peer's address as text, for log lines. May be NULL. */
     void (*peer)(ms_conn_t *c, char *buf, size_t len);
+    /* The protocol the transport agreed with the peer (TLS ALPN: "h2", "http/1.1"), which
+     * the accept stage takes; NULL, or a NULL function, when it agreed none. */
+    const char *(*alpn)(ms_conn_t *c);
 } ms_io_t;
 
 /* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */

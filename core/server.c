@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,13 +24,6 @@ typedef struct ms_listener_s {
     int flags; /* MS_LISTEN_* */
     struct ms_listener_s *next;
 } ms_listener_t;
-
-/* The transport's part of a TCP connection, right after its ms_conn_t. */
-typedef struct ms_tcp_s {
-    uv_tcp_t tcp;
-    uv_write_t *wreq;        /* from the worker's recycle list while a write is pending */
-    uv_shutdown_t *shutdown; /* while a graceful close is under way */
-} ms_tcp_t;
 
 /* -- Logging ----------------------------------------------------------------------------- */
 
@@ -107,152 +98,6 @@ void ms_log(int level, const char *fmt, ...)
     log_fn(level, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
 }
 
-/* -- TCP transport ----------------------------------------------------------------------- */
-
-static inline ms_tcp_t *tcp_of(ms_conn_t *c)
-{
-    return ms_conn_io_data(c);
-}
-
-/* ms_conn_new puts a transport's data right after the connection (ms_conn_io_data): the
- * way back from the handle counts on no padding between them. */
-_Static_assert(sizeof(ms_conn_t) % _Alignof(ms_tcp_t) == 0,
-               "a transport's data follows its connection");
-
-static inline ms_conn_t *conn_of_handle(uv_handle_t *h)
-{
-    return (ms_conn_t *)((char *)h - offsetof(ms_tcp_t, tcp) - sizeof(ms_conn_t));
-}
-
-static int tcp_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
-{
-    return uv_try_write((uv_stream_t *)&tcp_of(c)->tcp, bufs, n);
-}
-
-static ssize_t tcp_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
-{
-    uv_os_fd_t sock;
-    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) != 0)
-        return UV_EBADF;
-    off_t at = (off_t)off;
-    ssize_t n = sendfile(sock, fd, &at, len);
-    if (n >= 0)
-        return n;
-    return errno == EAGAIN ? UV_EAGAIN : -errno;
-}
-
-static void tcp_cork(ms_conn_t *c, int on)
-{
-    uv_os_fd_t sock;
-    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) == 0)
-        (void)setsockopt(sock, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
-}
-
-static void write_cb(uv_write_t *w, int status)
-{
-    ms_conn_t *c = w->data;
-    ms_mem_free(w);
-    tcp_of(c)->wreq = NULL;
-    ms_conn_write_done(c, status);
-    ms__conn_release(c);
-}
-
-static int tcp_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
-{
-    ms_tcp_t *t = tcp_of(c);
-    /* Only on a congested socket; not worth a recycle list. */
-    t->wreq = ms_mem_alloc(sizeof(*t->wreq));
-    t->wreq->data = c;
-    int rc = uv_write(t->wreq, (uv_stream_t *)&t->tcp, bufs, n, write_cb);
-    if (rc < 0) {
-        ms_mem_free(t->wreq);
-        t->wreq = NULL;
-        return rc;
-    }
-    ms__conn_hold(c); /* the write request holds the connection */
-    return 0;
-}
-
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    (void)suggested;
-    ms_conn_read_buf(conn_of_handle(h), buf);
-}
-
-static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
-{
-    ms_conn_t *c = conn_of_handle((uv_handle_t *)st);
-    if (nread > 0)
-        ms_conn_feed(c, buf->base, (size_t)nread);
-    else if (nread < 0)
-        ms_conn_eof(c, (int)nread);
-}
-
-static void tcp_read_stop(ms_conn_t *c)
-{
-    uv_read_stop((uv_stream_t *)&tcp_of(c)->tcp);
-}
-
-static void tcp_read_start(ms_conn_t *c)
-{
-    if (!(c->flags & MS_CONN_CLOSED))
-        uv_read_start((uv_stream_t *)&tcp_of(c)->tcp, alloc_cb, read_cb);
-}
-
-static void close_cb(uv_handle_t *h)
-{
-    ms_conn_closed(conn_of_handle(h));
-}
-
-static void shutdown_cb(uv_shutdown_t *req, int status)
-{
-    ms_conn_t *c = req->data;
-    (void)status;
-    ms_mem_free(req);
-    tcp_of(c)->shutdown = NULL;
-    uv_close((uv_handle_t *)&tcp_of(c)->tcp, close_cb);
-}
-
-static void tcp_close(ms_conn_t *c, int graceful)
-{
-    ms_tcp_t *t = tcp_of(c);
-    uv_read_stop((uv_stream_t *)&t->tcp);
-    if (graceful && t->wreq == NULL) {
-        /* Send FIN after the last reply rather than a reset that could destroy it. */
-        t->shutdown = ms_mem_alloc(sizeof(*t->shutdown));
-        t->shutdown->data = c;
-        if (uv_shutdown(t->shutdown, (uv_stream_t *)&t->tcp, shutdown_cb) == 0)
-            return;
-        ms_mem_free(t->shutdown);
-        t->shutdown = NULL;
-    }
-    uv_close((uv_handle_t *)&t->tcp, close_cb);
-}
-
-static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
-{
-    struct sockaddr_storage ss;
-    int n = sizeof(ss);
-    buf[0] = 0;
-    if (uv_tcp_getpeername(&tcp_of(c)->tcp, (struct sockaddr *)&ss, &n) != 0)
-        return;
-    if (ss.ss_family == AF_INET6)
-        uv_ip6_name((struct sockaddr_in6 *)&ss, buf, len);
-    else
-        uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
-}
-
-static const ms_io_t tcp_io = {
-    .try_write = tcp_try_write,
-    .write = tcp_write,
-    .sendfile = tcp_sendfile,
-    .cork = tcp_cork,
-    .read_stop = tcp_read_stop,
-    .read_start = tcp_read_start,
-    .close = tcp_close,
-    .peer = tcp_peer,
-};
-
 static void on_connection(uv_stream_t *ls, int status)
 {
     ms_listener_t *l = (ms_listener_t *)ls;
@@ -262,27 +107,13 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
-        ms_conn_t *c = ms_conn_new(s, &tcp_io, sizeof(ms_tcp_t));
-        ms_tcp_t *t = tcp_of(c);
-        t->wreq = NULL;
-        t->shutdown = NULL;
-        uv_tcp_init(s->loop, &t->tcp);
-        if (uv_accept(ls, (uv_stream_t *)&t->tcp) != 0) {
-            /* Nothing more to accept now: undo quietly. */
-            c->flags |= MS_CONN_CLOSED;
-            s->stats.accepted--;
-            uv_close((uv_handle_t *)&t->tcp, close_cb);
-            return;
-        }
+        ms_conn_t *c = ms__tcp_accept(s, ls);
+        if (c == NULL)
+            return; /* nothing more to accept now */
         /* Caps on open connections, per worker and per source address: over them the
          * connection is closed at once, before any byte is read. A trusted proxy's
          * connections carry many clients and are not counted as one source; behind a PROXY
          * header, the client it names is counted once the header is read. */
-        struct sockaddr_storage ss;
-        int sl = sizeof(ss);
-        if (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &sl) == 0 &&
-            ms__source_key((struct sockaddr *)&ss, c->source) == 0)
-            c->source_known = 1;
         if (l->flags & MS_LISTEN_PROXY)
             c->flags |= MS_CONN_PROXY;
         if (s->stats.conns > s->limits.connections ||
@@ -293,8 +124,7 @@ static void on_connection(uv_stream_t *ls, int status)
             ms__conn_close(c, 0);
             continue;
         }
-        uv_tcp_nodelay(&t->tcp, 1);
-        uv_read_start((uv_stream_t *)&t->tcp, alloc_cb, read_cb);
+        c->io->read_start(c);
         ms__conn_start(c);
     }
 }

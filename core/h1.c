@@ -8,7 +8,7 @@
 typedef struct ms_h1_s ms_h1_t;
 
 /* HTTP/1 state of an active connection: dropped back to the worker when it goes idle. */
-enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_DEAD };
+enum { MS_H1_HEAD, MS_H1_BODY, MS_H1_WAIT_NEXT, MS_H1_TUNNEL, MS_H1_DEAD };
 
 struct ms_h1_s {
     ms_h1_t *next_free;
@@ -722,6 +722,10 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
             break;
         }
         case MS_H1_BODY: p = feed_body(c, h, p, end); break;
+        case MS_H1_TUNNEL:
+            if (h->req.tunnel != NULL)
+                h->req.tunnel->on_data(h->req.tunnel, p, (size_t)(end - p));
+            return end;
         case MS_H1_WAIT_NEXT:
             if (h->req.v.flags & MS_REQ_IN_HANDLER)
                 return p;
@@ -901,6 +905,12 @@ static void h1_eof(ms_conn_t *c)
         /* The client may have only shut its sending side: the reply can still go out. */
         ms_req_t *r = &h->req;
         c->flags |= MS_CONN_CLOSING;
+        if (r->tunnel != NULL) {
+            ms__conn_hold(c); /* the taker may let go of the request, and close */
+            ms__req_tunnel_end(r, 0);
+            ms__conn_release(c);
+            return;
+        }
         if (!h->msg_done) {
             r->v.flags |= MS_REQ_BODY_ERROR;
             if (r->v.wait == MS_WAIT_BODY)
@@ -1069,6 +1079,40 @@ static void h1_where(ms_req_t *r, char *buf, size_t len)
     buf[0] = 0;
 }
 
+/* 101 Switching Protocols (the taker names the protocol in its Upgrade field), then the
+ * connection's bytes are the tunnel's; it closes when the tunnel ends. Bytes kept behind the
+ * head go to it once the handler's call into the core has returned. */
+static void h1_tunnel(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    ms_h1_t *h = h1_of_req(r);
+    static const char upgrade[] = "connection: upgrade\r\n"; /* (with the taker's Upgrade) */
+    r->v.status = 101;
+    r->v.flags &= ~MS_REQ_CLOSE; /* not "connection: close" */
+    ms_reply_field(r, upgrade, sizeof(upgrade) - 1);
+    h1_reply_head(r, -2);
+    r->v.flags |= MS_REQ_CLOSE | MS_REQ_BODY_DONE;
+    h->state = MS_H1_TUNNEL;
+    if (h->in.len > h->in_off && !(c->flags & MS_CONN_IN_FEED)) {
+        if (c->server->depth > 0)
+            ms__server_defer(c->server, c);
+        else
+            h1_resume(c);
+    }
+}
+
+static void h1_tunnel_read(ms_req_t *r, int on)
+{
+    ms_conn_t *c = r->conn;
+    if (!on && !(c->flags & MS_CONN_READ_OFF)) {
+        c->flags |= MS_CONN_READ_OFF;
+        c->io->read_stop(c);
+    } else if (on && (c->flags & MS_CONN_READ_OFF)) {
+        c->flags &= ~MS_CONN_READ_OFF;
+        c->io->read_start(c);
+    }
+}
+
 static void h1_worker_init(ms_server_t *s)
 {
     (void)s;
@@ -1105,6 +1149,8 @@ const ms_proto_t ms__h1_proto = {
     .body_wait = h1_body_wait,
     .queued = h1_queued,
     .where = h1_where,
+    .tunnel = h1_tunnel,
+    .tunnel_read = h1_tunnel_read,
     .worker_init = h1_worker_init,
     .worker_free = h1_worker_free,
 };

@@ -60,6 +60,8 @@ struct ms_stream_s {
     uint8_t malformed;   /* reset with PROTOCOL_ERROR instead of being dispatched */
     uint8_t tunnel;      /* a tunnel (extended CONNECT): its body has no deadline, and it is
                           * not reset when its handler is done */
+    uint8_t read_paused; /* a tunnel that reads no more for now: its window is not granted */
+    uint32_t unconsumed; /* ... of so many bytes */
     int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
     uint64_t body_start; /* when the body's budget began (loop ms; 0: not yet) */
     uint64_t body_mark;  /* body bytes received by then */
@@ -101,7 +103,8 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
         st->head_bytes = 0;
         st->refused = 0;
         st->closed = st->deferred = st->provider = st->reset_after = st->dispatched = 0;
-        st->end_sent = st->malformed = st->tunnel = 0;
+        st->end_sent = st->malformed = st->tunnel = st->read_paused = 0;
+        st->unconsumed = 0;
         st->body_start = st->body_mark = 0;
     }
     st->req.conn = h2->conn;
@@ -803,6 +806,7 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
     return 0;
 body_done:
     st->req.v.flags |= MS_REQ_BODY_DONE;
+    ms__req_tunnel_end(&st->req, 0);
     if (st->req.v.wait == MS_WAIT_BODY)
         ms__req_wake(&st->req, MS_WAIT_BODY);
     return 0;
@@ -819,6 +823,14 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
         return 0;
     }
     ms_req_t *r = &st->req;
+    if (r->tunnel != NULL) {
+        r->tunnel->on_data(r->tunnel, (const char *)data, len);
+        if (st->read_paused)
+            st->unconsumed += len; /* granted when the tunnel reads again */
+        else
+            nghttp2_session_consume(ng, id, len);
+        return 0;
+    }
     r->body_seen += len;
     if (r->body_seen > r->body_limit) {
         nghttp2_session_consume(ng, id, len);
@@ -1355,6 +1367,31 @@ static void h2_where(ms_req_t *r, char *buf, size_t len)
     snprintf(buf, len, "HTTP/2 stream %d: ", (int)stream_of(r)->id);
 }
 
+/* The stream is a tunnel: 200, then DATA both ways, with no body deadline, until the taker
+ * finishes the request (END_STREAM) or the client resets it. */
+static void h2_tunnel(ms_req_t *r)
+{
+    ms_stream_t *st = stream_of(r);
+    st->tunnel = 1;
+    ms_timer_stop(r->conn->server, &r->timer); /* (a body deadline) */
+    r->v.status = 200;
+    h2_reply_head(r, -1);
+    if (r->v.flags & MS_REQ_BODY_DONE)
+        ms__req_tunnel_end(r, 0); /* the client had ended its side already */
+}
+
+static void h2_tunnel_read(ms_req_t *r, int on)
+{
+    ms_stream_t *st = stream_of(r);
+    st->read_paused = (uint8_t)!on;
+    if (on && st->unconsumed > 0 && !st->closed) {
+        nghttp2_session_consume(st->h2->ng, st->id, st->unconsumed);
+        st->unconsumed = 0;
+        if (!(r->conn->flags & MS_CONN_IN_FEED))
+            h2_flush_soon(r->conn);
+    }
+}
+
 static void h2_worker_init(ms_server_t *s)
 {
     uv_prepare_init(s->loop, &s->h2_turn);
@@ -1399,6 +1436,8 @@ const ms_proto_t ms__h2_proto = {
     .body_wait = h2_body_wait,
     .queued = h2_queued,
     .where = h2_where,
+    .tunnel = h2_tunnel,
+    .tunnel_read = h2_tunnel_read,
     .upgrade = h2_upgrade,
     .upgrade_ok = h2_upgrade_ok,
     .worker_init = h2_worker_init,

@@ -156,6 +156,10 @@ typedef struct ms_proto_s {
     void (*upgrade)(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen);
     /* A request that asks to switch to this protocol (Upgrade), and may. */
     int (*upgrade_ok)(ms_req_t *r);
+    /* Takes the request over as a tunnel (ms_req_tunnel): its head, and bytes both ways from
+     * now on. NULL when the protocol has none. */
+    void (*tunnel)(ms_req_t *r);
+    void (*tunnel_read)(ms_req_t *r, int on);
     void (*worker_init)(ms_server_t *s);
     void (*worker_free)(ms_server_t *s);
 } ms_proto_t;
@@ -330,6 +334,8 @@ void ms__req_init(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
+/* The tunnel of `r` learns that no more bytes will come (ms_tunnel_t.on_end), once. */
+void ms__req_tunnel_end(ms_req_t *r, int status);
 /* Adds a trailer field of the request body (HTTP/1.1 chunked trailers, an HTTP/2 HEADERS
  * frame after DATA), copied into the pool: trailers arrive among body bytes, which the shared
  * read buffer does not keep. They are kept apart from the headers, so a trailer never stands

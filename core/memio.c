@@ -67,6 +67,11 @@ static void mem_close(ms_conn_t *c)
     mem_end(c, 0);
 }
 
+static const char *mem_alpn(ms_conn_t *c)
+{
+    return memio_of(c)->alpn;
+}
+
 static void mem_peer(ms_conn_t *c, char *buf, size_t len)
 {
     snprintf(buf, len, "memory");
@@ -80,6 +85,7 @@ static const ms_io_t mem_io = {
     .shutdown = mem_shutdown,
     .close = mem_close,
     .peer = mem_peer,
+    .alpn = mem_alpn,
 };
 
 ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m)

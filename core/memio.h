@@ -6,12 +6,13 @@
 #include "moonserve.h"
 
 typedef struct ms_memio_s {
-    ms_buf_t out;    /* owned: every byte written */
-    ms_buf_t held;   /* owned: bytes of a write the peer has not taken yet (congested) */
-    ms_conn_t *conn; /* NULL once the engine closed the connection */
-    int closed;      /* 1 after a graceful close, 2 after an abortive one */
-    int reading;     /* 0 while the engine asked to stop reading */
-    int congested;   /* try_write takes nothing; writes wait for ms_memio_drain() */
+    ms_buf_t out;     /* owned: every byte written */
+    ms_buf_t held;    /* owned: bytes of a write the peer has not taken yet (congested) */
+    ms_conn_t *conn;  /* NULL once the engine closed the connection */
+    int closed;       /* 1 after a graceful close, 2 after an abortive one */
+    int reading;      /* 0 while the engine asked to stop reading */
+    int congested;    /* try_write takes nothing; writes wait for ms_memio_drain() */
+    const char *alpn; /* the protocol the transport says it agreed, as TLS's ALPN would */
 } ms_memio_t;
 
 /* Opens a connection whose output goes to `m`. `m` must outlive the connection. */

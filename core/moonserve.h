@@ -150,16 +150,46 @@ struct ms_req_s {
     ms_header_t *trailers; /* the request's trailer fields, copied into the pool as they
                             * arrive; never among the headers */
     int ntrailers, trailers_cap;
-    ms_buf_t body;       /* request body bytes not yet read by the handler; owned */
-    uint64_t body_seen;  /* request body bytes received so far */
-    uint64_t body_limit; /* body_bytes, or what the handler's route allows */
-    uint64_t chain_left; /* bytes a reply sent in pieces still owes (ms_reply_begin) */
-    uint8_t drain_all;   /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
-    uint16_t refused;    /* the status the core answered with in the handler's place */
-    ms_timer_t timer;    /* moonserve.sleep() */
+    ms_buf_t body;              /* request body bytes not yet read by the handler; owned */
+    uint64_t body_seen;         /* request body bytes received so far */
+    uint64_t body_limit;        /* body_bytes, or what the handler's route allows */
+    uint64_t chain_left;        /* bytes a reply sent in pieces still owes (ms_reply_begin) */
+    uint8_t drain_all;          /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
+    uint16_t refused;           /* the status the core answered with in the handler's place */
+    struct ms_tunnel_s *tunnel; /* who took the request over (ms_req_tunnel), until it ends */
+    ms_timer_t timer;           /* moonserve.sleep() */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
 _Static_assert(offsetof(ms_req_t, v) == 0, "an ms_req_t * is an ms_req_view_t * (Lua's view)");
+
+/* -- Tunnels ----------------------------------------------------------------------------
+ * A request taken over: after a 101 on HTTP/1.1, or on an HTTP/2 stream (an extended CONNECT,
+ * RFC 8441), the bytes both ways belong to whoever took it (WebSocket, a raw request socket),
+ * with no framing and no deadline of the core's. The request stays the taker's until it calls
+ * ms_req_finish(), which ends the tunnel: on HTTP/1.1 the connection closes once what was
+ * written has gone, on HTTP/2 the stream ends (END_STREAM). */
+typedef struct ms_tunnel_s ms_tunnel_t;
+struct ms_tunnel_s {
+    /* Bytes from the peer, as they come; `p` is valid only during the call. */
+    void (*on_data)(ms_tunnel_t *t, const char *p, size_t n);
+    /* No more bytes will come: 0 when the peer ended its side, MS_ECLOSED when the connection
+     * or the stream is gone. Called once. */
+    void (*on_end)(ms_tunnel_t *t, int status);
+    ms_req_t *req; /* set by ms_req_tunnel */
+    void *data;    /* the taker's */
+};
+
+/* Takes `r` over: its head goes now (101 Switching Protocols on HTTP/1.1, 200 on HTTP/2, with
+ * the fields set so far), then the peer's bytes go to `t`. On HTTP/1.1, bytes that came
+ * behind the head come once the handler's call into the core has returned; on HTTP/2, DATA
+ * that came before the call stays the request's body (ms_req_body_take). Returns MS_ESENT if
+ * a reply has begun, MS_ECLOSED if the request is gone. */
+int ms_req_tunnel(ms_req_t *r, ms_tunnel_t *t);
+/* Queues bytes to the peer; `owner` and `anchor` as for ms_reply_write. */
+int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_t anchor);
+/* Stops (0) or resumes (1) the peer's bytes: a taker that cannot keep up holds the peer back
+ * (HTTP/1.1: the socket is not read; HTTP/2: the stream's window is not granted). */
+void ms_tunnel_read(ms_tunnel_t *t, int on);
 
 /* The client's address as text: the peer, or the address a PROXY header named, or, when
  * that is a trusted proxy, the first untrusted address of X-Forwarded-For from the right.

@@ -128,6 +128,7 @@ void ms__req_reset(ms_req_t *r)
     r->body.len = 0;
     r->body_seen = 0;
     r->refused = 0;
+    r->tunnel = NULL;
 }
 
 void ms__req_wake(ms_req_t *r, int wait)
@@ -142,9 +143,22 @@ void ms__req_wake(ms_req_t *r, int wait)
     ms__server_call(s, s->on_resume, r);
 }
 
+void ms__req_tunnel_end(ms_req_t *r, int status)
+{
+    ms_tunnel_t *t = r->tunnel;
+    if (t != NULL) {
+        r->tunnel = NULL;
+        t->on_end(t, status);
+    }
+}
+
 void ms__req_abort(ms_req_t *r)
 {
     r->v.flags |= MS_REQ_ABORTED;
+    if (r->tunnel != NULL) {
+        ms__req_tunnel_end(r, MS_ECLOSED); /* its taker hears it (and may let go of `r`) */
+        return;
+    }
     if (r->v.wait == MS_WAIT_BODY || r->v.wait == MS_WAIT_DRAIN)
         ms__req_wake(r, r->v.wait);
 }
@@ -513,6 +527,52 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
     return 0;
 }
 
+/* -- Tunnels ----------------------------------------------------------------------------- */
+
+int ms_req_tunnel(ms_req_t *r, ms_tunnel_t *t)
+{
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_HEAD_SENT)
+        return MS_ESENT;
+    if ((r->v.flags & MS_REQ_ABORTED) || (c->flags & MS_CONN_CLOSED))
+        return MS_ECLOSED;
+    if (c->proto->tunnel == NULL)
+        return MS_ESTATE;
+    t->req = r;
+    r->tunnel = t;
+    c->proto->tunnel(r);
+    flush(c);
+    return 0;
+}
+
+int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_t anchor)
+{
+    ms_req_t *r = t->req;
+    ms_conn_t *c = r->conn;
+    if (r->v.flags & MS_REQ_DONE) {
+        drop_anchor(c->server, owner, anchor);
+        return MS_ESENT;
+    }
+    if ((r->v.flags & MS_REQ_ABORTED) || (c->flags & MS_CONN_CLOSED)) {
+        drop_anchor(c->server, owner, anchor);
+        return MS_ECLOSED;
+    }
+    if (len == 0) {
+        drop_anchor(c->server, owner, anchor);
+        return 0;
+    }
+    c->proto->body_piece(r, p, len, owner, anchor);
+    flush(c);
+    return 0;
+}
+
+void ms_tunnel_read(ms_tunnel_t *t, int on)
+{
+    ms_req_t *r = t->req;
+    if (!(r->v.flags & MS_REQ_ABORTED) && !(r->conn->flags & MS_CONN_CLOSED))
+        r->conn->proto->tunnel_read(r, on);
+}
+
 void ms_req_fail(ms_req_t *r)
 {
     /* A reply cut short must not look complete: no last chunk, and the connection closes
@@ -534,6 +594,7 @@ void ms_req_finish(ms_req_t *r)
         }
     }
     r->v.flags &= ~MS_REQ_IN_HANDLER;
+    r->tunnel = NULL; /* (ending it: the taker hears no more) */
     c->server->stats.in_flight--;
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;

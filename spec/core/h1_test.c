@@ -4,6 +4,7 @@
 #include "../../core/h1.c"
 #include "../../core/memio.h"
 #include "fields.h"
+#include "tunnel.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -17,6 +18,8 @@ static ms_buf_t echoed; /* body bytes read by /echo */
 static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists, once the body is whole */
 static int requests_seen;
 static int chain_overflow, chain_short;
+static echo_tunnel_t tunnel; /* /tunnel's taker */
+static int tunnel_rc;
 
 static void reply_text(ms_req_t *r, const char *s)
 {
@@ -70,6 +73,11 @@ static void on_request(ms_req_t *r, void *data)
     if (path_is(r, "/echo")) {
         echoed.len = 0;
         echo_step(r);
+        return;
+    }
+    if (path_is(r, "/tunnel")) {
+        ms_reply_header(r, S("upgrade"), S("echo"));
+        tunnel_rc = ms_req_tunnel(r, echo_tunnel(&tunnel));
         return;
     }
     if (path_is(r, "/stream")) {
@@ -860,6 +868,105 @@ TEST(h1_idle_connection_holds_no_buffers)
     ASSERT(h1_of(c) == NULL);
     ASSERT_EQ(2, count(output(&m), "hello world"));
     ms_memio_peer_close(&m, UV_EOF);
+    ms_memio_free(&m);
+    teardown();
+}
+
+static const char tunnel_head[] = "GET /tunnel HTTP/1.1\r\nHost: h\r\nUpgrade: echo\r\n"
+                                  "Connection: upgrade\r\n\r\n";
+
+TEST(h1_hands_a_request_to_a_tunnel_after_101)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, tunnel_head, sizeof(tunnel_head) - 1);
+    ms_memio_feed(&m, S("hi"));
+    ASSERT_EQ(0, tunnel_rc);
+    const char *out = output(&m);
+    ASSERT_HAS(out, "HTTP/1.1 101 Switching Protocols\r\n");
+    ASSERT_HAS(out, "upgrade: echo\r\nconnection: upgrade\r\n\r\n<hi>");
+    ASSERT(strstr(out, "connection: close") == NULL && strstr(out, "content-length") == NULL);
+    /* What follows is the tunnel's, never a request. */
+    ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
+    ASSERT_HAS(output(&m), "<GET / HTTP/1.1\r\nHost: h\r\n\r\n>");
+    ASSERT_EQ(1, requests_seen);
+    ASSERT_EQ(1, (int)srv->stats.in_flight);
+    /* The taker ends it: what it wrote goes, then the connection closes. */
+    ms_memio_feed(&m, S("quit"));
+    ASSERT_HAS(output(&m), "<quit>");
+    ASSERT_EQ(1, m.closed);
+    ASSERT_EQ(0, tunnel.ended); /* it ended the tunnel itself: nothing more to hear */
+    ASSERT_EQ(0, (int)srv->stats.in_flight);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_gives_a_tunnel_the_bytes_that_came_behind_its_head_in_one_read)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    char in[256];
+    snprintf(in, sizeof(in), "%sfirst", tunnel_head);
+    ms_memio_feed(&m, in, strlen(in));
+    ASSERT_STR_EQ("first", tunnel.seen);
+    ASSERT_HAS(output(&m), "\r\n\r\n<first>");
+    /* The peer ends its side: the taker hears it once, and lets go. */
+    ms_memio_peer_close(&m, UV_EOF);
+    ASSERT_EQ(1, tunnel.ended);
+    ASSERT_EQ(0, tunnel.end_status);
+    ASSERT(m.closed != 0);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_gives_a_tunnel_taken_later_the_bytes_kept_behind_a_parked_head)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    char in[256];
+    snprintf(in, sizeof(in), "GET /park HTTP/1.1\r\nHost: h\r\nUpgrade: echo\r\n"
+                             "Connection: upgrade\r\n\r\nkept");
+    ms_memio_feed(&m, in, strlen(in));
+    ASSERT(parked != NULL);
+    ASSERT_EQ(0, (int)m.out.len);
+    ASSERT_EQ(0, ms_req_tunnel(parked, echo_tunnel(&tunnel)));
+    ASSERT_STR_EQ("kept", tunnel.seen);
+    ASSERT_HAS(output(&m), "HTTP/1.1 101 Switching Protocols\r\n");
+    ASSERT_HAS(output(&m), "<kept>");
+    ASSERT_EQ(MS_ESENT, ms_req_tunnel(parked, &tunnel.t)); /* once */
+    /* The taker holds the peer back, then lets it go on. */
+    ms_tunnel_read(&tunnel.t, 0);
+    ASSERT_EQ(0, m.reading);
+    ms_tunnel_read(&tunnel.t, 1);
+    ASSERT_EQ(1, m.reading);
+    ms_memio_peer_close(&m, UV_ECONNRESET);
+    ASSERT_EQ(1, tunnel.ended);
+    ASSERT_EQ(MS_ECLOSED, tunnel.end_status);
+    ms_memio_free(&m);
+    teardown();
+}
+
+/* The accept stage takes the protocol a transport agreed with the peer (TLS ALPN) instead of
+ * looking at the first bytes. */
+TEST(accept_takes_the_protocol_the_transport_agreed)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    m.alpn = "http/1.1";
+    ms_memio_feed(&m, MS_H2_PREFACE, MS_H2_PREFACE_LEN); /* a preface, spoken to HTTP/1.1 */
+    ASSERT(strncmp(output(&m), "HTTP/1.1 4", 10) == 0);
+    ASSERT(m.closed != 0);
+    ms_memio_free(&m);
+    ms_memio_open(srv, &m);
+    m.alpn = "h2";
+    ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: h\r\n\r\n")); /* a request, to HTTP/2 */
+    ASSERT(strstr(output(&m), "HTTP/1.1") == NULL);
+    ASSERT(m.closed != 0);
+    ASSERT_EQ(0, requests_seen);
     ms_memio_free(&m);
     teardown();
 }

@@ -8,6 +8,7 @@
 #include "../../core/memio.h"
 #include "../../core/h2.c"
 #include "fields.h"
+#include "tunnel.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -25,6 +26,7 @@ static int path_is(ms_req_t *r, const char *p)
 }
 
 static ms_buf_t echoed;
+static echo_tunnel_t tunnel; /* /tunnel's taker */
 static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists */
 
 static int fields_rc[8];
@@ -57,6 +59,10 @@ static void on_request(ms_req_t *r, void *data)
     if (path_is(r, "/echo")) {
         echoed.len = 0;
         echo_step(r);
+        return;
+    }
+    if (path_is(r, "/tunnel")) {
+        ms_req_tunnel(r, echo_tunnel(&tunnel));
         return;
     }
     if (path_is(r, "/noread")) {
@@ -771,6 +777,40 @@ TEST(h2_upgrades_an_http1_request_to_h2c)
     pump();
     ASSERT_EQ(200, reply_of(1)->status);
     ASSERT_STR_EQ("v20 /up up.test", reply_of(1)->body);
+    teardown();
+}
+
+TEST(h2_hands_a_stream_to_a_tunnel)
+{
+    setup();
+    body_t b = {"abc", 3, 0, NULL, 0};
+    int32_t id = request("POST", "/tunnel", &b);
+    pump();
+    /* The DATA came to the taker, which sent it back; the client's END_STREAM ended it. */
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT_STR_EQ("abc", tunnel.seen);
+    ASSERT_STR_EQ("<abc>", reply_of(id)->body);
+    ASSERT_EQ(1, tunnel.ended);
+    ASSERT_EQ(0, tunnel.end_status);
+    ASSERT_EQ(1, reply_of(id)->closed);
+    ASSERT_EQ(0, (int)reply_of(id)->error);
+    ASSERT_EQ(0, srv->stats.in_flight);
+    teardown();
+}
+
+TEST(h2_tells_a_tunnel_when_its_stream_is_reset)
+{
+    setup();
+    body_t b = {NULL, 0, 0, NULL, 0}; /* the client's side stays open */
+    int32_t id = request("POST", "/tunnel", &b);
+    pump();
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT_EQ(0, tunnel.ended);
+    nghttp2_submit_rst_stream(client, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+    pump();
+    ASSERT_EQ(1, tunnel.ended);
+    ASSERT_EQ(MS_ECLOSED, tunnel.end_status);
+    ASSERT_EQ(0, srv->stats.in_flight);
     teardown();
 }
 

@@ -1,10 +1,15 @@
 -- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
+-- It reaches whatever serves it only through moonserve/host.lua (and the request and reply
+-- objects the host hands to app:handle), so that defining an app loads no part of the core.
 local canon = require "moonserve.canon"
+local the_host = require "moonserve.host" -- whatever serves the app: its log, its run
 local router = require "moonserve.router"
 local security = require "moonserve.security"
 
-local find, lower, sub, type, select = string.find, string.lower, string.sub, type, select
+local find, format, lower, sub, type, select = string.find, string.format, string.lower,
+    string.sub, type, select
+local rawget, tostring, pcall = rawget, tostring, pcall
 
 local App = {}
 App.__index = App
@@ -13,17 +18,69 @@ local _M = { methods = App }
 
 local METHODS = { "get", "post", "put", "patch", "delete", "options", "head" }
 
+-- -- Sites inherit ------------------------------------------------------------------------
+
+-- What `app` has under `key` (with `sub_key`: app[key][sub_key]), else what its parent has,
+-- and so on up: a site without its own security, error page, views, dev or path settings
+-- has its app's. Requests read the settings through resolved (below), which asks once.
+local function inherited(app, key, sub_key)
+    local v = rawget(app, key)
+    if v ~= nil and sub_key ~= nil then
+        v = v[sub_key]
+    end
+    if v == nil then
+        local parent = rawget(app, "parent")
+        if parent then
+            return inherited(parent, key, sub_key)
+        end
+    end
+    return v
+end
+_M.inherited = inherited
+
+-- Drops what was worked out from `app`'s settings (resolved, and the middleware chain),
+-- its own and its sites'.
+local function forget(app)
+    app.resolved, app.chain = nil, nil
+    for _, site in pairs(app.sites or {}) do
+        forget(site)
+    end
+end
+
+-- The settings a site may have of its own (and else has its app's), from moonserve.app's or
+-- app:site's options: "trailing", "canonical", "dev". An app has all three. Misuse raises
+-- at `level`, counted from the caller of settings.
+local function settings(app, opts, is_site, level)
+    local trailing = opts.trailing_slash
+    if trailing == nil and not is_site then
+        trailing = "strip"
+    end
+    if trailing ~= nil and trailing ~= "strip" and trailing ~= "add" and trailing ~= "keep" then
+        error("bad trailing_slash (strip, add or keep)", level + 1)
+    end
+    app.trailing = trailing
+    if opts.canonical ~= nil or not is_site then
+        app.canonical = opts.canonical ~= false
+    end
+    if opts.dev ~= nil or not is_site then
+        app.dev = opts.dev and true or false
+    end
+    forget(app)
+end
+
+local function new(opts, parent, level)
+    local app = setmetatable({ router = router.new(), middleware = {}, sites = nil,
+        opts = opts, error_pages = {}, parent = parent }, App)
+    settings(app, opts, parent ~= nil, level + 1)
+    return app
+end
+
 -- moonserve.app(opts): opts.trailing_slash ("strip", the default: "/a/" redirects to
 -- "/a"; "add"; "keep"), opts.canonical (default true: non-canonical paths redirect with 308),
 -- opts.security (see app:security), opts.dev (error pages show the traceback).
 function _M.new(opts)
     opts = opts or {}
-    local trailing = opts.trailing_slash or "strip"
-    if trailing ~= "strip" and trailing ~= "add" and trailing ~= "keep" then
-        error("bad trailing_slash (strip, add or keep)", 2)
-    end
-    local app = setmetatable({ router = router.new(), middleware = {}, sites = nil,
-        opts = opts, trailing = trailing, error_pages = {} }, App)
+    local app = new(opts, nil, 2)
     if opts.security ~= nil then
         app:security(opts.security)
     end
@@ -38,14 +95,34 @@ end
 -- has its app's.
 function App:security(opts)
     self.secure = security.compile(opts)
+    forget(self)
     return self
 end
 
-local default_security = security.compile(nil)
+-- The defaults, made at first use: checking their lines needs the host.
+local default_security
 local split_host, same_origin, SAFE = security.split_host, security.same_origin, security.SAFE
 
+local function defaults()
+    default_security = security.compile(nil)
+    return default_security
+end
+
+-- What a request through `app` needs of the settings a site inherits, looked up once (at
+-- its first request, and again after a setting changes: forget) instead of per request.
+local function resolved(app)
+    local r = app.resolved
+    if r == nil then
+        r = { secure = inherited(app, "secure") or default_security or defaults(),
+            canonical = inherited(app, "canonical"), trailing = inherited(app, "trailing"),
+            views = inherited(app, "views_engine") or false }
+        app.resolved = r
+    end
+    return r
+end
+
 local function security_of(app)
-    return app.secure or (app.parent and app.parent.secure) or default_security
+    return resolved(app).secure
 end
 
 -- Adds the security headers to a reply.
@@ -63,6 +140,7 @@ end
 -- true, helpers = {...} }). A site without its own views uses its app's.
 function App:views(opts)
     self.views_engine = require("moonserve.template").new(opts)
+    forget(self)
     return self.views_engine
 end
 
@@ -81,8 +159,7 @@ local REASONS = { [400] = "Bad Request", [403] = "Forbidden", [404] = "Not Found
 
 -- Answers with the error page for info.status.
 function App:error(req, res, info)
-    local page = self.error_pages[info.status] or
-        (self.parent and self.parent.error_pages[info.status])
+    local page = inherited(self, "error_pages", info.status)
     if page then
         return page(req, res, info)
     end
@@ -90,10 +167,76 @@ function App:error(req, res, info)
     if info.ref then
         text = text .. "reference: " .. info.ref .. "\n"
     end
-    if info.trace and (self.opts.dev or (self.parent and self.parent.opts.dev)) then
+    if info.trace and inherited(self, "dev") then
         text = text .. "\n" .. info.trace .. "\n"
     end
     return res:status(info.status):send(text)
+end
+
+-- -- Errors raised by handlers ------------------------------------------------------------
+
+local seeded = false
+
+-- A short id that ties an error page to its log line.
+local function reference(req)
+    if not seeded then
+        seeded = true
+        math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+    end
+    local ok, id = pcall(function() return req.id end)
+    return format("%06x%04x", math.random(0, 0xffffff), ok and tonumber(id) % 0x10000 or 0)
+end
+
+-- What a handler's error means: the host calls it on the app it serves when app:handle
+-- raised `err` (the message with its traceback). This one logs the error with a reference
+-- id, gives it to the on_error handlers (the site's, then its app's), and unless one of them
+-- answered, answers with the 500 error page (app:error with { status = 500, ref, trace }:
+-- the trace shows in dev mode). If part of the reply has left already, it only logs: the host
+-- cuts the reply off. A site or mounted app with a handle_error of its own has its requests'
+-- errors given to that. Override it to change any of this; an override that sends nothing
+-- leaves a bare 500 to the host.
+function App:handle_error(req, res, err)
+    local site = rawget(req, "_app") or self
+    local a = site
+    while a and a ~= self do
+        local own = rawget(a, "handle_error")
+        if own then
+            return own(a, req, res, err)
+        end
+        a = rawget(a, "parent")
+    end
+    local ref = reference(req)
+    local ok, method, path = pcall(function() return req.method, req.path end)
+    if not ok then
+        method, path = "?", "?"
+    end
+    the_host.log("err", format("[%s] %s %s: %s", ref, method, path, tostring(err)))
+    a = site
+    while a and not res:sent() do
+        local handlers = rawget(a, "error_handlers")
+        for i = 1, handlers and #handlers or 0 do
+            local hok, herr = pcall(handlers[i], req, res, err, ref)
+            if not hok then
+                the_host.log("err", format("[%s] error handler failed: %s", ref, tostring(herr)))
+            end
+            if res:sent() then
+                break
+            end
+        end
+        a = rawget(a, "parent")
+    end
+    if res:sent() then
+        return
+    end
+    res:_reset()
+    local shown = pcall(function()
+        site:secure_reply(req, res)
+        site:error(req, res, { status = 500, ref = ref, trace = tostring(err) })
+    end)
+    if not shown and not res:sent() then
+        res:_reset()
+        res:status(500):send("500 Internal Server Error\nreference: " .. ref .. "\n")
+    end
 end
 
 -- A route's value: its handler alone, or { handler, before = { middleware }, group,
@@ -175,10 +318,7 @@ function App:use(fn)
         error("bad middleware (function expected)", 2)
     end
     self.middleware[#self.middleware + 1] = fn
-    self.chain = nil
-    for _, site in pairs(self.sites or {}) do
-        site.chain = nil
-    end
+    forget(self)
     return self
 end
 
@@ -244,9 +384,11 @@ end
 -- -- Sites and mounted apps -------------------------------------------------------------------
 
 -- A site for one host ("example.org", "[::1]"; an IPv6 address may come without its
--- brackets): the same methods, its own routes and middleware. The app's own routes serve
--- hosts that have no site. opts.base: the site lives under that path (req.base_path), and
--- requests outside it are 404.
+-- brackets): the same methods, its own routes and middleware (run after the app's). The
+-- app's own routes serve hosts that have no site. opts.base: the site lives under that path
+-- (req.base_path), and requests outside it are 404. What the site does not set it has from
+-- its app: security (opts.security or site:security), error pages, views, dev,
+-- trailing_slash and canonical (opts as moonserve.app's).
 function App:site(host, opts)
     if type(host) ~= "string" or host == "" then
         error("bad host (string expected)", 2)
@@ -259,16 +401,14 @@ function App:site(host, opts)
     end
     local s = self.sites[host]
     if not s then
-        local o = {} -- the app's options, but security: a site without its own has the app's
-        for k, v in pairs(self.opts) do
-            if k ~= "security" then
-                o[k] = v
-            end
-        end
-        s = _M.new(o)
-        s.parent = self
+        s = new(opts or {}, self, 2)
         s.host = host
         self.sites[host] = s
+    elseif opts then
+        settings(s, opts, true, 2)
+    end
+    if opts and opts.security ~= nil then
+        s:security(opts.security)
     end
     local base = opts and opts.base
     if base ~= nil then
@@ -461,8 +601,9 @@ local function chain(app)
     local c = app.chain
     if c == nil then
         c = {}
-        if app.parent then
-            append(c, app.parent.middleware)
+        local parent = rawget(app, "parent")
+        if parent then
+            append(c, chain(parent))
         end
         append(c, app.middleware)
         app.chain = c
@@ -492,9 +633,10 @@ function App:handle(req, res)
         rawset(req, "path", path)
         rawset(req, "base_path", base)
     end
-    if app.opts.canonical ~= false and not req:_static_dir() then
+    local settings_of = app.resolved or resolved(app)
+    if settings_of.canonical and not req:_static_dir() then
         -- One URL per resource: a non-canonical path redirects to the canonical one.
-        local c = canon.path(path, app.trailing)
+        local c = canon.path(path, settings_of.trailing)
         if c ~= path then
             -- Under a site's base or a mount, the client's URL has the prefix in front.
             c = (rawget(req, "base_path") or "") .. c
@@ -504,14 +646,14 @@ function App:handle(req, res)
     end
     app:secure_reply(req, res)
     rawset(req, "_app", app)
-    local views = app.views_engine or (app.parent and app.parent.views_engine)
+    local views = settings_of.views
     if views then
         res.views = views
     end
     local method = req.method
     local handler, params, allow = app.router:match(method, path)
     if not SAFE[method] then
-        local check = security_of(app).csrf
+        local check = settings_of.secure.csrf
         if check and not (type(handler) == "table" and handler.csrf == false) then
             local ok, why = same_origin(req, check)
             if not ok then
@@ -567,8 +709,9 @@ function App:max_body_bytes(default)
     return max
 end
 
+-- Serves the app (moonserve/server.lua: run, for the core).
 function App:run(opts)
-    return require("moonserve.server").run(self, opts)
+    return the_host.run(self, opts)
 end
 
 return _M

@@ -1,4 +1,6 @@
--- moonserve/base.lua: finds the core, declares its FFI surface once, and shared helpers.
+-- moonserve/base.lua: the core's FFI binding: finds the core, declares its FFI surface once and
+-- checks it. Only the core's host uses it (dispatcher, server, request, response, host.lua's
+-- core_host); the framework reaches the host through moonserve/host.lua.
 local ffi = require "ffi"
 
 local _M = {}
@@ -172,8 +174,5 @@ _M.new_tab = ok and new_tab or function() return {} end
 
 -- Lua strings the core still writes from, by anchor slot; see core/moonserve.h.
 _M.anchors = {}
-
--- The signal a handler's coroutine yields when it parks; the dispatcher resumes it later.
-_M.PARK = setmetatable({}, { __tostring = function() return "moonserve.PARK" end })
 
 return _M

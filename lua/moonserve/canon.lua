@@ -4,7 +4,7 @@
 local byte, char, find, format, gsub, sub = string.byte, string.char, string.find,
     string.format, string.gsub, string.sub
 
-local C = require("moonserve.base").C
+local host = require "moonserve.host"
 
 local _M = {}
 
@@ -52,11 +52,11 @@ end
 
 -- The canonical form of `path` under `trailing` ("strip": "/a/" -> "/a", "add": "/a" ->
 -- "/a/", "keep": as it comes). Returns the path itself when it is canonical already, so
--- callers compare with ==. Cheap on the common path: a look at each byte (in C), three plain
--- searches and a look at the last byte.
+-- callers compare with ==. Cheap on the common path: a look at each byte (by the host: in C,
+-- for the core), three plain searches and a look at the last byte.
 function _M.path(path, trailing)
     local canon = path
-    if C.ms_ffi_path_plain(path, #path) == 0 then
+    if not host.path_plain(path) then
         canon = gsub(canon, NOT_PATH, escape_byte)
     end
     if find(canon, "%", 1, true) then

@@ -10,8 +10,8 @@
 -- own; one in the handler itself reaches the dispatcher, which lets the worker serve others
 -- and resumes the handler, with nothing, on the next turn of the loop). EXIT goes up too, but
 -- nobody is resumed again: the dispatcher finishes the request and drops the coroutines,
--- and pcall never sees it, since it is a yield and not an error.
-local base = require "moonserve.base"
+-- and pcall never sees it, since it is a yield and not an error. Plain Lua: the core is not
+-- needed to load it (moonserve does, before any app is defined).
 
 local type, error = type, error
 
@@ -28,7 +28,8 @@ end
 local co_resume, co_yield, co_status = raw.resume, raw.yield, raw.status
 local co_create, co_running, co_isyieldable = raw.create, raw.running, raw.isyieldable
 
-local PARK = base.PARK
+-- The signal a handler's coroutine yields when it parks; the dispatcher resumes it later.
+local PARK = setmetatable({}, { __tostring = function() return "moonserve.PARK" end })
 local EXIT = setmetatable({}, { __tostring = function() return "moonserve.EXIT" end })
 
 local weak = { __mode = "k" }

@@ -110,4 +110,66 @@ function _M.verify(secret, session_id, token)
     return equal(sub(raw, NONCE_LEN + 1), hmac(key, nonce .. session_id))
 end
 
+-- -- The middleware ---------------------------------------------------------------------
+
+-- Middleware (moonserve.csrf) against cross-site requests: unsafe methods from another
+-- origin get 403 (check above: opts.trusted_origins, opts.allow_same_site,
+-- opts.require_origin). With opts.secret, forms must also carry a token: the field _csrf, or the header
+-- X-CSRF-Token; templates get it as csrf_token(). A token is bound to the session (with
+-- sessions before this middleware), whose cookie it makes sure is set, or else to a cookie
+-- of its own (opts.cookie, "csrf"): either way it verifies on the visitor's next request.
+function _M.middleware(opts)
+    opts = opts or {}
+    local secret, name = opts.secret, opts.cookie or "csrf"
+    if secret ~= nil then
+        _M.token(secret, "-") -- a bad secret raises here, at setup
+    end
+    return function(req, res, next)
+        local host, scheme = security.authority(req)
+        local ok, why = _M.check(req.method, req:headers(), host, {
+            scheme = scheme, trusted_origins = opts.trusted_origins,
+            allow_same_site = opts.allow_same_site, require_origin = opts.require_origin })
+        if not ok then
+            return res:status(403):send("Forbidden: " .. tostring(why) .. "\n")
+        end
+        if not secret then
+            return next()
+        end
+        local s = req.session
+        local id -- what this request's token must be bound to
+        if s then
+            id = s.id
+            res.csrf_token = function()
+                s:keep() -- a new session's id must outlive this request, or its token dies
+                return _M.token(secret, s.id)
+            end
+        else
+            id = req.cookies[name]
+            if type(id) ~= "string" or not id:find("^[%w_-]+$") or #id ~= 22 then
+                id = nil
+            end
+            local bound = id
+            res.csrf_token = function()
+                if not bound then
+                    bound = crypto.base64url_encode(assert(crypto.random(16)))
+                    res:cookie(name, bound, { path = "/", http_only = true, same_site = "Lax",
+                        secure = req.scheme == "https" })
+                end
+                return _M.token(secret, bound)
+            end
+        end
+        if not SAFE[req.method] then
+            local token = req:header("x-csrf-token")
+            if not token then
+                local form = req:form()
+                token = form and form._csrf
+            end
+            if not id or type(token) ~= "string" or not _M.verify(secret, id, token) then
+                return res:status(403):send("Forbidden: missing or bad CSRF token\n")
+            end
+        end
+        return next()
+    end
+end
+
 return _M

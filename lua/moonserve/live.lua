@@ -1,12 +1,12 @@
 -- moonserve/live.lua: live reload for development. Pages from a static mount with
 -- live_reload carry a small script that listens on /.moonserve/live; this handler sends it
 -- an event when a file under a watched directory changes, and the page reloads.
+-- It reads the core's static generation and request flags: the core is loaded at its first
+-- request, not when an app with a live_reload mount is defined.
 local bit = require "bit"
-local base = require "moonserve.base"
 local sleep = require("moonserve").sleep
 
-local C = base.C
-local band, ABORTED = bit.band, base.REQ_ABORTED
+local band = bit.band
 
 local _M = {}
 
@@ -14,6 +14,8 @@ local _M = {}
 local POLL, PING = 0.25, 15
 
 function _M.stream(req, res)
+    local base = require "moonserve.base"
+    local C, ABORTED = base.C, base.REQ_ABORTED
     local r = res.r
     local seen = C.ms_ffi_static_generation(r)
     res:header("content-type", "text/event-stream")

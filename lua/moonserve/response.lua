@@ -82,6 +82,17 @@ function Response:_fields_checked(lines)
     return add_fields(self, C.ms_ffi_res_fields_checked, lines)
 end
 
+-- Drops the fields set so far and the status (back to 200), before the head has left: for
+-- an error page in place of a reply that failed. Returns false once the head is out.
+function Response:_reset()
+    local r = view(self)
+    if C.ms_ffi_res_reset(r) < 0 then
+        return false
+    end
+    self.has_type = false
+    return true
+end
+
 -- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
 -- given; lowercase is the convention.
 function Response:header(name, value)

@@ -4,6 +4,7 @@
 local byte, format, gsub, lower, match, sub = string.byte, string.format, string.gsub,
     string.lower, string.match, string.sub
 local ipairs, pairs, tonumber, tostring, type = ipairs, pairs, tonumber, tostring, type
+local the_host = require "moonserve.host" -- the server: its clock, log and field rules
 
 local _M = {}
 
@@ -177,17 +178,15 @@ end
 -- Refusals are logged as one line a second with their count, as the core logs floods: a
 -- cross-site flood must not make the log the next thing that overloads the worker. The
 -- first refusal is logged at once; later ones within the second join the next line.
--- (The core is loaded only here, so that the checks above run without it.)
+-- (The host is reached only here and in compile, so that the checks above run without it.)
 local refused, logged_at, last_why = 0, nil, nil
-local base
 
 function _M.log_refusal(method, path, why)
-    base = base or require "moonserve.base"
     refused = refused + 1
     last_why = sub(method .. " " .. path .. ": " .. why, 1, 200)
-    local t = base.core.now()
+    local t = the_host.now()
     if logged_at == nil or t - logged_at >= 1 then
-        base.log(base.LOG_WARN, format("refused %d cross-origin requests (403), the last: %s",
+        the_host.log("warn", format("refused %d cross-origin requests (403), the last: %s",
             refused, last_why))
         refused, logged_at = 0, t
     end
@@ -282,10 +281,10 @@ function _M.compile(opts)
         https[#https + 1] = line("strict-transport-security", v)
     end
     local out = { always = table.concat(always), https = table.concat(https) }
-    -- The one check every reply line passes, once here: the lines are sent unchecked after.
-    local C = require("moonserve.base").C
+    -- The one check every reply line passes (the host's), once here: the lines are sent
+    -- unchecked after.
     for _, lines in pairs(out) do
-        if C.ms_ffi_fields_check(lines, #lines) ~= 0 then
+        if not the_host.fields_ok(lines) then
             error("bad security fields " .. ("%q"):format(lines), 3)
         end
     end

@@ -372,4 +372,25 @@ function _M.memory_store(opts)
     return store
 end
 
+-- -- The middleware ---------------------------------------------------------------------
+
+-- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
+-- new() takes them. It is saved, and its cookie set, just before the reply's head leaves.
+function _M.middleware(opts)
+    local manager = _M.new(opts)
+    return function(req, res, pass)
+        local s = manager:load(req)
+        req.session = s
+        res:before_send(function(r)
+            local cookie_line, err = manager:save(s)
+            if cookie_line then
+                r:header("set-cookie", cookie_line)
+            elseif err then
+                error("session not saved: " .. tostring(err))
+            end
+        end)
+        return pass()
+    end
+end
+
 return _M

@@ -1,0 +1,82 @@
+-- moonserve/host.lua: the one way the framework (app, router, middleware, security) reaches
+-- whatever serves it. A host makes the request and reply objects, calls app:handle(req, res)
+-- for each request and app:handle_error(req, res, err) when that raises, and gives the
+-- framework the few functions below. moonserve's own core is the host unless another was
+-- installed with use(); it is loaded the first time one of the functions is called, so that
+-- requiring moonserve and defining an app loads no part of it.
+--
+-- The functions a host gives (ARCHITECTURE.md, "The host interface"):
+--   path_plain(path)    true when every byte of a request path may stand as it is in a URL
+--   fields_ok(lines)    true when "name: value\r\n"... are field lines the host will send
+--   log(level, msg)     one log line; level "err", "warn", "info" or "debug"
+--   now()               the time in seconds, as the host's clock has it
+--   sleep(seconds)      parks the running handler (moonserve.sleep)
+--   run(app, opts)      serves `app` (app:run)
+local _M = {}
+
+local NAMES = { "path_plain", "fields_ok", "log", "now", "sleep", "run" }
+
+-- Installs `host`, a table with every function above, in place of the one in use.
+function _M.use(host)
+    if type(host) ~= "table" then
+        error("bad host (table expected)", 2)
+    end
+    for _, name in ipairs(NAMES) do
+        if type(host[name]) ~= "function" then
+            error("bad host: no function " .. name, 2)
+        end
+    end
+    for _, name in ipairs(NAMES) do
+        _M[name] = host[name]
+    end
+    _M.name = host.name or "?"
+    return _M
+end
+
+-- The core's host, made when first needed: the FFI (moonserve/base.lua), the dispatcher and
+-- the process runner.
+local function core_host()
+    local base = require "moonserve.base"
+    local dispatcher = require "moonserve.dispatcher"
+    local C = base.C
+    local LEVELS = { err = base.LOG_ERR, warn = base.LOG_WARN, info = base.LOG_INFO,
+        debug = base.LOG_DEBUG }
+    return {
+        name = "core",
+        path_plain = function(path)
+            return C.ms_ffi_path_plain(path, #path) ~= 0
+        end,
+        fields_ok = function(lines)
+            return C.ms_ffi_fields_check(lines, #lines) == 0
+        end,
+        log = function(level, msg)
+            base.log(LEVELS[level] or base.LOG_ERR, msg)
+        end,
+        now = base.core.now,
+        sleep = dispatcher.sleep,
+        run = require("moonserve.server").run,
+    }
+end
+
+-- Until a host is installed, the first look-up of a function installs the core's.
+setmetatable(_M, {
+    __index = function(_, k)
+        if k == "name" or k == "use" then
+            return nil
+        end
+        for _, name in ipairs(NAMES) do
+            if k == name then
+                _M.use(core_host())
+                return rawget(_M, k)
+            end
+        end
+        return nil
+    end,
+})
+
+-- Whether a host is installed (or the core's was loaded by a first use): for tests.
+function _M.loaded()
+    return rawget(_M, "run") ~= nil
+end
+
+return _M

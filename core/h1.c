@@ -142,17 +142,6 @@ static int on_url(llhttp_t *p, const char *at, size_t n)
     return 0;
 }
 
-static MS_NOINLINE int headers_grow(ms_h1_t *h)
-{
-    ms_req_t *r = &h->req;
-    int cap = r->headers_cap * 2;
-    ms_header_t *a = ms_pool_alloc(&r->pool, (size_t)cap * sizeof(*a));
-    memcpy(a, r->headers, (size_t)r->v.nheaders * sizeof(*a));
-    r->headers = a;
-    r->headers_cap = cap;
-    return 0;
-}
-
 /* Trailer fields come among the body bytes, split wherever the reads split them: each is
  * gathered in the connection's own buffer and copied into the request's pool when whole. They
  * are held to the limits of header fields. */
@@ -207,7 +196,7 @@ static int on_header_field(llhttp_t *p, const char *at, size_t n)
         if (MS_UNLIKELY((uint32_t)r->v.nheaders >= h->conn_limits->header_count))
             return refuse_cb(p, 431, "too many header fields");
         if (MS_UNLIKELY(r->v.nheaders == r->headers_cap))
-            headers_grow(h);
+            ms__req_headers_grow(r);
         ms_header_t *f = &r->headers[r->v.nheaders++];
         f->name.base = at;
         f->name.len = 0;
@@ -248,33 +237,6 @@ static int valid_host(const ms_str_t *v)
         if (!ms__hostchar[(unsigned char)v->base[i]])
             return 0;
     return 1;
-}
-
-/* Splits the target into path and query; an absolute-form target loses its scheme and
- * authority (RFC 9112 3.2.2). */
-static void split_target(ms_req_t *r)
-{
-    const char *t = r->v.target.base, *end = t + r->v.target.len;
-    if (*t != '/' && *t != '*') {
-        const char *a = memchr(t, ':', (size_t)(end - t));
-        if (a != NULL && end - a > 3 && a[1] == '/' && a[2] == '/') {
-            const char *slash = memchr(a + 3, '/', (size_t)(end - a - 3));
-            const char *q = memchr(a + 3, '?', (size_t)(end - a - 3));
-            t = slash != NULL && (q == NULL || slash < q) ? slash : q != NULL ? q : end;
-        }
-    }
-    const char *q = memchr(t, '?', (size_t)(end - t));
-    if (t == end || *t == '?') {
-        r->v.path.base = "/";
-        r->v.path.len = 1;
-    } else {
-        r->v.path.base = t;
-        r->v.path.len = (size_t)((q ? q : end) - t);
-    }
-    if (q != NULL) {
-        r->v.query.base = q + 1;
-        r->v.query.len = (size_t)(end - q - 1);
-    }
 }
 
 static inline uint64_t max_body(const ms_limits_t *l)
@@ -333,7 +295,7 @@ static int on_headers_complete(llhttp_t *p)
     if (r->v.version == 11 ? (p->flags & F_CONNECTION_CLOSE) != 0
                            : (p->flags & F_CONNECTION_KEEP_ALIVE) == 0)
         r->v.flags |= MS_REQ_CLOSE;
-    split_target(r);
+    ms__req_split_target(r);
     return 0;
 }
 
@@ -497,19 +459,6 @@ static char *put(char *w, const char *s, size_t n)
 }
 #define PUT(w, lit) put((w), (lit), sizeof(lit) - 1)
 
-static char *put_u64(char *w, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    while (n > 0)
-        *w++ = tmp[--n];
-    return w;
-}
-
 /* Queues the reply head. `clen` is the body length, -1 for a body of unknown length
  * (chunked, or closing on HTTP/1.0), -2 for a status that has no body. */
 static void h1_reply_head(ms_req_t *r, int64_t clen)
@@ -538,7 +487,7 @@ static void h1_reply_head(ms_req_t *r, int64_t clen)
     w = put(w, ms__date_line(s), 37);
     if (clen >= 0) {
         w = PUT(w, "content-length: ");
-        w = put_u64(w, (uint64_t)clen);
+        w = ms__put_u64(w, (uint64_t)clen);
         w = PUT(w, "\r\n");
     } else if (clen == -1 && r->v.version == 11) {
         w = PUT(w, "transfer-encoding: chunked\r\n");

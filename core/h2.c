@@ -343,12 +343,9 @@ static void h2_reply_head(ms_req_t *r, int64_t clen)
                             29, NGHTTP2_NV_FLAG_NO_COPY_NAME};
     if (clen >= 0) {
         char digits[20], *len;
-        size_t ll = 0;
-        for (uint64_t v = (uint64_t)clen; ll == 0 || v != 0; v /= 10)
-            digits[ll++] = (char)('0' + v % 10);
+        size_t ll = (size_t)(ms__put_u64(digits, (uint64_t)clen) - digits);
         len = ms_pool_alloc(&r->pool, ll);
-        for (size_t i = 0; i < ll; i++)
-            len[i] = digits[ll - 1 - i];
+        memcpy(len, digits, ll);
         nva[n++] = (nghttp2_nv){(uint8_t *)"content-length", (uint8_t *)len, 14, ll, none};
     }
     n += fields_nv(r, &r->res_headers, nva + n);
@@ -688,13 +685,8 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
         if (nlen != 4)
             return 0; /* :protocol */
     }
-    if (r->v.nheaders == r->headers_cap) {
-        int cap = r->headers_cap * 2;
-        ms_header_t *h = ms_pool_alloc(&r->pool, (size_t)cap * sizeof(*h));
-        memcpy(h, r->headers, (size_t)r->v.nheaders * sizeof(*h));
-        r->headers = h;
-        r->headers_cap = cap;
-    }
+    if (r->v.nheaders == r->headers_cap)
+        ms__req_headers_grow(r);
     ms_header_t *h = &r->headers[r->v.nheaders++];
     copy_str(r, &h->name, name, nlen);
     copy_str(r, &h->value, value, vlen);
@@ -705,18 +697,6 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
             r->v.content_length = v;
     }
     return 0;
-}
-
-/* Splits the target into path and query, as HTTP/1.1 does. */
-static void split_target(ms_req_t *r)
-{
-    const char *t = r->v.target.base;
-    size_t n = r->v.target.len;
-    const char *q = memchr(t, '?', n);
-    r->v.path.base = t;
-    r->v.path.len = q ? (size_t)(q - t) : n;
-    r->v.query.base = q ? q + 1 : t + n;
-    r->v.query.len = q ? n - (size_t)(q + 1 - t) : 0;
 }
 
 /* A request target is a path from the root, or "*" for OPTIONS (RFC 9113 8.3.1): anything
@@ -777,7 +757,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
         ms__req_refuse(r, 413, "body larger than body_bytes_max");
         return;
     }
-    split_target(r);
+    ms__req_split_target(r);
     r->v.id = ++s->next_req_id;
     if (r->v.method.len == 4 && memcmp(r->v.method.base, "HEAD", 4) == 0)
         r->v.flags |= MS_REQ_IS_HEAD;

@@ -331,6 +331,10 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why);
 void ms__req_queue_body(ms_req_t *r, ms_out_t *o, const char *p, size_t len, int owner,
                         int32_t anchor);
 void ms__req_init(ms_req_t *r);
+/* Splits r->v.target into path and query, the same for every protocol. */
+void ms__req_split_target(ms_req_t *r);
+/* Doubles the room for header fields (in the pool), once r->headers is full. */
+MS_NOINLINE void ms__req_headers_grow(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);
 void ms__req_wake(ms_req_t *r, int wait);
 void ms__req_abort(ms_req_t *r);
@@ -376,6 +380,20 @@ static inline uint32_t ms__hash16(const void *key)
     x ^= x >> 29;
     x *= 0xbf58476d1ce4e5b9ull;
     return (uint32_t)(x ^ (x >> 32));
+}
+
+/* Writes `v` in decimal at `w`; returns the end. */
+static inline char *ms__put_u64(char *w, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    while (n > 0)
+        *w++ = tmp[--n];
+    return w;
 }
 
 static inline int ms__lower(int ch)

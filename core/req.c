@@ -101,6 +101,42 @@ void ms__req_dispatch(ms_req_t *r)
     ms__server_call(s, s->on_request, r);
 }
 
+/* The target as path and query. An absolute form ("http://host/p?q", RFC 9112 3.2.2) is
+ * read as its path; an empty path is "/". */
+void ms__req_split_target(ms_req_t *r)
+{
+    const char *t = r->v.target.base, *end = t + r->v.target.len;
+    if (*t != '/' && *t != '*') {
+        const char *a = memchr(t, ':', (size_t)(end - t));
+        if (a != NULL && end - a > 3 && a[1] == '/' && a[2] == '/') {
+            const char *slash = memchr(a + 3, '/', (size_t)(end - a - 3));
+            const char *q = memchr(a + 3, '?', (size_t)(end - a - 3));
+            t = slash != NULL && (q == NULL || slash < q) ? slash : q != NULL ? q : end;
+        }
+    }
+    const char *q = memchr(t, '?', (size_t)(end - t));
+    if (t == end || *t == '?') {
+        r->v.path.base = "/";
+        r->v.path.len = 1;
+    } else {
+        r->v.path.base = t;
+        r->v.path.len = (size_t)((q ? q : end) - t);
+    }
+    if (q != NULL) {
+        r->v.query.base = q + 1;
+        r->v.query.len = (size_t)(end - q - 1);
+    }
+}
+
+void ms__req_headers_grow(ms_req_t *r)
+{
+    int cap = r->headers_cap * 2;
+    ms_header_t *a = ms_pool_alloc(&r->pool, (size_t)cap * sizeof(*a));
+    memcpy(a, r->headers, (size_t)r->v.nheaders * sizeof(*a));
+    r->headers = a;
+    r->headers_cap = cap;
+}
+
 void ms__req_init(ms_req_t *r)
 {
     r->headers = r->hdr_inline;

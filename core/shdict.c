@@ -187,11 +187,28 @@ static MS_NOINLINE int lock_repair(ms_shdict_t *d, int rc)
     return 0;
 }
 
+/* Spins a little before sleeping: a holder keeps the lock for well under a microsecond, so
+ * waiting in the kernel (two system calls, and a wake-up) costs more than the wait. */
+#define LOCK_SPINS 100
+
+static MS_NOINLINE int lock_slow(ms_shdict_t *d, int rc)
+{
+    for (int i = 0; rc == EBUSY && i < LOCK_SPINS; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        rc = pthread_mutex_trylock(&d->z->lock);
+    }
+    if (rc == EBUSY)
+        rc = pthread_mutex_lock(&d->z->lock);
+    return rc == 0 ? 0 : lock_repair(d, rc);
+}
+
 static inline int zone_lock(ms_shdict_t *d)
 {
-    int rc = pthread_mutex_lock(&d->z->lock);
+    int rc = pthread_mutex_trylock(&d->z->lock);
     if (MS_UNLIKELY(rc != 0))
-        return lock_repair(d, rc);
+        return lock_slow(d, rc);
     return 0;
 }
 

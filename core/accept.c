@@ -91,10 +91,12 @@ static MS_NOINLINE const char *read_proxy_header(ms_conn_t *c, const char *p, co
     return p + n;
 }
 
-/* The connection speaks `to` from now on, starting with the bytes from `p` to `end`. */
+/* The connection speaks `to` from now on, starting with the bytes from `p` to `end`. It may
+ * be gone when this returns (a transport that closes at once, as the memory one does). */
 static void choose(ms_conn_t *c, const ms_proto_t *to, const char *p, const char *end)
 {
     ms_buf_t *held = held_of(c);
+    ms_server_t *s = c->server;
     c->proto = to;
     c->pstate = NULL;
     if (p < end)
@@ -102,7 +104,7 @@ static void choose(ms_conn_t *c, const ms_proto_t *to, const char *p, const char
     else
         ms__conn_rearm(c);
     if (held != NULL)
-        held_free(c->server, held);
+        held_free(s, held);
 }
 
 static void accept_feed(ms_conn_t *c, const char *data, size_t len)
@@ -117,28 +119,28 @@ static void accept_feed(ms_conn_t *c, const char *data, size_t len)
         data = held->base;
         len = held->len;
     }
+    /* (Nothing here touches the connection after a call that may close it.) */
     const char *p = data, *end = data + len;
-    ms__conn_hold(c); /* what it hands the bytes to may close the connection */
     if (MS_UNLIKELY(c->flags & MS_CONN_PROXY)) {
         const char *q = read_proxy_header(c, p, end);
         if (q == NULL)
-            goto done;
+            return;
         if (q == p) {
             keep(c, p, end);
-            goto done;
+            return;
         }
         p = q;
     }
     if (p == end) {
         if (held != NULL)
             held->len = 0;
-        goto done;
+        return;
     }
     const char *alpn = c->io->alpn != NULL ? c->io->alpn(c) : NULL;
     if (alpn != NULL) {
         /* The transport agreed on the protocol (TLS ALPN): no preface to sniff. */
         choose(c, strcmp(alpn, "h2") == 0 ? HTTP2 : HTTP1, p, end);
-        goto done;
+        return;
     }
     size_t n = (size_t)(end - p);
     if (MS_UNLIKELY(*p == 'P') &&
@@ -148,11 +150,9 @@ static void accept_feed(ms_conn_t *c, const char *data, size_t len)
             keep(c, p, end);
         else
             choose(c, HTTP2, p, end);
-        goto done;
+        return;
     }
     choose(c, HTTP1, p, end);
-done:
-    ms__conn_release(c);
 }
 
 static void accept_eof(ms_conn_t *c)

@@ -592,9 +592,3 @@ void ms__conn_start(ms_conn_t *c)
 {
     ms__conn_arm(c, MS_PHASE_HEAD, c->server->limits.head_timeout_ms);
 }
-
-/* Resumes a handler waiting for the reply queue to drain, once it has. */
-void ms__conn_drain_check(ms_conn_t *c)
-{
-    c->proto->drain_check(c);
-}

@@ -192,6 +192,12 @@ static inline void ms__conn_hold(ms_conn_t *c)
     c->refs++;
 }
 
+/* Resumes a handler waiting for the reply queue to drain, once it has. */
+static inline void ms__conn_drain_check(ms_conn_t *c)
+{
+    c->proto->drain_check(c);
+}
+
 /* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
 typedef struct ms_cidr_s {
     uint8_t addr[16];
@@ -262,7 +268,6 @@ void ms__out_hold(ms_server_t *s, ms_out_t *o, int32_t anchor);
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
 void ms__conn_arm_idle(ms_conn_t *c);
 void ms__conn_start(ms_conn_t *c);
-void ms__conn_drain_check(ms_conn_t *c);
 void ms__out_destroy(void *p);
 ms_out_t *ms__conn_out(ms_conn_t *c);
 int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int owner,

@@ -299,6 +299,10 @@ end
 function helper.jit_log(fn)
     local v = require "jit.v"
     local file = os.tmpname()
+    -- From a clean slate: a trace made before, or the JIT left off by another spec, would
+    -- leave nothing to log.
+    jit.on()
+    jit.flush()
     v.on(file)
     fn()
     v.off()

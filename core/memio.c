@@ -144,4 +144,5 @@ void ms_memio_free(ms_memio_t *m)
     ms_mem_free(m->held.base);
     m->out.base = m->held.base = NULL;
     m->out.len = m->held.len = 0;
+    m->out.cap = m->held.cap = 0;
 }

@@ -468,6 +468,10 @@ static int memconn_close(lua_State *L)
     if (m->open) {
         m->open = 0;
         ms_memio_peer_close(&m->io, UV_EOF);
+        /* A connection a handler still holds would write into what is freed below (and the
+         * userdata goes with the collector): the peer is gone for good. */
+        if (m->io.conn != NULL)
+            ms_memio_peer_close(&m->io, UV_ECONNRESET);
         ms_memio_free(&m->io);
     }
     return 0;

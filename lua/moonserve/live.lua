@@ -1,12 +1,9 @@
 -- moonserve/live.lua: live reload for development. Pages from a static mount with
 -- live_reload carry a small script that listens on /.moonserve/live; this handler sends it
 -- an event when a file under a watched directory changes, and the page reloads.
--- It reads the core's static generation and request flags: the core is loaded at its first
--- request, not when an app with a live_reload mount is defined.
-local bit = require "bit"
+-- It reads the core's static generation: the core is loaded at its first request, not when
+-- an app with a live_reload mount is defined.
 local sleep = require("moonserve").sleep
-
-local band = bit.band
 
 local _M = {}
 
@@ -15,7 +12,7 @@ local POLL, PING = 0.25, 15
 
 function _M.stream(req, res)
     local base = require "moonserve.base"
-    local C, ABORTED = base.C, base.REQ_ABORTED
+    local C = base.C
     local r = res.r
     local seen = C.ms_ffi_static_generation(r)
     res:header("content-type", "text/event-stream")
@@ -25,7 +22,7 @@ function _M.stream(req, res)
     end
     local quiet = 0
     -- Until the page goes away, or the server stops (which must not wait for a page).
-    while band(r.flags, ABORTED) == 0 and C.ms_ffi_server_stopping(r) == 0 do
+    while not res:gone() and C.ms_ffi_server_stopping(r) == 0 do
         sleep(POLL)
         local now = C.ms_ffi_static_generation(r)
         local msg

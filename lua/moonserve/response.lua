@@ -8,7 +8,7 @@ local C = base.C
 local band = bit.band
 local lower, find, format, gsub, type, tostring = string.lower, string.find, string.format,
     string.gsub, type, tostring
-local HEAD_SENT = base.REQ_HEAD_SENT
+local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
 local check, park = coro.check, coro.park
 
 local cookie = require "moonserve.cookie"
@@ -35,6 +35,11 @@ end
 -- Whether the reply head has left (after send, or the first write).
 function Response:sent()
     return band(view(self).flags, HEAD_SENT) ~= 0
+end
+
+-- Whether the client has gone (its connection or stream closed): nothing more reaches it.
+function Response:gone()
+    return band(view(self).flags, ABORTED) ~= 0
 end
 
 function Response:status(code)

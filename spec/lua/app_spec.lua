@@ -528,6 +528,28 @@ describe("moonserve.app", function()
         conn:close()
     end)
 
+    it("tells a streaming handler once its client has gone (res:gone)", function()
+        local app = moonserve.app()
+        local seen = {}
+        app:get("/events", function(_, res)
+            res:write("a")
+            seen[#seen + 1] = res:gone()
+            moonserve.sleep(0) -- the client leaves meanwhile
+            res:write("b") -- the last bytes go out, and the connection closes
+            seen[#seen + 1] = res:gone()
+        end)
+        local core = require("moonserve.base").core
+        local srv = require("moonserve.server").create(app)
+        local conn = srv:memconn()
+        conn:feed("GET /events HTTP/1.1\r\nHost: t\r\n\r\n")
+        conn:close()
+        for _ = 1, 100 do
+            core.run_once()
+            if #seen == 2 then break end
+        end
+        assert.same({ false, true }, seen)
+    end)
+
     it("refuses moonserve.sleep outside a handler", function()
         assert.has_error(function() moonserve.sleep(1) end)
     end)

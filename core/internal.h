@@ -249,6 +249,7 @@ struct ms_server_s {
     uint64_t refused_conns_logged, refused_busy_logged;
     ms_conn_t *deferred; /* connections to move on once those calls return */
     struct ms_listener_s *listeners;
+    struct ms_sockets_s *sockets; /* sock.c: pools, resolver; NULL until a socket is made */
     uint32_t listen_port;
     ms_server_stats_t stats;
 };

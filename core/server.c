@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sock.h"
 #include "static.h"
 
 /* Accept at most this many connections per readiness event: a connect flood must not
@@ -361,6 +362,7 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
 void ms_server_free(ms_server_t *s)
 {
     ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
+    ms__sockets_free(s); /* its pooled connections close in the run below */
     ms__sources_free(s);
     ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);

@@ -1,0 +1,1178 @@
+/* sock.c: outbound TCP sockets, their reads by pattern, the worker's connection pools. */
+#include "sock.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+#include "sockets.h"
+
+/* A socket's read buffer: one size, recycled, so a warm socket reads without allocating.
+ * A read that needs more (a long line, receive(n), "*a") grows it; a grown one is freed when
+ * the connection goes back to the pool. */
+#define MS_SOCK_BUF_SIZE 4096
+/* Gathered sends with more pieces than this use the socket's own scratch array. */
+#define MS_SOCK_IOV_STACK 16
+
+enum { ST_CLOSED, ST_RESOLVING, ST_WAITING, ST_CONNECTING, ST_CONNECTED };
+
+/* A connection: the libuv handle and what must outlive the socket that used it (the write
+ * request libuv still holds, the pool's links). A socket points to it while it uses it; the
+ * pool holds it while idle; it is freed once libuv has closed its handles. */
+struct ms_sconn_s {
+    union {
+        uv_handle_t h;
+        uv_stream_t st;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } u;
+    uv_connect_t creq;
+    uv_write_t wreq;
+    uv_timer_t idle; /* the pool's expiry; unreferenced, so idle connections let a loop end */
+    ms_sockets_t *sk;
+    ms_sock_t *sock;          /* who uses it; NULL while idle in the pool or closing */
+    ms_spool_t *pool;         /* counted in pool->active until it closes */
+    ms_sconn_t *older, *newer; /* the pool's idle list, while idle */
+    uint32_t reused;
+    uint8_t open;  /* the handle is initialised (it must be closed) */
+    uint8_t idling; /* in the pool's idle list */
+    uint8_t closes; /* handles still closing */
+};
+
+struct ms_sock_s {
+    ms_sock_view_t v; /* first: the binding casts an ms_sock_t * to its view */
+    ms_server_t *server;
+    ms_sockets_t *sk;
+    ms_sconn_t *c; /* the connection, from the start of a connect until it closes or pools */
+    int state;     /* ST_* */
+    uint32_t connect_ms, send_ms, read_ms;
+    /* connect */
+    ms_sock_cb connect_cb;
+    ms_timer_t ctimer;
+    ms_spool_t *pool;          /* the pool connect named */
+    ms_sock_t *wait_next;      /* in the pool's backlog queue */
+    ms_resolve_t res;          /* the name being connected to, and its addresses */
+    int addr_next;             /* the next address to try */
+    char host[MS_HOST_MAX + 1]; /* for messages */
+    /* reading: bytes [rpos, rlen) of rbuf are unread */
+    ms_sock_cb read_cb;
+    ms_timer_t rtimer;
+    int rkind; /* MS_SOCK_*, or -1 for receiveuntil */
+    size_t rn; /* the count or size asked for */
+    ms_sock_until_t *until;
+    char *rbuf;
+    size_t rpos, rlen, rcap;
+    size_t lscan;   /* bytes of the unread data already searched for a LF */
+    uint64_t rgen;  /* changes with every consuming read: a matcher's state is stale */
+    int rerr;       /* the read side ended (UV_EOF) or failed, with no reader to tell */
+    uint8_t read_off; /* reading stopped: the buffer is full and nobody reads */
+    /* writing */
+    ms_sock_cb write_cb;
+    ms_timer_t wtimer;
+    uv_buf_t *iov; /* owned scratch for long gathered sends */
+    unsigned iov_cap;
+};
+
+struct ms_sock_until_s {
+    ms_sock_t *sock; /* whose data the state below describes */
+    uint64_t gen;    /* ... as of that socket's rgen */
+    size_t scanned;  /* unread bytes searched */
+    size_t j;        /* pattern bytes matched at the end of them */
+    size_t match_end; /* > 0: a match ends here (unread bytes), not yet all returned */
+    uint8_t inclusive, finished;
+    size_t plen;
+    uint32_t *fail; /* KMP: fail[k], the longest proper border of pattern[0..k] */
+    char pat[];
+};
+
+static uint64_t rgen_next;
+
+/* -- The worker's sockets ---------------------------------------------------------------- */
+
+void ms_sock_config_default(ms_sock_config_t *cfg)
+{
+    cfg->connect_timeout = cfg->send_timeout = cfg->read_timeout = 60000;
+    cfg->keepalive_timeout = 60000;
+    cfg->pool_size = 30;
+    cfg->resolve_ttl = 30000;
+    cfg->resolve_negative_ttl = 1000;
+    cfg->resolve_max = 2;
+    cfg->resolve_cache_max = 1024;
+}
+
+ms_sockets_t *ms__sockets(ms_server_t *srv)
+{
+    if (MS_LIKELY(srv->sockets != NULL))
+        return srv->sockets;
+    ms_sockets_t *sk = ms_mem_alloc(sizeof(*sk));
+    memset(sk, 0, sizeof(*sk));
+    sk->server = srv;
+    ms_sock_config_default(&sk->cfg);
+    srv->sockets = sk;
+    return sk;
+}
+
+void ms_sock_config(ms_server_t *srv, const ms_sock_config_t *cfg)
+{
+    ms_sockets_t *sk = ms__sockets(srv);
+    if (cfg)
+        sk->cfg = *cfg;
+    else
+        ms_sock_config_default(&sk->cfg);
+    if (sk->cfg.resolve_max == 0)
+        sk->cfg.resolve_max = 1;
+}
+
+/* -- Errors ------------------------------------------------------------------------------ */
+
+const char *ms_sock_strerror(int err)
+{
+    switch (err) {
+#define MS_SOCK_ERR_MSG(name, value, msg)                                                          \
+    case MS_SOCK_##name: return msg;
+        MS_SOCK_ERRORS(MS_SOCK_ERR_MSG)
+#undef MS_SOCK_ERR_MSG
+    case UV_ETIMEDOUT: return "timeout";
+    case UV_EOF:
+    case UV_ENOTCONN:
+    case UV_ECANCELED:
+    case MS_ECLOSED: return "closed";
+    /* The rest as nginx words them (strerror, in lower case). */
+    case UV_ECONNREFUSED: return "connection refused";
+    case UV_ECONNRESET: return "connection reset by peer";
+    case UV_EHOSTUNREACH: return "no route to host";
+    case UV_ENETUNREACH: return "network is unreachable";
+    case UV_EPIPE: return "broken pipe";
+    case UV_ENOENT: return "no such file or directory";
+    case UV_EACCES: return "permission denied";
+    case UV_ECONNABORTED: return "software caused connection abort";
+    case UV_EADDRNOTAVAIL: return "cannot assign requested address";
+    case UV_EINVAL: return "invalid argument";
+    }
+    return uv_strerror(err);
+}
+
+int ms_sock_errmsg(ms_sock_t *s, int err, char *buf, size_t len)
+{
+    int n;
+    if (err == MS_SOCK_ENOTFOUND || err == MS_SOCK_ERESOLVE)
+        n = snprintf(buf, len, "%s %s", s->host, ms_sock_strerror(err));
+    else
+        n = snprintf(buf, len, "%s", ms_sock_strerror(err));
+    return n < 0 ? 0 : (size_t)n >= len ? (int)len - 1 : n;
+}
+
+/* -- Read buffers ------------------------------------------------------------------------ */
+
+static void rbuf_take(ms_sock_t *s)
+{
+    s->rbuf = ms__recycle_get(&s->sk->buf_free);
+    if (s->rbuf == NULL)
+        s->rbuf = ms_mem_alloc(MS_SOCK_BUF_SIZE);
+    s->rcap = MS_SOCK_BUF_SIZE;
+    s->rpos = s->rlen = s->lscan = 0;
+}
+
+static void rbuf_release(ms_sock_t *s)
+{
+    if (s->rbuf == NULL)
+        return;
+    if (s->rcap != MS_SOCK_BUF_SIZE || !ms__recycle_put(&s->sk->buf_free, s->rbuf))
+        ms_mem_free(s->rbuf);
+    s->rbuf = NULL;
+    s->rpos = s->rlen = s->rcap = s->lscan = 0;
+}
+
+/* Moves the unread bytes to the front. Only when a read starts: until then the last result
+ * (the view) points at bytes before rpos. */
+static void rbuf_compact(ms_sock_t *s)
+{
+    if (s->rpos == 0)
+        return;
+    memmove(s->rbuf, s->rbuf + s->rpos, s->rlen - s->rpos);
+    s->rlen -= s->rpos;
+    s->rpos = 0;
+}
+
+static void rbuf_reserve(ms_sock_t *s, size_t n)
+{
+    if (s->rbuf == NULL)
+        rbuf_take(s);
+    if (s->rcap - s->rlen >= n)
+        return;
+    size_t cap = s->rcap;
+    while (cap - s->rlen < n)
+        cap *= 2;
+    s->rbuf = ms_mem_realloc(s->rbuf, cap);
+    s->rcap = cap;
+}
+
+static void consume(ms_sock_t *s, size_t n)
+{
+    s->rpos += n;
+    s->lscan = 0;
+    s->rgen = ++rgen_next;
+}
+
+static void set_result(ms_sock_t *s, const char *p, size_t n)
+{
+    s->v.data = p;
+    s->v.len = n;
+}
+
+/* -- Matching ----------------------------------------------------------------------------
+ * Each returns MS_SOCK_DONE or MS_SOCK_END with the result in the view and its bytes
+ * consumed, or 0 when it needs more. None looks at the socket beyond its buffer and rerr,
+ * so the fuzz target runs them on a buffer alone. */
+
+/* Drops every CR of [p, p + n) in place; returns the new length. */
+static size_t strip_cr(char *p, size_t n)
+{
+    char *cr = memchr(p, '\r', n);
+    if (cr == NULL)
+        return n;
+    char *w = cr;
+    for (char *r = cr + 1; r < p + n; r++)
+        if (*r != '\r')
+            *w++ = *r;
+    return (size_t)(w - p);
+}
+
+static int match_line(ms_sock_t *s)
+{
+    char *p = s->rbuf + s->rpos;
+    size_t avail = s->rlen - s->rpos;
+    char *lf = memchr(p + s->lscan, '\n', avail - s->lscan);
+    if (lf == NULL) {
+        s->lscan = avail;
+        return 0;
+    }
+    size_t n = (size_t)(lf - p);
+    set_result(s, p, strip_cr(p, n));
+    consume(s, n + 1);
+    return MS_SOCK_DONE;
+}
+
+static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
+{
+    if (u->sock != s || u->gen != s->rgen) {
+        u->sock = s;
+        u->scanned = u->j = u->match_end = 0;
+    }
+    const char *p = s->rbuf + s->rpos;
+    size_t avail = s->rlen - s->rpos;
+    if (u->match_end == 0) {
+        size_t i = u->scanned, j = u->j;
+        while (i < avail && j < u->plen) {
+            while (j > 0 && p[i] != u->pat[j])
+                j = u->fail[j - 1];
+            if (p[i] == u->pat[j])
+                j++;
+            i++;
+        }
+        u->scanned = i;
+        u->j = j;
+        if (j == u->plen) {
+            u->match_end = i;
+            u->j = 0;
+        }
+    }
+    size_t take;
+    int rc = MS_SOCK_DONE;
+    if (u->match_end > 0) {
+        size_t upto = u->inclusive ? u->match_end : u->match_end - u->plen;
+        if (size == 0 || upto <= size) {
+            /* The last piece, or the whole of it: the iterator starts over after it. */
+            take = u->match_end;
+            set_result(s, p, upto);
+            if (size != 0) {
+                if (upto == 0)
+                    rc = MS_SOCK_END;
+                else
+                    u->finished = 1;
+            }
+            if (rc == MS_SOCK_END)
+                set_result(s, NULL, 0);
+            consume(s, take);
+            u->scanned = u->j = u->match_end = 0;
+            u->gen = s->rgen;
+            return rc;
+        }
+        take = size;
+        u->match_end -= size;
+    } else if (size != 0 && u->scanned - u->j >= size) {
+        take = size; /* bytes that can no longer be part of a match */
+    } else {
+        return 0;
+    }
+    set_result(s, p, take);
+    consume(s, take);
+    u->scanned -= take;
+    u->gen = s->rgen;
+    return rc;
+}
+
+static int read_match(ms_sock_t *s)
+{
+    size_t avail = s->rlen - s->rpos;
+    char *p = s->rbuf + s->rpos;
+    switch (s->rkind) {
+    case MS_SOCK_LINE: return avail ? match_line(s) : 0;
+    case MS_SOCK_ALL:
+        if (s->rerr != UV_EOF)
+            return 0;
+        set_result(s, p, avail);
+        consume(s, avail);
+        return MS_SOCK_DONE;
+    case MS_SOCK_BYTES:
+        if (avail < s->rn)
+            return 0;
+        set_result(s, p, s->rn);
+        consume(s, s->rn);
+        return MS_SOCK_DONE;
+    case MS_SOCK_ANY:
+        if (avail == 0)
+            return 0;
+        avail = avail < s->rn ? avail : s->rn;
+        set_result(s, p, avail);
+        consume(s, avail);
+        return MS_SOCK_DONE;
+    default: return match_until(s, s->until, s->rn);
+    }
+}
+
+/* A read that cannot finish: the partial data (every unread byte, CRs dropped for a line)
+ * goes to the view and is consumed. */
+static void read_partial(ms_sock_t *s)
+{
+    char *p = s->rbuf ? s->rbuf + s->rpos : NULL;
+    size_t avail = s->rlen - s->rpos;
+    size_t n = s->rkind == MS_SOCK_LINE && avail ? strip_cr(p, avail) : avail;
+    set_result(s, p, n);
+    if (avail)
+        consume(s, avail);
+    if (s->rkind < 0) {
+        s->until->finished = 0;
+        s->until->match_end = 0;
+    }
+}
+
+/* -- Connections ------------------------------------------------------------------------- */
+
+static void pool_slot_free(ms_spool_t *p);
+static void idle_unlink(ms_sconn_t *c);
+
+static void sconn_closed(uv_handle_t *h)
+{
+    ms_sconn_t *c = h->data;
+    if (--c->closes == 0)
+        ms_mem_free(c);
+}
+
+static ms_sconn_t *sconn_new(ms_sockets_t *sk, ms_spool_t *pool)
+{
+    ms_sconn_t *c = ms_mem_alloc(sizeof(*c));
+    memset(c, 0, sizeof(*c));
+    c->sk = sk;
+    c->pool = pool;
+    if (pool)
+        pool->active++;
+    uv_timer_init(sk->server->loop, &c->idle);
+    uv_unref((uv_handle_t *)&c->idle);
+    c->idle.data = c;
+    sk->sconns++;
+    return c;
+}
+
+/* Closes a connection nobody uses any more, and frees its pool slot. */
+static void sconn_drop(ms_sconn_t *c)
+{
+    if (c->idling)
+        idle_unlink(c);
+    c->sock = NULL;
+    c->sk->sconns--;
+    c->closes = 1;
+    uv_close((uv_handle_t *)&c->idle, sconn_closed);
+    if (c->open) {
+        c->closes++;
+        uv_close(&c->u.h, sconn_closed);
+    }
+    ms_spool_t *p = c->pool;
+    c->pool = NULL;
+    if (p)
+        pool_slot_free(p);
+}
+
+/* Whether an idle connection is still good: its peer has not closed it (the FIN may have come
+ * in this turn of the loop, before the pool's read saw it) and sent nothing unasked. */
+static int sconn_alive(ms_sconn_t *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.h, &fd) < 0)
+        return 0;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* -- Pools ------------------------------------------------------------------------------- */
+
+static uint32_t key_hash(const char *k, size_t n)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)k[i]) * 16777619u;
+    return h;
+}
+
+static ms_spool_t *pool_get(ms_sockets_t *sk, const char *key, size_t n, const ms_sock_opts_t *o)
+{
+    uint32_t h = key_hash(key, n) % MS_SOCK_POOL_BUCKETS;
+    for (ms_spool_t *p = sk->pools[h]; p != NULL; p = p->hnext)
+        if (p->keylen == n && memcmp(p->key, key, n) == 0) {
+            if (o && o->pool_size && !p->size_set) {
+                p->size = o->pool_size;
+                p->size_set = 1;
+            }
+            return p;
+        }
+    /* FIXME: a pool is kept for as long as the worker runs: a worker that connects to ever
+     * new names keeps one small struct per name. */
+    ms_spool_t *p = ms_mem_alloc(sizeof(*p) + n);
+    memset(p, 0, sizeof(*p));
+    p->keylen = (uint16_t)n;
+    memcpy(p->key, key, n);
+    p->size = o && o->pool_size ? o->pool_size : sk->cfg.pool_size;
+    p->size_set = o && o->pool_size;
+    p->backlog = o ? o->backlog : 0;
+    p->hnext = sk->pools[h];
+    sk->pools[h] = p;
+    return p;
+}
+
+static void idle_unlink(ms_sconn_t *c)
+{
+    ms_spool_t *p = c->pool;
+    if (c->older)
+        c->older->newer = c->newer;
+    else
+        p->oldest = c->newer;
+    if (c->newer)
+        c->newer->older = c->older;
+    else
+        p->newest = c->older;
+    c->older = c->newer = NULL;
+    c->idling = 0;
+    p->nidle--;
+    uv_timer_stop(&c->idle);
+}
+
+static void on_idle_expired(uv_timer_t *t)
+{
+    sconn_drop(t->data);
+}
+
+static void attach(ms_sock_t *s, ms_sconn_t *c);
+static void connect_start(ms_sock_t *s);
+static void connect_done(ms_sock_t *s, int status);
+
+/* A pooled connection that is no longer the pool's limit's: a connect that waits for one
+ * goes ahead. */
+static void pool_slot_free(ms_spool_t *p)
+{
+    p->active--;
+    if (p->wait_head == NULL || p->active >= p->size)
+        return;
+    ms_sock_t *w = p->wait_head;
+    p->wait_head = w->wait_next;
+    if (p->wait_head == NULL)
+        p->wait_tail = NULL;
+    w->wait_next = NULL;
+    p->nwait--;
+    connect_start(w);
+}
+
+/* The newest idle connection that is still good, or NULL. */
+static ms_sconn_t *pool_take(ms_spool_t *p)
+{
+    while (p->newest != NULL) {
+        ms_sconn_t *c = p->newest;
+        idle_unlink(c);
+        if (sconn_alive(c))
+            return c;
+        sconn_drop(c);
+    }
+    return NULL;
+}
+
+static void on_idle_read(ms_sconn_t *c)
+{
+    /* Bytes or the end on an idle connection: the peer closed it, or it is out of step. */
+    if (c->idling)
+        sconn_drop(c);
+}
+
+static void pool_put(ms_spool_t *p, ms_sconn_t *c, uint64_t idle_ms)
+{
+    c->reused++;
+    if (p->wait_head != NULL) { /* a connect waits for a slot: it takes this one */
+        ms_sock_t *w = p->wait_head;
+        p->wait_head = w->wait_next;
+        if (p->wait_head == NULL)
+            p->wait_tail = NULL;
+        w->wait_next = NULL;
+        p->nwait--;
+        attach(w, c);
+        connect_done(w, MS_SOCK_DONE);
+        return;
+    }
+    if (p->size == 0) {
+        sconn_drop(c);
+        return;
+    }
+    if (p->nidle >= p->size)
+        sconn_drop(p->oldest);
+    c->older = p->newest;
+    c->newer = NULL;
+    if (p->newest)
+        p->newest->newer = c;
+    else
+        p->oldest = c;
+    p->newest = c;
+    p->nidle++;
+    c->idling = 1;
+    uv_unref(&c->u.h);
+    if (idle_ms > 0)
+        uv_timer_start(&c->idle, on_idle_expired, idle_ms, 0);
+}
+
+/* -- Reading from libuv ------------------------------------------------------------------ */
+
+static void sock_fail(ms_sock_t *s, int err);
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    ms_sconn_t *c = h->data;
+    ms_sock_t *s = c->sock;
+    if (s == NULL) { /* idle in the pool: whatever comes is dropped with the connection */
+        *buf = uv_buf_init(c->sk->scratch, sizeof(c->sk->scratch));
+        return;
+    }
+    if (s->rbuf == NULL)
+        rbuf_take(s);
+    if (s->rlen == s->rcap) {
+        if (s->read_cb == NULL) { /* nobody reads: hold the peer back */
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        if (s->rpos > 0)
+            rbuf_compact(s);
+        else
+            rbuf_reserve(s, s->rcap);
+    }
+    *buf = uv_buf_init(s->rbuf + s->rlen, s->rcap - s->rlen);
+}
+
+static void read_finish(ms_sock_t *s, int rc)
+{
+    ms_sock_cb cb = s->read_cb;
+    s->read_cb = NULL;
+    ms_timer_stop(s->server, &s->rtimer);
+    cb(s, rc);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    ms_sconn_t *c = st->data;
+    ms_sock_t *s = c->sock;
+    if (s == NULL) {
+        if (nread != 0)
+            on_idle_read(c);
+        return;
+    }
+    if (nread > 0) {
+        s->rlen += (size_t)nread;
+    } else if (nread == UV_ENOBUFS) {
+        uv_read_stop(st);
+        s->read_off = 1;
+        return;
+    } else if (nread < 0) {
+        uv_read_stop(st);
+        s->rerr = (int)nread;
+    } else {
+        return;
+    }
+    if (s->read_cb == NULL)
+        return;
+    int rc = read_match(s);
+    if (rc != 0)
+        read_finish(s, rc);
+    else if (s->rerr)
+        sock_fail(s, s->rerr);
+}
+
+static void on_read_timeout(ms_timer_t *t)
+{
+    ms_sock_t *s = container_of(t, ms_sock_t, rtimer);
+    read_partial(s);
+    ms_sock_cb cb = s->read_cb;
+    s->read_cb = NULL;
+    cb(s, UV_ETIMEDOUT); /* the socket stays usable */
+}
+
+/* -- Closing ----------------------------------------------------------------------------- */
+
+/* Lets go of the connection (closing it) and completes whatever was under way with `err`:
+ * a reader gets the partial data. Callbacks run last, so they may use the socket again. */
+static void sock_close_conn(ms_sock_t *s, int err, int notify)
+{
+    ms_sock_cb rcb = s->read_cb, wcb = s->write_cb, ccb = s->connect_cb;
+    s->read_cb = s->write_cb = s->connect_cb = NULL;
+    ms_timer_stop(s->server, &s->rtimer);
+    ms_timer_stop(s->server, &s->wtimer);
+    ms_timer_stop(s->server, &s->ctimer);
+    if (s->state == ST_RESOLVING)
+        ms_resolve_cancel(&s->res);
+    if (s->state == ST_WAITING) {
+        ms_spool_t *p = s->pool;
+        ms_sock_t **pp = &p->wait_head, *prev = NULL;
+        while (*pp != s) {
+            prev = *pp;
+            pp = &(*pp)->wait_next;
+        }
+        *pp = s->wait_next;
+        if (p->wait_tail == s)
+            p->wait_tail = prev;
+        s->wait_next = NULL;
+        p->nwait--;
+    }
+    if (rcb)
+        read_partial(s);
+    s->state = ST_CLOSED;
+    s->v.connected = 0;
+    ms_sconn_t *c = s->c;
+    s->c = NULL;
+    if (c)
+        sconn_drop(c);
+    if (!notify)
+        return;
+    if (ccb)
+        ccb(s, err);
+    if (rcb)
+        rcb(s, err);
+    if (wcb)
+        wcb(s, err);
+}
+
+/* An error other than a read timeout: the socket closes. */
+static void sock_fail(ms_sock_t *s, int err)
+{
+    sock_close_conn(s, err, 1);
+}
+
+int ms_sock_close(ms_sock_t *s)
+{
+    if (s->state == ST_CLOSED)
+        return UV_ENOTCONN;
+    sock_close_conn(s, UV_EOF, 1);
+    return MS_SOCK_DONE;
+}
+
+/* -- Sockets ----------------------------------------------------------------------------- */
+
+ms_sock_t *ms_sock_new(ms_server_t *srv)
+{
+    ms_sockets_t *sk = ms__sockets(srv);
+    ms_sock_t *s = ms__recycle_get(&sk->sock_free);
+    uv_buf_t *iov = NULL;
+    unsigned iov_cap = 0;
+    if (s == NULL) {
+        s = ms_mem_alloc(sizeof(*s));
+    } else {
+        iov = s->iov; /* kept while recycled */
+        iov_cap = s->iov_cap;
+    }
+    memset(s, 0, sizeof(*s));
+    s->v.slot = -1;
+    s->server = srv;
+    s->sk = sk;
+    s->connect_ms = sk->cfg.connect_timeout;
+    s->send_ms = sk->cfg.send_timeout;
+    s->read_ms = sk->cfg.read_timeout;
+    s->rkind = MS_SOCK_LINE;
+    s->iov = iov;
+    s->iov_cap = iov_cap;
+    s->res.data = s;
+    sk->socks++;
+    return s;
+}
+
+void ms_sock_free(ms_sock_t *s)
+{
+    ms_sockets_t *sk = s->sk;
+    sock_close_conn(s, UV_EOF, 0);
+    rbuf_release(s);
+    sk->socks--;
+    uv_buf_t *iov = s->iov;
+    if (!ms__recycle_put(&sk->sock_free, s)) {
+        ms_mem_free(iov);
+        ms_mem_free(s);
+    }
+}
+
+static void sock_destroy(void *p)
+{
+    ms_sock_t *s = p;
+    ms_mem_free(s->iov);
+    ms_mem_free(s);
+}
+
+ms_sock_view_t *ms_sock_view(ms_sock_t *s)
+{
+    return &s->v;
+}
+
+void ms_sock_settimeouts(ms_sock_t *s, uint32_t connect_ms, uint32_t send_ms, uint32_t read_ms)
+{
+    s->connect_ms = connect_ms;
+    s->send_ms = send_ms;
+    s->read_ms = read_ms;
+}
+
+/* -- Connecting -------------------------------------------------------------------------- */
+
+static void attach(ms_sock_t *s, ms_sconn_t *c)
+{
+    s->c = c;
+    c->sock = s;
+    uv_ref(&c->u.h);
+    s->state = ST_CONNECTED;
+    s->v.connected = 1;
+    s->v.reused = c->reused;
+    s->rerr = 0;
+    s->read_off = 0;
+    s->rpos = s->rlen = s->lscan = 0;
+    s->v.data = NULL;
+    s->v.len = 0;
+}
+
+static void connect_done(ms_sock_t *s, int status)
+{
+    ms_timer_stop(s->server, &s->ctimer);
+    ms_sock_cb cb = s->connect_cb;
+    s->connect_cb = NULL;
+    if (status < 0)
+        sock_close_conn(s, status, 0);
+    if (cb)
+        cb(s, status);
+}
+
+static void on_connect_timeout(ms_timer_t *t)
+{
+    ms_sock_t *s = container_of(t, ms_sock_t, ctimer);
+    ms_sock_cb cb = s->connect_cb;
+    s->connect_cb = NULL;
+    sock_close_conn(s, UV_ETIMEDOUT, 0);
+    cb(s, UV_ETIMEDOUT);
+}
+
+static int connect_addr(ms_sock_t *s);
+
+static void on_connect(uv_connect_t *req, int status)
+{
+    ms_sconn_t *c = req->data;
+    ms_sock_t *s = c->sock;
+    if (s == NULL) /* the socket gave up on it: it is closing */
+        return;
+    if (status < 0) {
+        /* Refused or unreachable: the name's next address, if it has one. */
+        if (s->addr_next < s->res.naddrs && status != UV_ECANCELED) {
+            uv_close(&c->u.h, sconn_closed);
+            c->closes++;
+            c->open = 0;
+            int rc = connect_addr(s);
+            if (rc < 0)
+                connect_done(s, rc);
+            return;
+        }
+        connect_done(s, status);
+        return;
+    }
+    uv_read_start(&c->u.st, on_alloc, on_read);
+    attach(s, c);
+    connect_done(s, MS_SOCK_DONE);
+}
+
+/* Opens the handle and connects to the next address. */
+static int connect_addr(ms_sock_t *s)
+{
+    ms_sconn_t *c = s->c;
+    uv_loop_t *loop = s->server->loop;
+    int rc;
+    if (c->closes > 0) {
+        /* The handle of the last address is still closing; this attempt gets a fresh
+         * connection that takes over the pool slot. */
+        ms_sconn_t *n = sconn_new(s->sk, NULL);
+        n->pool = c->pool;
+        c->pool = NULL;
+        c->sk->sconns--;
+        n->sock = s;
+        c->sock = NULL;
+        uv_close((uv_handle_t *)&c->idle, sconn_closed);
+        c->closes++;
+        s->c = c = n;
+    }
+    s->state = ST_CONNECTING;
+    c->creq.data = c;
+    if (s->res.naddrs == 0) { /* unix: the path is in res.name */
+        uv_pipe_init(loop, &c->u.pipe, 0);
+        c->u.h.data = c;
+        c->open = 1;
+        uv_pipe_connect(&c->creq, &c->u.pipe, s->res.name, on_connect);
+        return 0;
+    }
+    ms_addr_t *a = &s->res.addrs[s->addr_next++];
+    uv_tcp_init_ex(loop, &c->u.tcp, a->sa.sa_family);
+    c->u.h.data = c;
+    c->open = 1;
+    uv_tcp_nodelay(&c->u.tcp, 1);
+    rc = uv_tcp_connect(&c->creq, &c->u.tcp, &a->sa, on_connect);
+    return rc < 0 ? rc : 0;
+}
+
+static void on_resolved(ms_resolve_t *r, int status)
+{
+    ms_sock_t *s = r->data;
+    if (status < 0) {
+        connect_done(s, status);
+        return;
+    }
+    s->addr_next = 0;
+    int rc = connect_addr(s);
+    if (rc < 0)
+        connect_done(s, rc);
+}
+
+/* Resolves and connects, holding a slot of the pool. Returns 0, or an error (the caller
+ * completes the connect with it). */
+static int connect_begin(ms_sock_t *s)
+{
+    s->c = sconn_new(s->sk, s->pool);
+    s->c->sock = s;
+    if (strncmp(s->host, "unix:", 5) == 0) {
+        size_t n = strlen(s->host + 5);
+        memcpy(s->res.name, s->host + 5, n + 1);
+        s->res.naddrs = 0;
+        return connect_addr(s);
+    }
+    s->state = ST_RESOLVING;
+    int rc = ms_resolve(s->server, &s->res, s->host, strlen(s->host), s->res.port, on_resolved);
+    if (rc == MS_SOCK_DONE) {
+        s->addr_next = 0;
+        return connect_addr(s);
+    }
+    return rc;
+}
+
+/* A connect that waited in the backlog has a slot now. */
+static void connect_start(ms_sock_t *s)
+{
+    ms_timer_stop(s->server, &s->ctimer);
+    if (s->connect_ms)
+        ms_timer_start(s->server, &s->ctimer, s->connect_ms, on_connect_timeout);
+    int rc = connect_begin(s);
+    if (rc < 0)
+        connect_done(s, rc);
+}
+
+int ms_sock_connect(ms_sock_t *s, const char *host, size_t host_len, int port,
+                    const ms_sock_opts_t *o, ms_sock_cb cb)
+{
+    if (s->state != ST_CLOSED && s->state != ST_CONNECTED)
+        return MS_SOCK_EBUSY_CONNECT;
+    if (host_len > MS_HOST_MAX || host_len == 0 || memchr(host, 0, host_len))
+        return UV_EINVAL;
+    int is_unix = host_len > 5 && memcmp(host, "unix:", 5) == 0;
+    if (!is_unix && (port <= 0 || port > 65535))
+        return UV_EINVAL;
+    if (s->state == ST_CONNECTED)
+        sock_close_conn(s, UV_EOF, 1);
+    memcpy(s->host, host, host_len);
+    s->host[host_len] = 0;
+    s->res.port = (uint16_t)(is_unix ? 0 : port);
+
+    char key[MS_HOST_MAX + 8];
+    const char *k = key;
+    size_t klen;
+    if (o && o->pool) {
+        k = o->pool;
+        klen = o->pool_len;
+    } else if (is_unix) {
+        memcpy(key, host, host_len);
+        klen = host_len;
+    } else {
+        klen = (size_t)snprintf(key, sizeof(key), "%s:%d", s->host, port);
+    }
+    ms_spool_t *p = s->pool = pool_get(s->sk, k, klen, o);
+    rbuf_release(s);
+
+    ms_sconn_t *c = pool_take(p);
+    if (c != NULL) {
+        attach(s, c);
+        return MS_SOCK_DONE;
+    }
+    if (p->backlog > 0 && p->active >= p->size) {
+        if (p->nwait >= p->backlog)
+            return MS_SOCK_EBACKLOG;
+        s->state = ST_WAITING;
+        if (p->wait_tail)
+            p->wait_tail->wait_next = s;
+        else
+            p->wait_head = s;
+        p->wait_tail = s;
+        p->nwait++;
+        s->connect_cb = cb;
+        if (s->connect_ms)
+            ms_timer_start(s->server, &s->ctimer, s->connect_ms, on_connect_timeout);
+        return MS_SOCK_PENDING;
+    }
+    int rc = connect_begin(s);
+    if (rc < 0) {
+        sock_close_conn(s, rc, 0);
+        return rc;
+    }
+    s->connect_cb = cb;
+    if (s->connect_ms)
+        ms_timer_start(s->server, &s->ctimer, s->connect_ms, on_connect_timeout);
+    return MS_SOCK_PENDING;
+}
+
+/* -- Keepalive --------------------------------------------------------------------------- */
+
+int ms_sock_setkeepalive(ms_sock_t *s, int64_t idle_ms, uint32_t pool_size)
+{
+    if (s->state != ST_CONNECTED)
+        return UV_ENOTCONN;
+    if (s->read_cb)
+        return MS_SOCK_EBUSY_READ;
+    if (s->write_cb)
+        return MS_SOCK_EBUSY_WRITE;
+    if (s->rlen > s->rpos)
+        return MS_SOCK_EUNREAD;
+    if (s->rerr) { /* the peer closed it (or it failed) while nobody read */
+        sock_close_conn(s, s->rerr, 0);
+        return MS_SOCK_DONE;
+    }
+    ms_sconn_t *c = s->c;
+    ms_spool_t *p = c->pool;
+    if (pool_size > 0 && !p->size_set) {
+        p->size = pool_size;
+        p->size_set = 1;
+    }
+    if (s->read_off) /* the idle connection must read, to see its peer close */
+        uv_read_start(&c->u.st, on_alloc, on_read);
+    rbuf_release(s);
+    s->c = NULL;
+    c->sock = NULL;
+    s->state = ST_CLOSED;
+    s->v.connected = 0;
+    s->v.data = NULL;
+    s->v.len = 0;
+    pool_put(p, c, idle_ms < 0 ? s->sk->cfg.keepalive_timeout : (uint64_t)idle_ms);
+    return MS_SOCK_DONE;
+}
+
+/* -- Sending ----------------------------------------------------------------------------- */
+
+static void on_send_timeout(ms_timer_t *t)
+{
+    ms_sock_t *s = container_of(t, ms_sock_t, wtimer);
+    sock_fail(s, UV_ETIMEDOUT); /* a write cannot be taken back: the socket closes */
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+    ms_sconn_t *c = req->data;
+    ms_sock_t *s = c->sock;
+    if (s == NULL || s->write_cb == NULL) /* closed under it */
+        return;
+    if (status < 0) {
+        sock_fail(s, status);
+        return;
+    }
+    ms_sock_cb cb = s->write_cb;
+    s->write_cb = NULL;
+    ms_timer_stop(s->server, &s->wtimer);
+    cb(s, MS_SOCK_DONE);
+}
+
+int ms_sock_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb)
+{
+    if (s->state != ST_CONNECTED)
+        return UV_ENOTCONN;
+    if (s->write_cb)
+        return MS_SOCK_EBUSY_WRITE;
+    size_t total = 0;
+    for (unsigned i = 0; i < n; i++)
+        total += bufs[i].len;
+    if (total == 0)
+        return MS_SOCK_DONE;
+    ms_sconn_t *c = s->c;
+    int w = uv_try_write(&c->u.st, bufs, n);
+    if (w == UV_EAGAIN || w == UV_ENOSYS)
+        w = 0;
+    if (w < 0) {
+        sock_fail(s, w);
+        return w;
+    }
+    if ((size_t)w == total)
+        return MS_SOCK_DONE;
+    /* The rest goes in the background. libuv copies the array, not the bytes. */
+    unsigned i = 0;
+    size_t skip = (size_t)w;
+    while (skip >= bufs[i].len) {
+        skip -= bufs[i].len;
+        i++;
+    }
+    unsigned m = n - i;
+    uv_buf_t stack[MS_SOCK_IOV_STACK], *rest = stack;
+    if (m > MS_SOCK_IOV_STACK) {
+        if (m > s->iov_cap) {
+            s->iov = ms_mem_realloc(s->iov, m * sizeof(*s->iov));
+            s->iov_cap = m;
+        }
+        rest = s->iov;
+    }
+    memcpy(rest, bufs + i, m * sizeof(*rest));
+    rest[0].base += skip;
+    rest[0].len -= skip;
+    c->wreq.data = c;
+    int rc = uv_write(&c->wreq, &c->u.st, rest, m, on_write);
+    if (rc < 0) {
+        sock_fail(s, rc);
+        return rc;
+    }
+    s->write_cb = cb;
+    if (s->send_ms)
+        ms_timer_start(s->server, &s->wtimer, s->send_ms, on_send_timeout);
+    return MS_SOCK_PENDING;
+}
+
+/* -- Receiving --------------------------------------------------------------------------- */
+
+static int read_begin(ms_sock_t *s, ms_sock_cb cb)
+{
+    int rc = read_match(s);
+    if (rc != 0)
+        return rc;
+    if (s->rerr) {
+        int err = s->rerr;
+        read_partial(s);
+        sock_close_conn(s, err, 1);
+        return err;
+    }
+    if (s->rkind == MS_SOCK_BYTES)
+        rbuf_reserve(s, s->rn - (s->rlen - s->rpos));
+    if (s->read_off) {
+        s->read_off = 0;
+        uv_read_start(&s->c->u.st, on_alloc, on_read);
+    }
+    s->read_cb = cb;
+    if (s->read_ms)
+        ms_timer_start(s->server, &s->rtimer, s->read_ms, on_read_timeout);
+    return MS_SOCK_PENDING;
+}
+
+static int read_check(ms_sock_t *s)
+{
+    if (s->read_cb)
+        return MS_SOCK_EBUSY_READ;
+    if (s->state != ST_CONNECTED)
+        return UV_ENOTCONN;
+    if (s->rbuf == NULL)
+        rbuf_take(s);
+    else
+        rbuf_compact(s);
+    s->v.data = NULL;
+    s->v.len = 0;
+    return 0;
+}
+
+int ms_sock_receive(ms_sock_t *s, int pattern, size_t n, ms_sock_cb cb)
+{
+    int rc = read_check(s);
+    if (rc < 0)
+        return rc;
+    s->rkind = pattern;
+    s->rn = n;
+    return read_begin(s, cb);
+}
+
+int ms_sock_receiveuntil(ms_sock_t *s, ms_sock_until_t *u, size_t size, ms_sock_cb cb)
+{
+    if (s->read_cb)
+        return MS_SOCK_EBUSY_READ;
+    if (u->finished) {
+        u->finished = 0;
+        s->v.data = NULL;
+        s->v.len = 0;
+        return MS_SOCK_END;
+    }
+    int rc = read_check(s);
+    if (rc < 0)
+        return rc;
+    s->rkind = -1;
+    s->rn = size;
+    s->until = u;
+    return read_begin(s, cb);
+}
+
+ms_sock_until_t *ms_sock_until_new(const char *pat, size_t len, int inclusive)
+{
+    assert(len > 0);
+    size_t off = (sizeof(ms_sock_until_t) + len + 3) & ~(size_t)3;
+    ms_sock_until_t *u = ms_mem_alloc(off + len * sizeof(uint32_t));
+    memset(u, 0, sizeof(*u));
+    u->plen = len;
+    u->inclusive = inclusive != 0;
+    memcpy(u->pat, pat, len);
+    u->fail = (uint32_t *)((char *)u + off);
+    u->fail[0] = 0;
+    for (size_t i = 1, k = 0; i < len; i++) {
+        while (k > 0 && pat[i] != pat[k])
+            k = u->fail[k - 1];
+        if (pat[i] == pat[k])
+            k++;
+        u->fail[i] = (uint32_t)k;
+    }
+    return u;
+}
+
+void ms_sock_until_free(ms_sock_until_t *u)
+{
+    ms_mem_free(u);
+}
+
+/* -- The worker's, at the end ------------------------------------------------------------ */
+
+void ms__sockets_free(ms_server_t *srv)
+{
+    ms_sockets_t *sk = srv->sockets;
+    if (sk == NULL)
+        return;
+    assert(sk->socks == 0); /* every socket is freed first */
+    for (int i = 0; i < MS_SOCK_POOL_BUCKETS; i++) {
+        for (ms_spool_t *p = sk->pools[i], *next; p != NULL; p = next) {
+            next = p->hnext;
+            while (p->newest != NULL)
+                sconn_drop(p->newest);
+            ms_mem_free(p);
+        }
+    }
+    ms__resolver_free(sk);
+    ms__recycle_drain(&sk->sock_free, sock_destroy);
+    ms__recycle_drain(&sk->buf_free, ms_mem_free);
+    srv->sockets = NULL;
+    ms_mem_free(sk);
+}

@@ -156,8 +156,10 @@ static void spawn_into(slot_t *s, worker_t **where)
     w->proc.data = w;
     w->handles = 2;
 
-    int nstdio = 4 + o->nlisten;
-    uv_stdio_container_t stdio[4 + 16];
+    int nstdio = 4 + o->nlisten + o->npass;
+    uv_stdio_container_t *stdio = calloc((size_t)nstdio, sizeof(*stdio));
+    if (stdio == NULL)
+        abort();
     stdio[0].flags = stdio[1].flags = stdio[2].flags = UV_INHERIT_FD;
     stdio[0].data.fd = 0;
     stdio[1].data.fd = 1;
@@ -168,13 +170,17 @@ static void spawn_into(slot_t *s, worker_t **where)
         stdio[4 + i].flags = UV_INHERIT_FD;
         stdio[4 + i].data.fd = s->fds[i];
     }
+    for (int i = 0; i < o->npass; i++) {
+        stdio[4 + o->nlisten + i].flags = UV_INHERIT_FD;
+        stdio[4 + o->nlisten + i].data.fd = o->pass_fds[i];
+    }
 
     /* The environment, plus who the worker is and where its sockets are. */
     extern char **environ;
     int n = 0;
     while (environ[n] != NULL)
         n++;
-    char **env = calloc((size_t)n + 3, sizeof(char *));
+    char **env = calloc((size_t)n + 4, sizeof(char *));
     char id[64], fds[64];
     int k = 0;
     for (int i = 0; i < n; i++)
@@ -185,6 +191,8 @@ static void spawn_into(slot_t *s, worker_t **where)
     snprintf(fds, sizeof(fds), "MOONSERVE_LISTEN_FDS=%d", o->nlisten);
     env[k++] = id;
     env[k++] = fds;
+    if (o->pass_env != NULL)
+        env[k++] = (char *)o->pass_env;
     env[k] = NULL;
 
     uv_process_options_t po;
@@ -197,6 +205,7 @@ static void spawn_into(slot_t *s, worker_t **where)
     po.stdio_count = nstdio;
     int rc = uv_spawn(M.loop, &w->proc, &po);
     free(env);
+    free(stdio);
     if (rc < 0) {
         ms_log(MS_LOG_ERR, "worker %d: cannot start %s: %s", s->index, o->argv[0], uv_strerror(rc));
         w->handles = 1;

@@ -10,6 +10,10 @@
  * pointer, only offsets, so every process may map it at a different address. */
 typedef struct ms_shdict_s ms_shdict_t;
 
+/* The API is exported from the core's module: Lua calls it through the FFI
+ * (lua/moonserve/shared.lua), as it does the ms_ffi_* functions. */
+#define MS_SHDICT_API __attribute__((visibility("default")))
+
 /* The smallest and largest zone. Offsets inside a zone are 32 bits. */
 #define MS_SHDICT_MIN_SIZE ((size_t)16 * 1024)
 #define MS_SHDICT_MAX_SIZE ((size_t)UINT32_MAX + 1 - 65536)
@@ -62,7 +66,7 @@ enum {
 };
 
 /* The message of a negative code: OpenResty's string for MS_SHDICT_E*, else ms_strerror(). */
-const char *ms_shdict_strerror(int err);
+MS_SHDICT_API const char *ms_shdict_strerror(int err);
 
 /* What a read found. Filled by ms_shdict_get() and ms_shdict_pop(). */
 typedef struct ms_shdict_val_s {
@@ -79,18 +83,18 @@ typedef struct ms_shdict_val_s {
  * whose size is sealed. The master calls it once per dictionary and keeps the descriptor
  * (close-on-exec: a worker gets it only as a passed fd) across reloads. Returns the fd or a
  * negative code (UV_EINVAL for a bad size or name, -errno). */
-int ms_shdict_create(const char *name, size_t size);
+MS_SHDICT_API int ms_shdict_create(const char *name, size_t size);
 
 /* Maps the zone of `fd` and checks its header. `name` and `size`, when not NULL and not 0,
  * must be what the zone was made with: otherwise MS_SHDICT_ENAME or MS_SHDICT_ESIZE, so
  * that a reload that changes a dictionary's size can fail with a clear message. Returns 0
  * and sets *out, or a negative code (MS_SHDICT_EBADZONE, -errno). The fd stays the caller's. */
-int ms_shdict_attach(int fd, const char *name, size_t size, ms_shdict_t **out);
+MS_SHDICT_API int ms_shdict_attach(int fd, const char *name, size_t size, ms_shdict_t **out);
 /* Unmaps the zone and frees the handle. The zone lives on while any process maps it or
  * holds its fd. */
-void ms_shdict_detach(ms_shdict_t *d);
+MS_SHDICT_API void ms_shdict_detach(ms_shdict_t *d);
 /* The name the zone was made with. */
-const char *ms_shdict_name(ms_shdict_t *d);
+MS_SHDICT_API const char *ms_shdict_name(ms_shdict_t *d);
 
 /* -- Operations ------------------------------------------------------------------------------
  * Each is atomic across every process that maps the zone. Keys are 1 to MS_SHDICT_KEY_MAX
@@ -102,8 +106,8 @@ const char *ms_shdict_name(ms_shdict_t *d);
  * buffer that large), 0 for the other types, MS_SHDICT_ENOTFOUND, or MS_SHDICT_EISLIST (a
  * list's key). With `stale` set, an expired entry not yet freed is returned too, with v->stale = 1
  * (get_stale). A hit makes the entry the most recently used. */
-long ms_shdict_get(ms_shdict_t *d, const char *key, size_t klen, char *buf, size_t cap, int stale,
-                   ms_shdict_val_t *v);
+MS_SHDICT_API long ms_shdict_get(ms_shdict_t *d, const char *key, size_t klen, char *buf,
+                                 size_t cap, int stale, ms_shdict_val_t *v);
 
 /* set, safe_set, add, safe_add, replace (`op`) of a value of `type`: STRING or TABLE take
  * str[0..len), NUMBER takes num, BOOLEAN takes num != 0; NIL deletes the key (as set(key,
@@ -111,57 +115,60 @@ long ms_shdict_get(ms_shdict_t *d, const char *key, size_t klen, char *buf, size
  * on a missing or expired one), MS_SHDICT_ENOMEM (a SAFE_ op that would have to evict, or a
  * value larger than the zone can hold). *forcible (may be NULL) is set to 1 when live
  * entries were evicted to make room. */
-int ms_shdict_store(ms_shdict_t *d, int op, const char *key, size_t klen, int type, const char *str,
-                    size_t len, double num, double exptime, uint32_t flags, int *forcible);
+MS_SHDICT_API int ms_shdict_store(ms_shdict_t *d, int op, const char *key, size_t klen, int type,
+                                  const char *str, size_t len, double num, double exptime,
+                                  uint32_t flags, int *forcible);
 
 /* Adds `n` to a NUMBER value and sets *out to the sum. A missing (or expired) key is
  * MS_SHDICT_ENOTFOUND unless `has_init`: then it is made as init + n, with init_ttl (0:
  * never expires), evicting as set does (*forcible). A value of another type is
  * MS_SHDICT_ENAN. The expiry and flags of an existing entry are kept. */
-int ms_shdict_incr(ms_shdict_t *d, const char *key, size_t klen, double n, int has_init,
-                   double init, double init_ttl, double *out, int *forcible);
+MS_SHDICT_API int ms_shdict_incr(ms_shdict_t *d, const char *key, size_t klen, double n,
+                                 int has_init, double init, double init_ttl, double *out,
+                                 int *forcible);
 
 /* Removes the key, if there is one. Returns 0. */
-int ms_shdict_delete(ms_shdict_t *d, const char *key, size_t klen);
+MS_SHDICT_API int ms_shdict_delete(ms_shdict_t *d, const char *key, size_t klen);
 /* Sets *ttl to the seconds left (0: no expiry; negative: expired but not yet freed). Returns
  * 0 or MS_SHDICT_ENOTFOUND. */
-int ms_shdict_ttl(ms_shdict_t *d, const char *key, size_t klen, double *ttl);
+MS_SHDICT_API int ms_shdict_ttl(ms_shdict_t *d, const char *key, size_t klen, double *ttl);
 /* Gives the key (even an expired one not yet freed) a new exptime. Returns 0 or
  * MS_SHDICT_ENOTFOUND. */
-int ms_shdict_expire(ms_shdict_t *d, const char *key, size_t klen, double exptime);
+MS_SHDICT_API int ms_shdict_expire(ms_shdict_t *d, const char *key, size_t klen, double exptime);
 /* Marks every entry expired, as OpenResty does: get_stale still sees them until they are
  * freed (by flush_expired, or to make room). Returns 0. */
-int ms_shdict_flush_all(ms_shdict_t *d);
+MS_SHDICT_API int ms_shdict_flush_all(ms_shdict_t *d);
 /* Frees up to `max` expired entries (0: all). Returns how many. */
-int ms_shdict_flush_expired(ms_shdict_t *d, int max);
+MS_SHDICT_API int ms_shdict_flush_expired(ms_shdict_t *d, int max);
 /* Lists up to `max` live keys (0: all), each written into buf as its length (a uint16_t in
  * native byte order, unaligned) then its bytes. Returns the number of keys and sets
  * *needed to the bytes they take; if that is more than `cap`, buf is not to be read: call
  * again with that much room. */
-int ms_shdict_get_keys(ms_shdict_t *d, int max, char *buf, size_t cap, size_t *needed);
+MS_SHDICT_API int ms_shdict_get_keys(ms_shdict_t *d, int max, char *buf, size_t cap,
+                                     size_t *needed);
 
 /* lpush (`left`) or rpush of a STRING (str[0..len)) or NUMBER (num) element: a missing or
  * expired key becomes a new list with no expiry. Returns the list's new length,
  * MS_SHDICT_ENOTLIST, MS_SHDICT_EBADTYPE or MS_SHDICT_ENOMEM. Evicts other entries as set
  * does. */
-long ms_shdict_push(ms_shdict_t *d, const char *key, size_t klen, int left, int type,
-                    const char *str, size_t len, double num);
+MS_SHDICT_API long ms_shdict_push(ms_shdict_t *d, const char *key, size_t klen, int left, int type,
+                                  const char *str, size_t len, double num);
 /* lpop (`left`) or rpop into buf[0..cap) and *v, as ms_shdict_get() does; a list left empty
  * is removed. Returns what ms_shdict_get() would; if a string element is longer than
  * `cap`, nothing was popped: call again with a buffer that large. MS_SHDICT_ENOTFOUND for a
  * missing or expired key (Lua: nil), MS_SHDICT_ENOTLIST. */
-long ms_shdict_pop(ms_shdict_t *d, const char *key, size_t klen, int left, char *buf, size_t cap,
-                   ms_shdict_val_t *v);
+MS_SHDICT_API long ms_shdict_pop(ms_shdict_t *d, const char *key, size_t klen, int left, char *buf,
+                                 size_t cap, ms_shdict_val_t *v);
 /* The length of a list: 0 for a missing or expired key, or MS_SHDICT_ENOTLIST. */
-long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen);
+MS_SHDICT_API long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen);
 
 /* The zone's size in bytes, as made. */
-size_t ms_shdict_capacity(ms_shdict_t *d);
+MS_SHDICT_API size_t ms_shdict_capacity(ms_shdict_t *d);
 /* The bytes of the allocator that are free now (not counting space inside used blocks). */
-size_t ms_shdict_free_space(ms_shdict_t *d);
+MS_SHDICT_API size_t ms_shdict_free_space(ms_shdict_t *d);
 
 /* Checks the zone's structures (every block, free list, chain and the LRU) under the lock:
  * for tests and fuzzing, O(size). Returns 0, or -1 with *why pointing at a static string. */
-int ms_shdict_check(ms_shdict_t *d, const char **why);
+MS_SHDICT_API int ms_shdict_check(ms_shdict_t *d, const char **why);
 
 #endif

@@ -554,6 +554,22 @@ static int core_master(lua_State *L)
     o.stop_timeout = luaL_optnumber(L, -1, MS_STOP_TIMEOUT);
     lua_getfield(L, 1, "backlog");
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
+    /* pass_fds = { fd, ... }, pass_env = "NAME=VALUE": what every worker gets besides */
+    lua_getfield(L, 1, "pass_fds");
+    int pass[64];
+    if (lua_istable(L, -1)) {
+        o.npass = (int)lua_objlen(L, -1);
+        if (o.npass > 64)
+            return luaL_error(L, "pass_fds: 64 descriptors at most");
+        for (int i = 0; i < o.npass; i++) {
+            lua_rawgeti(L, -1, i + 1);
+            pass[i] = (int)luaL_checkinteger(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    o.pass_fds = pass;
+    lua_getfield(L, 1, "pass_env");
+    o.pass_env = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
     if (rc < 0)

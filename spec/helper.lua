@@ -38,8 +38,9 @@ function helper.spawn_server(opts)
     if app ~= "" then
         app = sh_quote(app:sub(1, 1) == "/" and app or ROOT .. "/" .. app)
     end
-    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
-        sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    -- (opts.env: "NAME=value ..." for the server's environment)
+    local cmd = string.format("%s%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
+        opts.env and opts.env .. " " or "", sh_quote(BIN), app, opts.args or "", sh_quote(log))
     local p = io.popen(cmd)
     local pid = p:read("*l")
     p:close()

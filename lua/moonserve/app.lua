@@ -432,6 +432,33 @@ local function site_for(self, host)
     return site
 end
 
+-- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
+-- ("10m", "512k" or bytes). Declared before the server starts; it lives as long as the server
+-- (a reload keeps it and its values), so its size can change only with a restart.
+function App:shared_dict(name, size)
+    local shared = require "moonserve.shared"
+    local ok, err = shared.check_name(name)
+    if not ok then
+        error(err, 2)
+    end
+    local bytes
+    bytes, err = shared.parse_size(size)
+    if not bytes then
+        error(err, 2)
+    end
+    local root = self
+    while root.parent do
+        root = root.parent
+    end
+    root.shared_decl = root.shared_decl or {}
+    local had = root.shared_decl[name]
+    if had and had ~= bytes then
+        error("shared dictionary '" .. name .. "' is declared twice with two sizes", 2)
+    end
+    root.shared_decl[name] = bytes
+    return self
+end
+
 -- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
 -- that answers (res:sent()) ends it; a site's run before its app's.
 function App:on_error(fn)

@@ -30,4 +30,8 @@ function _M.sleep(seconds)
     return host.sleep(seconds)
 end
 
+-- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
+-- once the app declared app:shared_dict("cache", "10m") (moonserve/shared.lua).
+_M.shared = require("moonserve.shared").dicts
+
 return _M

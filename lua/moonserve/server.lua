@@ -125,6 +125,53 @@ local function serve(srv)
     return true
 end
 
+-- The master makes the zones of the app's shared dictionaries once, and every worker gets
+-- them (core.master's pass_fds) with MOONSERVE_SHARED="name:bytes,..." in that order.
+local function make_shared(the_app)
+    local shared = require "moonserve.shared"
+    local names = {}
+    for name in pairs(the_app.shared_decl or {}) do
+        names[#names + 1] = name
+    end
+    if #names == 0 then
+        return nil, nil
+    end
+    table.sort(names)
+    local fds, list = {}, {}
+    for i, name in ipairs(names) do
+        local size = the_app.shared_decl[name]
+        fds[i] = assert(shared.create(name, size))
+        list[i] = name .. ":" .. size
+    end
+    return fds, "MOONSERVE_SHARED=" .. table.concat(list, ",")
+end
+
+-- A worker maps the zones the master made, from fd `first` on. A dictionary the app
+-- declares that the server has not got (declared since it started), or one of another
+-- size, fails the worker before it is ready.
+local function attach_shared(the_app, first)
+    local decl = the_app.shared_decl or {}
+    local shared = require "moonserve.shared"
+    local i = 0
+    for name in (os.getenv("MOONSERVE_SHARED") or ""):gmatch("([%w_-]+):%d+") do
+        local want = decl[name]
+        if want then
+            local _, err = shared.attach(first + i, name, want)
+            if err then
+                return nil, err
+            end
+        end
+        i = i + 1
+    end
+    for name in pairs(decl) do
+        if not shared.dicts[name] then
+            return nil, "shared dictionary '" .. name .. "' was declared after the server " ..
+                "started: it is made only when the server starts (restart to add it)"
+        end
+    end
+    return true
+end
+
 -- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or a
 -- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
 -- X-Forwarded-For is believed;
@@ -145,9 +192,15 @@ function _M.run(the_app, opts)
     local listen = listen_list(opts.listen)
 
     if os.getenv("MOONSERVE_WORKER") then
-        -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.
+        -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on,
+        -- and made the shared dictionaries' zones, right after them.
+        local nlisten = tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1
+        local ok, err = attach_shared(the_app, 4 + nlisten)
+        if not ok then
+            error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
+        end
         local srv = make(the_app, opts, limits)
-        for i = 1, tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1 do
+        for i = 1, nlisten do
             assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol))
         end
         assert(core.worker_ready())
@@ -159,8 +212,9 @@ function _M.run(the_app, opts)
         error("bad workers (a whole number expected)", 2)
     end
     if workers > 0 then
+        local fds, env = make_shared(the_app)
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
-            workers = workers, stop_timeout = opts.stop_timeout }
+            workers = workers, stop_timeout = opts.stop_timeout, pass_fds = fds, pass_env = env }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
@@ -168,6 +222,10 @@ function _M.run(the_app, opts)
         return true
     end
 
+    local ok, err = require("moonserve.shared").open(the_app.shared_decl or {})
+    if not ok then
+        error(err, 2)
+    end
     local srv = make(the_app, opts, limits)
     for _, l in ipairs(listen) do
         local addr = l.addr

@@ -50,8 +50,11 @@ build = {
          ["moonserve.router"] = "lua/moonserve/router.lua",
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",
          ["moonserve.template"] = "lua/moonserve/template.lua",
+         ["moonserve.timer"] = "lua/moonserve/timer.lua",
+         ["moonserve.worker"] = "lua/moonserve/worker.lua",
          ["moonserve.demo"] = "examples/demo.lua",
       },
       lib = {

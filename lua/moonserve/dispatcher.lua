@@ -31,14 +31,6 @@ local coro_park = coro.park
 local ffi = require "ffi"
 local unpack, select, format = unpack, select, string.format
 
-if not pcall(ffi.typeof, "ms_ffi_wake_decl") then
-    ffi.cdef [[
-typedef struct ms_ffi_wake_decl_s { int unused; } ms_ffi_wake_decl;
-extern ms_server_t *ms_ffi_server;
-int ms_ffi_wake_after(ms_server_t *s, int32_t slot, double seconds, int status);
-void ms_ffi_wake_cancel(ms_server_t *s, int32_t slot);
-]]
-end
 
 local _M = {}
 
@@ -52,6 +44,7 @@ local current_co   -- the coroutine the dispatcher resumed last, at the bottom o
 local pool, npool = {}, 0
 local parked, owners, free_slots, nfree = {}, {}, {}, 0
 local roots = {}   -- by a handler's slot: what its light threads are, once it spawned one
+local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local limits = { timers_pending = 1024, timers_running = 256 }
 local stopping = false
@@ -139,7 +132,7 @@ local function worker(r)
         if not ok then
             fail(r, req, res, err)
         end
-        local root = r.handler >= 0 and roots[r.handler]
+        local root = nroots > 0 and r.handler >= 0 and roots[r.handler]
         if root then
             -- The request is done when its light threads are; after an error, they are killed.
             if not ok then
@@ -147,6 +140,7 @@ local function worker(r)
             end
             join(root)
             roots[r.handler] = nil
+            nroots = nroots - 1
         end
         req.r, res.r = false, false -- the core reuses the request once finished
         C.ms_ffi_req_finish(r)
@@ -205,6 +199,7 @@ local function settle(co, r, ok, sig)
         if root then
             kill_all(root)
             roots[r.handler] = nil
+            nroots = nroots - 1
         end
         local req, res = ended(co)
         if req then
@@ -255,10 +250,12 @@ local function on_request()
     else
         co = coro.handler(co_create(worker))
     end
-    local prev, prev_task, prev_co = current, task, current_co
-    current, task, current_co = r, nil, co
+    -- (The core calls in from its loop, never while Lua runs: no task runs now, and what
+    -- current_co was is no one's any more.)
+    local prev = current
+    current, current_co = r, co
     local ok, sig = co_resume(co, r)
-    current, task, current_co = prev, prev_task, prev_co
+    current = prev
     settle(co, r, ok, sig)
 end
 
@@ -498,6 +495,7 @@ local function root_now(what)
     if not root then
         root = { threads = {}, nthreads = 0 }
         roots[slot] = root
+        nroots = nroots + 1
     end
     return root
 end

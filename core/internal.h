@@ -211,6 +211,9 @@ struct ms_server_s {
     uv_loop_t *loop;
     ms_limits_t limits;
     ms_request_cb on_request, on_resume;
+    ms_event_cb on_event;   /* waits that are no request's (wake.c); NULL: none */
+    struct ms_wake_s **wakes; /* by slot, each allocated once (wake.c) */
+    uint32_t wakes_cap;
     void *data;
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
@@ -279,6 +282,8 @@ void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n);
 void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n);
 void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c);
 void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
+/* The event callback with `slot` and `status`, under the same rules as ms__server_call. */
+void ms__server_event(ms_server_t *s, int32_t slot, int status);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
 /* tcp.c: a connection accepted on `listener`, its source known and not yet reading; NULL
@@ -315,6 +320,9 @@ extern const ms_proto_t ms__h1_proto, ms__h2_proto;
 
 /* timer.c */
 void ms__timers_run(uv_timer_t *ut);
+
+/* wake.c */
+void ms__wakes_free(ms_server_t *s);
 
 /* date.c */
 const char *ms__date_line(ms_server_t *s);

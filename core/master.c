@@ -32,7 +32,8 @@ typedef struct slot_s {
 
 struct worker_s {
     uv_process_t proc;
-    uv_pipe_t ready; /* the worker writes a byte here once it listens */
+    uv_pipe_t ready;           /* the worker writes a byte here once it listens */
+    uv_timer_t start_deadline; /* until it is ready */
     slot_t *slot;
     uint64_t started;
     int is_ready, exited, handles;
@@ -62,6 +63,7 @@ static void worker_release(worker_t *w)
 {
     if (!uv_is_closing((uv_handle_t *)&w->ready))
         uv_close((uv_handle_t *)&w->ready, worker_handle_closed);
+    uv_close((uv_handle_t *)&w->start_deadline, worker_handle_closed);
     uv_close((uv_handle_t *)&w->proc, worker_handle_closed);
 }
 
@@ -132,6 +134,7 @@ static void ready_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (w->is_ready)
         return;
     w->is_ready = 1;
+    uv_timer_stop(&w->start_deadline);
     if (w == s->next) {
         /* Reload: the new worker accepts from the slot's sockets now; the old drains. */
         worker_t *old = s->current;
@@ -141,6 +144,25 @@ static void ready_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             uv_process_kill(&old->proc, SIGTERM);
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
+}
+
+static double start_timeout(void)
+{
+    return M.o->start_timeout > 0 ? M.o->start_timeout : MS_START_TIMEOUT;
+}
+
+/* A worker that is not ready in time (its on_worker_start hooks have not returned) is
+ * killed; exit_cb then says what that means (a reload failed, or a start to retry). */
+static void start_deadline_cb(uv_timer_t *t)
+{
+    worker_t *w = t->data;
+    if (w->is_ready || w->exited)
+        return;
+    ms_log(MS_LOG_ERR,
+           "worker %d (pid %d) not ready after %.14g s (its on_worker_start hooks have not "
+           "returned): killing it",
+           w->slot->index, w->proc.pid, start_timeout());
+    uv_process_kill(&w->proc, SIGKILL);
 }
 
 static void spawn_into(slot_t *s, worker_t **where)
@@ -154,7 +176,9 @@ static void spawn_into(slot_t *s, worker_t **where)
     uv_pipe_init(M.loop, &w->ready, 0);
     w->ready.data = w;
     w->proc.data = w;
-    w->handles = 2;
+    uv_timer_init(M.loop, &w->start_deadline);
+    w->start_deadline.data = w;
+    w->handles = 3;
 
     int nstdio = 4 + o->nlisten + o->npass;
     uv_stdio_container_t *stdio = calloc((size_t)nstdio, sizeof(*stdio));
@@ -180,17 +204,21 @@ static void spawn_into(slot_t *s, worker_t **where)
     int n = 0;
     while (environ[n] != NULL)
         n++;
-    char **env = calloc((size_t)n + 4, sizeof(char *));
-    char id[64], fds[64];
+    char **env = calloc((size_t)n + 5, sizeof(char *)); /* (the four below, and NULL) */
+    char id[64], fds[64], count[64];
     int k = 0;
     for (int i = 0; i < n; i++)
         if (strncmp(environ[i], "MOONSERVE_WORKER=", 17) != 0 &&
-            strncmp(environ[i], "MOONSERVE_LISTEN_FDS=", 21) != 0)
+            strncmp(environ[i], "MOONSERVE_LISTEN_FDS=", 21) != 0 &&
+            strncmp(environ[i], "MOONSERVE_WORKERS=", 18) != 0 &&
+            strncmp(environ[i], "MOONSERVE_SHARED=", 17) != 0)
             env[k++] = environ[i];
     snprintf(id, sizeof(id), "MOONSERVE_WORKER=%d", s->index);
     snprintf(fds, sizeof(fds), "MOONSERVE_LISTEN_FDS=%d", o->nlisten);
+    snprintf(count, sizeof(count), "MOONSERVE_WORKERS=%d", o->workers);
     env[k++] = id;
     env[k++] = fds;
+    env[k++] = count;
     if (o->pass_env != NULL)
         env[k++] = (char *)o->pass_env;
     env[k] = NULL;
@@ -208,13 +236,15 @@ static void spawn_into(slot_t *s, worker_t **where)
     free(stdio);
     if (rc < 0) {
         ms_log(MS_LOG_ERR, "worker %d: cannot start %s: %s", s->index, o->argv[0], uv_strerror(rc));
-        w->handles = 1;
+        w->handles = 2;
         uv_close((uv_handle_t *)&w->ready, worker_handle_closed);
+        uv_close((uv_handle_t *)&w->start_deadline, worker_handle_closed);
         uv_timer_start(&s->respawn, respawn_cb, MS_RESPAWN_DELAY_MS, 0);
         return;
     }
     M.live++;
     uv_read_start((uv_stream_t *)&w->ready, ready_alloc, ready_read);
+    uv_timer_start(&w->start_deadline, start_deadline_cb, (uint64_t)(start_timeout() * 1000), 0);
     *where = w;
 }
 

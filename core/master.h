@@ -19,6 +19,7 @@ struct ms_master_opts_s {
     const int *pass_fds;
     int npass;
     const char *pass_env;
+    double start_timeout; /* seconds a starting worker gets to be ready before SIGKILL */
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
 };
@@ -27,7 +28,10 @@ struct ms_master_opts_s {
  * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
  * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), the passed descriptors
- * right after them, and tells the master it is ready by writing a byte to fd 3. Returns 0 or a negative code. */
+ * right after them, its number and the number of workers from MOONSERVE_WORKER and
+ * MOONSERVE_WORKERS, and tells the master it is ready by writing a byte to fd 3, within
+ * start_timeout seconds or it is killed (a reload then fails and the old worker keeps
+ * serving). Returns 0 or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 
 #endif

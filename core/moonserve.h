@@ -303,6 +303,29 @@ int ms_anchor_drain(ms_server_t *s, int32_t *out, int n);
 
 typedef void (*ms_request_cb)(ms_req_t *r, void *data);
 
+/* -- Wakes: waits that belong to no request ------------------------------------------
+ * A coroutine that waits on something other than its request's body or reply (a sleep in a
+ * timer, a hook or a light thread, a semaphore, a thread's end; next, a socket's read) is
+ * parked by the binding on a slot, a small number it chooses. Whatever completes the wait
+ * calls ms_wake(s, slot, status), and the server's event callback runs with them, under the
+ * rules of a handler's resume (ms__server_call: calls back into the core are deferred until
+ * the outermost call returns). A slot's timer (ms_wake_after) is that completion for time:
+ * a sleep, a timeout, a wake on the next turn of the loop. Slot MS_WAKE_STOP (negative) is
+ * the worker stopping. */
+typedef struct ms_wake_s ms_wake_t;
+typedef void (*ms_event_cb)(int32_t slot, int status, void *data);
+#define MS_WAKE_STOP     (-1)
+#define MS_WAKE_SLOT_MAX (1 << 24)
+
+void ms_server_on_event(ms_server_t *s, ms_event_cb cb);
+/* Calls the event callback now with `slot` and `status`; a timer armed on the slot is void. */
+void ms_wake(ms_server_t *s, int32_t slot, int status);
+/* Wakes `slot` with `status` in `ms` milliseconds (0: the next turn of the loop), replacing
+ * what its timer was armed for. Returns 0 or UV_EINVAL (a slot out of range). */
+int ms_wake_after(ms_server_t *s, int32_t slot, uint64_t ms, int status);
+/* Disarms the slot's timer, if armed. */
+void ms_wake_cancel(ms_server_t *s, int32_t slot);
+
 /* A worker's limits: one member for each line of MS_LIMITS (settings.h), in its order. */
 typedef struct ms_limits_s {
 #define MS_LIMIT_FIELD(key, field, type, dflt, unit, max, doc) type field;

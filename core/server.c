@@ -302,15 +302,10 @@ const ms_server_stats_t *ms_server_stats(ms_server_t *s)
     return &s->stats;
 }
 
-/* Every call into the handler goes through here. Work the handler's calls into the core
- * could not do on the spot (it may not call back into Lua) is done when the outermost
- * call returns. */
-void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
+/* Work the handler's calls into the core could not do on the spot (it may not call back
+ * into Lua), done when the outermost call into Lua returns. */
+static void run_deferred(ms_server_t *s)
 {
-    s->depth++;
-    cb(r, s->data);
-    if (--s->depth > 0)
-        return;
     while (s->deferred != NULL) {
         ms_conn_t *c = s->deferred;
         s->deferred = c->deferred_next;
@@ -319,6 +314,24 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
         c->proto->resume(c);
         ms__conn_release(c);
     }
+}
+
+/* Every call into the handler goes through here, or through ms__server_event for a wake
+ * that is no request's: the same depth, the same deferred work. */
+void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r)
+{
+    s->depth++;
+    cb(r, s->data);
+    if (--s->depth == 0)
+        run_deferred(s);
+}
+
+void ms__server_event(ms_server_t *s, int32_t slot, int status)
+{
+    s->depth++;
+    s->on_event(slot, status, s->data);
+    if (--s->depth == 0)
+        run_deferred(s);
 }
 
 void ms__server_defer(ms_server_t *s, ms_conn_t *c)
@@ -368,6 +381,7 @@ void ms_server_free(ms_server_t *s)
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);
     ms__static_free(s);
+    ms__wakes_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
     /* The uv_timer lives inside `s`: let the loop finish closing it first. */

@@ -51,7 +51,11 @@
     /* An IPv4 address is one source; IPv6 addresses are one under a prefix of this many bits      \
      * (a host or subscriber may hold a whole /64). */                                             \
     X(source_ipv6_prefix, source_ipv6_prefix, uint32_t, 64, BITS, 128,                             \
-      "bits of the IPv6 prefix that is one source for per_source")
+      "bits of the IPv6 prefix that is one source for per_source")                             \
+    X(timers_pending, timers_pending, uint32_t, 1024, COUNT, 0,                                    \
+      "timers waiting to run per worker; past it, timer.at fails")                                 \
+    X(timers_running, timers_running, uint32_t, 256, COUNT, 0,                                     \
+      "timer runs under way per worker; past it, a run is skipped")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };
@@ -67,5 +71,8 @@ enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS
 #define MS_STATIC_CACHE_BYTES (64u * 1024 * 1024)
 /* Seconds a stopping worker may take to finish before the master kills it. */
 #define MS_STOP_TIMEOUT 30
+/* Seconds a starting worker may take to be ready (its on_worker_start hooks returned)
+ * before the master stops it: the start or reload fails and old workers keep serving. */
+#define MS_START_TIMEOUT 10
 
 #endif

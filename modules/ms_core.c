@@ -24,6 +24,8 @@
 /* The request a call into Lua is about: Lua reads it through the FFI, which the JIT
  * compiles, where converting a light userdata argument would stop the trace. */
 MS_EXPORT ms_req_t *ms_ffi_current;
+/* The server of the call into Lua under way: a wait that is no request's is armed on it. */
+MS_EXPORT ms_server_t *ms_ffi_server;
 
 typedef struct binding_s {
     ms_server_t *server;
@@ -31,6 +33,7 @@ typedef struct binding_s {
     lua_State *L;       /* the state that runs the loop; handlers run in its coroutines */
     int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
     int on_resume_ref;  /* function(), likewise */
+    int on_event_ref;   /* function(slot, status): a wake that is no request's (wake.c) */
     uv_signal_t sigint, sigterm, sigusr1;
     int signals; /* the signal handles are initialised */
     int stopped;
@@ -63,11 +66,35 @@ static void call_lua(binding_t *b, int ref, ms_req_t *r)
 {
     lua_State *L = b->L;
     ms_req_t *prev = ms_ffi_current;
+    ms_server_t *prev_server = ms_ffi_server;
     ms_ffi_current = r;
+    ms_ffi_server = b->server;
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
     if (lua_pcall(L, 0, 0, 0) != 0)
         dispatch_failed(r, L);
     ms_ffi_current = prev;
+    ms_ffi_server = prev_server;
+}
+
+/* A wake that is no request's: the dispatcher resumes what it parked on `slot`. Its errors
+ * are its own (a timer's are caught in Lua); one that gets here is logged. */
+static void on_event(int32_t slot, int status, void *data)
+{
+    binding_t *b = data;
+    lua_State *L = b->L;
+    ms_req_t *prev = ms_ffi_current;
+    ms_server_t *prev_server = ms_ffi_server;
+    ms_ffi_current = NULL;
+    ms_ffi_server = b->server;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, b->on_event_ref);
+    lua_pushinteger(L, slot);
+    lua_pushinteger(L, status);
+    if (lua_pcall(L, 2, 0, 0) != 0) {
+        ms_log(MS_LOG_ERR, "dispatcher failed on a wake: %s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+    ms_ffi_current = prev;
+    ms_ffi_server = prev_server;
 }
 
 static void on_request(ms_req_t *r, void *data)
@@ -147,7 +174,8 @@ static void read_limits(lua_State *L, int t, ms_limits_t *lim)
     }
 }
 
-/* core.server{ on_request = f, on_resume = g, limits = { ... } }; times in seconds. */
+/* core.server{ on_request = f, on_resume = g[, on_event = h], limits = { ... } }; times in
+ * seconds. */
 static int server_new(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -159,7 +187,7 @@ static int server_new(lua_State *L)
     lua_pop(L, 1);
     binding_t *b = lua_newuserdata(L, sizeof(*b));
     memset(b, 0, sizeof(*b));
-    b->on_request_ref = b->on_resume_ref = LUA_NOREF;
+    b->on_request_ref = b->on_resume_ref = b->on_event_ref = LUA_NOREF;
     luaL_getmetatable(L, SERVER_MT);
     lua_setmetatable(L, -2);
     lua_getfield(L, 1, "on_request");
@@ -171,6 +199,14 @@ static int server_new(lua_State *L)
     b->loop = uv_default_loop();
     b->L = L;
     b->server = ms_server_new(b->loop, &lim, on_request, on_resume, b);
+    lua_getfield(L, 1, "on_event");
+    if (!lua_isnil(L, -1)) {
+        luaL_checktype(L, -1, LUA_TFUNCTION);
+        b->on_event_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        ms_server_on_event(b->server, on_event);
+    } else {
+        lua_pop(L, 1);
+    }
     return 1;
 }
 
@@ -219,12 +255,23 @@ static void on_usr1(uv_signal_t *sig, int signum)
     ms_log_reopen();
 }
 
+/* Stops accepting, then tells the Lua side (pending timers run with premature = true,
+ * the on_worker_stop hooks run); the loop ends once they and the requests are done. */
+static void stop(binding_t *b)
+{
+    close_signals(b);
+    if (b->stopped)
+        return;
+    b->stopped = 1;
+    ms_server_stop(b->server, stopped);
+    ms_wake(b->server, MS_WAKE_STOP, 0);
+}
+
 static void on_signal(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
     ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
-    close_signals(b);
-    ms_server_stop(b->server, stopped);
+    stop(b);
 }
 
 /* server:run(): serves until stopped (server:stop(), SIGINT or SIGTERM). */
@@ -256,9 +303,16 @@ static int server_run(lua_State *L)
 static int server_stop(lua_State *L)
 {
     binding_t *b = check_server(L);
-    close_signals(b);
-    ms_server_stop(b->server, stopped);
+    b->L = L;
+    stop(b);
     return 0;
+}
+
+/* server:pointer() -> the ms_server_t * as a light userdata, for the FFI side's waits. */
+static int server_pointer(lua_State *L)
+{
+    lua_pushlightuserdata(L, check_server(L)->server);
+    return 1;
 }
 
 /* server:listen_fd(fd[, proxy_protocol]) -> port: serves on an inherited listening socket. */
@@ -410,6 +464,7 @@ static int server_gc(lua_State *L)
     b->server = NULL;
     luaL_unref(L, LUA_REGISTRYINDEX, b->on_request_ref);
     luaL_unref(L, LUA_REGISTRYINDEX, b->on_resume_ref);
+    luaL_unref(L, LUA_REGISTRYINDEX, b->on_event_ref);
     return 0;
 }
 
@@ -516,7 +571,8 @@ static void master_listening(const ms_master_opts_t *o)
     }
 }
 
-/* core.master{ argv = {...}, listen = {...}, workers = n, stop_timeout = s, backlog = n }:
+/* core.master{ argv = {...}, listen = {...}, workers = n, stop_timeout = s, start_timeout = s,
+ * backlog = n }:
  * runs the master until it is stopped. */
 static int core_master(lua_State *L)
 {
@@ -552,6 +608,8 @@ static int core_master(lua_State *L)
     o.workers = (int)luaL_checkinteger(L, -1);
     lua_getfield(L, 1, "stop_timeout");
     o.stop_timeout = luaL_optnumber(L, -1, MS_STOP_TIMEOUT);
+    lua_getfield(L, 1, "start_timeout");
+    o.start_timeout = luaL_optnumber(L, -1, MS_START_TIMEOUT);
     lua_getfield(L, 1, "backlog");
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
     /* pass_fds = { fd, ... }, pass_env = "NAME=VALUE": what every worker gets besides */
@@ -640,11 +698,14 @@ static int core_limits(lua_State *L)
     return 1;
 }
 
-/* core.defaults() -> { backlog =, static_cache_files =, static_cache_bytes =, stop_timeout = }:
+/* core.defaults() -> { backlog =, static_cache_files =, static_cache_bytes =, stop_timeout =,
+ * start_timeout = }:
  * the other defaults the core applies when Lua gives none (core/settings.h). */
 static int core_defaults(lua_State *L)
 {
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 5);
+    lua_pushnumber(L, MS_START_TIMEOUT);
+    lua_setfield(L, -2, "start_timeout");
     lua_pushinteger(L, MS_LISTEN_BACKLOG);
     lua_setfield(L, -2, "backlog");
     lua_pushinteger(L, MS_STATIC_CACHE_FILES);
@@ -694,6 +755,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"listen_fd", server_listen_fd},
                                               {"run", server_run},
                                               {"stop", server_stop},
+                                              {"pointer", server_pointer},
                                               {"trust", server_trust},
                                               {"stats", server_stats},
                                               {"static", server_static},

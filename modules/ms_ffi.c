@@ -258,6 +258,24 @@ MS_FFI int ms_ffi_server_stopping(ms_req_t *r)
     return ms_server_stopping(ms_conn_server(r->conn));
 }
 
+/* -- Wakes: waits that are no request's (core/wake.c) ----------------------------------- */
+
+/* Wakes `slot` with `status` after `seconds` (0: the next turn of the loop). */
+MS_FFI int ms_ffi_wake_after(ms_server_t *s, int32_t slot, double seconds, int status)
+{
+    return ms_wake_after(s, slot, seconds <= 0 ? 0 : (uint64_t)(seconds * 1000.0 + 0.5), status);
+}
+
+MS_FFI void ms_ffi_wake_cancel(ms_server_t *s, int32_t slot)
+{
+    ms_wake_cancel(s, slot);
+}
+
+MS_FFI ms_server_t *ms_ffi_req_server(ms_req_t *r)
+{
+    return ms_conn_server(r->conn);
+}
+
 /* -- The boundary, checked -------------------------------------------------------------- */
 
 /* What lua/moonserve/base.lua must agree with: the layout of the types it declares again,
@@ -316,6 +334,8 @@ static const ms_ffi_abi_t abi[] = {
     CONST(LOG_INFO),
     CONST(LOG_DEBUG),
     {"EAGAIN", UV_EAGAIN},
+    {"ETIMEDOUT", UV_ETIMEDOUT},
+    CONST(WAKE_STOP),
 #define MS_ERR_ABI(name, value, msg) {#name, (int64_t)(value)},
     MS_ERRNO_MAP(MS_ERR_ABI)
 #undef MS_ERR_ABI

@@ -50,9 +50,12 @@ build = {
          ["moonserve.router"] = "lua/moonserve/router.lua",
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.template"] = "lua/moonserve/template.lua",
+         ["moonserve.timer"] = "lua/moonserve/timer.lua",
+         ["moonserve.worker"] = "lua/moonserve/worker.lua",
          ["moonserve.demo"] = "examples/demo.lua",
       },
       lib = {

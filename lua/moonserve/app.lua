@@ -737,6 +737,31 @@ function App:max_body_bytes(default)
 end
 
 -- Serves the app (moonserve/server.lua: run, for the core).
+-- -- Worker hooks -----------------------------------------------------------------------
+-- fn() runs in every worker once it starts (not in the master, where an app file's top level
+-- runs too), in a coroutine with the whole non-blocking API; the worker is ready (and a
+-- reload hands over to it) once every start hook has returned.
+function App:on_worker_start(fn)
+    if type(fn) ~= "function" then
+        error("bad argument #1 to 'on_worker_start' (function expected)", 2)
+    end
+    local hooks = rawget(self, "worker_start_hooks") or {}
+    hooks[#hooks + 1] = fn
+    self.worker_start_hooks = hooks
+    return self
+end
+
+-- fn() runs in every worker as it stops, after the requests in flight stop being accepted.
+function App:on_worker_stop(fn)
+    if type(fn) ~= "function" then
+        error("bad argument #1 to 'on_worker_stop' (function expected)", 2)
+    end
+    local hooks = rawget(self, "worker_stop_hooks") or {}
+    hooks[#hooks + 1] = fn
+    self.worker_stop_hooks = hooks
+    return self
+end
+
 function App:run(opts)
     return the_host.run(self, opts)
 end

@@ -33,6 +33,10 @@ typedef struct ms_req_view_s {
 } ms_req_view_t;
 typedef struct ms_server_s ms_server_t;
 extern ms_req_view_t *ms_ffi_current;
+extern ms_server_t *ms_ffi_server;
+int ms_ffi_wake_after(ms_server_t *s, int32_t slot, double seconds, int status);
+void ms_ffi_wake_cancel(ms_server_t *s, int32_t slot);
+ms_server_t *ms_ffi_req_server(ms_req_view_t *r);
 
 const char *ms_ffi_req_header(ms_req_view_t *r, const char *name, size_t len, size_t *vlen);
 int ms_ffi_req_headers(ms_req_view_t *r, ms_header_t *out, int n);

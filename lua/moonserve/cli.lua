@@ -26,6 +26,9 @@ options:
 $limits
   --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
   --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
+  --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
+                       hooks returned (default $start_timeout); past it the start or
+                       reload fails and the old workers keep serving
   --quiet              log errors and warnings only
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
@@ -43,7 +46,8 @@ local function usage()
             l.doc)
     end
     local fill = { limits = table.concat(lines, "\n"),
-        stop_timeout = string.format("%.14g", core.defaults().stop_timeout) }
+        stop_timeout = string.format("%.14g", core.defaults().stop_timeout),
+        start_timeout = string.format("%.14g", core.defaults().start_timeout) }
     return (USAGE:gsub("%$([%w_]+)", fill))
 end
 
@@ -98,6 +102,11 @@ function _M.main(args)
             opts.stop_timeout = tonumber(value())
             if not opts.stop_timeout then
                 return die("--stop-timeout needs a number of seconds")
+            end
+        elseif a == "--start-timeout" then
+            opts.start_timeout = tonumber(value())
+            if not opts.start_timeout then
+                return die("--start-timeout needs a number of seconds")
             end
         elseif a == "--quiet" then
             opts.quiet = true

@@ -49,7 +49,8 @@ local C_CALL = "inside a C call (string.gsub callback, table.sort comparator, FF
 
 -- Raises unless the running code can yield all the way up to the dispatcher. `what` names
 -- the caller, `doing` the deed ("moonserve.sleep: cannot wait here: ..."); `level` is
--- error()'s, counted from the caller of check.
+-- error()'s, counted from the caller of check. Returns what the dispatcher marked the
+-- coroutine at the bottom of the chain with (_M.handler's `kind`).
 function _M.check(what, doing, level)
     level = level + 1
     local co, main = co_running()
@@ -71,6 +72,16 @@ function _M.check(what, doing, level)
         end
         co = parent
     end
+    return handlers[co]
+end
+
+-- As check, for a wait on the request itself (its body, its reply draining): only the
+-- request's handler may, not a light thread, timer or hook.
+function _M.check_request(what, doing, level)
+    if _M.check(what, doing, level + 1) == "task" then
+        error(what .. ": cannot " .. doing .. " here: only the request's handler waits for its "
+            .. "request, not a light thread, timer or hook", level + 1)
+    end
 end
 
 -- Parks the running handler until the core resumes it: the core's wait is armed already.
@@ -86,9 +97,10 @@ function _M.exit()
     error("moonserve.exit: resumed after the handler ended") -- the dispatcher never does
 end
 
--- The dispatcher's coroutines are not the handler's to resume.
-function _M.handler(co)
-    handlers[co], held[co] = true, true
+-- The dispatcher's coroutines are not the handler's to resume. `kind`: true for a request's
+-- handler (the default), "task" for a timer's run, a hook or a light thread.
+function _M.handler(co, kind)
+    handlers[co], held[co] = kind or true, true
     return co
 end
 

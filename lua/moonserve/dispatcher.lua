@@ -1,8 +1,18 @@
--- moonserve/dispatcher.lua: the coroutine dispatcher the core calls once per request.
--- Each request runs in a coroutine from a pool; one that parks (waits for its body, a timer,
--- a slow reader) is resumed by the core when its wait is over. Waits reach here through the
--- handler's own coroutines too (moonserve/coroutine.lua). What a request's error means
--- (the log line, error pages) is the app's: app:handle_error.
+-- moonserve/dispatcher.lua: the coroutine dispatcher the core calls once per request, and
+-- for every wake. Each request runs in a coroutine from a pool; one that parks (waits for its
+-- body, a timer, a slow reader) is resumed by the core when its wait is over. Waits reach
+-- here through the handler's own coroutines too (moonserve/coroutine.lua). What a request's
+-- error means (the log line, error pages) is the app's: app:handle_error.
+--
+-- Slots. Every coroutine the dispatcher parks has a slot: parked[slot] is the coroutine,
+-- owners[slot] what it runs for: the request (cdata) of a handler, or a task (a table: a
+-- timer's run, a worker hook, a light thread), or a pending timer (no coroutine yet). A
+-- request's own waits (body, sleep, drain) come back through on_resume, at the slot the
+-- request names (r.handler); every other wait is armed on the slot itself (core/wake.c:
+-- ms_ffi_wake_after, or what a socket arms next) and comes back through on_event(slot,
+-- status), which resumes whatever is parked there with the status. Lua wakes a slot the same
+-- way, on the next turn of the loop (wake: a semaphore's post, a thread's end), so a resume
+-- never nests inside the code that caused it.
 local bit = require "bit"
 local base = require "moonserve.base"
 local request = require "moonserve.request"
@@ -12,10 +22,15 @@ local coro = require "moonserve.coroutine"
 local C = base.C
 local band = bit.band
 local co_create, co_resume, co_yield = coro.raw.create, coro.raw.resume, coro.raw.yield
+local co_status = coro.raw.status
 local traceback, type, pcall, tostring = debug.traceback, type, pcall, tostring
 local PARK, EXIT = coro.PARK, coro.EXIT
 local HEAD_SENT, REQ_IN_HANDLER = base.REQ_HEAD_SENT, base.REQ_IN_HANDLER
+local ETIMEDOUT, WAKE_STOP = base.abi.ETIMEDOUT, base.abi.WAKE_STOP
 local coro_park = coro.park
+local ffi = require "ffi"
+local unpack, select, format = unpack, select, string.format
+
 
 local _M = {}
 
@@ -23,9 +38,34 @@ local DONE = setmetatable({}, { __tostring = function() return "moonserve.DONE" 
 local POOL_MAX = 256
 
 local app          -- the application this worker serves
-local current      -- the request whose handler runs right now
+local current      -- the request whose handler (or light thread) runs right now
+local task         -- the task that runs right now (nil: a handler, or nothing)
+local current_co   -- the coroutine the dispatcher resumed last, at the bottom of the chain
 local pool, npool = {}, 0
-local parked, free_slots, nfree = {}, {}, 0
+local parked, owners, free_slots, nfree = {}, {}, {}, 0
+local roots = {}   -- by a handler's slot: what its light threads are, once it spawned one
+local nroots = 0
+local home         -- the server this process serves (ms_server_t *), once attach() ran
+local limits = { timers_pending = 1024, timers_running = 256 }
+local stopping = false
+
+local function slot_new(co, owner)
+    local slot
+    if nfree > 0 then
+        slot = free_slots[nfree]
+        nfree = nfree - 1
+    else
+        slot = #parked + 1
+    end
+    parked[slot], owners[slot] = co or false, owner
+    return slot
+end
+
+local function slot_free(slot)
+    parked[slot], owners[slot] = false, false
+    nfree = nfree + 1
+    free_slots[nfree] = slot
+end
 
 -- A handler raised `err` (its message and traceback). The app says what that means
 -- (app:handle_error: log it, answer with an error page); what is left here is the state
@@ -83,12 +123,24 @@ end
 
 -- The body of every pooled coroutine: one request per turn, then back to the pool.
 -- ended() reads `req` and `res` by name from this frame.
+local join, kill_all
+
 local function worker(r)
     while true do
         local req, res = request.new(r), response.new(r)
         local ok, err = xpcall(handle, traceback, req, res)
         if not ok then
             fail(r, req, res, err)
+        end
+        local root = nroots > 0 and r.handler >= 0 and roots[r.handler]
+        if root then
+            -- The request is done when its light threads are; after an error, they are killed.
+            if not ok then
+                kill_all(root)
+            end
+            join(root)
+            roots[r.handler] = nil
+            nroots = nroots - 1
         end
         req.r, res.r = false, false -- the core reuses the request once finished
         C.ms_ffi_req_finish(r)
@@ -141,7 +193,14 @@ local function settle(co, r, ok, sig)
     end
     if sig == EXIT then
         -- The handler ended early: its reply goes out as it stands, and the coroutine, with
-        -- any of the handler's own that the exit passed through, is dropped.
+        -- any of the handler's own that the exit passed through, is dropped, and its light
+        -- threads are killed.
+        local root = r.handler >= 0 and roots[r.handler]
+        if root then
+            kill_all(root)
+            roots[r.handler] = nil
+            nroots = nroots - 1
+        end
         local req, res = ended(co)
         if req then
             req.r = false
@@ -165,17 +224,19 @@ local function settle(co, r, ok, sig)
     end
     if r.handler < 0 then
         C.ms_ffi_req_park(r) -- the head leaves the shared read buffer
-        local slot
-        if nfree > 0 then
-            slot = free_slots[nfree]
-            nfree = nfree - 1
-        else
-            slot = #parked + 1
-        end
-        parked[slot] = co
-        r.handler = slot
+        r.handler = slot_new(co, r)
     end
     return true
+end
+
+-- The running handler's slot, taken now for a wait that is armed on it (or a root of
+-- light threads).
+local function handler_slot(r)
+    if r.handler < 0 then
+        C.ms_ffi_req_park(r)
+        r.handler = slot_new(current_co, r)
+    end
+    return r.handler
 end
 
 local function on_request()
@@ -189,47 +250,538 @@ local function on_request()
     else
         co = coro.handler(co_create(worker))
     end
+    -- (The core calls in from its loop, never while Lua runs: no task runs now, and what
+    -- current_co was is no one's any more.)
     local prev = current
-    current = r
+    current, current_co = r, co
     local ok, sig = co_resume(co, r)
     current = prev
     settle(co, r, ok, sig)
 end
 
-local function on_resume()
-    local r = C.ms_ffi_current
-    local slot = r.handler
+local function resume_handler(r, slot, status)
     local co = parked[slot]
     if not co then -- cannot happen unless the core and the dispatcher disagree: say so
         base.log(base.LOG_ERR, "resume of request " .. tostring(r.id) .. " with no parked handler")
         return
     end
-    local prev = current
-    current = r
-    local ok, sig = co_resume(co)
-    current = prev
+    local prev, prev_task, prev_co = current, task, current_co
+    current, task, current_co = r, nil, co
+    local ok, sig = co_resume(co, status)
+    current, task, current_co = prev, prev_task, prev_co
     if not settle(co, r, ok, sig) then
-        parked[slot] = false
-        nfree = nfree + 1
-        free_slots[nfree] = slot
+        slot_free(slot)
     end
 end
 
--- The core's callbacks for serving `the_app`: on_request, on_resume.
+local function on_resume()
+    local r = C.ms_ffi_current
+    resume_handler(r, r.handler)
+end
+
+-- -- Tasks: timer runs, worker hooks, light threads --------------------------------------
+-- A task is a table: kind ("run", "hook", "thread"), co, slot (its own, for its life), srv
+-- (the server its waits are armed on), r (the request of a light thread, else nil), root
+-- (who a light thread belongs to: a handler's root or a root task), dead, results.
+
+local seeded = false
+local function reference()
+    if not seeded then
+        seeded = true
+        math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+    end
+    return format("%08x", math.random(0, 0x7fffffff))
+end
+
+local function log_error(what, err)
+    local ref = reference()
+    base.log(base.LOG_ERR, format("[%s] %s: %s", ref, what, tostring(err)))
+    return ref
+end
+
+local function wake_slot(srv, slot, status)
+    C.ms_ffi_wake_after(srv, slot, 0, status or 0)
+end
+
+local function pack(...)
+    return { n = select("#", ...), ... }
+end
+
+local settle_task
+
+local function run_task(t, ...)
+    local prev, prev_task, prev_co = current, task, current_co
+    current, task, current_co = t.r, t, t.co
+    local ok, sig, res = co_resume(t.co, ...)
+    current, task, current_co = prev, prev_task, prev_co
+    settle_task(t, ok, sig, res)
+end
+
+-- The body of a task's coroutine: fn under xpcall, then (a root) its light threads.
+local function task_body(t, fn, ...)
+    local trace
+    local res = pack(xpcall(fn, function(e)
+        trace = traceback(e, 2)
+        return e
+    end, ...))
+    if not res[1] then
+        t.trace = trace
+    end
+    if t.threads then
+        join(t)
+    end
+    return DONE, res
+end
+
+local function new_task(kind, srv, r, root)
+    local t = { kind = kind, srv = srv, r = r, root = root }
+    t.co = coro.handler(co_create(task_body), "task")
+    t.slot = slot_new(t.co, t)
+    return t
+end
+
+-- A task is over: its waiters hear it, its root counts it out, its slot is free again.
+local function finish(t, res)
+    t.dead, t.results = true, res
+    C.ms_ffi_wake_cancel(t.srv, t.slot)
+    slot_free(t.slot)
+    t.co = nil
+    local root = t.root
+    if root then
+        root.threads[t] = nil
+        root.nthreads = root.nthreads - 1
+        if root.nthreads == 0 and root.joining then
+            wake_slot(root.srv, root.slot)
+        end
+    end
+    local waiters = t.waiters
+    if waiters then
+        for i = 1, #waiters do
+            local w = waiters[i]
+            if not w.woken then
+                w.woken, w.first = true, t
+                wake_slot(w.srv, w.slot)
+            end
+        end
+        t.waiters = nil
+    end
+    if t.on_done then
+        t.on_done(t)
+    end
+end
+
+function settle_task(t, ok, sig, res)
+    if not ok then
+        -- An error outside the task's own protection: a bug here; the task is dropped.
+        local err = traceback(t.co, tostring(sig))
+        log_error("task coroutine died", err)
+        return finish(t, { n = 2, false, tostring(sig) })
+    end
+    if sig == DONE then
+        if not res[1] and t.kind ~= "thread" then
+            log_error(t.what or t.kind, t.trace or res[2])
+        elseif not res[1] then
+            log_error("light thread", t.trace or res[2])
+        end
+        return finish(t, res)
+    end
+    if sig ~= PARK then
+        -- coroutine.yield at the task's own level: serve others, go on at the next turn
+        wake_slot(t.srv, t.slot)
+    end
+end
+
+-- The server a new task's waits are armed on: the one of the call under way, else the one
+-- this process serves.
+local function server_now(what)
+    local srv = C.ms_ffi_server
+    if srv ~= nil then
+        return srv
+    end
+    if home == nil then
+        error(what .. ": no server runs in this process (an app file's top level runs in "
+            .. "the master too: use app:on_worker_start)", 3)
+    end
+    return home
+end
+
+-- A waiter: what the running code (a handler or a task) parks on. Used once: park(w).
+local function waiter(what)
+    coro.check(what, "wait", 3)
+    if task then
+        return { slot = task.slot, srv = task.srv, task = task }
+    end
+    local r = current
+    return { slot = handler_slot(r), srv = server_now(what), r = r }
+end
+_M.waiter = waiter
+
+-- Parks the running code on `w` until wake(w), or `seconds` (nil: no limit). Returns true,
+-- or nil, "timeout". A wake and the timeout are one timer of the slot's: only one comes.
+local function park(w, seconds)
+    if seconds then
+        local rc = C.ms_ffi_wake_after(w.srv, w.slot, seconds, ETIMEDOUT)
+        if rc < 0 then
+            return base.fail(rc)
+        end
+    end
+    local status = coro_park()
+    w.woken = true -- a late wake is no longer this waiter's
+    if status == ETIMEDOUT then
+        return nil, "timeout"
+    end
+    return true
+end
+_M.park = park
+
+-- Wakes the code parked on `w` at the next turn of the loop; false if it is gone.
+function _M.wake(w)
+    if w.woken or (w.task and w.task.dead) then
+        return false
+    end
+    w.woken = true
+    wake_slot(w.srv, w.slot)
+    return true
+end
+
+-- Waits until `root` has no light threads left.
+function join(root)
+    root.joining = true
+    while root.nthreads > 0 do
+        local w = waiter("waiting for light threads")
+        root.slot, root.srv = w.slot, w.srv
+        coro_park()
+    end
+    root.joining = false
+end
+
+local function kill(t)
+    if t.dead then
+        return
+    end
+    local res = { n = 2, false, "killed" }
+    finish(t, res)
+end
+
+function kill_all(root)
+    for t in pairs(root.threads) do
+        kill(t)
+    end
+end
+
+-- -- Light threads ------------------------------------------------------------------------
+
+local Thread = {}
+Thread.__index = Thread
+Thread.__tostring = function(t)
+    return "moonserve.thread (" .. (t.dead and "dead" or "running") .. ")"
+end
+
+-- The root the running code spawns into: its task's root, its root task, or its request's.
+local function root_now(what)
+    coro.check(what, "spawn a thread", 3)
+    if task then
+        if task.root then
+            return task.root
+        end
+        if not task.threads then
+            task.threads, task.nthreads = {}, 0
+        end
+        return task
+    end
+    local r = current
+    local slot = handler_slot(r)
+    local root = roots[slot]
+    if not root then
+        root = { threads = {}, nthreads = 0 }
+        roots[slot] = root
+        nroots = nroots + 1
+    end
+    return root
+end
+
+function _M.spawn(fn, ...)
+    if type(fn) ~= "function" then
+        error("bad argument #1 to 'spawn' (function expected)", 2)
+    end
+    local root = root_now("moonserve.spawn")
+    local t = setmetatable(new_task("thread", task and task.srv or server_now("moonserve.spawn"),
+        current, root), Thread)
+    root.threads[t] = true
+    root.nthreads = root.nthreads + 1
+    run_task(t, t, fn, ...)
+    return t
+end
+
+local function results(t)
+    local res = t.results
+    if res[1] then
+        return true, unpack(res, 2, res.n)
+    end
+    return false, res[2]
+end
+
+local function check_thread(t, i, fname)
+    if getmetatable(t) ~= Thread then
+        error("bad argument #" .. i .. " to '" .. fname .. "' (a light thread expected)", 3)
+    end
+end
+
+-- The first of the threads to finish: true and its results, or false and its error.
+function _M.wait(...)
+    local n = select("#", ...)
+    if n == 0 then
+        error("bad argument #1 to 'wait' (a light thread expected)", 2)
+    end
+    for i = 1, n do
+        local t = select(i, ...)
+        check_thread(t, i, "wait")
+        if t == task then
+            error("moonserve.wait: a thread cannot wait for itself", 2)
+        end
+    end
+    for i = 1, n do
+        local t = select(i, ...)
+        if t.dead then
+            return results(t)
+        end
+    end
+    local w = waiter("moonserve.wait")
+    for i = 1, n do
+        local t = select(i, ...)
+        t.waiters = t.waiters or {}
+        t.waiters[#t.waiters + 1] = w
+    end
+    coro_park()
+    return results(w.first)
+end
+
+-- Kills a light thread of the running request or task: true, or nil and why not.
+function _M.kill(t)
+    check_thread(t, 1, "kill")
+    if t == task then
+        error("moonserve.kill: a thread cannot kill itself (return from it)", 2)
+    end
+    if t.dead then
+        return nil, "already finished"
+    end
+    if co_status(t.co) ~= "suspended" then
+        error("moonserve.kill: the thread is running (it resumed this code)", 2)
+    end
+    local root = task and (task.root or task) or (current and roots[current.handler])
+    if root ~= t.root then
+        error("moonserve.kill: not a thread of this request or timer", 2)
+    end
+    kill(t)
+    return true
+end
+
+-- Sleeps in a task, on its own slot.
+local function task_sleep(seconds)
+    coro.check("moonserve.sleep", "wait", 4)
+    local rc = C.ms_ffi_wake_after(task.srv, task.slot, seconds, 0)
+    if rc < 0 then
+        return base.fail(rc)
+    end
+    coro_park()
+    return true
+end
+
+-- -- Timers -------------------------------------------------------------------------------
+
+local Timer = {}
+Timer.__index = Timer
+local pending, npending, nrunning = {}, 0, 0
+
+local function run_timer(h, premature)
+    if nrunning >= limits.timers_running and not premature then
+        base.log(base.LOG_WARN, format("%d timers_running are not enough: a run of a timer is "
+            .. "skipped", limits.timers_running))
+        return
+    end
+    nrunning = nrunning + 1
+    local t = new_task("run", h.srv, nil, nil)
+    t.what = "timer"
+    t.on_done = function()
+        nrunning = nrunning - 1
+    end
+    run_task(t, t, h.fn, premature, unpack(h.args, 1, h.args.n))
+end
+
+local function unarm(h)
+    pending[h] = nil
+    npending = npending - 1
+    C.ms_ffi_wake_cancel(h.srv, h.slot)
+    slot_free(h.slot)
+    h.slot = nil
+end
+
+local function fire(h)
+    if h.interval and not stopping then
+        C.ms_ffi_wake_after(h.srv, h.slot, h.interval, 0)
+    else
+        unarm(h)
+    end
+    run_timer(h, false)
+end
+
+local function timer_new(what, delay, fn, interval, ...)
+    if type(delay) ~= "number" or delay < 0 or delay ~= delay then
+        error("bad argument #1 to '" .. what .. "' (a non-negative number of seconds expected)", 3)
+    end
+    if type(fn) ~= "function" then
+        error("bad argument #2 to '" .. what .. "' (function expected)", 3)
+    end
+    local srv = server_now("moonserve.timer." .. what)
+    if stopping then
+        return nil, "process exiting"
+    end
+    if npending >= limits.timers_pending then
+        return nil, "too many pending timers"
+    end
+    local h = setmetatable({ kind = "timer", fn = fn, args = pack(...), interval = interval,
+        srv = srv }, Timer)
+    h.slot = slot_new(nil, h)
+    local rc = C.ms_ffi_wake_after(srv, h.slot, delay, 0)
+    if rc < 0 then
+        slot_free(h.slot)
+        return base.fail(rc)
+    end
+    pending[h] = true
+    npending = npending + 1
+    return h
+end
+
+function _M.timer_at(delay, fn, ...)
+    return timer_new("at", delay, fn, nil, ...)
+end
+
+function _M.timer_every(interval, fn, ...)
+    if type(interval) == "number" and interval <= 0 then
+        error("bad argument #1 to 'every' (a positive number of seconds expected)", 2)
+    end
+    return timer_new("every", interval, fn, interval, ...)
+end
+
+-- Cancels a timer that has not run yet (or, for every, its next runs): true, or nil, why not.
+function Timer:cancel()
+    if not pending[self] then
+        return nil, "not pending"
+    end
+    unarm(self)
+    return true
+end
+
+function Timer:pending()
+    return pending[self] == true
+end
+
+function _M.timer_counts()
+    return npending, nrunning
+end
+
+-- -- Worker hooks and the stop --------------------------------------------------------------
+
+-- Runs `hooks` one after another in a task (errors are logged and the next runs), then
+-- done() if given.
+local function run_hooks(srv, what, hooks, done)
+    local t = new_task("hook", srv, nil, nil)
+    t.what = what
+    t.on_done = done
+    run_task(t, t, function()
+        for _, fn in ipairs(hooks) do
+            local ok, err = xpcall(fn, traceback)
+            if not ok then
+                log_error(what .. " hook failed", err)
+            end
+        end
+    end)
+end
+
+local stop_hooks
+
+-- The worker stops: pending timers run now with premature = true, then the stop hooks.
+local function on_stop()
+    if stopping then
+        return
+    end
+    stopping = true
+    local list = {}
+    for h in pairs(pending) do
+        list[#list + 1] = h
+    end
+    for _, h in ipairs(list) do
+        unarm(h)
+        run_timer(h, true)
+    end
+    if stop_hooks and #stop_hooks > 0 and home ~= nil then
+        run_hooks(home, "on_worker_stop", stop_hooks)
+    end
+end
+
+local function on_event(slot, status)
+    if slot == WAKE_STOP then
+        return on_stop()
+    end
+    local who = owners[slot]
+    if not who then
+        return -- cancelled, or its task is gone
+    end
+    if type(who) == "cdata" then
+        return resume_handler(who, slot, status)
+    end
+    if who.kind == "timer" then
+        return fire(who)
+    end
+    if not who.dead then
+        run_task(who, status)
+    end
+end
+
+-- The core's callbacks for serving `the_app`: on_request, on_resume, on_event.
 function _M.serve(the_app)
     app = the_app
-    return on_request, on_resume
+    return on_request, on_resume, on_event
+end
+
+-- The server `srv` (core.server) is the one this process serves, with `lims` (the limits
+-- table given to it; the core's defaults for the keys it lacks).
+function _M.attach(srv, lims)
+    home = ffi.cast("ms_server_t *", srv:pointer())
+    local defaults = base.core.default_limits()
+    limits.timers_pending = lims and lims.timers_pending or defaults.timers_pending
+    limits.timers_running = lims and lims.timers_running or defaults.timers_running
+    stopping = false
+end
+
+-- Runs the app's on_worker_start hooks, then ready() (the worker listens and says so);
+-- keeps its on_worker_stop hooks for the stop.
+function _M.start_worker(srv, starts, stops, ready)
+    stop_hooks = stops
+    local p = ffi.cast("ms_server_t *", srv:pointer())
+    if starts and #starts > 0 then
+        run_hooks(p, "on_worker_start", starts, ready and function() ready() end)
+    elseif ready then
+        ready()
+    end
+end
+
+function _M.attached()
+    return home ~= nil
 end
 
 -- Parks the running handler for `seconds`; other requests are served meanwhile. Works in
 -- the handler's own coroutines and inside pcall; raises where LuaJIT cannot yield.
 function _M.sleep(seconds)
     local r = current
-    if r == nil then
-        error("moonserve.sleep: not inside a handler", 2)
-    end
     if type(seconds) ~= "number" or seconds < 0 then
         error("bad seconds (non-negative number expected)", 2)
+    end
+    if task then
+        return task_sleep(seconds)
+    end
+    if r == nil then
+        error("moonserve.sleep: not inside a handler", 2)
     end
     coro.check("moonserve.sleep", "wait", 2)
     local rc = C.ms_ffi_req_sleep(r, seconds)
@@ -244,6 +796,10 @@ end
 -- nothing was sent), and no more of the handler runs: not the code after a pcall around it,
 -- nor the rest of a coroutine of its own. The mechanism behind an OpenResty-style exit.
 function _M.exit()
+    if task then
+        error("moonserve.exit: not in a request's handler (in a " .. (task.kind == "thread"
+            and "light thread" or task.kind == "run" and "timer" or "hook") .. ")", 2)
+    end
     if current == nil then
         error("moonserve.exit: not inside a handler", 2)
     end

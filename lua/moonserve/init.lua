@@ -30,6 +30,22 @@ function _M.sleep(seconds)
     return host.sleep(seconds)
 end
 
+-- Timers (moonserve/timer.lua), light threads and semaphores (moonserve/dispatcher.lua,
+-- moonserve/semaphore.lua), which worker this is (moonserve/worker.lua), as OpenResty's
+-- ngx.timer, ngx.thread, ngx.semaphore and ngx.worker. Loaded at the first call.
+_M.timer = {
+    at = function(...) return require("moonserve.timer").at(...) end,
+    every = function(...) return require("moonserve.timer").every(...) end,
+}
+function _M.spawn(...) return require("moonserve.dispatcher").spawn(...) end
+function _M.wait(...) return require("moonserve.dispatcher").wait(...) end
+function _M.kill(...) return require("moonserve.dispatcher").kill(...) end
+function _M.semaphore(n) return require("moonserve.semaphore").new(n) end
+_M.worker = {
+    id = function() return require("moonserve.worker").id() end,
+    count = function() return require("moonserve.worker").count() end,
+}
+
 -- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
 -- once the app declared app:shared_dict("cache", "10m") (moonserve/shared.lua).
 _M.shared = require("moonserve.shared").dicts

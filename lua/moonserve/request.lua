@@ -10,7 +10,7 @@ local ffi_str = ffi.string
 local concat, lower, sub, find = table.concat, string.lower, string.sub, string.find
 local EAGAIN, STATIC_DIR = base.EAGAIN, base.REQ_STATIC_DIR
 local band = bit.band
-local check, park = coro.check, coro.park
+local check, park = coro.check_request, coro.park
 
 local vlen = ffi.new("size_t[1]")          -- reused; never held across a yield
 local body_ptr = ffi.new("const char *[1]")

@@ -9,7 +9,7 @@ local band = bit.band
 local lower, find, format, gsub, type, tostring = string.lower, string.find, string.format,
     string.gsub, type, tostring
 local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
-local check, park = coro.check, coro.park
+local check, park = coro.check_request, coro.park
 
 local cookie = require "moonserve.cookie"
 

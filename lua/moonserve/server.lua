@@ -14,8 +14,10 @@ _M.sleep, _M.exit = dispatcher.sleep, dispatcher.exit
 
 -- Makes the core server for `the_app` in this process.
 function _M.create(the_app, limits)
-    local on_request, on_resume = dispatcher.serve(the_app)
-    local srv = core.server { on_request = on_request, on_resume = on_resume, limits = limits }
+    local on_request, on_resume, on_event = dispatcher.serve(the_app)
+    local srv = core.server { on_request = on_request, on_resume = on_resume,
+        on_event = on_event, limits = limits }
+    dispatcher.attach(srv, limits)
     -- The app's static mounts, served by the core from here on.
     if type(the_app.static_mounts) == "function" then
         for _, m in ipairs(the_app:static_mounts()) do
@@ -178,7 +180,8 @@ end
 -- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
 -- process; opts.limits (core.limits()); opts.static_cache: { files = n, bytes = n }, the
 -- cache of static files per worker; opts.log: a log file instead of stderr;
--- opts.stop_timeout: seconds a stopping worker may take; opts.on_listen(port) in
+-- opts.stop_timeout: seconds a stopping worker may take; opts.start_timeout: seconds a
+-- starting worker may take to be ready (its on_worker_start hooks); opts.on_listen(port) in
 -- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)
     opts = opts or {}
@@ -193,17 +196,21 @@ function _M.run(the_app, opts)
 
     if os.getenv("MOONSERVE_WORKER") then
         -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on,
-        -- and made the shared dictionaries' zones, right after them.
+        -- and made the shared dictionaries' zones, right after them. It listens and says it
+        -- is ready once the app's on_worker_start hooks have returned.
         local nlisten = tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1
         local ok, err = attach_shared(the_app, 4 + nlisten)
         if not ok then
             error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
         end
         local srv = make(the_app, opts, limits)
-        for i = 1, nlisten do
-            assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol))
-        end
-        assert(core.worker_ready())
+        dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
+            rawget(the_app, "worker_stop_hooks"), function()
+                for i = 1, nlisten do
+                    assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol))
+                end
+                assert(core.worker_ready())
+            end)
         return serve(srv)
     end
 
@@ -214,7 +221,8 @@ function _M.run(the_app, opts)
     if workers > 0 then
         local fds, env = make_shared(the_app)
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
-            workers = workers, stop_timeout = opts.stop_timeout, pass_fds = fds, pass_env = env }
+            workers = workers, stop_timeout = opts.stop_timeout,
+            start_timeout = opts.start_timeout, pass_fds = fds, pass_env = env }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
@@ -240,6 +248,9 @@ function _M.run(the_app, opts)
             opts.on_listen(port)
         end
     end
+    -- One process: it serves while the on_worker_start hooks run.
+    dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
+        rawget(the_app, "worker_stop_hooks"))
     return serve(srv)
 end
 

@@ -8,7 +8,21 @@ local app = moonserve.app()
 -- every app's default origin check.
 local esc = codec.escape_html
 local started = os.time()
-local guestbook = {} -- the last few form posts, newest first
+
+-- The guestbook lives in a dictionary every worker shares: post N under "post:N", the
+-- number from one atomic incr, so two workers posting at once never take the same slot.
+app:shared_dict("guestbook", "1m")
+local KEEP = 10 -- posts shown, newest first
+
+local function guestbook()
+    local book = moonserve.shared.guestbook
+    local last = book:get("seq") or 0
+    local posts = {}
+    for n = last, math.max(1, last - KEEP + 1), -1 do
+        posts[#posts + 1] = book:get("post:" .. n)
+    end
+    return posts, last
+end
 
 local STYLE = [[
 :root { color-scheme: light dark; --accent: #6b5bd6; --muted: #8a8a99; }
@@ -50,7 +64,7 @@ end
 
 app:get("/", function(req, res)
     local items = {}
-    for i, entry in ipairs(guestbook) do
+    for i, entry in ipairs((guestbook())) do
         items[i] = "<li>" .. esc(entry) .. "</li>"
     end
     local book = #items > 0 and ("<ul>" .. table.concat(items) .. "</ul>")
@@ -84,7 +98,7 @@ app:get("/api/status", function(req, res)
         version = moonserve._VERSION,
         uptime = os.time() - started,
         request = req.id,
-        signatures = #guestbook,
+        signatures = select(2, guestbook()),
     }
 end)
 
@@ -97,8 +111,10 @@ app:post("/guestbook", function(req, res)
     if name == "" or name == " " then
         return res:status(422):send("A name, please.\n")
     end
-    table.insert(guestbook, 1, name)
-    guestbook[11] = nil
+    local book = moonserve.shared.guestbook
+    local n = assert(book:incr("seq", 1, 0))
+    book:set("post:" .. n, name)
+    book:delete("post:" .. (n - KEEP))
     -- Post/redirect/get: a reload does not post twice.
     res:redirect("/", 303)
 end)

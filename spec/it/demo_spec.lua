@@ -38,3 +38,20 @@ describe("the demo site", function()
         assert.falsy(page:find("Eve", 1, true))
     end)
 end)
+
+describe("the demo site with workers", function()
+    it("shows a post on every read, whichever worker answers", function()
+        local srv = helper.spawn_server { args = "--workers 4" }
+        finally(function() srv:stop() end)
+        local url = "http://127.0.0.1:" .. srv.port
+        assert.equal("303", helper.curl("-o /dev/null -w '%{http_code}' -H 'Origin: " .. url
+            .. "' -d name=Lin " .. url .. "/guestbook"))
+        local seen = 0
+        for _ = 1, 40 do
+            if helper.curl(url .. "/"):find("<li>Lin</li>", 1, true) then
+                seen = seen + 1
+            end
+        end
+        assert.equal(40, seen)
+    end)
+end)

@@ -128,12 +128,14 @@ static inline uint32_t off_of(ms_shdict_t *d, const void *p)
 
 /* -- The clock ------------------------------------------------------------------------------------
  * CLOCK_MONOTONIC is one clock for every process of the machine, so expiry times written by
- * one worker mean the same in another. A zone does not outlive a reboot. */
+ * one worker mean the same in another. A zone does not outlive a reboot. The coarse variant
+ * (the kernel's tick, a few ms) is read without the precise clock's cost, which was a third of
+ * an incr; nginx's dictionaries tell time by the event loop's cached clock, coarser still. */
 
 static int64_t clock_ms(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 1;
 }
 

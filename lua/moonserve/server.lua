@@ -230,9 +230,9 @@ function _M.run(the_app, opts)
         return true
     end
 
-    local ok, err = require("moonserve.shared").open(the_app.shared_decl or {})
-    if not ok then
-        error(err, 2)
+    local opened, why = require("moonserve.shared").open(the_app.shared_decl or {})
+    if not opened then
+        error(why, 2)
     end
     local srv = make(the_app, opts, limits)
     for _, l in ipairs(listen) do

@@ -41,24 +41,24 @@ describe("ARCHITECTURE.md", function()
         local text = sources()
         local missing = {}
         local elsewhere = { content_by_lua = true, ["lua.h"] = true } -- not ours
-        for code in page:gmatch("`([^`\n]+)`") do
+        -- Whether a name in backquotes is there: a core or binding file by its name (h1.c),
+        -- a path (spec/lua/layers_spec.lua), or an identifier with an underscore (a function,
+        -- field, constant or type); anything else is prose.
+        local function exists(code)
             if elsewhere[code] then
-                -- not ours
+                return true
             elseif code:match("^[%w_]+%.[ch]$") then
-                -- a core or binding file by its name: h1.c
-                if not read(root .. "/core/" .. code) and not read(root .. "/modules/" .. code) then
-                    missing[#missing + 1] = code
-                end
+                return read(root .. "/core/" .. code) or read(root .. "/modules/" .. code)
             elseif code:match("^[%w_/]+%.[%a]+$") and code:find("/") then
-                -- a path: core/h1.c, spec/lua/layers_spec.lua
-                if not read(root .. "/" .. code) then
-                    missing[#missing + 1] = code
-                end
+                return read(root .. "/" .. code)
             elseif code:match("^[%a_][%w_]*$") and code:find("_") then
-                -- an identifier with an underscore: a function, field, constant or type
-                if not text:find(code, 1, true) then
-                    missing[#missing + 1] = code
-                end
+                return text:find(code, 1, true)
+            end
+            return true
+        end
+        for code in page:gmatch("`([^`\n]+)`") do
+            if not exists(code) then
+                missing[#missing + 1] = code
             end
         end
         assert.same({}, missing)

@@ -634,8 +634,9 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
                 return end;
             }
             size_t have = n > 0 ? (size_t)n : (size_t)(end - p);
-            if (MS_UNLIKELY(have > lim->line_bytes)) {
-                /* Only a head longer than a request line may hold one that is too long. */
+            if (MS_UNLIKELY(have > lim->line_bytes) || MS_UNLIKELY(have > lim->head_bytes)) {
+                /* Only a head longer than a request line may hold one that is too long (and
+                 * head_bytes may be the smaller limit). */
                 const char *lf = memchr(p, '\n', have);
                 if (lf == NULL ? have > lim->line_bytes : (size_t)(lf - p) > lim->line_bytes) {
                     ms__req_refuse(&h->req, 414, "request line larger than line_bytes");

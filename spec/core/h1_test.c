@@ -15,7 +15,8 @@ static ms_server_t *srv;
 static ms_req_t *parked; /* a request whose handler is parked, for the test to finish */
 static char seen_host[64];
 static ms_buf_t echoed; /* body bytes read by /echo */
-static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists, once the body is whole */
+static char
+    seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists, once the body is whole */
 static int requests_seen;
 static int chain_overflow, chain_short;
 static echo_tunnel_t tunnel; /* /tunnel's taker */
@@ -339,8 +340,9 @@ TEST(h1_holds_trailers_to_the_limits_of_header_fields)
 {
     setup();
     static char in[200000];
-    static const char start[] = "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                "1\r\na\r\n0\r\n";
+    static const char start[] =
+        "POST /echo HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "1\r\na\r\n0\r\n";
     struct {
         const char *why;
         int status;
@@ -589,7 +591,7 @@ TEST(h1_parks_a_writer_on_a_congested_socket_until_it_drains)
     resumes = 0;
     m.congested = 0;
     ms_memio_drain(&m);
-    ASSERT_EQ(1, resumes); /* drained: the writer is resumed */
+    ASSERT_EQ(1, resumes);                      /* drained: the writer is resumed */
     ASSERT_EQ(1, ms_req_wait_drain(parked, 1)); /* nothing left to wait for */
     ms_req_finish(parked);
     ASSERT_HAS(output(&m), "0\r\n\r\n");
@@ -788,6 +790,28 @@ TEST(h1_refuses_malformed_requests_with_a_status_a_close_and_one_log_line)
     teardown();
 }
 
+/* head_bytes below line_bytes: a head between the two is refused all the same. */
+TEST(h1_refuses_a_head_over_head_bytes_smaller_than_line_bytes)
+{
+    ms_log_set(NULL, MS_LOG_WARN);
+    uv_loop_init(&loop);
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.head_bytes = 2048;
+    ASSERT(lim.line_bytes > 3000);
+    srv = ms_server_new(&loop, &lim, on_request, on_resume, NULL);
+    requests_seen = 0;
+    char head[4096];
+    int n = snprintf(head, sizeof(head), "GET / HTTP/1.1\r\nHost: a\r\nX-Big: %03000d\r\n\r\n", 0);
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, head, (size_t)n); /* in one read */
+    ASSERT_HAS(output(&m), "HTTP/1.1 431 ");
+    ASSERT_EQ(0, requests_seen);
+    ms_memio_free(&m);
+    teardown();
+}
+
 TEST(h1_refuses_oversized_heads)
 {
     setup();
@@ -927,8 +951,9 @@ TEST(h1_gives_a_tunnel_taken_later_the_bytes_kept_behind_a_parked_head)
     ms_memio_t m;
     ms_memio_open(srv, &m);
     char in[256];
-    snprintf(in, sizeof(in), "GET /park HTTP/1.1\r\nHost: h\r\nUpgrade: echo\r\n"
-                             "Connection: upgrade\r\n\r\nkept");
+    snprintf(in, sizeof(in),
+             "GET /park HTTP/1.1\r\nHost: h\r\nUpgrade: echo\r\n"
+             "Connection: upgrade\r\n\r\nkept");
     ms_memio_feed(&m, in, strlen(in));
     ASSERT(parked != NULL);
     ASSERT_EQ(0, (int)m.out.len);

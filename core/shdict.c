@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,20 +190,31 @@ static MS_NOINLINE int lock_repair(ms_shdict_t *d, int rc)
     return 0;
 }
 
-/* Spins a little before sleeping: a holder keeps the lock for well under a microsecond, so
- * waiting in the kernel (two system calls, and a wake-up) costs more than the wait. */
-#define LOCK_SPINS 100
+/* A holder keeps the lock for well under a microsecond, so a waiter spins rather than sleep
+ * in the kernel: a sleeper would make every unlock a system call to wake it. It watches the
+ * lock's word (test and test-and-set: its tries do not bounce the line the holder needs) and
+ * lets the CPU go after a while; it sleeps in pthread_mutex_lock only after about 10 ms,
+ * which only a holder that was descheduled, stopped or killed makes it wait. (The word is
+ * glibc's `__data.__lock`, part of pthread_mutex_t's frozen layout.) */
+#define LOCK_SPINS  2000
+#define LOCK_YIELDS 10000
 
 static MS_NOINLINE int lock_slow(ms_shdict_t *d, int rc)
 {
-    for (int i = 0; rc == EBUSY && i < LOCK_SPINS; i++) {
+    pthread_mutex_t *m = &d->z->lock;
+    for (int i = 0; rc == EBUSY && i < LOCK_SPINS + LOCK_YIELDS; i++) {
+        if (i < LOCK_SPINS) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
-        rc = pthread_mutex_trylock(&d->z->lock);
+        } else {
+            sched_yield();
+        }
+        if (__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) == 0)
+            rc = pthread_mutex_trylock(m);
     }
     if (rc == EBUSY)
-        rc = pthread_mutex_lock(&d->z->lock);
+        rc = pthread_mutex_lock(m);
     return rc == 0 ? 0 : lock_repair(d, rc);
 }
 

@@ -28,7 +28,8 @@ local function alive(pid)
 end
 
 -- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
--- (absolute, or relative to the source root); opts.args: more command-line arguments; opts.log: the
+-- (absolute, or relative to the source root); opts.args: more command-line arguments; opts.env:
+-- { NAME = value } for its environment; opts.log: the
 -- file the server logs to, when the arguments say --log. Returns a server with .port,
 -- .pid, :log() and :stop().
 function helper.spawn_server(opts)
@@ -38,8 +39,12 @@ function helper.spawn_server(opts)
     if app ~= "" then
         app = sh_quote(app:sub(1, 1) == "/" and app or ROOT .. "/" .. app)
     end
-    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
-        sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    local env = {}
+    for k, v in pairs(opts.env or {}) do
+        env[#env + 1] = k .. "=" .. sh_quote(v) .. " "
+    end
+    local cmd = string.format("%s%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
+        table.concat(env), sh_quote(BIN), app, opts.args or "", sh_quote(log))
     local p = io.popen(cmd)
     local pid = p:read("*l")
     p:close()

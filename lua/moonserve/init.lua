@@ -30,4 +30,7 @@ function _M.sleep(seconds)
     return host.sleep(seconds)
 end
 
+-- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
+_M.log = require "moonserve.log"
+
 return _M

@@ -22,7 +22,8 @@ static struct {
     char iso[64]; /* "2000-10-10T13:55:36" */
     char off[40]; /* "-07:00" */
     char clf[96]; /* "10/Oct/2000:13:55:36 -0700" */
-} now_text = {-1, "", "", ""};
+    int iso_len, off_len, clf_len;
+} now_text = {-1, "", "", "", 0, 0, 0};
 
 static void now_texts(struct timespec *ts)
 {
@@ -34,10 +35,10 @@ static void now_texts(struct timespec *ts)
     long off = tm.tm_gmtoff / 60;
     char sign = off < 0 ? '-' : '+';
     off = (off < 0 ? -off : off) % (100 * 60);
-    snprintf(now_text.iso, sizeof(now_text.iso), "%04d-%02d-%02dT%02d:%02d:%02d",
+    now_text.iso_len = snprintf(now_text.iso, sizeof(now_text.iso), "%04d-%02d-%02dT%02d:%02d:%02d",
              tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-    snprintf(now_text.off, sizeof(now_text.off), "%c%02ld:%02ld", sign, off / 60, off % 60);
-    snprintf(now_text.clf, sizeof(now_text.clf), "%02d/%s/%04d:%02d:%02d:%02d %c%02ld%02ld",
+    now_text.off_len = snprintf(now_text.off, sizeof(now_text.off), "%c%02ld:%02ld", sign, off / 60, off % 60);
+    now_text.clf_len = snprintf(now_text.clf, sizeof(now_text.clf), "%02d/%s/%04d:%02d:%02d:%02d %c%02ld%02ld",
              tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec,
              sign, off / 60, off % 60);
     now_text.sec = ts->tv_sec;
@@ -178,6 +179,7 @@ typedef struct ms_alog_s {
     uv_fs_t req;
     ms_timer_t timer; /* the write of lines that gathered slowly */
     uint8_t writing, reopen, dropping;
+    uint8_t wants_client, wants_id, wants_fields; /* what the template shows */
     uint64_t dropped, dropped_told;
 } ms_alog_t;
 
@@ -218,6 +220,9 @@ static int compile(ms_alog_t *l, const char *t, const char **why)
         for (size_t f = 1; f < sizeof(field_names) / sizeof(*field_names); f++)
             if (strlen(field_names[f]) == e - s0 && memcmp(field_names[f], t + s0, e - s0) == 0)
                 p->field = (uint8_t)f;
+        l->wants_client |= p->field == F_CLIENT;
+        l->wants_id |= p->field == F_REQUEST_ID;
+        l->wants_fields |= p->field == F_REFERER || p->field == F_USER_AGENT;
         if (p->field == F_TEXT) {
             *why = "unknown field (time, time_local, client, method, target, request, status, "
                    "bytes_in, bytes_out, duration, protocol, tls, request_id, route, referer, "
@@ -231,15 +236,38 @@ static int compile(ms_alog_t *l, const char *t, const char **why)
 
 /* -- Lines ------------------------------------------------------------------------------- */
 
+/* Bytes that stand as they are in a line of either kind: printable ASCII but '"' and '\'. */
+static uint8_t plain[256];
+
+static void plain_init(void)
+{
+    for (int ch = 0x20; ch < 0x7f; ch++)
+        plain[ch] = ch != '"' && ch != '\\';
+}
+
+/* The length of the run of plain bytes at p[0..n). */
+static inline size_t plain_run(const char *p, size_t n)
+{
+    size_t i = 0;
+    while (i < n && plain[(unsigned char)p[i]])
+        i++;
+    return i;
+}
+
 /* Bytes as a text log shows them (nginx's rule): '"', '\' and bytes outside printable ASCII
  * as \xHH, so that a line is one line and a field ends at its quote. */
 static char *put_text(char *w, char *end, const char *p, size_t n)
 {
-    for (size_t i = 0; i < n && w + 4 <= end; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
-            *w++ = (char)ch;
+    for (size_t i = 0; i < n && w + 4 <= end;) {
+        size_t k = plain_run(p + i, n - i);
+        if (k > 0) {
+            if (k > (size_t)(end - w))
+                k = (size_t)(end - w);
+            memcpy(w, p + i, k);
+            w += k;
+            i += k;
         } else {
+            unsigned char ch = (unsigned char)p[i++];
             *w++ = '\\';
             *w++ = 'x';
             *w++ = hex[ch >> 4];
@@ -271,15 +299,18 @@ static char *put_json(char *w, char *end, const char *p, size_t n)
 {
     for (size_t i = 0; i < n && w + 6 <= end;) {
         unsigned char ch = (unsigned char)p[i];
-        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
-            *w++ = (char)ch;
-            i++;
+        size_t k = plain_run(p + i, n - i);
+        if (k > 0) {
+            if (k > (size_t)(end - w))
+                k = (size_t)(end - w);
+            memcpy(w, p + i, k);
+            w += k;
+            i += k;
         } else if (ch == '"' || ch == '\\') {
             *w++ = '\\';
             *w++ = (char)ch;
             i++;
-        } else if (ch >= 0x80 && utf8_len((const unsigned char *)p + i, n - i) > 0) {
-            size_t k = utf8_len((const unsigned char *)p + i, n - i);
+        } else if (ch >= 0x80 && (k = utf8_len((const unsigned char *)p + i, n - i)) > 0) {
             memcpy(w, p + i, k);
             w += k;
             i += k;
@@ -323,7 +354,8 @@ static char *put_ms(char *w, char *end, uint64_t us)
     return w;
 }
 
-/* What a line says of a request, gathered once. */
+/* What a line says of a request; the costlier facts (the client's address, the id, the
+ * duration, fields looked up) are made by the formats that show them. */
 typedef struct facts_s {
     struct timespec ts;
     char client[64];
@@ -336,20 +368,43 @@ typedef struct facts_s {
     const ms_str_t *referer, *agent;
 } facts_t;
 
+static void client_of(ms_req_t *r, facts_t *f)
+{
+    f->client_len = ms_req_client_ip(r, f->client, sizeof(f->client));
+}
+
+static void id_of(ms_req_t *r, facts_t *f)
+{
+    f->id_len = ms_req_id(r, f->id, sizeof(f->id));
+}
+
+static uint64_t micros(ms_req_t *r)
+{
+    return r->t0 ? (uv_hrtime() - r->t0) / 1000 : 0;
+}
+
+/* The Referer and User-Agent fields, in one pass over the head. */
+static void fields_of(ms_req_t *r, facts_t *f)
+{
+    f->referer = f->agent = NULL;
+    for (int i = 0; i < r->v.nheaders; i++) {
+        const ms_header_t *h = &r->headers[i];
+        if (f->referer == NULL && h->name.len == 7 && ms__ieq(h->name.base, "referer", 7))
+            f->referer = &h->value;
+        else if (f->agent == NULL && h->name.len == 10 && ms__ieq(h->name.base, "user-agent", 10))
+            f->agent = &h->value;
+    }
+}
+
 static void gather_facts(ms_req_t *r, facts_t *f)
 {
     now_texts(&f->ts);
-    f->client_len = ms_req_client_ip(r, f->client, sizeof(f->client));
-    f->id_len = ms_req_id(r, f->id, sizeof(f->id));
     f->status = r->refused ? r->refused : r->v.status;
     f->in = (r->head.len ? r->head.len : r->head_in) + r->body_seen;
     f->out = r->bytes_out;
-    f->us = r->t0 ? (uv_hrtime() - r->t0) / 1000 : 0;
     /* (A head refused before its request line was read has no version: HTTP/2 streams
      * always have theirs, so it is HTTP/1.1's.) */
     f->proto = r->v.version == 20 ? "HTTP/2" : r->v.version == 10 ? "HTTP/1.0" : "HTTP/1.1";
-    f->referer = ms_req_header(r, "referer", 7);
-    f->agent = ms_req_header(r, "user-agent", 10);
 }
 
 /* A text field: its value escaped, or "-" when it has none. */
@@ -358,15 +413,21 @@ static char *put_field(char *w, char *end, const char *p, size_t n)
     return n > 0 ? put_text(w, end, p, n) : put_raw(w, end, "-", 1);
 }
 
-static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, const facts_t *f)
+static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, facts_t *f)
 {
+    if (l->wants_client)
+        client_of(r, f);
+    if (l->wants_id)
+        id_of(r, f);
+    if (l->wants_fields)
+        fields_of(r, f);
     for (int i = 0; i < l->npieces; i++) {
         const piece_t *p = &l->pieces[i];
         const ms_str_t *v;
         switch (p->field) {
         case F_TEXT: w = put_raw(w, end, l->text + p->off, p->len); break;
         case F_TIME:
-            w = put_raw(w, end, now_text.iso, strlen(now_text.iso));
+            w = put_raw(w, end, now_text.iso, (size_t)now_text.iso_len);
             if (end - w > 4) {
                 int ms = (int)(f->ts.tv_nsec / 1000000);
                 *w++ = '.';
@@ -374,9 +435,9 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, c
                 *w++ = (char)('0' + ms / 10 % 10);
                 *w++ = (char)('0' + ms % 10);
             }
-            w = put_raw(w, end, now_text.off, strlen(now_text.off));
+            w = put_raw(w, end, now_text.off, (size_t)now_text.off_len);
             break;
-        case F_TIME_LOCAL: w = put_raw(w, end, now_text.clf, strlen(now_text.clf)); break;
+        case F_TIME_LOCAL: w = put_raw(w, end, now_text.clf, (size_t)now_text.clf_len); break;
         case F_CLIENT: w = put_field(w, end, f->client, (size_t)f->client_len); break;
         case F_METHOD: w = put_field(w, end, r->v.method.base, r->v.method.len); break;
         case F_TARGET: w = put_field(w, end, r->v.target.base, r->v.target.len); break;
@@ -394,7 +455,7 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, c
         case F_STATUS: w = put_u64(w, end, (uint64_t)f->status); break;
         case F_BYTES_IN: w = put_u64(w, end, f->in); break;
         case F_BYTES_OUT: w = put_u64(w, end, f->out); break;
-        case F_DURATION: w = put_ms(w, end, f->us); break;
+        case F_DURATION: w = put_ms(w, end, micros(r)); break;
         case F_PROTOCOL: w = put_field(w, end, f->proto, strlen(f->proto)); break;
         case F_TLS: w = put_raw(w, end, "-", 1); break; /* no TLS listener yet */
         case F_REQUEST_ID: w = put_field(w, end, f->id, (size_t)f->id_len); break;
@@ -423,8 +484,12 @@ static char *put_jstr(char *w, char *end, const char *key, const char *p, size_t
     return put_raw(w, end, "\"", 1);
 }
 
-static char *put_json_line(char *w, char *end, ms_req_t *r, const facts_t *f)
+static char *put_json_line(char *w, char *end, ms_req_t *r, facts_t *f)
 {
+    client_of(r, f);
+    id_of(r, f);
+    fields_of(r, f);
+    f->us = micros(r);
     char t[128];
     int tn = snprintf(t, sizeof(t), "%s.%03d%s", now_text.iso, (int)(f->ts.tv_nsec / 1000000),
                       now_text.off);
@@ -601,6 +666,8 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
         *why = "too many access logs";
         return MS_EBADREQ;
     }
+    if (!plain['a'])
+        plain_init();
     ms_alog_t *l = ms_mem_alloc(sizeof(*l));
     memset(l, 0, sizeof(*l));
     l->server = s;
@@ -662,6 +729,14 @@ uint64_t ms_server_access_dropped(ms_server_t *s, int id)
     if (s->alogs == NULL || id < 0 || id >= MS_ALOG_MAX || s->alogs[id] == NULL)
         return 0;
     return s->alogs[id]->dropped;
+}
+
+int ms_server_access_busy(ms_server_t *s)
+{
+    for (int i = 0; s->alogs != NULL && i < MS_ALOG_MAX; i++)
+        if (s->alogs[i] != NULL && s->alogs[i]->writing)
+            return 1;
+    return 0;
 }
 
 void ms_req_access(ms_req_t *r, int log, const char *route, size_t len)

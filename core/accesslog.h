@@ -32,6 +32,8 @@ void ms_server_access_default(ms_server_t *s, int id);
 void ms_server_access_reopen(ms_server_t *s);
 /* Lines of log `id` dropped so far (buffer full or write failed). */
 uint64_t ms_server_access_dropped(ms_server_t *s, int id);
+/* Whether some access log has a write under way (benchmarks wait for it). */
+int ms_server_access_busy(ms_server_t *s);
 /* With `on`, every reply carries x-request-id (ms_req_id). */
 void ms_server_request_id_header(ms_server_t *s, int on);
 

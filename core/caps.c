@@ -144,9 +144,14 @@ void ms__log_refusals(ms_server_t *s)
         return;
     uint64_t conns = s->stats.refused_conns - s->refused_conns_logged;
     uint64_t busy = s->stats.refused_busy - s->refused_busy_logged;
+    uint64_t quiet = s->refused_quiet - s->refused_quiet_logged;
     s->refused_logged_at = now;
     s->refused_conns_logged = s->stats.refused_conns;
     s->refused_busy_logged = s->stats.refused_busy;
+    s->refused_quiet_logged = s->refused_quiet;
+    if (quiet)
+        ms_log(MS_LOG_WARN, "refused %llu more requests (400, 408, 413, 414, 431: %d a second "
+               "are logged with their reason)", (unsigned long long)quiet, MS_REFUSALS_TOLD);
     if (conns)
         ms_log(MS_LOG_WARN, "refused %llu connections (connections or per_source cap)",
                (unsigned long long)conns);

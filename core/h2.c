@@ -728,6 +728,7 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     ms_server_t *s = c->server;
     ms_req_t *r = &st->req;
     st->dispatched = 1;
+    r->head_in = st->head_bytes; /* (the access log's bytes in) */
     if (end_stream)
         r->v.flags |= MS_REQ_BODY_DONE;
     else

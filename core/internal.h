@@ -255,6 +255,15 @@ struct ms_server_s {
     struct ms_sockets_s *sockets; /* sock.c: pools, resolver; NULL until a socket is made */
     uint32_t listen_port;
     ms_server_stats_t stats;
+    /* access logs and request ids (accesslog.c) */
+    struct ms_alog_s **alogs; /* MS_ALOG_MAX slots once a log is added, else NULL */
+    uint8_t alog_any;         /* some access log exists: requests note their start */
+    uint8_t alog_default;     /* the default log's id + 1; 0: none */
+    uint8_t id_header;        /* replies carry x-request-id */
+    char id_prefix[17];       /* 16 random hex digits, drawn at the first id */
+    /* refusals with a reason: a few a second are logged with it, the rest as counts */
+    uint64_t refused_quiet, refused_quiet_logged;
+    uint32_t refused_told;
 };
 
 /* conn.c */
@@ -296,6 +305,11 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c);
 void ms__source_remove(ms_server_t *s, ms_conn_t *c);
 void ms__sources_free(ms_server_t *s);
 void ms__log_refusals(ms_server_t *s);
+/* Refusals logged with their reason each second; the rest are counted (ms__log_refusals). */
+#define MS_REFUSALS_TOLD 10
+
+/* accesslog.c: "2000-10-10T13:55:36.123-07:00", the local time; returns its length. */
+int ms__time_iso(char *buf, size_t len);
 
 /* proxy.c */
 int ms__trusted(const ms_server_t *s, const uint8_t a[16]);

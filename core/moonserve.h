@@ -158,6 +158,13 @@ struct ms_req_s {
     uint16_t refused;           /* the status the core answered with in the handler's place */
     struct ms_tunnel_s *tunnel; /* who took the request over (ms_req_tunnel), until it ends */
     ms_timer_t timer;           /* moonserve.sleep() */
+    /* The access log's (accesslog.c): */
+    uint64_t t0;        /* uv_hrtime() at dispatch, while some access log is on */
+    uint64_t bytes_out; /* reply body bytes queued */
+    uint32_t head_in;   /* HTTP/2: the head's bytes as HPACK counts them (HTTP/1.1: head.len) */
+    int8_t alog;        /* 0: the server's default log, -1: none, k + 1: log k */
+    uint8_t logged;     /* its line is written */
+    ms_str_t route;     /* the name of the route that took it, pooled */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
 _Static_assert(offsetof(ms_req_t, v) == 0, "an ms_req_t * is an ms_req_view_t * (Lua's view)");
@@ -388,6 +395,8 @@ void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 int ms_log_open(const char *path);
 /* Reopens the log file (after rotation: SIGUSR1). */
 int ms_log_reopen(void);
+/* Lines as JSON objects ({"time", "level", "pid", "msg"}) instead of text. */
+void ms_log_format(int json);
 
 /* -- Connections without sockets ---------------------------------------------------------
  * The engine is transport-agnostic: a connection writes through an ms_io_t. The server

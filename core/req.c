@@ -3,6 +3,7 @@
 
 #include "moonserve.h"
 
+#include "accesslog.h"
 #include "internal.h"
 
 /* -- Dispatch and refusal, the same for every protocol ------------------------------------ */
@@ -70,14 +71,32 @@ int ms__req_refused_busy(ms_server_t *s)
 void ms__req_refuse(ms_req_t *r, int status, const char *why)
 {
     ms_conn_t *c = r->conn;
+    ms_server_t *s = c->server;
     if (why != NULL) { /* (NULL: a 503 over in_flight, which ms__req_busy counted and logged) */
-        char peer[64], where[48];
-        ms_conn_peer(c, peer, sizeof(peer));
-        c->proto->where(r, where, sizeof(where));
-        ms_log(MS_LOG_INFO, "%s: %s%d %s: %s", peer, where, status, ms__reason(status), why);
-        c->server->stats.bad_requests++;
+        s->stats.bad_requests++;
+        /* A few a second with their reason; a flood of them as counts (ms__log_refusals). */
+        uint64_t now = uv_now(s->loop);
+        if (now - s->refused_logged_at >= 1000)
+            s->refused_told = 0;
+        if (s->refused_told < MS_REFUSALS_TOLD) {
+            s->refused_told++;
+            char peer[64], where[48];
+            ms_conn_peer(c, peer, sizeof(peer));
+            c->proto->where(r, where, sizeof(where));
+            ms_log(MS_LOG_INFO, "%s: %s%d %s: %s", peer, where, status, ms__reason(status), why);
+        } else {
+            s->refused_quiet++;
+        }
+        ms__log_refusals(s);
     }
     r->refused = (uint16_t)status;
+    if (MS_UNLIKELY(s->alog_any) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
+        /* No handler will finish it: its line is now, with the body the refusal carries. */
+        char body[64];
+        if (!(r->v.flags & MS_REQ_HEAD_SENT))
+            r->bytes_out += (uint64_t)ms__refusal_body(status, body, sizeof(body));
+        ms__alog_req(r);
+    }
     c->proto->refuse(r, status);
 }
 
@@ -93,6 +112,10 @@ void ms__req_dispatch(ms_req_t *r)
     s->stats.requests++;
     c->requests++;
     r->v.flags |= MS_REQ_IN_HANDLER;
+    if (MS_UNLIKELY(s->alog_any))
+        r->t0 = uv_hrtime();
+    if (MS_UNLIKELY(r->v.id == 0))
+        s->id_prefix[0] = 0; /* the counter wrapped: request ids take a new prefix */
     ms__conn_hold(c); /* the handler's */
     if (s->before_handler != NULL && s->before_handler(r) == 0) {
         ms_req_finish(r);
@@ -165,6 +188,12 @@ void ms__req_reset(ms_req_t *r)
     r->body_seen = 0;
     r->refused = 0;
     r->tunnel = NULL;
+    r->t0 = r->bytes_out = 0;
+    r->head_in = 0;
+    r->alog = 0;
+    r->logged = 0;
+    r->route.base = NULL;
+    r->route.len = 0;
 }
 
 void ms__req_wake(ms_req_t *r, int wait)
@@ -438,11 +467,14 @@ static inline int bodyless(const ms_req_t *r)
  * the queue is written) is the protocol's. A read writes once, at its end. */
 static inline void reply_head(ms_req_t *r, int64_t clen)
 {
+    if (MS_UNLIKELY(r->conn->server->id_header))
+        ms__req_id_header(r);
     r->conn->proto->reply_head(r, clen);
 }
 
 static inline void queue_body(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor)
 {
+    r->bytes_out += len;
     ms__req_queue_body(r, r->conn->proto->out(r), p, len, owner, anchor);
 }
 
@@ -522,6 +554,7 @@ int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
     if ((r->v.flags & (MS_REQ_ABORTED | MS_REQ_IS_HEAD)) || (c->flags & MS_CONN_CLOSED) ||
         bodyless(r))
         return 0;
+    r->bytes_out += len;
     return ms__out_file(c->server, c->proto->out(r), f, off, (size_t)len);
 }
 
@@ -558,6 +591,7 @@ int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_
         drop_anchor(s, owner, anchor);
         return 0; /* an empty chunk would end the body */
     }
+    r->bytes_out += len;
     c->proto->body_piece(r, chunk, len, owner, anchor);
     flush(c);
     return 0;
@@ -597,6 +631,7 @@ int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_
         drop_anchor(c->server, owner, anchor);
         return 0;
     }
+    r->bytes_out += len;
     c->proto->body_piece(r, p, len, owner, anchor);
     flush(c);
     return 0;
@@ -635,6 +670,8 @@ void ms_req_finish(ms_req_t *r)
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
     ms_timer_stop(c->server, &r->timer);
+    if (MS_UNLIKELY(c->server->alog_any))
+        ms__alog_req(r);
     c->proto->finished(r);
 }
 

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "accesslog.h"
 #include "internal.h"
 #include "sock.h"
 #include "static.h"
@@ -30,21 +31,64 @@ typedef struct ms_listener_s {
 
 static int log_fd = 2;
 static char *log_path;
+static int log_json;
 
-/* One write per line, so that lines of several workers on one file never interleave. */
+/* A JSON string's contents for the error log: '"', '\' and control characters escaped. */
+static size_t json_escape(char *w, size_t room, const char *p, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 6 < room; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '"' || ch == '\\') {
+            w[o++] = '\\';
+            w[o++] = (char)ch;
+        } else if (ch == '\n') {
+            w[o++] = '\\';
+            w[o++] = 'n';
+        } else if (ch < 0x20 || ch == 0x7f) {
+            memcpy(w + o, "\\u00", 4);
+            w[o + 4] = hex[ch >> 4];
+            w[o + 5] = hex[ch & 15];
+            o += 6;
+        } else {
+            w[o++] = (char)ch;
+        }
+    }
+    return o;
+}
+
+/* One write per line, so that lines of several workers on one file never interleave:
+ * "2000-10-10T13:55:36.123-07:00 moonserve[42] warn: ...", or with --log-format json
+ * {"time":"...","level":"warn","pid":42,"msg":"..."}. */
 static void log_stderr(int level, const char *msg, size_t len)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
-    char line[1200];
-    int n = snprintf(line, sizeof(line), "moonserve[%d] %s: %.*s\n", (int)getpid(), names[level],
-                     (int)len, msg);
-    if (n >= (int)sizeof(line)) { /* cut short: still one line, and no NUL sent */
-        n = (int)sizeof(line) - 1;
-        line[n - 1] = '\n';
+    char line[2400], t[128];
+    ms__time_iso(t, sizeof(t));
+    int n;
+    if (log_json) {
+        n = snprintf(line, sizeof(line), "{\"time\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"msg\":\"", t,
+                     names[level], (int)getpid());
+        n += (int)json_escape(line + n, sizeof(line) - (size_t)n - 3, msg, len);
+        memcpy(line + n, "\"}\n", 3);
+        n += 3;
+    } else {
+        n = snprintf(line, sizeof(line), "%s moonserve[%d] %s: %.*s\n", t, (int)getpid(),
+                     names[level], (int)len, msg);
+        if (n >= (int)sizeof(line)) { /* cut short: still one line, and no NUL sent */
+            n = (int)sizeof(line) - 1;
+            line[n - 1] = '\n';
+        }
     }
     if (n > 0 && write(log_fd, line, (size_t)n) < 0) {
         /* nowhere left to say it */
     }
+}
+
+void ms_log_format(int json)
+{
+    log_json = json != 0;
 }
 
 int ms_log_open(const char *path)
@@ -374,6 +418,7 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
 
 void ms_server_free(ms_server_t *s)
 {
+    ms__alog_free(s); /* (its timers are in the heap freed below) */
     ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
     ms__sockets_free(s); /* its pooled connections close in the run below */
     ms__sources_free(s);

@@ -75,7 +75,7 @@ app:get("/", function(req, res)
 <p>A Lua-scriptable web server: the hot path in C, your site in Lua.</p></header>
 <main>
 <section><h2>Hello, %s</h2>
-<p>This page came from a Lua handler. Request <code>#%d</code> on this worker.</p>
+<p>This page came from a Lua handler. Request <code>%s</code>.</p>
 <pre>app:get("/", function(req, res)
   res:send("hello world")
 end)</pre></section>
@@ -89,7 +89,7 @@ end)</pre></section>
 <section><h2>A slow route</h2>
 <p><a href="/slow">/slow</a> sleeps one second with <code>moonserve.sleep(1)</code>.
 Open it and reload this page meanwhile: the worker keeps serving.</p></section>
-</main>]]):format(esc(req.client_ip), req.id, book)))
+</main>]]):format(esc(req.client_ip), esc(req.id), book)))
 end)
 
 app:get("/api/status", function(req, res)

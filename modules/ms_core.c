@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "accesslog.h"
 #include "master.h"
 #include "static.h"
 #include "memio.h"
@@ -250,9 +251,11 @@ static void close_signals(binding_t *b)
 
 static void on_usr1(uv_signal_t *sig, int signum)
 {
-    (void)sig;
+    binding_t *b = sig->data;
     (void)signum;
     ms_log_reopen();
+    if (b->server != NULL)
+        ms_server_access_reopen(b->server);
 }
 
 /* Stops accepting, then tells the Lua side (pending timers run with premature = true,
@@ -283,6 +286,7 @@ static int server_run(lua_State *L)
         uv_signal_init(b->loop, &b->sigint);
         uv_signal_init(b->loop, &b->sigterm);
         b->sigint.data = b->sigterm.data = b;
+        b->sigusr1.data = b;
         uv_signal_init(b->loop, &b->sigusr1);
         uv_signal_start(&b->sigint, on_signal, SIGINT);
         uv_signal_start(&b->sigterm, on_signal, SIGTERM);
@@ -336,6 +340,51 @@ static int server_trust(lua_State *L)
         return ms_lua_fail(L, rc);
     lua_pushboolean(L, 1);
     return 1;
+}
+
+/* server:access_log(path, format) -> id: an access log ("-": stdout; format "combined",
+ * "json" or a template of $fields). Nothing goes to it until server:access_default(id) or a
+ * handler names it. */
+static int server_access_log(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    const char *why;
+    int id = ms_server_access_log(b->server, luaL_checkstring(L, 2), luaL_optstring(L, 3, NULL),
+                                  &why);
+    if (id < 0 && why != NULL) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    if (id < 0)
+        return ms_lua_fail(L, id);
+    lua_pushinteger(L, id);
+    return 1;
+}
+
+/* server:access_default(id | -1): the log of every request a handler does not send to
+ * another one (static files included). */
+static int server_access_default(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_server_access_default(b->server, (int)luaL_checkinteger(L, 2));
+    return 0;
+}
+
+/* server:access_dropped(id) -> lines of that log dropped so far. */
+static int server_access_dropped(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    lua_pushnumber(L, (lua_Number)ms_server_access_dropped(b->server, (int)luaL_checkinteger(L, 2)));
+    return 1;
+}
+
+/* server:request_id_header(on): replies carry x-request-id. */
+static int server_request_id_header(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_server_request_id_header(b->server, lua_toboolean(L, 2));
+    return 0;
 }
 
 /* Reads opts[key] as a string, NULL when absent; raises for another type. */
@@ -559,6 +608,14 @@ static int core_log_level(lua_State *L)
     return 0;
 }
 
+/* core.log_format("text" | "json") */
+static int core_log_format(lua_State *L)
+{
+    static const char *const names[] = {"text", "json", NULL};
+    ms_log_format(luaL_checkoption(L, 1, NULL, names));
+    return 0;
+}
+
 /* -- Master and workers -------------------------------------------------------------------- */
 
 static void master_listening(const ms_master_opts_t *o)
@@ -757,6 +814,10 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},
                                               {"trust", server_trust},
+                                              {"access_log", server_access_log},
+                                              {"access_default", server_access_default},
+                                              {"access_dropped", server_access_dropped},
+                                              {"request_id_header", server_request_id_header},
                                               {"stats", server_stats},
                                               {"static", server_static},
                                               {"static_cache", server_static_cache},
@@ -768,6 +829,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
     static const luaL_Reg funcs[] = {{"server", server_new},
                                      {"log", core_log},
                                      {"log_level", core_log_level},
+                                     {"log_format", core_log_format},
                                      {"log_open", core_log_open},
                                      {"master", core_master},
                                      {"worker_ready", core_worker_ready},

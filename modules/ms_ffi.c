@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "moonserve.h"
+#include "accesslog.h"
 #include "static.h"
 
 #define MS_FFI MS_EXPORT
@@ -85,6 +86,18 @@ MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
 MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
 {
     return ms_req_peer_trusted(r);
+}
+
+/* The request id (ms_req_id) into buf[0..len), len > MS_REQ_ID_MAX; returns its length. */
+MS_FFI int ms_ffi_req_id(ms_req_t *r, char *buf, size_t len)
+{
+    return ms_req_id(r, buf, len);
+}
+
+/* The access log the request goes to (-1 none, -2 as it is) and its route's name. */
+MS_FFI void ms_ffi_req_access(ms_req_t *r, int log, const char *route, size_t len)
+{
+    ms_req_access(r, log, route, len);
 }
 
 /* Adds field lines ("name: value\r\n"...), checked. */

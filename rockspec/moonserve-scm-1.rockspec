@@ -44,6 +44,7 @@ build = {
          ["moonserve.dispatcher"] = "lua/moonserve/dispatcher.lua",
          ["moonserve.host"] = "lua/moonserve/host.lua",
          ["moonserve.live"] = "lua/moonserve/live.lua",
+         ["moonserve.log"] = "lua/moonserve/log.lua",
          ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
          ["moonserve.request"] = "lua/moonserve/request.lua",
          ["moonserve.response"] = "lua/moonserve/response.lua",

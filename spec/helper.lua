@@ -29,7 +29,7 @@ end
 
 -- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
 -- (absolute, or relative to the source root); opts.args: more command-line arguments; opts.env:
--- "NAME=value ..." for its environment (shell-quoted); opts.log: the
+-- "NAME=value ..." (shell words) or { NAME = value } for its environment; opts.log: the
 -- file the server logs to, when the arguments say --log. Returns a server with .port,
 -- .pid, :log() and :stop().
 function helper.spawn_server(opts)
@@ -39,9 +39,14 @@ function helper.spawn_server(opts)
     if app ~= "" then
         app = sh_quote(app:sub(1, 1) == "/" and app or ROOT .. "/" .. app)
     end
-    -- (opts.env: "NAME=value ..." for the server's environment)
-    local cmd = string.format("%s %s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
-        opts.env and "env " .. opts.env or "", sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    local env = type(opts.env) == "string" and opts.env .. " " or ""
+    if type(opts.env) == "table" then
+        for k, v in pairs(opts.env) do
+            env = env .. k .. "=" .. sh_quote(v) .. " "
+        end
+    end
+    local cmd = string.format("env %s%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
+        env, sh_quote(BIN), app, opts.args or "", sh_quote(log))
     local p = io.popen(cmd)
     local pid = p:read("*l")
     p:close()

@@ -184,7 +184,10 @@ local function reference(req)
         math.randomseed(os.time() + math.floor(os.clock() * 1e6))
     end
     local ok, id = pcall(function() return req.id end)
-    return format("%06x%04x", math.random(0, 0xffffff), ok and tonumber(id) % 0x10000 or 0)
+    if ok and type(id) == "string" and id ~= "" then
+        return id -- the access log's request_id: one id ties the page, the error and the line
+    end
+    return format("%06x%04x", math.random(0, 0xffffff), (ok and tonumber(id) or 0) % 0x10000)
 end
 
 -- What a handler's error means: the host calls it on the app it serves when app:handle
@@ -414,7 +417,27 @@ function App:site(host, opts)
     if base ~= nil then
         s.base = prefix_of(base, "base", false)
     end
+    if opts and opts.access_log ~= nil then
+        s.access_log = _M.access_log_spec(opts.access_log, 2)
+    end
     return s
+end
+
+-- An access log setting as { path = FILE or "-", format = "combined" | "json" | template },
+-- from that table, a path alone, or false (no access log).
+function _M.access_log_spec(v, level)
+    if v == false then
+        return false
+    end
+    if type(v) == "string" then
+        v = { path = v }
+    end
+    if type(v) ~= "table" or type(v.path) ~= "string" or
+            (v.format ~= nil and type(v.format) ~= "string") then
+        error("bad access_log (a path, { path = ..., format = ... } or false expected)",
+            (level or 1) + 1)
+    end
+    return { path = v.path, format = v.format or "combined" }
 end
 
 -- The site for a Host field as sent. Host fields seen before are one table lookup, with no
@@ -643,9 +666,14 @@ end
 -- makes no closure on the way: the JIT compiles this path whole.
 function App:handle(req, res)
     local app = self
+    local tags = self.access_tags -- the core keeps an access log: tell it the site and route
     if self.sites then
         local host = req:header("host")
         app = host and site_for(self, host) or self
+        local log = tags and rawget(app, "access_log_id")
+        if log then
+            req:_access(log, nil)
+        end
     end
     local path = req.path
     local base = app.base
@@ -678,7 +706,10 @@ function App:handle(req, res)
         res.views = views
     end
     local method = req.method
-    local handler, params, allow = app.router:match(method, path)
+    local handler, params, allow, route = app.router:match(method, path)
+    if tags and route then
+        req:_access(nil, route.name or route.path)
+    end
     if not SAFE[method] then
         local check = settings_of.secure.csrf
         if check and not (type(handler) == "table" and handler.csrf == false) then

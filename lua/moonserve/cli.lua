@@ -25,6 +25,16 @@ options:
                        with their defaults:
 $limits
   --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
+  --log-level LEVEL    debug, info (the default), warn or error
+  --log-format FORMAT  text (the default) or json: one object per line
+  --access-log FILE|-  a line per request (static files too) to FILE, or - for stdout;
+                       SIGUSR1 reopens it. Off by default
+  --access-log-format FORMAT
+                       combined (the default), json, or a template of $fields: time,
+                       time_local, client, method, target, request, status, bytes_in,
+                       bytes_out, duration, protocol, tls, request_id, route, referer,
+                       user_agent (e.g. '$time $client "$request" $status $duration')
+  --request-id-header  replies carry x-request-id (the access log's request_id)
   --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
   --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
                        hooks returned (default $start_timeout); past it the start or
@@ -32,7 +42,7 @@ $limits
   --quiet              log errors and warnings only
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
-now, which take over while the old ones finish; USR1 reopens the log file.
+now, which take over while the old ones finish; USR1 reopens the log files.
   -h, --help           this text
   -v, --version        the version
 ]]
@@ -98,6 +108,24 @@ function _M.main(args)
             opts.limits[k] = tonumber(v)
         elseif a == "--log" then
             opts.log = value()
+        elseif a == "--log-level" then
+            local v = value()
+            if v ~= "debug" and v ~= "info" and v ~= "warn" and v ~= "error" then
+                return die("--log-level needs debug, info, warn or error")
+            end
+            opts.log_level = v
+        elseif a == "--log-format" then
+            local v = value()
+            if v ~= "text" and v ~= "json" then
+                return die("--log-format needs text or json")
+            end
+            opts.log_format = v
+        elseif a == "--access-log" then
+            opts.access_log = value()
+        elseif a == "--access-log-format" or a == "--access-format" then
+            opts.access_log_format = value()
+        elseif a == "--request-id-header" then
+            opts.request_id_header = true
         elseif a == "--stop-timeout" then
             opts.stop_timeout = tonumber(value())
             if not opts.stop_timeout then

@@ -50,4 +50,7 @@ _M.worker = {
 -- once the app declared app:shared_dict("cache", "10m") (moonserve/shared.lua).
 _M.shared = require("moonserve.shared").dicts
 
+-- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
+_M.log = require "moonserve.log"
+
 return _M

@@ -65,8 +65,12 @@ function getters.cookies(self)
     return require("moonserve.cookie").parse(self:header("cookie"))
 end
 
+-- The request's id (24 hex digits, or a trusted proxy's X-Request-Id): the access log's
+-- request_id, and the reference of an error page.
+local id_buf = ffi.new("char[80]")
 function getters.id(self)
-    return tonumber(view(self).id)
+    local n = C.ms_ffi_req_id(view(self), id_buf, 80)
+    return ffi_str(id_buf, n)
 end
 
 function getters.http_version(self)
@@ -121,6 +125,12 @@ end
 
 -- Whether a static mount found a directory here that it leaves to the routes (for the app's
 -- canonical redirect, which must not move such a path).
+-- The access log this request goes to (the core's id, -1 for none, nil to leave it) and
+-- the name of the route that took it: the framework's, when it has picked them.
+function Request:_access(log, route)
+    C.ms_ffi_req_access(view(self), log or -2, route, route and #route or 0)
+end
+
 function Request:_static_dir()
     return band(view(self).flags, STATIC_DIR) ~= 0
 end

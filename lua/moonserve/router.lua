@@ -193,7 +193,7 @@ local function lookup(self, method, path)
     local node = self.exact[path]
     local route = node and node.routes[method]
     if route then
-        return route.value, nil -- no captures: params are made only if asked for
+        return route.value, nil, route -- no captures: params are made only if asked for
     end
     local cache = self.cache[method]
     local hit = cache and cache[path]
@@ -215,7 +215,7 @@ local function lookup(self, method, path)
         return nil
     end
     route = hit[1]
-    return route.value, params_from(hit, route.names, route.splat)
+    return route.value, params_from(hit, route.names, route.splat), route
 end
 
 -- The methods that have a route for `path`, sorted and joined for Allow.
@@ -244,17 +244,18 @@ function Router:allowed(path)
     return concat(allow, ", ")
 end
 
--- Returns value, params (nil for a literal route); or nil, nil, allow when the path has
--- routes for other methods only (405); or nil (404). HEAD falls back to GET.
+-- Returns value, params (nil for a literal route), nil, the route record; or nil, nil,
+-- allow when the path has routes for other methods only (405); or nil (404). HEAD falls
+-- back to GET.
 function Router:match(method, path)
-    local value, params = lookup(self, method, path)
+    local value, params, route = lookup(self, method, path)
     if value then
-        return value, params
+        return value, params, nil, route
     end
     if method == "HEAD" then
-        value, params = lookup(self, "GET", path)
+        value, params, route = lookup(self, "GET", path)
         if value then
-            return value, params
+            return value, params, nil, route
         end
     end
     -- The 405 check walks for every method: remembered like a walk (false: a 404).

@@ -104,9 +104,71 @@ local function addresses(listen)
     return t
 end
 
+-- An access log of the core's for `spec`: a path, or { path = FILE or "-", format = ... }.
+local function add_log(srv, spec, fmt, what)
+    if type(spec) == "string" then
+        spec = { path = spec }
+    end
+    if type(spec) ~= "table" or type(spec.path) ~= "string" then
+        error("bad " .. what .. " (a path or { path = ..., format = ... } expected)", 4)
+    end
+    local id, err = srv:access_log(spec.path, spec.format or fmt)
+    if not id then
+        error("bad " .. what .. " " .. spec.path .. ": " .. err, 4)
+    end
+    return id
+end
+
+-- The access logs: opts.access_log (every request's, static files' too) and the sites' own
+-- (site opts.access_log: a file of their own, or false for none). The framework tells the
+-- core which site and route took each request (App:handle, access_tags).
+local function access_logs(srv, the_app, opts)
+    local any = false
+    if opts.access_log then
+        srv:access_default(add_log(srv, opts.access_log, opts.access_log_format, "access_log"))
+        any = true
+    end
+    for host, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
+        local spec = rawget(site, "access_log")
+        if spec == false then
+            site.access_log_id = -1
+        elseif spec then
+            site.access_log_id = add_log(srv, spec, nil, "access_log of site " .. host)
+            any = true
+        end
+    end
+    if any and type(the_app) == "table" then
+        the_app.access_tags = true
+    end
+    if opts.request_id_header then
+        srv:request_id_header(true)
+    end
+end
+
+local LEVELS = { error = 0, warn = 1, info = 2, debug = 3 }
+
+-- opts.log_level ("debug", "info", "warn", "error") and opts.log_format ("text", "json").
+local function log_options(opts)
+    local level = opts.log_level
+    if level ~= nil then
+        if LEVELS[level] == nil then
+            error("bad log_level " .. tostring(level) .. " (debug, info, warn or error)", 3)
+        end
+        core.log_level(LEVELS[level])
+    end
+    local fmt = opts.log_format
+    if fmt ~= nil then
+        if fmt ~= "text" and fmt ~= "json" then
+            error("bad log_format " .. tostring(fmt) .. " (text or json)", 3)
+        end
+        core.log_format(fmt)
+    end
+end
+
 -- Makes the core server with the options every mode shares.
 local function make(the_app, opts, limits)
     local srv = _M.create(the_app, limits)
+    access_logs(srv, the_app, opts)
     local cache = opts.static_cache
     if cache then
         srv:static_cache(cache.files, cache.bytes) -- nil: the core's defaults
@@ -181,10 +243,15 @@ end
 -- process; opts.limits (core.limits()); opts.static_cache: { files = n, bytes = n }, the
 -- cache of static files per worker; opts.log: a log file instead of stderr;
 -- opts.stop_timeout: seconds a stopping worker may take; opts.start_timeout: seconds a
--- starting worker may take to be ready (its on_worker_start hooks); opts.on_listen(port) in
+-- starting worker may take to be ready (its on_worker_start hooks); opts.access_log: FILE or
+-- "-", or { path = ..., format = "combined" | "json" | "$template" } (opts.access_log_format:
+-- the format of a path given alone); opts.request_id_header: replies carry x-request-id;
+-- opts.log_level: "debug", "info", "warn" or "error"; opts.log_format: "text" or "json";
+-- opts.on_listen(port) in
 -- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)
     opts = opts or {}
+    log_options(opts)
     if opts.log then
         local ok, err = core.log_open(opts.log)
         if not ok then

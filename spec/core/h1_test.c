@@ -773,6 +773,7 @@ TEST(h1_refuses_malformed_requests_with_a_status_a_close_and_one_log_line)
         ms_memio_t m;
         ms_memio_open(srv, &m);
         requests_seen = 0;
+        srv->refused_told = 0; /* each case as if in a second of its own (see the next test) */
         ms_memio_feed(&m, in, len);
         char want[32];
         snprintf(want, sizeof(want), "HTTP/1.1 %d ", refused[i].status);
@@ -809,6 +810,27 @@ TEST(h1_refuses_a_head_over_head_bytes_smaller_than_line_bytes)
     ASSERT_HAS(output(&m), "HTTP/1.1 431 ");
     ASSERT_EQ(0, requests_seen);
     ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_logs_a_few_refusals_a_second_with_their_reason_and_counts_the_rest)
+{
+    setup();
+    log_lines = 0;
+    srv->refused_told = 0;
+    srv->refused_logged_at = uv_now(&loop); /* a window that has just begun */
+    uint64_t quiet = srv->refused_quiet;
+    ms_log_set(count_log, MS_LOG_INFO);
+    for (int i = 0; i < 25; i++) {
+        ms_memio_t m;
+        ms_memio_open(srv, &m);
+        ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: a\r\nBad Name: x\r\n\r\n"));
+        ASSERT_EQ(0, strncmp(output(&m), "HTTP/1.1 400 ", 13));
+        ms_memio_free(&m);
+    }
+    ASSERT_EQ(MS_REFUSALS_TOLD, log_lines);
+    ASSERT_EQ(25 - MS_REFUSALS_TOLD, (int)(srv->refused_quiet - quiet));
+    ms_log_set(NULL, MS_LOG_WARN);
     teardown();
 }
 

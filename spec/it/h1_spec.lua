@@ -1,5 +1,6 @@
 -- spec/it/h1_spec.lua: a real moonserve over loopback, with raw sockets and curl.
 local helper = require "helper"
+local socket = require "socket"
 
 describe("moonserve over HTTP/1.1", function()
     local srv
@@ -203,7 +204,8 @@ describe("moonserve over HTTP/1.1", function()
         end)
     end
 
-    it("logs one line per refused request", function()
+    it("logs one line per refused request, up to 10 a second", function()
+        socket.sleep(1.1) -- the refusals above used this second's lines
         local before = select(2, srv:log():gsub("400 Bad Request", ""))
         helper.request(srv.port, "GET / HTTP/1.1\r\n\r\n")
         local after = select(2, srv:log():gsub("400 Bad Request", ""))

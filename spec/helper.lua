@@ -1,5 +1,11 @@
 -- spec/helper.lua: starting real servers, talking to them, and running apps in-process.
+local ffi = require "ffi"
 local socket = require "socket"
+
+ffi.cdef [[
+int setenv(const char *name, const char *value, int overwrite);
+int unsetenv(const char *name);
+]]
 
 local helper = {}
 
@@ -29,7 +35,7 @@ end
 
 -- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
 -- (absolute, or relative to the source root); opts.args: more command-line arguments; opts.env:
--- "NAME=value ..." (shell words) or { NAME = value } for its environment; opts.log: the
+-- { NAME = value } for its environment; opts.log: the
 -- file the server logs to, when the arguments say --log. Returns a server with .port,
 -- .pid, :log() and :stop().
 function helper.spawn_server(opts)
@@ -39,17 +45,18 @@ function helper.spawn_server(opts)
     if app ~= "" then
         app = sh_quote(app:sub(1, 1) == "/" and app or ROOT .. "/" .. app)
     end
-    local env = type(opts.env) == "string" and opts.env .. " " or ""
-    if type(opts.env) == "table" then
-        for k, v in pairs(opts.env) do
-            env = env .. k .. "=" .. sh_quote(v) .. " "
-        end
+    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
+        sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    -- The server's environment is this process's, with opts.env set while it starts.
+    for k, v in pairs(opts.env or {}) do
+        ffi.C.setenv(k, tostring(v), 1)
     end
-    local cmd = string.format("env %s%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
-        env, sh_quote(BIN), app, opts.args or "", sh_quote(log))
     local p = io.popen(cmd)
     local pid = p:read("*l")
     p:close()
+    for k in pairs(opts.env or {}) do
+        ffi.C.unsetenv(k)
+    end
     local port
     for _ = 1, 200 do -- 10 s at most
         port = read_file(logfile):match("listening on http://[^ ]+:(%d+)/")

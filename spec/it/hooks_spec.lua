@@ -24,8 +24,7 @@ describe("worker hooks", function()
     local function spawn(seconds, args, dir)
         local file = os.tmpname()
         helper.write_file(file, tostring(seconds))
-        local env = "HOOK_SLEEP_FILE=" .. helper.sh_quote(file)
-            .. (dir and " HOOK_STOP_DIR=" .. helper.sh_quote(dir) or "")
+        local env = { HOOK_SLEEP_FILE = file, HOOK_STOP_DIR = dir }
         local srv = helper.spawn_server { app = "spec/fixtures/hooks.lua", args = args,
             env = env }
         return srv, file

@@ -85,7 +85,7 @@ describe("moonserve.shared with workers", function()
         local size_file = os.tmpname()
         helper.write_file(size_file, "1m\n")
         local srv = helper.spawn_server { app = "spec/fixtures/shared.lua",
-            args = "--workers 2", env = "SHARED_SIZE_FILE=" .. size_file }
+            args = "--workers 2", env = { SHARED_SIZE_FILE = size_file } }
         finally(function() srv:stop() os.remove(size_file) end)
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
         assert.equal(200, get(srv.port, "/set?k=kept&v=across").status)

@@ -902,7 +902,9 @@ TEST(sock_udp_echo_and_receive_timeout)
     ms_udp_t *u = ms_udp_new(srv);
     ms_udp_settimeout(u, 50);
     ASSERT_EQ(UV_ENOTCONN, ms_udp_receive(u, 0, on_udp));
-    ASSERT_EQ(MS_SOCK_DONE, udp_await(ms_udp_setpeername(u, "localhost", 9, port, on_udp)));
+    /* (By address: "localhost" may name ::1 first, where this echo does not listen; names
+     * are the resolver's test.) */
+    ASSERT_EQ(MS_SOCK_DONE, udp_await(ms_udp_setpeername(u, "127.0.0.1", 9, port, on_udp)));
     uv_buf_t b[] = {uv_buf_init("\x12\x34", 2), uv_buf_init("query", 5)};
     ASSERT_EQ(MS_SOCK_DONE, ms_udp_send(u, b, 2));
     ASSERT_EQ(MS_SOCK_DONE, udp_await(ms_udp_receive(u, 0, on_udp)));

@@ -23,7 +23,7 @@
 /* "MSSHDICT" in memory order, and the layout's version: a worker built from other sources
  * than its master's refuses the zone instead of misreading it. */
 #define ZONE_MAGIC   UINT64_C(0x5443494448535346)
-#define ZONE_VERSION 1
+#define ZONE_VERSION 2
 
 /* Blocks are 2^MIN_ORDER (32) to 2^31 bytes. */
 #define MIN_ORDER 5
@@ -81,23 +81,30 @@ typedef struct elem_s {
 _Static_assert(sizeof(elem_t) == 24, "elements keep their data 8-aligned");
 
 typedef struct zone_s {
+    /* What every operation reads and none changes. */
     uint64_t magic;
     uint32_t version, hdr_size;
-    uint64_t size; /* the whole zone: what fstat says */
-    char name[MS_SHDICT_NAME_MAX + 1];
-    pthread_mutex_t lock; /* process-shared, robust */
-    uint32_t dirty;       /* set while the structures are being changed */
-    uint32_t seed;        /* of the hash, the same in every process */
-    uint32_t nbuckets;    /* a power of two */
-    uint32_t buckets;     /* uint32_t[nbuckets] */
+    uint64_t size;     /* the whole zone: what fstat says */
+    uint32_t seed;     /* of the hash, the same in every process */
+    uint32_t nbuckets; /* a power of two */
+    uint32_t buckets;  /* uint32_t[nbuckets] */
     uint32_t area, area_len;
     uint32_t top_order; /* of the largest block there can be */
+    uint64_t _pad[2];
+    /* What every change writes, in the lock's own cache line, so that two workers at work
+     * on the zone pass one line between them, not three. */
+    pthread_mutex_t lock; /* process-shared, robust */
+    uint32_t dirty;       /* set while the structures are being changed */
     uint32_t lru_head, lru_tail;
     uint32_t count; /* entries */
-    uint32_t free_head[NORDERS];
     uint64_t free_bytes;
     uint64_t repairs; /* flushes after a process died mid-change */
+    uint32_t free_head[NORDERS];
+    char name[MS_SHDICT_NAME_MAX + 1];
 } zone_t;
+_Static_assert(offsetof(zone_t, lock) == 64, "the lock starts a cache line");
+_Static_assert(offsetof(zone_t, count) + sizeof(uint32_t) <= 128,
+               "what a change writes shares the lock's cache line");
 
 struct ms_shdict_s {
     char *base; /* this process's mapping; owned, unmapped by detach */

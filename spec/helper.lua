@@ -97,6 +97,30 @@ function helper.spawn_server(opts)
     return srv
 end
 
+-- The pids of a process's children (a master's workers), sorted.
+function helper.children(pid)
+    local out = helper.run(helper.tool("pgrep") .. " -P " .. pid)
+    local pids = {}
+    for p in out:gmatch("%d+") do
+        pids[#pids + 1] = p
+    end
+    table.sort(pids)
+    return pids
+end
+
+-- Calls fn every 50 ms until it returns a true value, which it returns; false after
+-- `seconds` (default 10).
+function helper.wait_for(fn, seconds)
+    for _ = 1, (seconds or 10) * 20 do
+        local v = fn()
+        if v then
+            return v
+        end
+        socket.sleep(0.05)
+    end
+    return false
+end
+
 -- A raw TCP connection to the server.
 function helper.connect(port, timeout)
     local s = assert(socket.tcp())

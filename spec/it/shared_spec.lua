@@ -2,25 +2,7 @@
 local helper = require "helper"
 local socket = require "socket"
 
-local function children(pid)
-    local out = helper.run(helper.tool("pgrep") .. " -P " .. pid)
-    local pids = {}
-    for p in out:gmatch("%d+") do
-        pids[#pids + 1] = p
-    end
-    table.sort(pids)
-    return pids
-end
-
-local function wait_for(fn, seconds)
-    for _ = 1, (seconds or 10) * 20 do
-        if fn() then
-            return true
-        end
-        socket.sleep(0.05)
-    end
-    return false
-end
+local children, wait_for = helper.children, helper.wait_for
 
 local function get(port, path)
     return helper.request(port, "GET " .. path .. " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")

@@ -1,6 +1,5 @@
 -- spec/it/postgres_spec.lua: a real PostgreSQL server (a throwaway cluster, spec/postgres.lua)
 -- spoken to with SCRAM-SHA-256 and md5.
-local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
 

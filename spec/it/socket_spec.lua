@@ -97,13 +97,17 @@ end
 
 describe("moonserve.socket from handlers of a real server", function()
     local srv, redis_pid, mc_pid, peers_pid
+    local unix_path
     local rport, mport, silent, closer, uport, quiet, closed
 
     setup(function()
         rport, mport, silent, closer = free_port(), free_port(), free_port(), free_port()
         uport, quiet, closed = free_port(), free_port(), free_port()
+        unix_path = os.tmpname()
+        os.remove(unix_path)
         redis_pid = start(string.format("%s --port %d --bind 127.0.0.1 --save '' "
-            .. "--appendonly no --daemonize no", helper.tool("redis-server"), rport))
+            .. "--appendonly no --daemonize no --unixsocket %s", helper.tool("redis-server"),
+            rport, unix_path))
         mc_pid = start(string.format("%s -p %d -l 127.0.0.1 -U 0 -u root",
             helper.tool("memcached"), mport))
         local script = os.tmpname()
@@ -122,6 +126,7 @@ describe("moonserve.socket from handlers of a real server", function()
         stop(redis_pid)
         stop(mc_pid)
         stop(peers_pid)
+        if unix_path then os.remove(unix_path) end
     end)
 
     local twice = helper.twice(it)
@@ -143,6 +148,12 @@ describe("moonserve.socket from handlers of a real server", function()
 
     it("runs a pub/sub loop on read timeouts, which leave the socket usable", function()
         assert.equal("m1,m2,m3 true", get(srv, q("/redis/pubsub")))
+    end)
+
+    twice("connects to a unix socket, sets options, and reads with receiveany", function()
+        local body = get(srv, "/unix?path=" .. unix_path)
+        assert.matches("^42|1|1|nil|nil|unsupported option linger|%+PO|NG\r\n%-ERR [^|]*$",
+            body)
     end)
 
     twice("speaks memcached's text protocol: set, get, incr, delete", function()

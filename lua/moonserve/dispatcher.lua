@@ -204,6 +204,9 @@ local function settle(co, r, ok, sig)
     if not ok then
         -- An error outside the handler's protection: a bug in the dispatcher itself.
         base.log(base.LOG_ERR, "handler coroutine died: " .. traceback(co, tostring(sig)))
+        if nowned > 0 and r.handler >= 0 then
+            release_request(r.handler)
+        end
         if band(r.flags, REQ_IN_HANDLER) ~= 0 then
             C.ms_ffi_req_finish(r)
         end

@@ -679,6 +679,14 @@ int ms_sock_close(ms_sock_t *s)
     return MS_SOCK_DONE;
 }
 
+int ms_sock_fd(ms_sock_t *s)
+{
+    uv_os_fd_t fd;
+    if (s->state != ST_CONNECTED || s->c == NULL || uv_fileno(&s->c->u.h, &fd) < 0)
+        return UV_ENOTCONN;
+    return fd;
+}
+
 /* -- Sockets ----------------------------------------------------------------------------- */
 
 ms_sock_t *ms_sock_new(ms_server_t *srv)

@@ -130,6 +130,9 @@ int ms_sock_setkeepalive(ms_sock_t *s, int64_t idle_ms, uint32_t pool_size);
  * Returns MS_SOCK_DONE, or UV_ENOTCONN when there was none. */
 int ms_sock_close(ms_sock_t *s);
 
+/* The connected socket's descriptor, for setsockopt (setoption), or UV_ENOTCONN. */
+int ms_sock_fd(ms_sock_t *s);
+
 /* Writes OpenResty's message for `err` as this socket met it (with the name that could not
  * be resolved) into buf; returns its length. */
 int ms_sock_errmsg(ms_sock_t *s, int err, char *buf, size_t len);

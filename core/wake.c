@@ -1,5 +1,5 @@
 /* wake.c: waits that belong to no request: a completion in C resumes whatever Lua parked on
- * a slot (a timer's run, a worker hook, a light thread; next, a socket's read). */
+ * a slot (a timer's run, a worker hook, a light thread, a socket's connect, read or write). */
 #include "moonserve.h"
 
 #include "internal.h"

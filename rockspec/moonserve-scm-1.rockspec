@@ -52,6 +52,7 @@ build = {
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
          ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
+         ["moonserve.socket"] = "lua/moonserve/socket.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.template"] = "lua/moonserve/template.lua",

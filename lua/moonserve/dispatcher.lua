@@ -47,6 +47,7 @@ local roots = {}   -- by a handler's slot: what its light threads are, once it s
 local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local limits = { timers_pending = 1024, timers_running = 256 }
+local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
 local stopping = false
 
 local function slot_new(co, owner)
@@ -121,6 +122,27 @@ local function handle(req, res)
     end
 end
 
+-- What an owner (a request's table in `owned`, or a root task) made is done with when it
+-- ends: each object's _release() closes it.
+local function release(o)
+    local objs = o.owned
+    if objs then
+        o.owned = nil
+        for obj in pairs(objs) do
+            obj:_release()
+        end
+    end
+end
+
+local function release_request(slot)
+    local o = owned[slot]
+    if o then
+        owned[slot] = nil
+        nowned = nowned - 1
+        release(o)
+    end
+end
+
 -- The body of every pooled coroutine: one request per turn, then back to the pool.
 -- ended() reads `req` and `res` by name from this frame.
 local join, kill_all
@@ -141,6 +163,9 @@ local function worker(r)
             join(root)
             roots[r.handler] = nil
             nroots = nroots - 1
+        end
+        if nowned > 0 and r.handler >= 0 then
+            release_request(r.handler)
         end
         req.r, res.r = false, false -- the core reuses the request once finished
         C.ms_ffi_req_finish(r)
@@ -179,6 +204,9 @@ local function settle(co, r, ok, sig)
     if not ok then
         -- An error outside the handler's protection: a bug in the dispatcher itself.
         base.log(base.LOG_ERR, "handler coroutine died: " .. traceback(co, tostring(sig)))
+        if nowned > 0 and r.handler >= 0 then
+            release_request(r.handler)
+        end
         if band(r.flags, REQ_IN_HANDLER) ~= 0 then
             C.ms_ffi_req_finish(r)
         end
@@ -200,6 +228,9 @@ local function settle(co, r, ok, sig)
             kill_all(root)
             roots[r.handler] = nil
             nroots = nroots - 1
+        end
+        if nowned > 0 and r.handler >= 0 then
+            release_request(r.handler)
         end
         local req, res = ended(co)
         if req then
@@ -343,6 +374,14 @@ end
 -- A task is over: its waiters hear it, its root counts it out, its slot is free again.
 local function finish(t, res)
     t.dead, t.results = true, res
+    local cancel = t.cancel -- a wait under way that is not the dispatcher's (a socket's)
+    if cancel then
+        t.cancel = nil
+        cancel()
+    end
+    if t.owned and not t.root then
+        release(t)
+    end
     C.ms_ffi_wake_cancel(t.srv, t.slot)
     slot_free(t.slot)
     t.co = nil
@@ -415,6 +454,35 @@ local function waiter(what)
     return { slot = handler_slot(r), srv = server_now(what), r = r }
 end
 _M.waiter = waiter
+
+-- The owner of what the running code makes (a socket): a table with `srv` (the server its
+-- waits are armed on) and `owned` (a set the maker may fill: each object's _release() runs
+-- when the owner ends). A request's handler and its light threads share the request's; a
+-- timer's run or a hook, and their light threads, the root task. Raises outside them.
+function _M.owner(what, level)
+    level = (level or 2) + 1
+    local t = task
+    if t then
+        if t.r then
+            t = nil -- a request's light thread: the request's, below
+        else
+            return t.root or t
+        end
+    end
+    local r = current
+    if r == nil then
+        error(what .. ": not inside a request, timer or hook (an app file's top level is "
+            .. "none: use app:on_worker_start or a timer)", level)
+    end
+    local slot = handler_slot(r)
+    local o = owned[slot]
+    if not o then
+        o = { srv = server_now(what) }
+        owned[slot] = o
+        nowned = nowned + 1
+    end
+    return o
+end
 
 -- Parks the running code on `w` until wake(w), or `seconds` (nil: no limit). Returns true,
 -- or nil, "timeout". A wake and the timeout are one timer of the slot's: only one comes.

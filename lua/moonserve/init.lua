@@ -41,6 +41,11 @@ function _M.spawn(...) return require("moonserve.dispatcher").spawn(...) end
 function _M.wait(...) return require("moonserve.dispatcher").wait(...) end
 function _M.kill(...) return require("moonserve.dispatcher").kill(...) end
 function _M.semaphore(n) return require("moonserve.semaphore").new(n) end
+-- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
+_M.socket = {
+    tcp = function() return require("moonserve.socket").tcp() end,
+    udp = function() return require("moonserve.socket").udp() end,
+}
 _M.worker = {
     id = function() return require("moonserve.worker").id() end,
     count = function() return require("moonserve.worker").count() end,

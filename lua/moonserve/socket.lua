@@ -1,0 +1,540 @@
+-- moonserve/socket.lua: moonserve.socket.tcp() and udp(), OpenResty's cosockets over the
+-- core's socket engine (core/sock.h). Reading, matching and buffering are in C; a call that
+-- must wait parks the calling coroutine on its slot (dispatcher.waiter) and the engine's
+-- completion wakes it (modules/ms_sock_ffi.c), so every wait works inside pcall, xpcall,
+-- coroutine.wrap and iterators. A socket belongs to the request, timer or hook that made
+-- it (dispatcher.owner), is usable from any of its light threads, and is closed when that
+-- owner ends.
+local ffi = require "ffi"
+local base = require "moonserve.base"
+local dispatcher = require "moonserve.dispatcher"
+local coro = require "moonserve.coroutine"
+
+local C = base.C
+local ffi_str, ffi_gc = ffi.string, ffi.gc
+local type, error, tostring, tonumber, setmetatable, getmetatable = type, error, tostring,
+    tonumber, setmetatable, getmetatable
+local floor = math.floor
+local owner_now, waiter, coro_check, coro_park = dispatcher.owner, dispatcher.waiter, coro.check,
+    coro.park
+
+ffi.cdef [[
+typedef struct ms_sock_view_s {
+    const char *data;
+    size_t len;
+    uint32_t reused;
+    int32_t slot;
+    uint8_t connected;
+} ms_sock_view_t;
+typedef struct ms_ffi_buf_s { const char *base; size_t len; } ms_ffi_buf_t;
+typedef struct ms_sock_until_s ms_sock_until_t;
+typedef struct ms_ffi_sock_s {
+    ms_sock_view_t *view;
+    void *s;
+    void *u;
+    ms_server_t *srv;
+    int32_t rslot, wslot;
+    int32_t index;
+} ms_ffi_sock_t;
+ms_ffi_sock_t *ms_ffi_sock_new(ms_server_t *srv);
+ms_ffi_sock_t *ms_ffi_udp_new(ms_server_t *srv);
+void ms_ffi_sock_release(ms_ffi_sock_t *g);
+void ms_ffi_sock_free(ms_ffi_sock_t *g);
+void ms_ffi_sock_settimeouts(ms_ffi_sock_t *g, double c, double s, double r);
+int ms_ffi_sock_connect(ms_ffi_sock_t *g, const char *host, size_t len, int port,
+                        const char *pool, size_t pool_len, int pool_size, int backlog);
+int ms_ffi_sock_send(ms_ffi_sock_t *g, const ms_ffi_buf_t *bufs, unsigned n);
+int ms_ffi_sock_receive(ms_ffi_sock_t *g, int pattern, double n);
+int ms_ffi_sock_receiveuntil(ms_ffi_sock_t *g, ms_sock_until_t *u, double size);
+int ms_ffi_sock_setkeepalive(ms_ffi_sock_t *g, double idle_ms, int pool_size);
+int ms_ffi_sock_close(ms_ffi_sock_t *g);
+int ms_ffi_sock_setoption(ms_ffi_sock_t *g, const char *name, int value);
+int ms_ffi_sock_errmsg(ms_ffi_sock_t *g, int err, char *buf, size_t len);
+ms_sock_until_t *ms_ffi_until_new(const char *p, size_t len, int inclusive);
+void ms_ffi_until_free(ms_sock_until_t *u);
+int ms_ffi_udp_setpeername(ms_ffi_sock_t *g, const char *host, size_t len, int port);
+int ms_ffi_udp_send(ms_ffi_sock_t *g, const ms_ffi_buf_t *bufs, unsigned n);
+int ms_ffi_udp_receive(ms_ffi_sock_t *g, double size);
+]]
+
+local PENDING, DONE, END = 0, 1, 2
+local LINE, ALL, BYTES, ANY = 0, 1, 2, 3
+local EOF = -4095 -- UV_EOF: "closed"
+local READ, WRITE = 1, 2
+
+local msgbuf = ffi.new("char[512]")
+local bufs_cap = 64
+local bufs = ffi.new("ms_ffi_buf_t[?]", bufs_cap) -- the engine copies the array at once
+
+local _M = {}
+
+local Tcp, Udp = {}, {}
+Tcp.__index, Udp.__index = Tcp, Udp
+Tcp.__tostring = function() return "moonserve.socket.tcp" end
+Udp.__tostring = function() return "moonserve.socket.udp" end
+
+local function errmsg(g, rc)
+    local n = C.ms_ffi_sock_errmsg(g, rc, msgbuf, 512)
+    return ffi_str(msgbuf, n)
+end
+
+-- The engine's socket of `self`, checked: the running code must be of the socket's owner.
+-- nil once the owner ended (or never: the socket was released).
+local function check(self, mt, what)
+    if getmetatable(self) ~= mt then
+        error("bad self to '" .. what .. "' (a " .. (mt == Tcp and "tcp" or "udp") .. " socket expected; use "
+            .. "sock:" .. what .. "(...))", 3)
+    end
+    local o = owner_now("socket:" .. what, 3)
+    if o ~= self.owner then
+        error("socket:" .. what .. ": the socket belongs to another request, timer or hook", 3)
+    end
+    local g = self.g
+    if g.view == nil then
+        return nil
+    end
+    return g
+end
+
+-- A wait of the other side, woken on the next turn of the loop with "closed" (a close from
+-- a thread that is not the waiter's must not resume the waiter inside the close).
+local function close_deferred(self, g)
+    local r, w = g.rslot, g.wslot
+    g.rslot, g.wslot = -1, -1
+    local rc = C.ms_ffi_sock_close(g)
+    if r >= 0 then
+        C.ms_ffi_wake_after(g.srv, r, 0, EOF)
+    end
+    if w >= 0 then
+        C.ms_ffi_wake_after(g.srv, w, 0, EOF)
+    end
+    self.reading, self.writing = false, false
+    return rc
+end
+
+-- After a call that returned `rc`: parks the running code until the engine's completion
+-- when it is PENDING. Returns the final status.
+local function await(self, g, rc, side, what)
+    if rc ~= PENDING then
+        return rc
+    end
+    local w = waiter(what)
+    if side == READ then
+        g.rslot = w.slot
+        self.reading = true
+    else
+        g.wslot = w.slot
+        self.writing = true
+    end
+    local t = w.task
+    if t then
+        -- A killed light thread's wait is void: the socket closes (the engine cannot take
+        -- back a read or write half done), and whoever else waits on it hears "closed".
+        t.cancel = function()
+            if side == READ then g.rslot = -1 else g.wslot = -1 end
+            close_deferred(self, g)
+        end
+    end
+    local status = coro_park()
+    if t then
+        t.cancel = nil
+    end
+    w.woken = true
+    if side == READ then self.reading = false else self.writing = false end
+    if type(status) ~= "number" then
+        -- resumed by something other than the engine: give the wait up
+        if side == READ then g.rslot = -1 else g.wslot = -1 end
+        close_deferred(self, g)
+        return EOF
+    end
+    return status
+end
+
+local function read_result(g, rc)
+    local v = g.view
+    if rc == DONE then
+        return ffi_str(v.data, v.len)
+    elseif rc == END then
+        return nil, nil
+    end
+    local partial = ""
+    if v ~= nil and v.data ~= nil and v.len > 0 then
+        partial = ffi_str(v.data, v.len)
+    end
+    return nil, errmsg(g, rc), partial
+end
+
+-- Data to send as a flat list of strings (numbers as tostring), tables nested.
+local function flatten(data, parts, n, total)
+    local t = type(data)
+    if t == "string" then
+        n = n + 1
+        parts[n] = data
+        return n, total + #data
+    elseif t == "number" then
+        local s = tostring(data)
+        n = n + 1
+        parts[n] = s
+        return n, total + #s
+    elseif t == "table" then
+        for i = 1, #data do
+            n, total = flatten(data[i], parts, n, total)
+        end
+        return n, total
+    end
+    error("bad data argument to 'send' (string, number or table of them expected, got "
+        .. t .. ")", 4)
+end
+
+local function gather(data)
+    local parts = {}
+    local n, total = flatten(data, parts, 0, 0)
+    if n > bufs_cap then
+        while bufs_cap < n do
+            bufs_cap = bufs_cap * 2
+        end
+        bufs = ffi.new("ms_ffi_buf_t[?]", bufs_cap)
+    end
+    for i = 1, n do
+        local s = parts[i]
+        bufs[i - 1].base, bufs[i - 1].len = s, #s
+    end
+    return parts, n, total
+end
+
+local function new_socket(mt, make, what)
+    local o = owner_now(what, 3)
+    local g = ffi_gc(make(o.srv), C.ms_ffi_sock_free)
+    local self = setmetatable({ g = g, owner = o, reading = false, writing = false }, mt)
+    local objs = o.owned
+    if not objs then
+        objs = {}
+        o.owned = objs
+    end
+    objs[self] = true
+    return self
+end
+
+local function release(self)
+    local g = self.g
+    g.rslot, g.wslot = -1, -1
+    C.ms_ffi_sock_release(g)
+end
+Tcp._release, Udp._release = release, release
+
+local function timeout_arg(ms, i, what)
+    if ms == nil then
+        return 0
+    end
+    if type(ms) ~= "number" or ms < 0 then
+        error("bad argument #" .. i .. " to '" .. what .. "' (a non-negative number of ms "
+            .. "expected)", 3)
+    end
+    return floor(ms)
+end
+
+-- -- TCP ------------------------------------------------------------------------------------
+
+function _M.tcp()
+    return new_socket(Tcp, C.ms_ffi_sock_new, "moonserve.socket.tcp")
+end
+
+function Tcp:connect(host, port, opts)
+    local g = check(self, Tcp, "connect")
+    if type(host) ~= "string" then
+        error("bad argument #1 to 'connect' (string expected)", 2)
+    end
+    if type(port) == "table" and opts == nil then
+        port, opts = nil, port
+    end
+    if host:sub(1, 5) == "unix:" then
+        port = 0
+    else
+        port = tonumber(port)
+        if not port or port < 0 or port > 65535 or port % 1 ~= 0 then
+            error("bad argument #2 to 'connect' (a port number expected)", 2)
+        end
+    end
+    local pool, pool_size, backlog
+    if opts ~= nil then
+        if type(opts) ~= "table" then
+            error("bad argument #3 to 'connect' (table expected)", 2)
+        end
+        pool, pool_size, backlog = opts.pool, opts.pool_size, opts.backlog
+        if pool ~= nil and type(pool) ~= "string" then
+            error("bad \"pool\" option to 'connect' (string expected)", 2)
+        end
+        if pool_size ~= nil and (type(pool_size) ~= "number" or pool_size < 1) then
+            error("bad \"pool_size\" option to 'connect' (a positive number expected)", 2)
+        end
+        if backlog ~= nil and (type(backlog) ~= "number" or backlog < 0) then
+            error("bad \"backlog\" option to 'connect' (a non-negative number expected)", 2)
+        end
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    coro_check("socket:connect", "wait", 2)
+    local rc = C.ms_ffi_sock_connect(g, host, #host, port, pool, pool and #pool or 0,
+        pool_size or 0, backlog or 0)
+    rc = await(self, g, rc, READ, "socket:connect")
+    if rc == DONE then
+        return 1
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Tcp:send(data)
+    local g = check(self, Tcp, "send")
+    local parts, n, total = gather(data)
+    if g == nil then
+        return nil, "closed"
+    end
+    if self.writing then
+        return nil, "socket busy writing"
+    end
+    coro_check("socket:send", "wait", 2)
+    local rc = C.ms_ffi_sock_send(g, bufs, n)
+    if rc == PENDING then
+        self.sending = parts -- the engine writes from these strings until it calls back
+        rc = await(self, g, rc, WRITE, "socket:send")
+        self.sending = nil
+    end
+    if rc == DONE then
+        return total
+    end
+    return nil, errmsg(g, rc)
+end
+
+local function receive_with(self, g, kind, n, what)
+    if g == nil then
+        return nil, "closed", ""
+    end
+    coro_check(what, "wait", 3)
+    local rc = C.ms_ffi_sock_receive(g, kind, n)
+    rc = await(self, g, rc, READ, what)
+    return read_result(g, rc)
+end
+
+function Tcp:receive(pattern)
+    local g = check(self, Tcp, "receive")
+    local kind, n = LINE, 0
+    if pattern == nil or pattern == "*l" then
+        kind = LINE
+    elseif pattern == "*a" then
+        kind = ALL
+    elseif type(pattern) == "number" or (type(pattern) == "string" and tonumber(pattern)) then
+        n = tonumber(pattern)
+        if n < 0 then
+            error("bad argument #1 to 'receive' (a non-negative size expected)", 2)
+        end
+        kind, n = BYTES, floor(n)
+    else
+        error("bad argument #1 to 'receive' (\"*l\", \"*a\" or a number expected)", 2)
+    end
+    return receive_with(self, g, kind, n, "socket:receive")
+end
+
+function Tcp:receiveany(max)
+    local g = check(self, Tcp, "receiveany")
+    if type(max) ~= "number" or max < 1 then
+        error("bad argument #1 to 'receiveany' (a positive number expected)", 2)
+    end
+    return receive_with(self, g, ANY, floor(max), "socket:receiveany")
+end
+
+function Tcp:receiveuntil(pattern, opts)
+    check(self, Tcp, "receiveuntil")
+    if type(pattern) ~= "string" or #pattern == 0 then
+        error("bad argument #1 to 'receiveuntil' (a non-empty string expected)", 2)
+    end
+    local inclusive = type(opts) == "table" and opts.inclusive and 1 or 0
+    local u = ffi_gc(C.ms_ffi_until_new(pattern, #pattern, inclusive), C.ms_ffi_until_free)
+    return function(size)
+        local g = check(self, Tcp, "receiveuntil")
+        if size ~= nil and (type(size) ~= "number" or size < 0) then
+            error("bad argument #1 to the receiveuntil iterator (a size expected)", 2)
+        end
+        if g == nil then
+            return nil, "closed", ""
+        end
+        coro_check("socket:receiveuntil", "wait", 2)
+        local rc = C.ms_ffi_sock_receiveuntil(g, u, size and floor(size) or 0)
+        rc = await(self, g, rc, READ, "socket:receiveuntil")
+        return read_result(g, rc)
+    end
+end
+
+function Tcp:settimeout(ms)
+    local g = check(self, Tcp, "settimeout")
+    ms = timeout_arg(ms, 1, "settimeout")
+    if g then
+        C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
+    end
+    return 1
+end
+
+function Tcp:settimeouts(connect, send, read)
+    local g = check(self, Tcp, "settimeouts")
+    connect = timeout_arg(connect, 1, "settimeouts")
+    send = timeout_arg(send, 2, "settimeouts")
+    read = timeout_arg(read, 3, "settimeouts")
+    if g then
+        C.ms_ffi_sock_settimeouts(g, connect, send, read)
+    end
+    return 1
+end
+
+function Tcp:setkeepalive(idle_ms, pool_size)
+    local g = check(self, Tcp, "setkeepalive")
+    if idle_ms ~= nil and (type(idle_ms) ~= "number" or idle_ms < 0) then
+        error("bad argument #1 to 'setkeepalive' (a non-negative number of ms expected)", 2)
+    end
+    if pool_size ~= nil and (type(pool_size) ~= "number" or pool_size < 1) then
+        error("bad argument #2 to 'setkeepalive' (a positive number expected)", 2)
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    if self.reading then
+        return nil, "socket busy reading"
+    elseif self.writing then
+        return nil, "socket busy writing"
+    end
+    local rc = C.ms_ffi_sock_setkeepalive(g, idle_ms and floor(idle_ms) or -1,
+        pool_size and floor(pool_size) or 0)
+    if rc == DONE then
+        return 1
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Tcp:getreusedtimes()
+    local g = check(self, Tcp, "getreusedtimes")
+    if g == nil or g.view.connected == 0 then
+        return nil, "closed"
+    end
+    return tonumber(g.view.reused)
+end
+
+local OPTIONS = { keepalive = true, ["tcp-nodelay"] = true, sndbuf = true, rcvbuf = true }
+
+function Tcp:setoption(name, value)
+    local g = check(self, Tcp, "setoption")
+    if type(name) ~= "string" then
+        error("bad argument #1 to 'setoption' (string expected)", 2)
+    end
+    if not OPTIONS[name] then
+        return nil, "unsupported option " .. name
+    end
+    local v
+    if type(value) == "boolean" then
+        v = value and 1 or 0
+    elseif type(value) == "number" then
+        v = floor(value)
+    else
+        error("bad argument #2 to 'setoption' (boolean or number expected)", 2)
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    local rc = C.ms_ffi_sock_setoption(g, name, v)
+    if rc == 0 then
+        return 1
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Tcp:close()
+    local g = check(self, Tcp, "close")
+    if g == nil or close_deferred(self, g) ~= DONE then
+        return nil, "closed"
+    end
+    return 1
+end
+
+-- -- UDP ------------------------------------------------------------------------------------
+
+function _M.udp()
+    return new_socket(Udp, C.ms_ffi_udp_new, "moonserve.socket.udp")
+end
+
+function Udp:setpeername(host, port)
+    local g = check(self, Udp, "setpeername")
+    if type(host) ~= "string" then
+        error("bad argument #1 to 'setpeername' (string expected)", 2)
+    end
+    port = tonumber(port)
+    if not port or port < 0 or port > 65535 or port % 1 ~= 0 then
+        error("bad argument #2 to 'setpeername' (a port number expected)", 2)
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    coro_check("socket:setpeername", "wait", 2)
+    local rc = C.ms_ffi_udp_setpeername(g, host, #host, port)
+    rc = await(self, g, rc, READ, "socket:setpeername")
+    if rc == DONE then
+        return 1
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Udp:send(data)
+    local g = check(self, Udp, "send")
+    local _, n = gather(data)
+    if g == nil then
+        return nil, "closed"
+    end
+    local rc = C.ms_ffi_udp_send(g, bufs, n)
+    if rc == DONE then
+        return 1
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Udp:receive(size)
+    local g = check(self, Udp, "receive")
+    if size ~= nil and (type(size) ~= "number" or size < 1) then
+        error("bad argument #1 to 'receive' (a positive size expected)", 2)
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    coro_check("socket:receive", "wait", 2)
+    local rc = C.ms_ffi_udp_receive(g, size and floor(size) or 0)
+    rc = await(self, g, rc, READ, "socket:receive")
+    if rc == DONE then
+        local v = g.view
+        return ffi_str(v.data, v.len)
+    end
+    return nil, errmsg(g, rc)
+end
+
+function Udp:settimeout(ms)
+    local g = check(self, Udp, "settimeout")
+    ms = timeout_arg(ms, 1, "settimeout")
+    if g then
+        C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
+    end
+    return 1
+end
+
+function Udp:close()
+    local g = check(self, Udp, "close")
+    if g == nil then
+        return nil, "closed"
+    end
+    local r = g.rslot
+    g.rslot = -1
+    local rc = C.ms_ffi_sock_close(g)
+    if r >= 0 then
+        C.ms_ffi_wake_after(g.srv, r, 0, EOF)
+    end
+    if rc == DONE then
+        return 1
+    end
+    return nil, "closed"
+end
+
+return _M

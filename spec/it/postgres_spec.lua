@@ -1,7 +1,9 @@
 -- spec/it/postgres_spec.lua: a real PostgreSQL server (a throwaway cluster, spec/postgres.lua)
 -- spoken to with SCRAM-SHA-256 and md5.
+local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
+local cjson = require "cjson"
 
 describe("a throwaway PostgreSQL cluster", function()
     local pg
@@ -47,4 +49,28 @@ describe("a throwaway PostgreSQL cluster", function()
             s:close()
         end)
     end
+
+    it("is spoken to from handlers over moonserve.socket, through the worker's pool", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/pg.lua",
+            env = { PG_PORT = pg.port } }
+        finally(function() srv:stop() end)
+        local url = "http://127.0.0.1:" .. srv.port
+        for _, how in ipairs({ "scram", "md5" }) do
+            local res = cjson.decode(helper.curl(url .. "/query?who=" .. how))
+            assert.same({ { "2", postgres.users[how].user, "" } }, res.rows)
+        end
+        -- Under concurrent load the server sees at most the pool's 4 sessions of the user,
+        -- and the handlers reuse them.
+        local load = io.popen(helper.tool("wrk") .. " -t2 -c12 -d2s '" .. url
+            .. "/query?who=scram' 2>&1")
+        socket.sleep(1)
+        local during = pg.connections(postgres.users.scram.user)
+        local out = load:read("*a")
+        load:close()
+        assert.truthy(out:find("requests in", 1, true), out)
+        assert.falsy(out:find("Non-2xx", 1, true), out)
+        assert.is_true(during >= 1 and during <= 4, "sessions: " .. tostring(during))
+        local res = cjson.decode(helper.curl(url .. "/query?who=scram"))
+        assert.is_true(res.reused > 0)
+    end)
 end)

@@ -728,6 +728,17 @@ size_t ms_shdict_free_space(ms_shdict_t *d)
 
 /* -- Operations -------------------------------------------------------------------------------- */
 
+/* The checks and the lock every operation on a key begins with: the key's hash in *h, and
+ * the zone locked (0), or a negative code with nothing locked. */
+static int lock_key(ms_shdict_t *d, const char *key, size_t klen, uint32_t *h)
+{
+    int rc = check_key(key, klen);
+    if (rc < 0)
+        return rc;
+    *h = hash_key(d->z->seed, key, klen);
+    return zone_lock(d);
+}
+
 /* Copies a string or table of `len` bytes out, or reports its size. */
 static long value_out(const char *p, size_t len, char *buf, size_t cap)
 {
@@ -739,11 +750,9 @@ static long value_out(const char *p, size_t len, char *buf, size_t cap)
 long ms_shdict_get(ms_shdict_t *d, const char *key, size_t klen, char *buf, size_t cap, int stale,
                    ms_shdict_val_t *v)
 {
-    int rc = check_key(key, klen);
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
     if (rc < 0)
-        return rc;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
         return rc;
     long ret;
     node_t *n = lookup(d, h, key, klen);
@@ -833,13 +842,11 @@ int ms_shdict_incr(ms_shdict_t *d, const char *key, size_t klen, double n, int h
 {
     if (forcible != NULL)
         *forcible = 0;
-    int rc = check_key(key, klen);
-    if (rc < 0)
-        return rc;
     if (has_init && !(init_ttl >= 0))
         return MS_SHDICT_EBADARG;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
+    if (rc < 0)
         return rc;
     change_begin(d->z);
     int64_t now = now_ms();
@@ -877,11 +884,9 @@ int ms_shdict_delete(ms_shdict_t *d, const char *key, size_t klen)
 
 int ms_shdict_ttl(ms_shdict_t *d, const char *key, size_t klen, double *ttl)
 {
-    int rc = check_key(key, klen);
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
     if (rc < 0)
-        return rc;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
         return rc;
     node_t *n = lookup(d, h, key, klen);
     if (n == NULL)
@@ -894,13 +899,11 @@ int ms_shdict_ttl(ms_shdict_t *d, const char *key, size_t klen, double *ttl)
 
 int ms_shdict_expire(ms_shdict_t *d, const char *key, size_t klen, double exptime)
 {
-    int rc = check_key(key, klen);
-    if (rc < 0)
-        return rc;
     if (!(exptime >= 0))
         return MS_SHDICT_EBADARG;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
+    if (rc < 0)
         return rc;
     node_t *n = lookup(d, h, key, klen);
     if (n == NULL)
@@ -977,9 +980,6 @@ int ms_shdict_get_keys(ms_shdict_t *d, int max, char *buf, size_t cap, size_t *n
 long ms_shdict_push(ms_shdict_t *d, const char *key, size_t klen, int left, int type,
                     const char *str, size_t len, double num)
 {
-    int rc = check_key(key, klen);
-    if (rc < 0)
-        return rc;
     const void *val = str;
     if (type == MS_SHDICT_NUMBER) {
         val = &num;
@@ -990,8 +990,9 @@ long ms_shdict_push(ms_shdict_t *d, const char *key, size_t klen, int left, int 
         return MS_SHDICT_ENOMEM;
     }
     unsigned k = order_for(sizeof(elem_t) + len);
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
+    if (rc < 0)
         return rc;
     zone_t *z = d->z;
     change_begin(z);
@@ -1061,11 +1062,9 @@ out:
 long ms_shdict_pop(ms_shdict_t *d, const char *key, size_t klen, int left, char *buf, size_t cap,
                    ms_shdict_val_t *v)
 {
-    int rc = check_key(key, klen);
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
     if (rc < 0)
-        return rc;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
         return rc;
     change_begin(d->z);
     long ret;
@@ -1121,11 +1120,9 @@ out:
 
 long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen)
 {
-    int rc = check_key(key, klen);
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
     if (rc < 0)
-        return rc;
-    uint32_t h = hash_key(d->z->seed, key, klen);
-    if ((rc = zone_lock(d)) < 0)
         return rc;
     long ret = 0;
     node_t *n = lookup(d, h, key, klen);

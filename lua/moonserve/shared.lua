@@ -169,25 +169,13 @@ local function store(self, op, key, value, exptime, flags)
     return true, nil, forcible
 end
 
--- ok, err, forcible (forcible: live entries were evicted to make room)
-function Dict:set(key, value, exptime, flags)
-    return store(self, SET, key, value, exptime, flags)
-end
-
-function Dict:safe_set(key, value, exptime, flags)
-    return store(self, SAFE_SET, key, value, exptime, flags)
-end
-
-function Dict:add(key, value, exptime, flags)
-    return store(self, ADD, key, value, exptime, flags)
-end
-
-function Dict:safe_add(key, value, exptime, flags)
-    return store(self, SAFE_ADD, key, value, exptime, flags)
-end
-
-function Dict:replace(key, value, exptime, flags)
-    return store(self, REPLACE, key, value, exptime, flags)
+-- set, safe_set, add, safe_add, replace: ok, err, forcible (forcible: live entries were
+-- evicted to make room; the safe_ ones never do, and fail with "no memory" instead).
+for name, op in pairs({ set = SET, safe_set = SAFE_SET, add = ADD, safe_add = SAFE_ADD,
+    replace = REPLACE }) do
+    Dict[name] = function(self, key, value, exptime, flags)
+        return store(self, op, key, value, exptime, flags)
+    end
 end
 
 -- newval, err, forcible: `init` makes a missing key (with `init_ttl`), else "not found".

@@ -3,14 +3,18 @@
 #include "master.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "internal.h"
+#include "shdict.h"
 
 /* A worker that dies sooner than this after starting is not restarted at once: a broken
  * app would otherwise fork in a tight loop. */
@@ -32,17 +36,29 @@ typedef struct slot_s {
 
 struct worker_s {
     uv_process_t proc;
-    uv_pipe_t ready;           /* the worker writes a byte here once it listens */
+    int chan;                  /* the master's end of the worker's channel (channel.h) */
+    uv_poll_t chan_poll;       /* reading it */
     uv_timer_t start_deadline; /* until it is ready */
     slot_t *slot;
     uint64_t started;
     int is_ready, exited, handles;
 };
 
+/* A shared dictionary's zone, made the first time a worker asks for it and kept, with its
+ * values, for as long as the master runs: across reloads, and through a reload whose app
+ * no longer declares it (a later one may again). */
+typedef struct zone_s {
+    char name[MS_SHDICT_NAME_MAX + 1];
+    uint64_t size;
+    int fd;
+} zone_t;
+
 typedef struct master_s {
     uv_loop_t *loop;
     const ms_master_opts_t *o;
     slot_t *slots;
+    zone_t *zones;
+    int nzones;
     uv_signal_t sig[5];
     uv_timer_t kill_timer;
     int stopping, live, code;
@@ -55,14 +71,15 @@ static master_t M;
 static void worker_handle_closed(uv_handle_t *h)
 {
     worker_t *w = h->data;
-    if (--w->handles == 0)
+    if (--w->handles == 0) {
+        close(w->chan);
         free(w);
+    }
 }
 
 static void worker_release(worker_t *w)
 {
-    if (!uv_is_closing((uv_handle_t *)&w->ready))
-        uv_close((uv_handle_t *)&w->ready, worker_handle_closed);
+    uv_close((uv_handle_t *)&w->chan_poll, worker_handle_closed);
     uv_close((uv_handle_t *)&w->start_deadline, worker_handle_closed);
     uv_close((uv_handle_t *)&w->proc, worker_handle_closed);
 }
@@ -116,21 +133,11 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
     maybe_done();
 }
 
-static void ready_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    static char b[16];
-    buf->base = b;
-    buf->len = sizeof(b);
-}
+/* -- The channel: what a worker asks ---------------------------------------------------- */
 
-static void ready_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+static void worker_ready(worker_t *w)
 {
-    worker_t *w = st->data;
     slot_t *s = w->slot;
-    if (nread <= 0) {
-        uv_read_stop(st);
-        return;
-    }
     if (w->is_ready)
         return;
     w->is_ready = 1;
@@ -143,6 +150,114 @@ static void ready_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (old != NULL && !old->exited)
             uv_process_kill(&old->proc, SIGTERM);
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
+    }
+}
+
+/* ZONE: the zone of a shared dictionary, made the first time one is asked for. Its size is
+ * fixed from then on: a reload whose app declares another size is told so, and fails. */
+static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
+{
+    uint64_t size;
+    if (m->len <= sizeof(size) || m->len - sizeof(size) > MS_SHDICT_NAME_MAX) {
+        snprintf(why, why_len, "a malformed ask for a shared dictionary");
+        return -1;
+    }
+    memcpy(&size, m->body, sizeof(size));
+    char name[MS_SHDICT_NAME_MAX + 1];
+    snprintf(name, sizeof(name), "%.*s", (int)(m->len - sizeof(size)), m->body + sizeof(size));
+    for (int i = 0; i < M.nzones; i++) {
+        zone_t *z = &M.zones[i];
+        if (strcmp(z->name, name) != 0)
+            continue;
+        if (z->size != size) {
+            snprintf(why, why_len,
+                     "shared dictionary '%s' was made with %llu bytes; the app now declares "
+                     "%llu (its size can change only with a restart)",
+                     name, (unsigned long long)z->size, (unsigned long long)size);
+            return -1;
+        }
+        return z->fd;
+    }
+    int fd = ms_shdict_create(name, (size_t)size);
+    if (fd < 0) {
+        snprintf(why, why_len, "shared dictionary '%s': %s", name, ms_shdict_strerror(fd));
+        return -1;
+    }
+    M.zones = realloc(M.zones, (size_t)(M.nzones + 1) * sizeof(zone_t));
+    if (M.zones == NULL)
+        abort();
+    zone_t *z = &M.zones[M.nzones++];
+    snprintf(z->name, sizeof(z->name), "%s", name);
+    z->size = size;
+    z->fd = fd;
+    ms_log(MS_LOG_INFO, "shared dictionary '%s' made (%llu bytes)", name,
+           (unsigned long long)size);
+    return fd;
+}
+
+/* OPEN: a file the worker may not be able to open itself (a TLS key readable by the
+ * master's user alone), opened with the master's rights and handed over. The workers run
+ * as the master's user today, so this opens nothing they could not; once they may run as
+ * another, it must open only the files the operator named. */
+static int ask_open(const ms_chan_msg_t *m, char *why, size_t why_len)
+{
+    char path[MS_CHAN_MAX + 1];
+    snprintf(path, sizeof(path), "%.*s", (int)m->len, m->body);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EINVAL;
+    }
+    if (fd < 0)
+        snprintf(why, why_len, "cannot open %.400s: %s", path,
+                 errno == EINVAL ? "not a regular file" : strerror(errno));
+    return fd;
+}
+
+static void answer(worker_t *w, const ms_chan_msg_t *m)
+{
+    char why[512];
+    int fd = -1, keep = 0;
+    switch (m->type) {
+    case MS_CHAN_READY: worker_ready(w); return;
+    case MS_CHAN_ZONE:
+        fd = ask_zone(m, why, sizeof(why));
+        keep = 1; /* the master's own, for every later worker */
+        break;
+    case MS_CHAN_OPEN: fd = ask_open(m, why, sizeof(why)); break;
+    default: snprintf(why, sizeof(why), "unknown message %u", m->type); break;
+    }
+    int rc = fd >= 0 ? ms_chan_send(w->chan, MS_CHAN_OK, NULL, 0, fd)
+                     : ms_chan_send(w->chan, MS_CHAN_ERROR, why, strlen(why), -1);
+    if (rc < 0)
+        ms_log(MS_LOG_WARN, "worker %d (pid %d): cannot answer on its channel: %s",
+               w->slot->index, w->proc.pid, strerror(-rc));
+    if (fd >= 0 && !keep)
+        close(fd);
+}
+
+static void chan_readable(uv_poll_t *p, int status, int events)
+{
+    worker_t *w = p->data;
+    static ms_chan_msg_t m;
+    /* A worker asks one thing at a time and waits: a few messages at most are queued. */
+    for (;;) {
+        int fd = -1, rc = status < 0 ? status : ms_chan_recv(w->chan, &m, &fd);
+        if (fd >= 0)
+            close(fd); /* a worker hands the master nothing */
+        if (rc == -EAGAIN)
+            return;
+        if (rc < 0 || m.type == 0) {
+            /* Its end is closed (it exited, exit_cb follows) or it spoke nonsense. */
+            if (rc < 0 && rc != -ECONNRESET)
+                ms_log(MS_LOG_WARN, "worker %d (pid %d): its channel failed: %s",
+                       w->slot->index, w->proc.pid, strerror(-rc));
+            uv_poll_stop(p);
+            return;
+        }
+        answer(w, &m);
     }
 }
 
@@ -173,14 +288,19 @@ static void spawn_into(slot_t *s, worker_t **where)
         abort();
     w->slot = s;
     w->started = uv_now(M.loop);
-    uv_pipe_init(M.loop, &w->ready, 0);
-    w->ready.data = w;
+    int pair[2];
+    if (ms_chan_pair(pair) < 0)
+        abort(); /* out of descriptors in the master: nothing sensible is left to do */
+    w->chan = pair[0];
+    fcntl(w->chan, F_SETFL, fcntl(w->chan, F_GETFL) | O_NONBLOCK);
+    uv_poll_init(M.loop, &w->chan_poll, w->chan);
+    w->chan_poll.data = w;
     w->proc.data = w;
     uv_timer_init(M.loop, &w->start_deadline);
     w->start_deadline.data = w;
     w->handles = 3;
 
-    int nstdio = 4 + o->nlisten + o->npass;
+    int nstdio = 4 + o->nlisten;
     uv_stdio_container_t *stdio = calloc((size_t)nstdio, sizeof(*stdio));
     if (stdio == NULL)
         abort();
@@ -188,15 +308,11 @@ static void spawn_into(slot_t *s, worker_t **where)
     stdio[0].data.fd = 0;
     stdio[1].data.fd = 1;
     stdio[2].data.fd = 2;
-    stdio[3].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[3].data.stream = (uv_stream_t *)&w->ready;
+    stdio[MS_CHAN_WORKER_FD].flags = UV_INHERIT_FD;
+    stdio[MS_CHAN_WORKER_FD].data.fd = pair[1];
     for (int i = 0; i < o->nlisten; i++) {
         stdio[4 + i].flags = UV_INHERIT_FD;
         stdio[4 + i].data.fd = s->fds[i];
-    }
-    for (int i = 0; i < o->npass; i++) {
-        stdio[4 + o->nlisten + i].flags = UV_INHERIT_FD;
-        stdio[4 + o->nlisten + i].data.fd = o->pass_fds[i];
     }
 
     /* The environment, plus who the worker is and where its sockets are. */
@@ -204,14 +320,13 @@ static void spawn_into(slot_t *s, worker_t **where)
     int n = 0;
     while (environ[n] != NULL)
         n++;
-    char **env = calloc((size_t)n + 5, sizeof(char *)); /* (the four below, and NULL) */
+    char **env = calloc((size_t)n + 4, sizeof(char *)); /* (the three below, and NULL) */
     char id[64], fds[64], count[64];
     int k = 0;
     for (int i = 0; i < n; i++)
         if (strncmp(environ[i], "MOONSERVE_WORKER=", 17) != 0 &&
             strncmp(environ[i], "MOONSERVE_LISTEN_FDS=", 21) != 0 &&
-            strncmp(environ[i], "MOONSERVE_WORKERS=", 18) != 0 &&
-            strncmp(environ[i], "MOONSERVE_SHARED=", 17) != 0)
+            strncmp(environ[i], "MOONSERVE_WORKERS=", 18) != 0)
             env[k++] = environ[i];
     snprintf(id, sizeof(id), "MOONSERVE_WORKER=%d", s->index);
     snprintf(fds, sizeof(fds), "MOONSERVE_LISTEN_FDS=%d", o->nlisten);
@@ -219,8 +334,6 @@ static void spawn_into(slot_t *s, worker_t **where)
     env[k++] = id;
     env[k++] = fds;
     env[k++] = count;
-    if (o->pass_env != NULL)
-        env[k++] = (char *)o->pass_env;
     env[k] = NULL;
 
     uv_process_options_t po;
@@ -234,16 +347,17 @@ static void spawn_into(slot_t *s, worker_t **where)
     int rc = uv_spawn(M.loop, &w->proc, &po);
     free(env);
     free(stdio);
+    close(pair[1]);
     if (rc < 0) {
         ms_log(MS_LOG_ERR, "worker %d: cannot start %s: %s", s->index, o->argv[0], uv_strerror(rc));
         w->handles = 2;
-        uv_close((uv_handle_t *)&w->ready, worker_handle_closed);
+        uv_close((uv_handle_t *)&w->chan_poll, worker_handle_closed);
         uv_close((uv_handle_t *)&w->start_deadline, worker_handle_closed);
         uv_timer_start(&s->respawn, respawn_cb, MS_RESPAWN_DELAY_MS, 0);
         return;
     }
     M.live++;
-    uv_read_start((uv_stream_t *)&w->ready, ready_alloc, ready_read);
+    uv_poll_start(&w->chan_poll, UV_READABLE, chan_readable);
     uv_timer_start(&w->start_deadline, start_deadline_cb, (uint64_t)(start_timeout() * 1000), 0);
     *where = w;
 }
@@ -353,5 +467,8 @@ int ms_master_run(const ms_master_opts_t *o)
         free(M.slots[i].fds);
     }
     free(M.slots);
+    for (int i = 0; i < M.nzones; i++)
+        close(M.zones[i].fd);
+    free(M.zones);
     return 0;
 }

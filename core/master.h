@@ -13,12 +13,6 @@ struct ms_master_opts_s {
     int workers;
     int backlog;
     double stop_timeout; /* seconds a stopping worker gets before SIGKILL */
-    /* Descriptors every worker gets after its listening sockets (the shared dictionaries'
-     * zones, made once and kept across reloads), and an environment line ("NAME=VALUE", or
-     * NULL) that tells the worker what they are. */
-    const int *pass_fds;
-    int npass;
-    const char *pass_env;
     double start_timeout; /* seconds a starting worker gets to be ready before SIGKILL */
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
@@ -27,11 +21,12 @@ struct ms_master_opts_s {
 /* Binds the sockets, starts the workers and supervises them until SIGTERM or SIGINT, when
  * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
- * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), the passed descriptors
- * right after them, its number and the number of workers from MOONSERVE_WORKER and
- * MOONSERVE_WORKERS, and tells the master it is ready by writing a byte to fd 3, within
- * start_timeout seconds or it is killed (a reload then fails and the old worker keeps
- * serving). Returns 0 or a negative code. */
+ * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), its number and the
+ * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKERS, and its channel to the
+ * master at fd 3 (channel.h): it asks there for its shared dictionaries' zones and the files
+ * only the master may open, and says there that it is ready, within start_timeout seconds
+ * or it is killed (a reload then fails and the old worker keeps serving). Returns 0 or a
+ * negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 
 #endif

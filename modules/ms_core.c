@@ -5,6 +5,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "accesslog.h"
+#include "channel.h"
 #include "master.h"
 #include "static.h"
 #include "memio.h"
@@ -669,22 +671,6 @@ static int core_master(lua_State *L)
     o.start_timeout = luaL_optnumber(L, -1, MS_START_TIMEOUT);
     lua_getfield(L, 1, "backlog");
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
-    /* pass_fds = { fd, ... }, pass_env = "NAME=VALUE": what every worker gets besides */
-    lua_getfield(L, 1, "pass_fds");
-    int pass[64];
-    if (lua_istable(L, -1)) {
-        o.npass = (int)lua_objlen(L, -1);
-        if (o.npass > 64)
-            return luaL_error(L, "pass_fds: 64 descriptors at most");
-        for (int i = 0; i < o.npass; i++) {
-            lua_rawgeti(L, -1, i + 1);
-            pass[i] = (int)luaL_checkinteger(L, -1);
-            lua_pop(L, 1);
-        }
-    }
-    o.pass_fds = pass;
-    lua_getfield(L, 1, "pass_env");
-    o.pass_env = lua_isstring(L, -1) ? lua_tostring(L, -1) : NULL;
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
     if (rc < 0)
@@ -693,16 +679,101 @@ static int core_master(lua_State *L)
     return 1;
 }
 
-/* core.worker_ready(): tells the master this worker listens (writes a byte on fd 3), and
- * asks the kernel to stop this worker if the master dies. */
+/* core.worker_init(): keeps the worker's channel to its master from whatever the worker
+ * runs (the master handed it on at fd 3 without close-on-exec, as inheriting needs). */
+static int core_worker_init(lua_State *L)
+{
+    int flags = fcntl(MS_CHAN_WORKER_FD, F_GETFD);
+    if (flags < 0 || fcntl(MS_CHAN_WORKER_FD, F_SETFD, flags | FD_CLOEXEC) < 0)
+        return ms_lua_fail(L, uv_translate_sys_error(errno));
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.worker_ready(): tells the master this worker listens (on its channel), and asks the
+ * kernel to stop this worker if the master dies. */
 static int core_worker_ready(lua_State *L)
 {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (write(3, "r", 1) != 1)
-        return ms_lua_fail(L, uv_translate_sys_error(errno));
-    close(3);
+    int rc = ms_chan_send(MS_CHAN_WORKER_FD, MS_CHAN_READY, NULL, 0, -1);
+    if (rc < 0)
+        return ms_lua_fail(L, uv_translate_sys_error(-rc));
     lua_pushboolean(L, 1);
     return 1;
+}
+
+/* How long a worker waits for its master's answer: the master answers from its loop at once,
+ * so this bounds only a master that cannot. */
+#define MASTER_ASK_MS 10000
+
+/* core.master_zone(name, bytes) -> fd | nil, why: the zone of a shared dictionary, from the
+ * master (which makes it the first time it is asked). */
+static int core_master_zone(lua_State *L)
+{
+    size_t nlen;
+    const char *name = luaL_checklstring(L, 1, &nlen);
+    uint64_t size = (uint64_t)luaL_checknumber(L, 2);
+    char body[sizeof(size) + 64], why[512] = "";
+    if (nlen > 63)
+        return luaL_argerror(L, 1, "name too long");
+    memcpy(body, &size, sizeof(size));
+    memcpy(body + sizeof(size), name, nlen);
+    int fd;
+    if (ms_chan_ask(MS_CHAN_ZONE, body, sizeof(size) + nlen, MASTER_ASK_MS, &fd, why,
+                    sizeof(why)) < 0 || fd < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, fd < 0 && why[0] == '\0' ? "no zone in the master's answer" : why);
+        return 2;
+    }
+    lua_pushinteger(L, fd);
+    return 1;
+}
+
+/* The largest file a worker reads through its master: certificates and keys are a few KB. */
+#define MASTER_FILE_MAX (1024 * 1024)
+
+/* core.master_file(path) -> contents | nil, why: a file opened by the master, with its rights
+ * (a private key the workers' user may not read), and read here. */
+static int core_master_file(lua_State *L)
+{
+    size_t plen;
+    const char *path = luaL_checklstring(L, 1, &plen);
+    char why[512] = "";
+    int fd;
+    if (ms_chan_ask(MS_CHAN_OPEN, path, plen, MASTER_ASK_MS, &fd, why, sizeof(why)) < 0 ||
+        fd < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why[0] != '\0' ? why : "no file in the master's answer");
+        return 2;
+    }
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    size_t total = 0;
+    for (;;) {
+        char *p = luaL_prepbuffer(&b);
+        ssize_t n = read(fd, p, LUAL_BUFFERSIZE);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0 || (total += (size_t)n) > MASTER_FILE_MAX) {
+            int err = n < 0 ? errno : EFBIG;
+            close(fd);
+            if (n == 0)
+                break;
+            lua_pushnil(L);
+            lua_pushfstring(L, "cannot read %s: %s", path, strerror(err));
+            return 2;
+        }
+        luaL_addsize(&b, (size_t)n);
+    }
+    luaL_pushresult(&b);
+    return 1;
+}
+
+/* core.fd_close(fd): closes a descriptor the core handed to Lua (a zone, once mapped). */
+static int core_fd_close(lua_State *L)
+{
+    close((int)luaL_checkinteger(L, 1));
+    return 0;
 }
 
 static int core_log_open(lua_State *L)
@@ -832,7 +903,11 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"log_format", core_log_format},
                                      {"log_open", core_log_open},
                                      {"master", core_master},
+                                     {"worker_init", core_worker_init},
                                      {"worker_ready", core_worker_ready},
+                                     {"master_zone", core_master_zone},
+                                     {"master_file", core_master_file},
+                                     {"fd_close", core_fd_close},
                                      {"cpus", core_cpus},
                                      {"default_limits", core_default_limits},
                                      {"limits", core_limits},

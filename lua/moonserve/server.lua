@@ -189,48 +189,27 @@ local function serve(srv)
     return true
 end
 
--- The master makes the zones of the app's shared dictionaries once, and every worker gets
--- them (core.master's pass_fds) with MOONSERVE_SHARED="name:bytes,..." in that order.
-local function make_shared(the_app)
+-- A worker maps the zones of the app's shared dictionaries, which it asks of the master: the
+-- master makes one the first time it is asked for and keeps it, so the values survive a
+-- reload, and a reload may declare more. One the master made with another size fails the
+-- worker before it is ready (a reload then fails and the old workers stay).
+local function attach_shared(the_app)
     local shared = require "moonserve.shared"
     local names = {}
     for name in pairs(the_app.shared_decl or {}) do
         names[#names + 1] = name
     end
-    if #names == 0 then
-        return nil, nil
-    end
-    table.sort(names)
-    local fds, list = {}, {}
-    for i, name in ipairs(names) do
+    table.sort(names) -- the same order in every worker, for the master's log
+    for _, name in ipairs(names) do
         local size = the_app.shared_decl[name]
-        fds[i] = assert(shared.create(name, size))
-        list[i] = name .. ":" .. size
-    end
-    return fds, "MOONSERVE_SHARED=" .. table.concat(list, ",")
-end
-
--- A worker maps the zones the master made, from fd `first` on. A dictionary the app
--- declares that the server has not got (declared since it started), or one of another
--- size, fails the worker before it is ready.
-local function attach_shared(the_app, first)
-    local decl = the_app.shared_decl or {}
-    local shared = require "moonserve.shared"
-    local i = 0
-    for name in (os.getenv("MOONSERVE_SHARED") or ""):gmatch("([%w_-]+):%d+") do
-        local want = decl[name]
-        if want then
-            local _, err = shared.attach(first + i, name, want)
-            if err then
-                return nil, err
-            end
+        local fd, err = core.master_zone(name, size)
+        if not fd then
+            return nil, err
         end
-        i = i + 1
-    end
-    for name in pairs(decl) do
-        if not shared.dicts[name] then
-            return nil, "shared dictionary '" .. name .. "' was declared after the server " ..
-                "started: it is made only when the server starts (restart to add it)"
+        local _, aerr = shared.attach(fd, name, size)
+        core.fd_close(fd) -- the mapping stays; the master keeps the zone's descriptor
+        if aerr then
+            return nil, aerr
         end
     end
     return true
@@ -262,11 +241,12 @@ function _M.run(the_app, opts)
     local listen = listen_list(opts.listen)
 
     if os.getenv("MOONSERVE_WORKER") then
-        -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on,
-        -- and made the shared dictionaries' zones, right after them. It listens and says it
-        -- is ready once the app's on_worker_start hooks have returned.
+        -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.
+        -- It listens and says it is ready once the app's on_worker_start hooks have
+        -- returned.
+        assert(core.worker_init())
         local nlisten = tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1
-        local ok, err = attach_shared(the_app, 4 + nlisten)
+        local ok, err = attach_shared(the_app)
         if not ok then
             error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
         end
@@ -286,10 +266,9 @@ function _M.run(the_app, opts)
         error("bad workers (a whole number expected)", 2)
     end
     if workers > 0 then
-        local fds, env = make_shared(the_app)
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
             workers = workers, stop_timeout = opts.stop_timeout,
-            start_timeout = opts.start_timeout, pass_fds = fds, pass_env = env }
+            start_timeout = opts.start_timeout }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end

@@ -24,6 +24,20 @@ describe("moonserve with workers", function()
         assert.is_true(srv:stop())
     end)
 
+    it("keeps each worker's channel to the master from what the worker runs", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
+        finally(function() srv:stop() end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        for _, pid in ipairs(children(srv.pid)) do
+            -- fd 3 is a socket to the master, close-on-exec (O_CLOEXEC is octal 02000000).
+            local target = helper.sh("readlink /proc/" .. pid .. "/fd/3")
+            assert.matches("^socket:", target)
+            local info = helper.read_file("/proc/" .. pid .. "/fdinfo/3")
+            local flags = tonumber(info:match("flags:%s*(%d+)"), 8)
+            assert.equal(1, math.floor(flags / 0x80000) % 2, "fd 3 is not close-on-exec")
+        end
+    end)
+
     it("replaces a worker killed under load, and keeps serving", function()
         local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))

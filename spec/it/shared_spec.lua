@@ -85,11 +85,55 @@ describe("moonserve.shared with workers", function()
         before = children(srv.pid)
         os.execute("kill -HUP " .. srv.pid)
         assert.is_true(wait_for(function()
-            return srv:log():find("was made with another size", 1, true) ~= nil
+            return srv:log():find("shared dictionary 'counters' was made with 1048576 " ..
+                "bytes; the app now declares 2097152", 1, true) ~= nil
         end))
         socket.sleep(0.5)
         assert.same(before, children(srv.pid))
         assert.equal("across", get(srv.port, "/get?k=kept").body)
+    end)
+
+    it("makes a dictionary a reload declares, and keeps it through the next", function()
+        local more_file = os.tmpname()
+        helper.write_file(more_file, "\n")
+        local srv = helper.spawn_server { app = "spec/fixtures/shared.lua",
+            args = "--workers 2", env = { SHARED_MORE_FILE = more_file } }
+        finally(function() srv:stop() os.remove(more_file) end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        assert.equal(404, get(srv.port, "/get?d=added&k=a").status)
+        local function reload()
+            local before = children(srv.pid)
+            os.execute("kill -HUP " .. srv.pid)
+            assert.is_true(wait_for(function()
+                local now = children(srv.pid)
+                return #now == 2 and now[1] ~= before[1] and now[1] ~= before[2] and
+                    now[2] ~= before[1] and now[2] ~= before[2]
+            end))
+        end
+        helper.write_file(more_file, "added\n")
+        reload()
+        assert.is_true(wait_for(function()
+            return srv:log():find("shared dictionary 'added' made", 1, true) ~= nil
+        end))
+        -- Set through one worker, read through whichever: both map the same new zone.
+        assert.equal(200, get(srv.port, "/set?d=added&k=a&v=new").status)
+        local pids = {}
+        for _, body in ipairs(at_once(srv.port, "/set?d=added&k=b&v=2", 4)) do
+            pids[body] = true
+        end
+        for _ = 1, 10 do
+            assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
+        end
+        reload()
+        assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
+        assert.equal("2", get(srv.port, "/get?d=added&k=b").body)
+        -- Dropped from the app, then declared again: the master kept it, values and all.
+        helper.write_file(more_file, "\n")
+        reload()
+        assert.equal(404, get(srv.port, "/get?d=added&k=a").status)
+        helper.write_file(more_file, "added\n")
+        reload()
+        assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
     end)
 
     it("stays usable when a worker is killed in the middle of its writes", function()

@@ -51,11 +51,33 @@
     /* An IPv4 address is one source; IPv6 addresses are one under a prefix of this many bits      \
      * (a host or subscriber may hold a whole /64). */                                             \
     X(source_ipv6_prefix, source_ipv6_prefix, uint32_t, 64, BITS, 128,                             \
-      "bits of the IPv6 prefix that is one source for per_source")                             \
+      "bits of the IPv6 prefix that is one source for per_source")                                 \
     X(timers_pending, timers_pending, uint32_t, 1024, COUNT, 0,                                    \
       "timers waiting to run per worker; past it, timer.at fails")                                 \
     X(timers_running, timers_running, uint32_t, 256, COUNT, 0,                                     \
-      "timer runs under way per worker; past it, a run is skipped")
+      "timer runs under way per worker; past it, a run is skipped")                                \
+    /* Outbound sockets (moonserve.socket): a new socket's timeouts, as OpenResty's                \
+     * lua_socket_* directives, and its pools' size when connect and setkeepalive name none. */    \
+    X(socket_connect_timeout, socket_connect_timeout_ms, uint32_t, 60, SECONDS, 0,                 \
+      "a socket's connect unless settimeout says: \"timeout\"")                                    \
+    X(socket_send_timeout, socket_send_timeout_ms, uint32_t, 60, SECONDS, 0,                       \
+      "a socket's send with no progress: \"timeout\", closed")                                     \
+    X(socket_read_timeout, socket_read_timeout_ms, uint32_t, 60, SECONDS, 0,                       \
+      "a socket's receive: \"timeout\", still usable")                                             \
+    X(socket_keepalive_timeout, socket_keepalive_timeout_ms, uint32_t, 60, SECONDS, 0,             \
+      "an idle pooled connection unless setkeepalive says (0: kept)")                              \
+    X(socket_pool_size, socket_pool_size, uint32_t, 30, COUNT, 0,                                  \
+      "idle connections a pool keeps unless connect says")                                         \
+    /* Name resolution: getaddrinfo tells no TTL, so answers are kept for a set time; lookups      \
+     * run on libuv's thread pool, shared with file work, so at most its size less one. */         \
+    X(resolver_ttl, resolver_ttl_ms, uint32_t, 30, SECONDS, 0,                                     \
+      "a name's answer is cached (0: not)")                                                        \
+    X(resolver_negative_ttl, resolver_negative_ttl_ms, uint32_t, 1, SECONDS, 0,                    \
+      "a name that did not resolve is cached (0: not)")                                            \
+    X(resolver_in_flight, resolver_in_flight, uint32_t, 2, COUNT, 0,                               \
+      "lookups at once, below libuv's thread pool; the rest queue")                                \
+    X(resolver_names, resolver_names, uint32_t, 1024, COUNT, 0,                                    \
+      "names in a worker's resolver cache")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 
 #include "internal.h"
@@ -90,15 +91,35 @@ static uint64_t rgen_next;
 
 /* -- The worker's sockets ---------------------------------------------------------------- */
 
+/* The configuration the worker's limits give (core/settings.h: socket_*, resolver_*). */
+static void config_of(ms_sock_config_t *cfg, const ms_limits_t *l)
+{
+    cfg->connect_timeout = l->socket_connect_timeout_ms;
+    cfg->send_timeout = l->socket_send_timeout_ms;
+    cfg->read_timeout = l->socket_read_timeout_ms;
+    cfg->keepalive_timeout = l->socket_keepalive_timeout_ms;
+    cfg->pool_size = l->socket_pool_size;
+    cfg->resolve_ttl = l->resolver_ttl_ms;
+    cfg->resolve_negative_ttl = l->resolver_negative_ttl_ms;
+    cfg->resolve_max = l->resolver_in_flight;
+    cfg->resolve_cache_max = l->resolver_names;
+}
+
 void ms_sock_config_default(ms_sock_config_t *cfg)
 {
-    cfg->connect_timeout = cfg->send_timeout = cfg->read_timeout = 60000;
-    cfg->keepalive_timeout = 60000;
-    cfg->pool_size = 30;
-    cfg->resolve_ttl = 30000;
-    cfg->resolve_negative_ttl = 1000;
-    cfg->resolve_max = 2;
-    cfg->resolve_cache_max = 1024;
+    ms_limits_t l;
+    ms_limits_default(&l);
+    config_of(cfg, &l);
+}
+
+/* Lookups hold a thread of libuv's pool each (UV_THREADPOOL_SIZE, 4 unless set) until they
+ * end; file work needs one left. */
+static uint32_t resolve_cap(uint32_t want)
+{
+    const char *env = getenv("UV_THREADPOOL_SIZE");
+    long threads = env != NULL ? strtol(env, NULL, 10) : 4;
+    uint32_t cap = threads > 1 ? (uint32_t)(threads - 1) : 1;
+    return want == 0 ? 1 : want > cap ? cap : want;
 }
 
 ms_sockets_t *ms__sockets(ms_server_t *srv)
@@ -108,7 +129,8 @@ ms_sockets_t *ms__sockets(ms_server_t *srv)
     ms_sockets_t *sk = ms_mem_alloc(sizeof(*sk));
     memset(sk, 0, sizeof(*sk));
     sk->server = srv;
-    ms_sock_config_default(&sk->cfg);
+    config_of(&sk->cfg, &srv->limits);
+    sk->cfg.resolve_max = resolve_cap(sk->cfg.resolve_max);
     srv->sockets = sk;
     return sk;
 }
@@ -119,9 +141,8 @@ void ms_sock_config(ms_server_t *srv, const ms_sock_config_t *cfg)
     if (cfg)
         sk->cfg = *cfg;
     else
-        ms_sock_config_default(&sk->cfg);
-    if (sk->cfg.resolve_max == 0)
-        sk->cfg.resolve_max = 1;
+        config_of(&sk->cfg, &srv->limits);
+    sk->cfg.resolve_max = resolve_cap(sk->cfg.resolve_max);
 }
 
 /* -- Errors ------------------------------------------------------------------------------ */

@@ -43,8 +43,10 @@ typedef struct ms_sock_config_s {
     uint32_t resolve_cache_max; /* names kept */
 } ms_sock_config_t;
 
+/* The configuration of the default limits (core/settings.h: socket_*, resolver_*). */
 void ms_sock_config_default(ms_sock_config_t *cfg);
-/* Sets the worker's configuration (NULL: the defaults). Sockets made after take it. */
+/* Sets the worker's configuration (NULL: what the server's limits say, as at first use).
+ * Sockets made after take it. resolve_max is kept below libuv's thread pool's size. */
 void ms_sock_config(ms_server_t *s, const ms_sock_config_t *cfg);
 
 /* -- Results ----------------------------------------------------------------------------

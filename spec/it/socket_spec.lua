@@ -251,6 +251,14 @@ describe("moonserve.socket from handlers of a real server", function()
         assert.equal("nil closed partial closed", get(srv, "/closer?port=" .. closer))
     end)
 
+    it("takes a socket's timeouts and pool size from the server's limits", function()
+        assert.equal("1 1", get(srv, q("/limits")))
+        local limited = helper.spawn_server { app = "spec/fixtures/sockets.lua",
+            args = "--limit socket_read_timeout=0.3 --limit socket_pool_size=1" }
+        finally(function() limited:stop() end)
+        assert.equal("timeout 0.3 1 0", get(limited, q("/limits", "&silent=" .. silent)))
+    end)
+
     twice("resolves localhost and reports a name that does not resolve", function()
         assert.equal("1|PONG|nil|nonexistent.invalid could not be resolved (3: Host not found)"
             .. "|connection refused", get(srv, q("/dns", "&closed=" .. closed)))

@@ -51,6 +51,7 @@ typedef struct zone_s {
     char name[MS_SHDICT_NAME_MAX + 1];
     uint64_t size;
     int fd;
+    ms_shdict_t *dict; /* the master's own mapping: to free the lock of a worker that died */
 } zone_t;
 
 typedef struct master_s {
@@ -110,6 +111,11 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
     slot_t *s = w->slot;
     M.live--;
     w->exited = 1;
+    /* Before any other process starts, so that no new one can have its pid meanwhile. */
+    for (int i = 0; i < M.nzones; i++)
+        if (ms_shdict_forsake(M.zones[i].dict, p->pid))
+            ms_log(MS_LOG_WARN, "worker %d (pid %d) died holding shared dictionary '%s': its "
+                   "lock is free again", s->index, p->pid, M.zones[i].name);
     uint64_t lived = uv_now(M.loop) - w->started;
     if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old one stays. */
@@ -179,8 +185,12 @@ static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
         return z->fd;
     }
     int fd = ms_shdict_create(name, (size_t)size);
-    if (fd < 0) {
-        snprintf(why, why_len, "shared dictionary '%s': %s", name, ms_shdict_strerror(fd));
+    ms_shdict_t *dict = NULL;
+    int rc = fd < 0 ? fd : ms_shdict_attach(fd, name, (size_t)size, &dict);
+    if (rc < 0) {
+        if (fd >= 0)
+            close(fd);
+        snprintf(why, why_len, "shared dictionary '%s': %s", name, ms_shdict_strerror(rc));
         return -1;
     }
     M.zones = realloc(M.zones, (size_t)(M.nzones + 1) * sizeof(zone_t));
@@ -190,6 +200,7 @@ static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
     snprintf(z->name, sizeof(z->name), "%s", name);
     z->size = size;
     z->fd = fd;
+    z->dict = dict;
     ms_log(MS_LOG_INFO, "shared dictionary '%s' made (%llu bytes)", name,
            (unsigned long long)size);
     return fd;
@@ -467,8 +478,10 @@ int ms_master_run(const ms_master_opts_t *o)
         free(M.slots[i].fds);
     }
     free(M.slots);
-    for (int i = 0; i < M.nzones; i++)
+    for (int i = 0; i < M.nzones; i++) {
+        ms_shdict_detach(M.zones[i].dict);
         close(M.zones[i].fd);
+    }
     free(M.zones);
     return 0;
 }

@@ -57,7 +57,7 @@ enum {
     X(EBADZONE, -10110, "not a shared dictionary zone")                                            \
     X(ESIZE, -10111, "the shared dictionary has another size")                                     \
     X(ENAME, -10112, "the shared dictionary has another name")                                     \
-    X(ELOCK, -10113, "the shared dictionary's lock cannot be recovered")
+    X(EVERSION, -10113, "the zone was made by another version of moonserve (restart the server)")
 
 enum {
 #define MS_SHDICT_ERR_ENUM(name, value, msg) MS_SHDICT_##name = (value),
@@ -81,15 +81,20 @@ typedef struct ms_shdict_val_s {
 
 /* Makes a zone of `size` bytes (rounded down to a multiple of 64) named `name`, in a memfd
  * whose size is sealed. The master calls it once per dictionary and keeps the descriptor
- * (close-on-exec: a worker gets it only as a passed fd) across reloads. Returns the fd or a
+ * (close-on-exec: a worker gets it over its channel) across reloads. Returns the fd or a
  * negative code (UV_EINVAL for a bad size or name, -errno). */
 MS_SHDICT_API int ms_shdict_create(const char *name, size_t size);
 
 /* Maps the zone of `fd` and checks its header. `name` and `size`, when not NULL and not 0,
  * must be what the zone was made with: otherwise MS_SHDICT_ENAME or MS_SHDICT_ESIZE, so
  * that a reload that changes a dictionary's size can fail with a clear message. Returns 0
- * and sets *out, or a negative code (MS_SHDICT_EBADZONE, -errno). The fd stays the caller's. */
+ * and sets *out, or a negative code (MS_SHDICT_EBADZONE, MS_SHDICT_EVERSION, -errno). The fd
+ * stays the caller's. */
 MS_SHDICT_API int ms_shdict_attach(int fd, const char *name, size_t size, ms_shdict_t **out);
+/* Tells the zone that process `pid` has died: if it held the lock, the lock is free again (and
+ * the next holder flushes the zone if the dead one was changing it). The master calls it for
+ * every zone when it learns that a worker died. Returns 1 if `pid` held the lock, else 0. */
+MS_SHDICT_API int ms_shdict_forsake(ms_shdict_t *d, int pid);
 /* Unmaps the zone and frees the handle. The zone lives on while any process maps it or
  * holds its fd. */
 MS_SHDICT_API void ms_shdict_detach(ms_shdict_t *d);

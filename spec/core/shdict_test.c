@@ -845,6 +845,30 @@ TEST(shdict_flushes_with_one_line_when_a_process_died_mid_change)
     dict_close(d, fd);
 }
 
+TEST(shdict_lock_of_a_dead_holder_is_freed_by_forsake_at_once)
+{
+    int fd;
+    ms_shdict_t *d = dict("forsaken", 1 << 16, &fd);
+    ASSERT(d != NULL);
+    ASSERT_EQ(0, set(d, MS_SHDICT_SET, "a", "1", 0));
+    pid_t pid = die_holding_lock(fd, 0);
+    ASSERT(pid > 0);
+    /* Dead but not reaped: kill(pid, 0) still finds the zombie, so only the reaper (the
+     * master) knows; it frees the lock, and nothing else. */
+    while (__atomic_load_n(&d->z->owner, __ATOMIC_ACQUIRE) != (uint32_t)pid)
+        usleep(100);
+    siginfo_t si;
+    ASSERT_EQ(0, waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT));
+    ASSERT_EQ(0, ms_shdict_forsake(d, (int)getpid())); /* not the holder: nothing */
+    ASSERT_EQ(1, ms_shdict_forsake(d, (int)pid));
+    ASSERT_EQ(0, ms_shdict_forsake(d, (int)pid));
+    ASSERT_STR_EQ("1", get(d, "a", 0));
+    int status;
+    ASSERT_EQ(pid, waitpid(pid, &status, 0));
+    ASSERT_SOUND(d);
+    dict_close(d, fd);
+}
+
 TEST(shdict_keeps_everything_when_a_process_died_reading)
 {
     int fd;

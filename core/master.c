@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -63,9 +64,178 @@ typedef struct master_s {
     uv_signal_t sig[5];
     uv_timer_t kill_timer;
     int stopping, live, code;
+    int activated;            /* the listening sockets came from systemd (LISTEN_FDS) */
+    int notify_fd;            /* systemd's notification socket, or -1 */
+    struct sockaddr_un notify_addr;
+    socklen_t notify_len;
+    int told_ready, reloading; /* what systemd was last told */
 } master_t;
 
 static master_t M;
+
+/* -- systemd -------------------------------------------------------------------------------
+ * Under a unit with Type=notify, systemd gives the master NOTIFY_SOCKET and waits for
+ * READY=1. The master says READY=1 once every worker is ready, RELOADING=1 on a HUP and
+ * READY=1 again when the new workers have taken over (or the reload failed and the old ones
+ * serve on), STOPPING=1 on TERM. The workers do not get the variable: only the master speaks
+ * for the service. */
+
+static void notify_open(void)
+{
+    M.notify_fd = -1;
+    const char *path = getenv("NOTIFY_SOCKET");
+    size_t len = path ? strlen(path) : 0;
+    if (len == 0 || len >= sizeof(M.notify_addr.sun_path) || (path[0] != '/' && path[0] != '@')) {
+        unsetenv("NOTIFY_SOCKET");
+        return;
+    }
+    M.notify_addr.sun_family = AF_UNIX;
+    memcpy(M.notify_addr.sun_path, path, len);
+    if (path[0] == '@')
+        M.notify_addr.sun_path[0] = '\0'; /* an abstract socket */
+    M.notify_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
+    M.notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    unsetenv("NOTIFY_SOCKET");
+}
+
+static void notify(const char *msg)
+{
+    if (M.notify_fd < 0)
+        return;
+    if (sendto(M.notify_fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&M.notify_addr,
+               M.notify_len) < 0)
+        ms_log(MS_LOG_WARN, "cannot notify systemd: %s", strerror(errno));
+}
+
+/* Tells systemd the service is ready when every slot's worker is, the first time and after a
+ * reload has settled. */
+static void notify_if_settled(void)
+{
+    for (int i = 0; i < M.o->workers; i++) {
+        slot_t *s = &M.slots[i];
+        if (s->next != NULL || s->current == NULL || !s->current->is_ready)
+            return;
+    }
+    if (!M.told_ready || M.reloading) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "READY=1\nSTATUS=serving with %d workers", M.o->workers);
+        notify(msg);
+        M.told_ready = 1;
+        M.reloading = 0;
+    }
+}
+
+/* Socket activation: systemd bound the listening sockets and passed them from fd 3 on, one per
+ * address in the order of --listen. Every worker then accepts from the same sockets. Returns
+ * the number taken (0 when not activated), or a negative code. */
+static int activated_sockets(const ms_master_opts_t *o)
+{
+    const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+    if (pid == NULL || fds == NULL || strtol(pid, NULL, 10) != (long)getpid())
+        return 0;
+    int n = (int)strtol(fds, NULL, 10);
+    unsetenv("LISTEN_PID");
+    unsetenv("LISTEN_FDS");
+    unsetenv("LISTEN_FDNAMES");
+    if (n != o->nlisten) {
+        ms_log(MS_LOG_ERR, "systemd passed %d listening sockets for %d --listen addresses", n,
+               o->nlisten);
+        return UV_EINVAL;
+    }
+    for (int j = 0; j < n; j++) {
+        int fd = 3 + j;
+        /* Out of the way of the workers' channel, which spawning puts at fd 3. */
+        int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3 + n);
+        if (moved < 0)
+            return uv_translate_sys_error(errno);
+        close(fd);
+        for (int i = 0; i < o->workers; i++)
+            M.slots[i].fds[j] = moved;
+        o->ports[j] = ms_fd_port(moved);
+    }
+    return n;
+}
+
+/* -- CPUs ---------------------------------------------------------------------------------- */
+
+int ms__cpus_of_quota(long long quota, long long period)
+{
+    if (quota <= 0 || period <= 0)
+        return 0;
+    return (int)((quota + period - 1) / period);
+}
+
+/* Reads "QUOTA PERIOD" (cgroup v2, "max" for none) from `dir`/cpu.max, or the two files of
+ * cgroup v1. Returns the CPUs, 0 when there is no limit or no such file. */
+static int quota_in(const char *dir)
+{
+    char path[512], word[32];
+    long long quota = -1, period = 0;
+    snprintf(path, sizeof(path), "%s/cpu.max", dir);
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        if (fscanf(f, "%31s %lld", word, &period) == 2 && strcmp(word, "max") != 0)
+            quota = strtoll(word, NULL, 10);
+        fclose(f);
+        return ms__cpus_of_quota(quota, period);
+    }
+    snprintf(path, sizeof(path), "%s/cpu.cfs_quota_us", dir);
+    if ((f = fopen(path, "r")) == NULL)
+        return 0;
+    if (fscanf(f, "%lld", &quota) != 1)
+        quota = -1;
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/cpu.cfs_period_us", dir);
+    if ((f = fopen(path, "r")) != NULL) {
+        if (fscanf(f, "%lld", &period) != 1)
+            period = 0;
+        fclose(f);
+    }
+    return ms__cpus_of_quota(quota, period);
+}
+
+/* The quota of this process's cgroup: its own directory, as /proc/self/cgroup names it under
+ * the usual mount points, or the root of its cgroup namespace (a container's view). */
+static int cgroup_cpus(void)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[512];
+    int cpus = 0;
+    while (f != NULL && cpus == 0 && fgets(line, sizeof(line), f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL;
+        if (path == NULL)
+            continue;
+        *path++ = '\0';
+        ctl++;
+        char dir[512];
+        if (*ctl == '\0') { /* v2: "0::/path" */
+            snprintf(dir, sizeof(dir), "/sys/fs/cgroup%s", path);
+            cpus = quota_in(dir);
+        } else if (strstr(ctl, "cpu") != NULL && strcmp(ctl, "cpuset") != 0 &&
+                   strcmp(ctl, "cpuacct") != 0) { /* v1: "N:cpu,cpuacct:/path" */
+            snprintf(dir, sizeof(dir), "/sys/fs/cgroup/%s%s", ctl, path);
+            cpus = quota_in(dir);
+            if (cpus == 0) {
+                snprintf(dir, sizeof(dir), "/sys/fs/cgroup/cpu%s", path);
+                cpus = quota_in(dir);
+            }
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    if (cpus == 0)
+        cpus = quota_in("/sys/fs/cgroup");
+    if (cpus == 0)
+        cpus = quota_in("/sys/fs/cgroup/cpu");
+    return cpus;
+}
+
+int ms_cpus(void)
+{
+    int n = (int)uv_available_parallelism(), quota = cgroup_cpus();
+    return quota > 0 && quota < n ? quota : n;
+}
 
 /* -- Workers ------------------------------------------------------------------------------- */
 
@@ -124,6 +294,7 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
                "ready: reload failed, the old worker keeps serving",
                s->index, p->pid, (long long)status, sig);
         s->next = NULL;
+        notify_if_settled();
     } else if (w == s->current) {
         s->current = NULL;
         if (!M.stopping) {
@@ -157,6 +328,7 @@ static void worker_ready(worker_t *w)
             uv_process_kill(&old->proc, SIGTERM);
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
+    notify_if_settled();
 }
 
 /* ZONE: the zone of a shared dictionary, made the first time one is asked for. Its size is
@@ -406,6 +578,7 @@ static void on_signal(uv_signal_t *h, int signum)
             return;
         ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
         M.stopping = 1;
+        notify("STOPPING=1");
         kill_all(SIGTERM);
         uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
         maybe_done();
@@ -414,6 +587,8 @@ static void on_signal(uv_signal_t *h, int signum)
         if (M.stopping)
             return;
         ms_log(MS_LOG_INFO, "SIGHUP: starting new workers");
+        M.reloading = 1;
+        notify("RELOADING=1");
         for (int i = 0; i < M.o->workers; i++) {
             slot_t *s = &M.slots[i];
             if (s->next != NULL)
@@ -442,14 +617,21 @@ int ms_master_run(const ms_master_opts_t *o)
     if (o->nlisten > 16 || o->nlisten < 1 || o->workers < 1)
         return UV_EINVAL;
     signal(SIGPIPE, SIG_IGN);
+    notify_open();
     M.slots = calloc((size_t)o->workers, sizeof(slot_t));
-    int port = -1;
     for (int i = 0; i < o->workers; i++) {
         slot_t *s = &M.slots[i];
         s->index = i;
         s->fds = calloc((size_t)o->nlisten, sizeof(int));
         uv_timer_init(M.loop, &s->respawn);
         s->respawn.data = s;
+    }
+    int rc = activated_sockets(o);
+    if (rc < 0)
+        return rc;
+    M.activated = rc > 0;
+    for (int i = 0; i < o->workers && !M.activated; i++) {
+        slot_t *s = &M.slots[i];
         for (int j = 0; j < o->nlisten; j++) {
             /* Port 0: the first socket picks a port and the others share it. */
             int fd = ms_listen_fd(o->listen[j], o->backlog, i > 0 ? o->ports[j] : -1);
@@ -460,7 +642,6 @@ int ms_master_run(const ms_master_opts_t *o)
                 o->ports[j] = ms_fd_port(fd);
         }
     }
-    (void)port;
     int sigs[5] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD};
     for (int i = 0; i < 5; i++) {
         uv_signal_init(M.loop, &M.sig[i]);
@@ -473,10 +654,12 @@ int ms_master_run(const ms_master_opts_t *o)
         spawn(&M.slots[i]);
     uv_run(M.loop, UV_RUN_DEFAULT);
     for (int i = 0; i < o->workers; i++) {
-        for (int j = 0; j < o->nlisten; j++)
-            close(M.slots[i].fds[j]);
+        for (int j = 0; j < o->nlisten && (i == 0 || !M.activated); j++)
+            close(M.slots[i].fds[j]); /* (activated: every slot has the same sockets) */
         free(M.slots[i].fds);
     }
+    if (M.notify_fd >= 0)
+        close(M.notify_fd);
     free(M.slots);
     for (int i = 0; i < M.nzones; i++) {
         ms_shdict_detach(M.zones[i].dict);

@@ -18,6 +18,14 @@ struct ms_master_opts_s {
     void (*on_listen)(const ms_master_opts_t *o);
 };
 
+/* The CPUs this process may use: what the scheduler allows (its affinity), and no more than
+ * its cgroup's CPU quota, rounded up (cgroup v2's cpu.max, v1's cpu.cfs_quota_us and
+ * cpu.cfs_period_us): a container limited to 2 CPUs on a 64-core host gets 2 workers. */
+int ms_cpus(void);
+/* The CPUs a quota of `quota` microseconds per `period` gives, rounded up; 0 for no limit
+ * (a negative quota, or a period of 0). */
+int ms__cpus_of_quota(long long quota, long long period);
+
 /* Binds the sockets, starts the workers and supervises them until SIGTERM or SIGINT, when
  * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker

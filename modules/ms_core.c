@@ -847,7 +847,7 @@ static int core_defaults(lua_State *L)
 
 static int core_cpus(lua_State *L)
 {
-    lua_pushinteger(L, (lua_Integer)uv_available_parallelism());
+    lua_pushinteger(L, (lua_Integer)ms_cpus());
     return 1;
 }
 

@@ -12,6 +12,7 @@ local helper = {}
 local ROOT = os.getenv("MOONSERVE_SRC") or "."
 helper.root = ROOT
 local BIN = os.getenv("MOONSERVE_BIN") or (ROOT .. "/lua/bin/moonserve")
+helper.bin = BIN
 
 local function sh_quote(s)
     return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

@@ -243,7 +243,9 @@ struct ms_server_s {
     uint64_t date_sec, date_checked;
     uint32_t next_req_id;
     int stopping;
+    int handing_over; /* the stop hands over to a new worker: still ready (ms_server_health) */
     void (*stopped)(ms_server_t *s);
+    char *livez, *readyz; /* the health paths (ms_server_health), owned; NULL: none */
     int depth;                    /* calls into the handler under way */
     struct ms_sources_s *sources; /* open connections per source address */
     ms_cidr_t *trusted;           /* proxies whose X-Forwarded-For is believed */
@@ -361,6 +363,8 @@ void ms__req_queue_body(ms_req_t *r, ms_out_t *o, const char *p, size_t len, int
 void ms__req_init(ms_req_t *r);
 /* Splits r->v.target into path and query, the same for every protocol. */
 void ms__req_split_target(ms_req_t *r);
+/* Whether the request's method is GET or HEAD. */
+int ms__req_get_or_head(const ms_req_t *r);
 /* Doubles the room for header fields (in the pool), once r->headers is full. */
 MS_NOINLINE void ms__req_headers_grow(ms_req_t *r);
 void ms__req_reset(ms_req_t *r);

@@ -325,7 +325,7 @@ static void worker_ready(worker_t *w)
         s->current = w;
         s->next = NULL;
         if (old != NULL && !old->exited)
-            uv_process_kill(&old->proc, SIGTERM);
+            uv_process_kill(&old->proc, SIGUSR2); /* drain: a handover, the service stays up */
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
     notify_if_settled();

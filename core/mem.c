@@ -14,6 +14,14 @@ static MS_NOINLINE void out_of_memory(size_t n)
     abort();
 }
 
+char *ms_mem_strdup(const char *s)
+{
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    return memcpy(ms_mem_alloc(n), s, n);
+}
+
 void *ms_mem_alloc(size_t n)
 {
     void *p = malloc(n);

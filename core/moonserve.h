@@ -32,6 +32,8 @@ typedef struct ms_out_s ms_out_t;
 void *ms_mem_alloc(size_t n);
 void *ms_mem_realloc(void *p, size_t n);
 void ms_mem_free(void *p);
+/* A copy of the string `s` from ms_mem_alloc, or NULL for NULL. */
+char *ms_mem_strdup(const char *s);
 
 /* Counted by every call above; tests and benchmarks read them to prove zero allocations. */
 typedef struct ms_mem_stats_s {
@@ -374,6 +376,12 @@ int ms_listen_fd(const char *addr, int backlog, int port);
 int ms_fd_port(int fd);
 /* The port actually bound by the last listen (useful with port 0). */
 int ms_server_port(ms_server_t *s);
+/* Answers GET and HEAD of `livez` with 200 while the process serves, and of `readyz` with 200
+ * until it stops, then 503, unless the stop hands over to a new worker (a reload: the service
+ * stays ready). Before any static mount or handler; NULL or "" turns a path off. */
+void ms_server_health(ms_server_t *s, const char *livez, const char *readyz);
+/* Marks the coming stop as a handover to a new worker (readyz stays 200). */
+void ms_server_handing_over(ms_server_t *s);
 /* Stops accepting, closes idle connections, lets in-flight requests finish. `done` runs when
  * no connection is left. */
 void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s));

@@ -100,6 +100,50 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
     c->proto->refuse(r, status);
 }
 
+int ms__req_get_or_head(const ms_req_t *r)
+{
+    const ms_str_t *mt = &r->v.method;
+    return (mt->len == 3 && memcmp(mt->base, "GET", 3) == 0) ||
+           (mt->len == 4 && memcmp(mt->base, "HEAD", 4) == 0);
+}
+
+static int path_is(const ms_req_t *r, const char *p)
+{
+    return p != NULL && r->v.path.len == strlen(p) && memcmp(r->v.path.base, p, r->v.path.len) == 0;
+}
+
+/* The health paths: 1 when `r` asked one and is answered. Cheap, with no Lua, so that a
+ * probe tells whether the worker's loop turns; never cached by anyone on the way. */
+static int health(ms_req_t *r)
+{
+    ms_server_t *s = r->conn->server;
+    int live = path_is(r, s->livez), ready = !live && path_is(r, s->readyz);
+    if (!live && !ready)
+        return 0;
+    if (!ms__req_get_or_head(r))
+        return 0; /* the app's to answer, or refuse */
+    int up = live || !s->stopping || s->handing_over;
+    r->v.status = up ? 200 : 503;
+    static const char ctype[] = "content-type: text/plain\r\ncache-control: no-store\r\n";
+    ms_reply_fields_checked(r, ctype, sizeof(ctype) - 1);
+    const char *body = up ? "ok\n" : "stopping\n";
+    ms_reply_send(r, body, strlen(body), MS_VEC_STATIC, -1);
+    return 1;
+}
+
+void ms_server_health(ms_server_t *s, const char *livez, const char *readyz)
+{
+    ms_mem_free(s->livez);
+    ms_mem_free(s->readyz);
+    s->livez = livez != NULL && *livez != '\0' ? ms_mem_strdup(livez) : NULL;
+    s->readyz = readyz != NULL && *readyz != '\0' ? ms_mem_strdup(readyz) : NULL;
+}
+
+void ms_server_handing_over(ms_server_t *s)
+{
+    s->handing_over = 1;
+}
+
 /* A whole request head, from any protocol: it counts, the handler's hold on the connection
  * is taken, the steps before the handler may answer it (static mounts), else the handler
  * has it. What a protocol decides of its own (a connection's last request, a malformed
@@ -117,6 +161,10 @@ void ms__req_dispatch(ms_req_t *r)
     if (MS_UNLIKELY(r->v.id == 0))
         s->id_prefix[0] = 0; /* the counter wrapped: request ids take a new prefix */
     ms__conn_hold(c); /* the handler's */
+    if (MS_UNLIKELY(s->livez != NULL || s->readyz != NULL) && health(r)) {
+        ms_req_finish(r);
+        return;
+    }
     if (s->before_handler != NULL && s->before_handler(r) == 0) {
         ms_req_finish(r);
         return;

@@ -423,6 +423,8 @@ void ms_server_free(ms_server_t *s)
     ms__sockets_free(s); /* its pooled connections close in the run below */
     ms__sources_free(s);
     ms_mem_free(s->trusted);
+    ms_mem_free(s->livez);
+    ms_mem_free(s->readyz);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);
     ms__static_free(s);

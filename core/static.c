@@ -89,21 +89,13 @@ void ms_static_opts_default(ms_static_opts_t *o)
     o->immutable = o->precompressed = o->compress = 1;
 }
 
-static char *dup_or_null(const char *s)
-{
-    if (s == NULL)
-        return NULL;
-    size_t n = strlen(s) + 1;
-    return memcpy(ms_mem_alloc(n), s, n);
-}
-
 static void mount_init(ms_mount_t *m, const ms_static_opts_t *o)
 {
     m->o = *o;
-    m->o.index = dup_or_null(o->index);
-    m->o.cache_control = dup_or_null(o->cache_control);
-    m->o.fields = dup_or_null(o->fields);
-    m->o.host = dup_or_null(o->host);
+    m->o.index = ms_mem_strdup(o->index);
+    m->o.cache_control = ms_mem_strdup(o->cache_control);
+    m->o.fields = ms_mem_strdup(o->fields);
+    m->o.host = ms_mem_strdup(o->host);
     m->fields_len = o->fields ? strlen(o->fields) : 0;
     m->cache_control_len = o->cache_control ? strlen(o->cache_control) : 0;
 }
@@ -147,7 +139,7 @@ static ms_static_t *statics(ms_server_t *s)
         o.index = NULL;
         mount_init(&st->files, &o);
         st->files.root_fd = -1;
-        st->files.prefix = dup_or_null("");
+        st->files.prefix = ms_mem_strdup("");
         st->turn = 1;
         st->counter = ms_mem_alloc(sizeof(*st->counter));
         uv_check_init(s->loop, st->counter);
@@ -1042,13 +1034,6 @@ static int serve_mount(ms_req_t *r, ms_mount_t *m, const fields_t *q)
     return MS_STATIC_MISS;
 }
 
-static int get_or_head(const ms_req_t *r)
-{
-    const ms_str_t *mt = &r->v.method;
-    return (mt->len == 3 && memcmp(mt->base, "GET", 3) == 0) ||
-           (mt->len == 4 && memcmp(mt->base, "HEAD", 4) == 0);
-}
-
 /* Whether a Host field names `want` (lowercase, no port). The port is cut as the framework
  * cuts it for sites (moonserve.security.split_host): an IP literal ends at its ']'
  * ("[::1]:8080" is "[::1]"), any other host at its first ':'. */
@@ -1097,7 +1082,7 @@ int ms__static_dispatch(ms_req_t *r)
         }
         best = m;
     }
-    if (best == NULL || best->o.hooked || !get_or_head(r))
+    if (best == NULL || best->o.hooked || !ms__req_get_or_head(r))
         return MS_STATIC_MISS;
     if (!have_fields)
         read_fields(r, &q);
@@ -1107,7 +1092,7 @@ int ms__static_dispatch(ms_req_t *r)
 int ms_static_serve(ms_req_t *r, int id)
 {
     ms_static_t *st = r->conn->server->statics;
-    if (st == NULL || id < 0 || (uint32_t)id >= st->nmounts || !get_or_head(r))
+    if (st == NULL || id < 0 || (uint32_t)id >= st->nmounts || !ms__req_get_or_head(r))
         return MS_STATIC_MISS;
     ms_mount_t *m = st->mounts[id];
     if (!under(m, &r->v.path))
@@ -1226,7 +1211,7 @@ int ms_static_mount(ms_server_t *s, const char *prefix, const char *dir, const m
     memcpy(m->prefix, prefix, plen);
     m->prefix[plen] = 0;
     m->prefix_len = plen;
-    m->dir = dup_or_null(dir);
+    m->dir = ms_mem_strdup(dir);
     st->mounts = ms_mem_realloc(st->mounts, (st->nmounts + 1) * sizeof(*st->mounts));
     st->mounts[st->nmounts++] = m;
     int id = (int)st->nmounts - 1;

@@ -37,7 +37,7 @@ typedef struct binding_s {
     int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
     int on_resume_ref;  /* function(), likewise */
     int on_event_ref;   /* function(slot, status): a wake that is no request's (wake.c) */
-    uv_signal_t sigint, sigterm, sigusr1;
+    uv_signal_t sigint, sigterm, sigusr1, sigusr2;
     int signals; /* the signal handles are initialised */
     int stopped;
 } binding_t;
@@ -248,6 +248,7 @@ static void close_signals(binding_t *b)
     uv_close((uv_handle_t *)&b->sigint, NULL);
     uv_close((uv_handle_t *)&b->sigterm, NULL);
     uv_close((uv_handle_t *)&b->sigusr1, NULL);
+    uv_close((uv_handle_t *)&b->sigusr2, NULL);
     b->signals = 0;
 }
 
@@ -279,6 +280,17 @@ static void on_signal(uv_signal_t *sig, int signum)
     stop(b);
 }
 
+/* USR2: the master's word that a new worker has taken over this one's sockets (a reload):
+ * it stops as on TERM, but the service is still up (readyz stays 200). */
+static void on_handover(uv_signal_t *sig, int signum)
+{
+    binding_t *b = sig->data;
+    (void)signum;
+    ms_log(MS_LOG_INFO, "a new worker took over: stopping");
+    ms_server_handing_over(b->server);
+    stop(b);
+}
+
 /* server:run(): serves until stopped (server:stop(), SIGINT or SIGTERM). */
 static int server_run(lua_State *L)
 {
@@ -288,8 +300,11 @@ static int server_run(lua_State *L)
         uv_signal_init(b->loop, &b->sigint);
         uv_signal_init(b->loop, &b->sigterm);
         b->sigint.data = b->sigterm.data = b;
-        b->sigusr1.data = b;
+        b->sigusr1.data = b->sigusr2.data = b;
         uv_signal_init(b->loop, &b->sigusr1);
+        uv_signal_init(b->loop, &b->sigusr2);
+        uv_signal_start(&b->sigusr2, on_handover, SIGUSR2);
+        uv_unref((uv_handle_t *)&b->sigusr2);
         uv_signal_start(&b->sigint, on_signal, SIGINT);
         uv_signal_start(&b->sigterm, on_signal, SIGTERM);
         uv_signal_start(&b->sigusr1, on_usr1, SIGUSR1);
@@ -379,6 +394,14 @@ static int server_access_dropped(lua_State *L)
     binding_t *b = check_server(L);
     lua_pushnumber(L, (lua_Number)ms_server_access_dropped(b->server, (int)luaL_checkinteger(L, 2)));
     return 1;
+}
+
+/* server:health(livez, readyz): the health paths (nil: off). */
+static int server_health(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_server_health(b->server, luaL_optstring(L, 2, NULL), luaL_optstring(L, 3, NULL));
+    return 0;
 }
 
 /* server:request_id_header(on): replies carry x-request-id. */
@@ -889,6 +912,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"access_default", server_access_default},
                                               {"access_dropped", server_access_dropped},
                                               {"request_id_header", server_request_id_header},
+                                              {"health", server_health},
                                               {"stats", server_stats},
                                               {"static", server_static},
                                               {"static_cache", server_static_cache},

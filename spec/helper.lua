@@ -46,8 +46,11 @@ function helper.spawn_server(opts)
     if app ~= "" then
         app = sh_quote(app:sub(1, 1) == "/" and app or ROOT .. "/" .. app)
     end
-    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 & echo $!",
-        sh_quote(BIN), app, opts.args or "", sh_quote(log))
+    -- (The server gets none of this process's descriptors past stderr: a lock or a pipe it
+    -- held would outlive this process in a server left running.)
+    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 " ..
+        "3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- & echo $!", sh_quote(BIN), app, opts.args or "",
+        sh_quote(log))
     -- The server's environment is this process's, with opts.env set while it starts.
     for k, v in pairs(opts.env or {}) do
         ffi.C.setenv(k, tostring(v), 1)

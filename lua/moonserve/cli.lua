@@ -35,6 +35,9 @@ $limits
                        bytes_out, duration, protocol, tls, request_id, route, referer,
                        user_agent (e.g. '$time $client "$request" $status $duration')
   --request-id-header  replies carry x-request-id (the access log's request_id)
+  --livez PATH         answer GET PATH with 200 "ok" while the worker serves (off by default)
+  --readyz PATH        answer GET PATH with 200, or 503 once the server stops (a reload
+                       stays ready); off by default
   --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
   --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
                        hooks returned (default $start_timeout); past it the start or
@@ -126,6 +129,12 @@ function _M.main(args)
             opts.access_log_format = value()
         elseif a == "--request-id-header" then
             opts.request_id_header = true
+        elseif a == "--livez" or a == "--readyz" then
+            local path = value()
+            if path:sub(1, 1) ~= "/" then
+                return die(a .. " needs a path starting with /")
+            end
+            opts[a:sub(3)] = path
         elseif a == "--stop-timeout" then
             opts.stop_timeout = tonumber(value())
             if not opts.stop_timeout then

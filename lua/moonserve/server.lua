@@ -140,6 +140,15 @@ local function access_logs(srv, the_app, opts)
     if any and type(the_app) == "table" then
         the_app.access_tags = true
     end
+    for _, key in ipairs({ "livez", "readyz" }) do
+        local path = opts[key]
+        if path ~= nil and (type(path) ~= "string" or path:sub(1, 1) ~= "/") then
+            error("bad " .. key .. " (a path starting with / expected)", 3)
+        end
+    end
+    if opts.livez or opts.readyz then
+        srv:health(opts.livez, opts.readyz)
+    end
     if opts.request_id_header then
         srv:request_id_header(true)
     end
@@ -226,6 +235,7 @@ end
 -- "-", or { path = ..., format = "combined" | "json" | "$template" } (opts.access_log_format:
 -- the format of a path given alone); opts.request_id_header: replies carry x-request-id;
 -- opts.log_level: "debug", "info", "warn" or "error"; opts.log_format: "text" or "json";
+-- opts.livez, opts.readyz: health paths answered by the core (readyz 503 once stopping);
 -- opts.on_listen(port) in
 -- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)

@@ -66,8 +66,11 @@ describe("moonserve.ngx.re", function()
             ctx = { pos = 6 }
             assert.is_nil(re.match("1234, hello", "[0-9]+", "", ctx))
             assert.equal(6, ctx.pos)
-            local _, err = re.match("abc", "a", "", { pos = 10 })
-            assert.equal("pcre_exec() failed: -33", err)
+            for _, opts in ipairs({ "", "j", "jo", "d" }) do
+                local _, err = re.match("abc", "a", opts, { pos = 10 })
+                assert.equal("pcre_exec() failed: -33", err)
+            end
+            assert.same({ [0] = "" }, re.match("abc", "$", "jo", { pos = 4 }))
         end)
 
         it("fills the res table it is given", function()

@@ -45,6 +45,9 @@ size_t *pcre2_get_ovector_pointer_8(pcre2_match_data_8 *match_data);
 int pcre2_match_8(const pcre2_code_8 *code, const char *subject, size_t length,
     size_t startoffset, uint32_t options, pcre2_match_data_8 *match_data,
     pcre2_match_context_8 *mcontext);
+int pcre2_jit_match_8(const pcre2_code_8 *code, const char *subject, size_t length,
+    size_t startoffset, uint32_t options, pcre2_match_data_8 *match_data,
+    pcre2_match_context_8 *mcontext);
 int pcre2_dfa_match_8(const pcre2_code_8 *code, const char *subject, size_t length,
     size_t startoffset, uint32_t options, pcre2_match_data_8 *match_data,
     pcre2_match_context_8 *mcontext, int *workspace, size_t wscount);
@@ -90,6 +93,7 @@ local PCRE2_INFO_NAMEENTRYSIZE = 18
 local PCRE2_INFO_NAMETABLE = 19
 local PCRE2_CONFIG_VERSION = 11
 local PCRE2_ERROR_NOMATCH = -1
+local PCRE2_ERROR_BADOFFSET = -33
 
 -- What the option letters ask of this module (lua-resty-core's numbering).
 local F_ONCE = 0x01
@@ -213,15 +217,17 @@ local function new_entry(regex, opts, flags, copts)
         return nil, compile_error(regex)
     end
     code = ffi_gc(code, P.pcre2_code_free_8)
-    if band(flags, F_JIT) ~= 0 then
-        P.pcre2_jit_compile_8(code, PCRE2_JIT_COMPLETE)   -- no JIT: the interpreter runs it
-    end
+    -- Without the JIT (a pattern it cannot take, or a build without it) the interpreter
+    -- runs the pattern, as in OpenResty.
+    local jitted = band(flags, F_JIT) ~= 0
+        and P.pcre2_jit_compile_8(code, PCRE2_JIT_COMPLETE) == 0
     local md = P.pcre2_match_data_create_from_pattern_8(code, nil)
     assert(md ~= nil, "pcre2_match_data_create() failed: no memory")
     md = ffi_gc(md, P.pcre2_match_data_free_8)
     info(code, PCRE2_INFO_CAPTURECOUNT, u32)
     local ncap = tonumber(u32[0])
     local dfa = band(flags, F_DFA) ~= 0
+    local utf_check = band(flags, F_UTF) ~= 0 and band(flags, F_NO_UTF_CHECK) == 0
     local names = false
     info(code, PCRE2_INFO_NAMECOUNT, u32)
     local nnames = tonumber(u32[0])
@@ -248,6 +254,9 @@ local function new_entry(regex, opts, flags, copts)
         names = (not dfa) and names or false,
         nnames = dfa and 0 or nnames,
         dfa = dfa,
+        -- pcre2_jit_match skips pcre2_match's checks of the arguments, the UTF-8 check
+        -- among them: only for JIT code that is not to check its subject.
+        fast = jitted and not dfa and not utf_check,
         utf = band(flags, F_UTF) ~= 0,
         dupnames = band(flags, F_DUPNAMES) ~= 0,
         mopts = band(flags, F_NO_UTF_CHECK) ~= 0 and PCRE2_NO_UTF_CHECK or 0,
@@ -321,7 +330,10 @@ end
 -- -- Matching ------------------------------------------------------------------------
 
 local function exec(e, subj, len, pos)
-    if e.dfa then
+    if e.fast then
+        if pos > len then return PCRE2_ERROR_BADOFFSET end
+        return P.pcre2_jit_match_8(e.code, subj, len, pos, e.mopts, e.md, mctx)
+    elseif e.dfa then
         local rc = P.pcre2_dfa_match_8(e.code, subj, len, pos, e.mopts, e.md, mctx, dfa_ws,
             DFA_WORKSPACE)
         -- 0: more matches than the ovector holds; the first, the longest, is there.

@@ -14,9 +14,9 @@ and talking to the core through LuaJIT's FFI.
    license = "MIT",
    labels = { "http", "server", "web", "luajit" },
 }
--- LuaJIT only: the framework talks to the core through the FFI. lua-cjson and OpenSSL's
--- libcrypto (sessions, CSRF tokens) come from the system's packages (Debian lua-cjson,
--- libssl3).
+-- LuaJIT only: the framework talks to the core through the FFI. lua-cjson, OpenSSL's
+-- libcrypto (sessions, CSRF tokens) and PCRE2 (ngx.re) come from the system's packages
+-- (Debian lua-cjson, libssl3, libpcre2-8-0).
 dependencies = {
    "lua >= 5.1, < 5.2",
 }
@@ -46,6 +46,7 @@ build = {
          ["moonserve.live"] = "lua/moonserve/live.lua",
          ["moonserve.log"] = "lua/moonserve/log.lua",
          ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
+         ["moonserve.ngx.re"] = "lua/moonserve/ngx/re.lua",
          ["moonserve.request"] = "lua/moonserve/request.lua",
          ["moonserve.response"] = "lua/moonserve/response.lua",
          ["moonserve.router"] = "lua/moonserve/router.lua",

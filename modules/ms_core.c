@@ -160,14 +160,30 @@ static void read_limits(lua_State *L, int t, ms_limits_t *lim)
         size_t i = 0, n = sizeof(limit_keys) / sizeof(limit_keys[0]);
         while (i < n && strcmp(limit_keys[i].name, key) != 0)
             i++;
-        if (i == n)
-            luaL_error(L, "unknown limit %s", key);
-        if (!lua_isnumber(L, -1))
-            luaL_error(L, "bad limit %s (number expected)", key);
+        /* (The messages carry no position: they are about the configuration, not the code.) */
+        if (i == n) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            lua_pushfstring(L, "unknown limit %s (the limits: ", key);
+            luaL_addvalue(&b);
+            for (size_t k = 0; k < n; k++) {
+                luaL_addstring(&b, limit_keys[k].name);
+                luaL_addstring(&b, k + 1 < n ? ", " : ")");
+            }
+            luaL_pushresult(&b);
+            lua_error(L);
+        }
+        if (!lua_isnumber(L, -1)) {
+            lua_pushfstring(L, "bad limit %s (a number expected)", key);
+            lua_error(L);
+        }
         double d = lua_tonumber(L, -1) * limit_keys[i].scale;
         double max = limit_keys[i].max;
-        if (d < 0 || d > max)
-            luaL_error(L, "bad limit %s (out of range: 0 to %.0f)", key, max);
+        if (d < 0 || d > max) {
+            lua_pushfstring(L, "bad limit %s (out of range: 0 to %f)", key,
+                            max / limit_keys[i].scale);
+            lua_error(L);
+        }
         char *field = (char *)lim + limit_keys[i].offset;
         if (limit_keys[i].wide)
             *(uint64_t *)field = (uint64_t)d;

@@ -43,6 +43,8 @@ $limits
                        hooks returned (default $start_timeout); past it the start or
                        reload fails and the old workers keep serving
   --quiet              log errors and warnings only
+  --check              load the app and check it and every option, then exit (0 when
+                       all is well), as nginx -t does; nothing listens
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
@@ -71,7 +73,7 @@ end
 
 function _M.main(args)
     local opts = {}
-    local app_file, static_dir
+    local app_file, static_dir, check
     local static_flags = {}
     local i = 1
     while i <= #args do
@@ -147,6 +149,8 @@ function _M.main(args)
             end
         elseif a == "--quiet" then
             opts.quiet = true
+        elseif a == "--check" then
+            check = true
         elseif a == "--static" then
             static_dir = value()
         elseif a == "--listing" or a == "--spa" or a == "--dev" then
@@ -202,6 +206,15 @@ function _M.main(args)
     end
     if opts.quiet then
         require("moonserve.base").core.log_level(1)
+    end
+    if check then
+        local ok, err = pcall(require("moonserve.server").check, app, opts)
+        if not ok then
+            return die(tostring(err))
+        end
+        io.stdout:write("moonserve: ", app_file or static_dir or "the demo site",
+            ": the app and its options are valid\n")
+        return 0
     end
     local ok, err = pcall(app.run, app, opts)
     if not ok then

@@ -224,6 +224,61 @@ local function attach_shared(the_app)
     return true
 end
 
+-- What app:run{} takes (the command line's flags set the same keys): any other key is a
+-- mistake, named at start with the accepted ones.
+local OPTIONS = { "access_log", "access_log_format", "limits", "listen", "livez", "log",
+    "log_format", "log_level", "on_listen", "quiet", "readyz", "request_id_header",
+    "start_timeout", "static_cache", "stop_timeout", "trusted_proxies", "workers" }
+local OPTION_SET = {}
+for _, k in ipairs(OPTIONS) do
+    OPTION_SET[k] = true
+end
+
+local function check_options(opts)
+    if type(opts) ~= "table" then
+        error("bad options (a table expected)", 3)
+    end
+    for k in pairs(opts) do
+        if not OPTION_SET[k] then
+            error("unknown option " .. tostring(k) .. " (accepted: " .. table.concat(OPTIONS, ", ")
+                .. ")", 3)
+        end
+    end
+    local workers = opts.workers
+    if workers ~= nil and (type(workers) ~= "number" or workers < 0 or workers % 1 ~= 0) then
+        error("bad workers (a whole number expected)", 3)
+    end
+    for _, key in ipairs({ "stop_timeout", "start_timeout" }) do
+        local v = opts[key]
+        if v ~= nil and (type(v) ~= "number" or v <= 0) then
+            error("bad " .. key .. " (seconds, above 0, expected)", 3)
+        end
+    end
+end
+
+-- Checks everything `run` would, as `moonserve --check` does: the options, the limits, the
+-- listeners' addresses, the log and access log files, the static mounts' directories, the
+-- trusted proxies; nothing listens and no worker starts. Returns true or raises.
+function _M.check(the_app, opts)
+    opts = opts or {}
+    check_options(opts)
+    log_options(opts)
+    if opts.log then
+        local f, err = io.open(opts.log, "a")
+        if not f then
+            error("cannot open log " .. opts.log .. ": " .. err, 2)
+        end
+        f:close()
+    end
+    for _, l in ipairs(listen_list(opts.listen)) do
+        if not l.addr:match("^%[?[%w%.:]*%]?:%d+$") then
+            error("bad listen address " .. l.addr .. " (HOST:PORT expected)", 2)
+        end
+    end
+    make(the_app, opts, parse_limits(opts.limits, the_app)):close()
+    return true
+end
+
 -- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or a
 -- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
 -- X-Forwarded-For is believed;
@@ -240,6 +295,7 @@ end
 -- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)
     opts = opts or {}
+    check_options(opts)
     log_options(opts)
     if opts.log then
         local ok, err = core.log_open(opts.log)
@@ -272,9 +328,6 @@ function _M.run(the_app, opts)
     end
 
     local workers = opts.workers or core.cpus()
-    if type(workers) ~= "number" or workers < 0 or workers % 1 ~= 0 then
-        error("bad workers (a whole number expected)", 2)
-    end
     if workers > 0 then
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
             workers = workers, stop_timeout = opts.stop_timeout,

@@ -92,7 +92,7 @@ describe("limits", function()
         local ok, err = pcall(core.server, { on_request = function() end,
             on_resume = function() end, limits = { head_timeout = 4294968 } })
         assert.is_false(ok) -- seconds past what milliseconds in 32 bits hold
-        assert.matches("bad limit head_timeout %(out of range: 0 to 4294967295%)", err)
+        assert.matches("bad limit head_timeout %(out of range: 0 to 4294967.295%)", err)
         ok, err = pcall(core.server, { on_request = function() end, on_resume = function() end,
             limits = { no_such_limit = 1 } })
         assert.is_false(ok)

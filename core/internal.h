@@ -214,6 +214,10 @@ struct ms_server_s {
     ms_event_cb on_event;   /* waits that are no request's (wake.c); NULL: none */
     struct ms_wake_s **wakes; /* by slot, each allocated once (wake.c) */
     uint32_t wakes_cap;
+    struct ms_wake_s *wake_stop;            /* MS_WAKE_STOP's, once it was queued */
+    struct ms_wake_s *woken, **woken_tail;  /* wakes made while depth > 0, in order */
+    uint8_t woken_running;                  /* ms__wakes_run is delivering them */
+    uv_idle_t wake_idle; /* active while wakes past MS_WAKE_BATCH wait for the next turn */
     void *data;
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
@@ -246,7 +250,7 @@ struct ms_server_s {
     int handing_over; /* the stop hands over to a new worker: still ready (ms_server_health) */
     void (*stopped)(ms_server_t *s);
     char *livez, *readyz; /* the health paths (ms_server_health), owned; NULL: none */
-    int depth;                    /* calls into the handler under way */
+    int depth; /* calls into the handler under way, or the socket engine at work (enter/leave) */
     struct ms_sources_s *sources; /* open connections per source address */
     ms_cidr_t *trusted;           /* proxies whose X-Forwarded-For is believed */
     uint32_t ntrusted;
@@ -339,6 +343,17 @@ void ms__timers_run(uv_timer_t *ut);
 
 /* wake.c */
 void ms__wakes_free(ms_server_t *s);
+/* Delivers the wakes made while depth > 0 (at most MS_WAKE_BATCH; the rest go to the next
+ * turn of the loop). Called by run_deferred (server.c) when depth is back to 0. */
+void ms__wakes_run(ms_server_t *s);
+
+/* server.c: work that may not call back into Lua (the socket engine's callbacks from the
+ * loop) runs between these, so that what it completes is delivered once it has returned. */
+static inline void ms__server_enter(ms_server_t *s)
+{
+    s->depth++;
+}
+void ms__server_leave(ms_server_t *s);
 
 /* date.c */
 const char *ms__date_line(ms_server_t *s);

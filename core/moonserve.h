@@ -327,7 +327,9 @@ typedef void (*ms_event_cb)(int32_t slot, int status, void *data);
 #define MS_WAKE_SLOT_MAX (1 << 24)
 
 void ms_server_on_event(ms_server_t *s, ms_event_cb cb);
-/* Calls the event callback now with `slot` and `status`; a timer armed on the slot is void. */
+/* Calls the event callback with `slot` and `status`: now from the loop, or, while a call into
+ * the handler (and so any call from Lua) or the socket engine's work is under way, once the
+ * outermost of them returns; never inside them. A timer armed on the slot is void. */
 void ms_wake(ms_server_t *s, int32_t slot, int status);
 /* Wakes `slot` with `status` in `ms` milliseconds (0: the next turn of the loop), replacing
  * what its timer was armed for. Returns 0 or UV_EINVAL (a slot out of range). */

@@ -220,7 +220,10 @@ static void on_gai(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     int rc = gai_status(status);
     if (rc == 0 && n == 0)
         rc = MS_SOCK_ENOTFOUND;
+    ms_server_t *srv = sk->server;
+    ms__server_enter(srv);
     lookup_finish(sk, l, rc, addrs, n);
+    ms__server_leave(srv);
 }
 
 static int lookup_start(ms_sockets_t *sk, ms_lookup_t *l)

@@ -202,6 +202,7 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     ms__protos_init(s);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
                                         * is work still to do */
+    uv_idle_init(loop, &s->wake_idle);
     return s;
 }
 
@@ -347,7 +348,8 @@ const ms_server_stats_t *ms_server_stats(ms_server_t *s)
 }
 
 /* Work the handler's calls into the core could not do on the spot (it may not call back
- * into Lua), done when the outermost call into Lua returns. */
+ * into Lua), done when the outermost call into Lua returns: connections to move on, then
+ * the wakes made meanwhile (ms_wake). */
 static void run_deferred(ms_server_t *s)
 {
     while (s->deferred != NULL) {
@@ -358,6 +360,14 @@ static void run_deferred(ms_server_t *s)
         c->proto->resume(c);
         ms__conn_release(c);
     }
+    if (s->woken != NULL && !s->woken_running)
+        ms__wakes_run(s);
+}
+
+void ms__server_leave(ms_server_t *s)
+{
+    if (--s->depth == 0)
+        run_deferred(s);
 }
 
 /* Every call into the handler goes through here, or through ms__server_event for a wake
@@ -431,7 +441,9 @@ void ms_server_free(ms_server_t *s)
     ms__wakes_free(s);
     if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
         uv_close((uv_handle_t *)&s->uv_timer, NULL);
-    /* The uv_timer lives inside `s`: let the loop finish closing it first. */
+    if (!uv_is_closing((uv_handle_t *)&s->wake_idle))
+        uv_close((uv_handle_t *)&s->wake_idle, NULL);
+    /* The uv handles live inside `s`: let the loop finish closing them first. */
     uv_run(s->loop, UV_RUN_NOWAIT);
     ms_mem_free(s->heap);
     ms_mem_free(s->anchor_free);

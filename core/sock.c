@@ -491,7 +491,11 @@ static void idle_unlink(ms_sconn_t *c)
 
 static void on_idle_expired(uv_timer_t *t)
 {
-    sconn_drop(t->data);
+    ms_sconn_t *c = t->data;
+    ms_server_t *srv = c->sk->server;
+    ms__server_enter(srv);
+    sconn_drop(c); /* a connect in the backlog may go ahead */
+    ms__server_leave(srv);
 }
 
 static void attach(ms_sock_t *s, ms_sconn_t *c);
@@ -603,10 +607,21 @@ static void read_finish(ms_sock_t *s, int rc)
     cb(s, rc);
 }
 
+static void read_done(ms_sconn_t *c, ms_sock_t *s, ssize_t nread);
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
+    (void)buf;
     ms_sconn_t *c = st->data;
-    ms_sock_t *s = c->sock;
+    ms_server_t *srv = c->sk->server;
+    ms__server_enter(srv);
+    read_done(c, c->sock, nread);
+    ms__server_leave(srv);
+}
+
+static void read_done(ms_sconn_t *c, ms_sock_t *s, ssize_t nread)
+{
+    uv_stream_t *st = &c->u.st;
     if (s == NULL) {
         if (nread != 0)
             on_idle_read(c);
@@ -636,10 +651,13 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 static void on_read_timeout(ms_timer_t *t)
 {
     ms_sock_t *s = container_of(t, ms_sock_t, rtimer);
+    ms_server_t *srv = s->server;
     read_partial(s);
     ms_sock_cb cb = s->read_cb;
     s->read_cb = NULL;
+    ms__server_enter(srv);
     cb(s, UV_ETIMEDOUT); /* the socket stays usable */
+    ms__server_leave(srv);
 }
 
 /* -- Closing ----------------------------------------------------------------------------- */
@@ -800,13 +818,18 @@ static void connect_done(ms_sock_t *s, int status)
 static void on_connect_timeout(ms_timer_t *t)
 {
     ms_sock_t *s = container_of(t, ms_sock_t, ctimer);
+    ms_server_t *srv = s->server;
     ms_sock_cb cb = s->connect_cb;
     s->connect_cb = NULL;
+    ms__server_enter(srv);
     sock_close_conn(s, UV_ETIMEDOUT, 0);
     cb(s, UV_ETIMEDOUT);
+    ms__server_leave(srv);
 }
 
 static int connect_addr(ms_sock_t *s);
+
+static void connected(ms_sock_t *s, ms_sconn_t *c, int status);
 
 static void on_connect(uv_connect_t *req, int status)
 {
@@ -814,6 +837,14 @@ static void on_connect(uv_connect_t *req, int status)
     ms_sock_t *s = c->sock;
     if (s == NULL) /* the socket gave up on it: it is closing */
         return;
+    ms_server_t *srv = s->server;
+    ms__server_enter(srv);
+    connected(s, c, status);
+    ms__server_leave(srv);
+}
+
+static void connected(ms_sock_t *s, ms_sconn_t *c, int status)
+{
     if (status < 0) {
         /* Refused or unreachable: the name's next address, if it has one. */
         if (s->addr_next < s->res.naddrs && status != UV_ECANCELED) {
@@ -870,6 +901,7 @@ static int connect_addr(ms_sock_t *s)
     return rc < 0 ? rc : 0;
 }
 
+/* From the resolver's callback, which the engine's work brackets (resolve.c). */
 static void on_resolved(ms_resolve_t *r, int status)
 {
     ms_sock_t *s = r->data;
@@ -1017,7 +1049,10 @@ int ms_sock_setkeepalive(ms_sock_t *s, int64_t idle_ms, uint32_t pool_size)
 static void on_send_timeout(ms_timer_t *t)
 {
     ms_sock_t *s = container_of(t, ms_sock_t, wtimer);
+    ms_server_t *srv = s->server;
+    ms__server_enter(srv);
     sock_fail(s, UV_ETIMEDOUT); /* a write cannot be taken back: the socket closes */
+    ms__server_leave(srv);
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -1026,14 +1061,17 @@ static void on_write(uv_write_t *req, int status)
     ms_sock_t *s = c->sock;
     if (s == NULL || s->write_cb == NULL) /* closed under it */
         return;
+    ms_server_t *srv = s->server;
+    ms__server_enter(srv);
     if (status < 0) {
         sock_fail(s, status);
-        return;
+    } else {
+        ms_sock_cb cb = s->write_cb;
+        s->write_cb = NULL;
+        ms_timer_stop(s->server, &s->wtimer);
+        cb(s, MS_SOCK_DONE);
     }
-    ms_sock_cb cb = s->write_cb;
-    s->write_cb = NULL;
-    ms_timer_stop(s->server, &s->wtimer);
-    cb(s, MS_SOCK_DONE);
+    ms__server_leave(srv);
 }
 
 int ms_sock_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb)

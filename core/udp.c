@@ -120,6 +120,7 @@ static void peer_done(ms_udp_t *u, int rc)
     cb(u, rc);
 }
 
+/* From the resolver's callback, which the engine's work brackets (resolve.c). */
 static void on_peer_resolved(ms_resolve_t *r, int status)
 {
     ms_udp_t *u = r->data;
@@ -129,8 +130,11 @@ static void on_peer_resolved(ms_resolve_t *r, int status)
 static void on_peer_timeout(ms_timer_t *t)
 {
     ms_udp_t *u = container_of(t, ms_udp_t, ptimer);
+    ms_server_t *srv = u->server;
+    ms__server_enter(srv);
     ms_resolve_cancel(&u->res);
     peer_done(u, UV_ETIMEDOUT);
+    ms__server_leave(srv);
 }
 
 int ms_udp_setpeername(ms_udp_t *u, const char *host, size_t host_len, int port, ms_udp_cb cb)
@@ -184,22 +188,28 @@ static void on_udp_recv(uv_udp_t *hd, ssize_t nread, const uv_buf_t *buf,
         return;
     if (nread == 0 && addr == NULL) /* nothing more to read now */
         return;
+    ms_server_t *srv = u->server;
+    ms__server_enter(srv);
     if (nread < 0) {
         recv_done(u, (int)nread); /* ICMP said no one listens: "connection refused" */
-        return;
+    } else {
+        u->v.data = u->buf;
+        u->v.len = (size_t)nread;
+        recv_done(u, MS_SOCK_DONE);
     }
-    u->v.data = u->buf;
-    u->v.len = (size_t)nread;
-    recv_done(u, MS_SOCK_DONE);
+    ms__server_leave(srv);
 }
 
 static void on_recv_timeout(ms_timer_t *t)
 {
     ms_udp_t *u = container_of(t, ms_udp_t, rtimer);
+    ms_server_t *srv = u->server;
     ms_udp_cb cb = u->recv_cb;
     u->recv_cb = NULL;
     uv_udp_recv_stop(&u->h->udp);
+    ms__server_enter(srv);
     cb(u, UV_ETIMEDOUT);
+    ms__server_leave(srv);
 }
 
 int ms_udp_receive(ms_udp_t *u, size_t size, ms_udp_cb cb)

@@ -51,19 +51,17 @@ static void glue_drop(int32_t i)
     free_glue = i;
 }
 
-/* Wakes whoever waits on `*slot`, once, on the next turn of the loop (the slot's own timer,
- * at 0 ms), never from inside the engine's callback: the engine may still be at work on this
- * socket or its pool (giving a connection back hands it to a connect waiting in the backlog;
- * a close completes the reads and writes under way), and a call from Lua may be under way.
- * FIXME: resuming straight from the callback, even with calls from Lua counted and those
- * deferred, crashed the JIT-compiled worker under wrk (16 connections into a pool of 4 with
- * a backlog); the path has not been found. The cost: one turn of the loop per completion. */
+/* Wakes whoever waits on `*slot`, once. ms_wake resumes it now when the completion comes
+ * from the loop, and queues it when a call into Lua or the engine's own work is under way
+ * (core/wake.c): the engine completes a connect in the backlog inside the setkeepalive or
+ * close that gave a connection back, and a close completes the reads and writes under way,
+ * all inside an FFI call from Lua, which LuaJIT cannot be entered again from. */
 static void wake(ms_ffi_sock_t *g, int32_t *slot, int status)
 {
     int32_t sl = *slot;
     *slot = -1;
     if (sl >= 0)
-        ms_wake_after(g->srv, sl, 0, status);
+        ms_wake(g->srv, sl, status);
 }
 
 static void on_read(ms_sock_t *s, int status)

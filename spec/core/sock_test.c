@@ -688,6 +688,95 @@ TEST(sock_pool_cap_and_backlog)
     ASSERT(teardown());
 }
 
+/* -- Wakes: what the binding does with a completion ----------------------------------------
+ * The binding wakes the slot a socket's waiter parked on (ms_wake). The event callback (Lua)
+ * must never run inside a call from Lua (an FFI call) nor inside the engine's own work. */
+
+static int ev_n, ev_slot, ev_status, ev_depth, ev_again;
+
+static void on_ev(int32_t slot, int status, void *data)
+{
+    (void)data;
+    ev_n++;
+    ev_slot = slot;
+    ev_status = status;
+    ev_depth = srv->depth; /* 1: this call alone, nothing of the engine's below it */
+    if (ev_again > 0) {
+        ev_again--;
+        ms_wake(srv, slot, status + 1); /* wakes itself again: queued behind this call */
+    }
+}
+
+static void wake_cb(ms_sock_t *s, int status)
+{
+    ms_wake(srv, s->v.slot, status);
+}
+
+TEST(sock_wakes_wait_for_the_call_that_caused_them)
+{
+    setup();
+    ms_server_on_event(srv, on_ev);
+    ev_n = ev_again = 0;
+    tsrv_t t;
+    tsrv_start(&t, T_ECHO, "127.0.0.1");
+    ms_sock_opts_t o = {.pool = "wakes", .pool_len = 5, .pool_size = 1, .backlog = 1};
+    ms_sock_t *a = sock(0), *b = sock(1);
+    ASSERT_EQ(MS_SOCK_DONE, connect_to(a, "127.0.0.1", t.port, &o));
+    ASSERT_EQ(MS_SOCK_PENDING, ms_sock_connect(b, "127.0.0.1", 9, t.port, &o, wake_cb));
+    /* Inside a call into Lua (which an FFI call from Lua is), giving the connection back
+     * completes b's connect at once; b's waiter is resumed when the call returns. */
+    ms__server_enter(srv);
+    ASSERT_EQ(MS_SOCK_DONE, ms_sock_setkeepalive(a, -1, 0));
+    ASSERT_EQ(1, b->v.connected);
+    ASSERT_EQ(0, ev_n);
+    ms__server_leave(srv);
+    ASSERT_EQ(1, ev_n);
+    ASSERT_EQ(1, ev_slot);
+    ASSERT_EQ(MS_SOCK_DONE, ev_status);
+    ASSERT_EQ(1, ev_depth);
+    /* From the loop: a read completes in libuv's callback, and the waiter is resumed in that
+     * same turn, once the engine has returned. */
+    ASSERT_EQ(MS_SOCK_DONE, send_str(b, "ping\n"));
+    ASSERT_EQ(MS_SOCK_PENDING, ms_sock_receive(b, MS_SOCK_LINE, 0, wake_cb));
+    while (ev_n == 1)
+        run_once();
+    ASSERT_EQ(2, ev_n);
+    ASSERT_EQ(MS_SOCK_DONE, ev_status);
+    ASSERT_EQ(1, ev_depth);
+    ASSERT_STR_EQ("ping", data(b));
+    /* A queued wake is void once cancelled, and replaced by the slot's timer. */
+    ms__server_enter(srv);
+    ms_wake(srv, 5, 0);
+    ms_wake_cancel(srv, 5);
+    ms_wake(srv, 6, 1);
+    ASSERT_EQ(0, ms_wake_after(srv, 6, 0, 2));
+    ms__server_leave(srv);
+    ASSERT_EQ(2, ev_n);
+    run_for(5);
+    ASSERT_EQ(3, ev_n);
+    ASSERT_EQ(6, ev_slot);
+    ASSERT_EQ(2, ev_status);
+    /* Code that keeps waking itself gets MS_WAKE_BATCH wakes at once, the rest on the next
+     * turns of the loop, so that the loop goes on with its other work. */
+    ev_n = 0;
+    ev_again = 1000;
+    ms__server_enter(srv);
+    ms_wake(srv, 7, 0);
+    ms__server_leave(srv);
+    ASSERT_EQ(256, ev_n);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ASSERT_EQ(512, ev_n);
+    for (int i = 0; i < 3; i++)
+        uv_run(&loop, UV_RUN_NOWAIT);
+    ASSERT_EQ(1001, ev_n);
+    ASSERT_EQ(1000, ev_status);
+    ms_server_on_event(srv, NULL);
+    ms_sock_free(a);
+    ms_sock_free(b);
+    tsrv_stop(&t);
+    ASSERT(teardown());
+}
+
 TEST(sock_pool_idle_expiry_and_size)
 {
     setup();

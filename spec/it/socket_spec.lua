@@ -205,6 +205,14 @@ describe("moonserve.socket from handlers of a real server", function()
         assert.equal(tonumber(first) + 1, tonumber(second)) -- handed over, not a new connection
     end)
 
+    -- A connect waiting in the backlog completes inside the setkeepalive that gives the
+    -- connection back, an FFI call from Lua that the JIT has compiled: the waiter must not
+    -- be resumed inside it (LuaJIT cannot be entered again from there; the worker crashed).
+    twice("hands a connection given back with setkeepalive to a connect in the backlog", function()
+        assert.equal("300 300", get(srv, q("/redis/handoff", "&n=300")))
+        assert.is_true(srv:alive())
+    end)
+
     it("closes a pooled connection idle past its time", function()
         local id = get(srv, q("/redis/idle"))
         assert.matches("id=" .. id .. " ", redis_cmd(rport, "CLIENT LIST"), 1, true)

@@ -83,6 +83,12 @@ MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
     return ms_req_client_ip(r, buf, len);
 }
 
+/* The connection's own address (`local`) or its peer's into buf; returns the port or -1. */
+MS_FFI int ms_ffi_req_address(ms_req_t *r, int local, char *buf, size_t len)
+{
+    return ms_conn_address(r->conn, local, buf, len);
+}
+
 MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
 {
     return ms_req_peer_trusted(r);

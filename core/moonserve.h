@@ -254,6 +254,9 @@ int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t 
 int ms_reply_begin(ms_req_t *r, uint64_t total);
 int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor);
 int ms_reply_end(ms_req_t *r);
+/* Ends a reply streamed with ms_reply_write before the handler ends (OpenResty's ngx.eof):
+ * the body's end (and trailers) go out now. MS_ESENT when no head left yet or it is done. */
+int ms_reply_close(ms_req_t *r);
 
 /* Streams one piece of a reply of unknown length (chunked on HTTP/1.1). */
 int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor);

@@ -182,6 +182,11 @@ MS_FFI int ms_ffi_res_end(ms_req_t *r)
     return ms_reply_end(r);
 }
 
+MS_FFI int ms_ffi_res_close(ms_req_t *r)
+{
+    return ms_reply_close(r);
+}
+
 /* Streams a piece of the reply; returns as ms_ffi_res_send. */
 MS_FFI int ms_ffi_res_write(ms_req_t *r, const char *chunk, size_t len, int text)
 {

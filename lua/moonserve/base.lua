@@ -58,6 +58,7 @@ int ms_ffi_res_send(ms_req_view_t *r, const char *body, size_t len, int text);
 int ms_ffi_res_begin(ms_req_view_t *r, double total, int text);
 int ms_ffi_res_piece(ms_req_view_t *r, const char *p, size_t len);
 int ms_ffi_res_end(ms_req_view_t *r);
+int ms_ffi_res_close(ms_req_view_t *r);
 int ms_ffi_res_write(ms_req_view_t *r, const char *chunk, size_t len, int text);
 int ms_ffi_res_congested(ms_req_view_t *r);
 int ms_ffi_anchor_drain(ms_req_view_t *r, int32_t *out, int n);

@@ -343,7 +343,7 @@ local function finish(st)
         if st.nb > 0 then
             push(st)
         end
-        core().ms_ffi_res_end(res.r)
+        core().ms_ffi_res_close(res.r)
     elseif not res:sent() then
         local s = st.nb > 0 and concat(st.buf, "", 1, st.nb) or ""
         st.nb, st.buf = 0, nil

@@ -107,8 +107,8 @@ local function on_path(name, extra)
     end
 end
 
--- Finds a listed entry on this machine. Returns what to run (a path; for a lua entry, the
--- module), or nil and why, naming the package that brings it.
+-- Finds a listed entry on this machine. Returns what to run (a path; for a lua entry, its
+-- file, or the module when it has none), or nil and why, naming the package that brings it.
 function M.find(entry)
     local found
     if entry.kind == "python" then
@@ -117,8 +117,14 @@ function M.find(entry)
         local rc = os.execute(cmd)
         found = (rc == 0 or rc == true) and M.PYTHON or nil
     elseif entry.kind == "lua" then
-        local ok, mod = pcall(require, entry.name)
-        found = ok and mod or nil
+        -- Found on the path without loading it: a driver for OpenResty (nginx.redis) needs
+        -- the global ngx that only the server's process has.
+        found = package.searchpath(entry.name, package.path)
+            or package.searchpath(entry.name, package.cpath)
+        if not found then
+            local ok, mod = pcall(require, entry.name)
+            found = ok and mod or nil
+        end
     elseif entry.path then
         found = glob_last(entry.path)
     else

@@ -56,6 +56,9 @@ describe("the ngx layer on a real server", function()
     local srv, redis_pid, mc_pid, rport, mport
 
     setup(function()
+        for _, driver in ipairs { "nginx.redis", "nginx.memcached", "resty.lrucache" } do
+            helper.tool(driver) -- fails naming the Debian package when it is missing
+        end
         rport, mport = free_port(), free_port()
         redis_pid = start(string.format("%s --port %d --bind 127.0.0.1 --save '' "
             .. "--appendonly no --daemonize no", helper.tool("redis-server"), rport))

@@ -6,11 +6,13 @@ describe("the rockspec", function()
         local f = assert(io.open(root .. "/rockspec/moonserve-scm-1.rockspec"))
         local spec = f:read("*a")
         f:close()
-        local p = io.popen("ls " .. root .. "/lua/moonserve")
+        -- the framework's files and those of its subdirectories (moonserve/ngx/*.lua)
+        local p = io.popen("cd " .. root .. "/lua/moonserve && ls *.lua */*.lua")
         local missing = {}
         for file in p:lines() do
             local mod = file:match("^(.-)%.lua$")
             if mod then
+                mod = mod:gsub("/", ".")
                 local key = mod == "init" and '["moonserve"]' or ('["moonserve.' .. mod .. '"]')
                 if not spec:find(key, 1, true) then
                     missing[#missing + 1] = file

@@ -15,7 +15,7 @@ local codec = require "moonserve.ngx.codec"
 local errlog = require "moonserve.ngx.errlog"
 local process = require "moonserve.ngx.process"
 local loader = require "moonserve.ngx.loader"
-local coro = require "moonserve.coroutine" -- waits through user coroutines: before the app's
+require "moonserve.coroutine" -- waits through the user's coroutines: installed before the app's
 
 local type, error, rawset = type, error, rawset
 local state, request_state = context.state, context.request
@@ -231,6 +231,5 @@ setmetatable(ngx, {
 
 loader.install()
 rawset(_G, "ngx", ngx)
-local _ = coro
 
 return ngx

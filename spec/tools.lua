@@ -5,7 +5,8 @@ local M = {}
 M.PYTHON = "/usr/bin/python3" -- Debian's, whose modules the python entries name
 M.SBIN = { "/usr/local/sbin", "/usr/sbin", "/sbin" } -- where a service may be, off PATH
 
-local KINDS = { base = true, command = true, service = true, python = true, lua = true }
+local KINDS = { base = true, command = true, service = true, python = true, lua = true,
+    file = true }
 
 -- -- The list ------------------------------------------------------------------------------
 
@@ -23,7 +24,7 @@ function M.parse(text)
         if #f > 0 then
             if #f < 3 or #f > 4 or not KINDS[f[1]] then
                 return nil, n .. ": expected KIND NAME PACKAGE [PATH], KIND one of base, "
-                    .. "command, service, python, lua: " .. line
+                    .. "command, service, python, lua, file: " .. line
             end
             if list.by_name[f[2]] then
                 return nil, n .. ": " .. f[2] .. " is listed twice"
@@ -125,6 +126,8 @@ function M.find(entry)
             local ok, mod = pcall(require, entry.name)
             found = ok and mod or nil
         end
+    elseif entry.kind == "file" then
+        found = is_file(entry.path or entry.name) and (entry.path or entry.name) or nil
     elseif entry.path then
         found = glob_last(entry.path)
     else

@@ -11,8 +11,7 @@
 local context = require "moonserve.ngx.context"
 local log = require "moonserve.log"
 
-local concat, lower, gsub, find, format = table.concat, string.lower, string.gsub, string.find,
-    string.format
+local concat, lower, gsub, find = table.concat, string.lower, string.gsub, string.find
 local type, tostring, pairs, error, select, floor = type, tostring, pairs, error, select,
     math.floor
 local request_state = context.request
@@ -168,12 +167,6 @@ end
 
 -- -- What is printed ------------------------------------------------------------------------
 
-local function number(v)
-    if v == floor(v) and v > -9.2e18 and v < 9.2e18 then
-        return format("%d", v)
-    end
-    return format("%.14g", v)
-end
 
 local put
 
@@ -211,7 +204,7 @@ function put(out, n, v, i, fname)
     if tv == "string" then
         out[n] = v
     elseif tv == "number" then
-        out[n] = number(v)
+        out[n] = tostring(v) -- as lua-nginx-module 0.10.23: 1e15 prints as 1e+15
     elseif tv == "nil" then
         out[n] = "nil"
     elseif tv == "boolean" then

@@ -45,6 +45,14 @@ void ms_conn_peer(ms_conn_t *c, char *buf, size_t len)
         c->io->peer(c, buf, len);
 }
 
+int ms_conn_address(ms_conn_t *c, int local, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (c->io->address == NULL || (c->flags & MS_CONN_CLOSED))
+        return -1;
+    return c->io->address(c, local, buf, len);
+}
+
 static void conn_free(ms_conn_t *c)
 {
     ms_server_t *s = c->server;

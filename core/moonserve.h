@@ -256,6 +256,9 @@ int ms_reply_send(ms_req_t *r, const char *body, size_t len, int owner, int32_t 
 int ms_reply_begin(ms_req_t *r, uint64_t total);
 int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t anchor);
 int ms_reply_end(ms_req_t *r);
+/* Ends a reply streamed with ms_reply_write before the handler ends (OpenResty's ngx.eof):
+ * the body's end (and trailers) go out now. MS_ESENT when no head left yet or it is done. */
+int ms_reply_close(ms_req_t *r);
 
 /* Streams one piece of a reply of unknown length (chunked on HTTP/1.1). */
 int ms_reply_write(ms_req_t *r, const char *chunk, size_t len, int owner, int32_t anchor);
@@ -400,6 +403,8 @@ enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
 /* Lines above `level` are dropped; a level outside MS_LOG_ERR..MS_LOG_DEBUG is taken as the
  * nearest one. ms_log() logs a line of an unknown level as MS_LOG_ERR. */
 void ms_log_set(ms_log_fn fn, int level);
+/* The level ms_log_set set last: lines above it are dropped. */
+int ms_log_level(void);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs to a file (appending) instead of stderr; NULL goes back to stderr. */
 int ms_log_open(const char *path);
@@ -437,6 +442,9 @@ typedef struct ms_io_s {
     void (*close)(ms_conn_t *c);
     /* Writes the peer's address as text, for log lines. May be NULL. */
     void (*peer)(ms_conn_t *c, char *buf, size_t len);
+    /* Writes the transport's own address (`local`) or its peer's as text, and returns its
+     * port, or -1 when it has none (the buffer is then ""). May be NULL. */
+    int (*address)(ms_conn_t *c, int local, char *buf, size_t len);
     /* The protocol the transport agreed with the peer (TLS ALPN: "h2", "http/1.1"), which
      * the accept stage takes; NULL, or a NULL function, when it agreed none. */
     const char *(*alpn)(ms_conn_t *c);
@@ -459,5 +467,8 @@ void *ms_conn_io_data(ms_conn_t *c);
 ms_server_t *ms_conn_server(ms_conn_t *c);
 /* The peer's address as text ("" when the transport cannot tell). */
 void ms_conn_peer(ms_conn_t *c, char *buf, size_t len);
+/* The transport's own address (`local`) or its peer's, as text in `buf`; returns the port,
+ * or -1 when the transport has none. The peer here is the socket's, not a PROXY header's. */
+int ms_conn_address(ms_conn_t *c, int local, char *buf, size_t len);
 
 #endif

@@ -700,18 +700,26 @@ void ms_req_fail(ms_req_t *r)
         r->conn->proto->fail(r);
 }
 
+int ms_reply_close(ms_req_t *r)
+{
+    ms_conn_t *c = r->conn;
+    if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE))
+        return MS_ESENT;
+    r->v.flags |= MS_REQ_DONE;
+    if (!(r->v.flags & MS_REQ_ABORTED) && !(c->flags & MS_CONN_CLOSED)) {
+        c->proto->body_end(r);
+        flush(c);
+    }
+    return 0;
+}
+
 void ms_req_finish(ms_req_t *r)
 {
     ms_conn_t *c = r->conn;
-    if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+    if (!(r->v.flags & MS_REQ_HEAD_SENT))
         ms_reply_send(r, "", 0, MS_VEC_STATIC, -1);
-    } else if (!(r->v.flags & MS_REQ_DONE)) {
-        r->v.flags |= MS_REQ_DONE;
-        if (!(r->v.flags & MS_REQ_ABORTED) && !(c->flags & MS_CONN_CLOSED)) {
-            c->proto->body_end(r);
-            flush(c);
-        }
-    }
+    else
+        ms_reply_close(r);
     r->v.flags &= ~MS_REQ_IN_HANDLER;
     r->tunnel = NULL; /* (ending it: the taker hears no more) */
     c->server->stats.in_flight--;

@@ -126,6 +126,11 @@ void ms_log_set(ms_log_fn fn, int level)
     log_level = level < MS_LOG_ERR ? MS_LOG_ERR : level > MS_LOG_DEBUG ? MS_LOG_DEBUG : level;
 }
 
+int ms_log_level(void)
+{
+    return log_level;
+}
+
 void ms_log(int level, const char *fmt, ...)
 {
     /* Levels name the lines (log_stderr's table): one outside them is an error's. */

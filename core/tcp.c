@@ -155,6 +155,23 @@ static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
         uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
 }
 
+static int tcp_address(ms_conn_t *c, int local, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    int n = sizeof(ss);
+    buf[0] = 0;
+    uv_tcp_t *h = &tcp_of(c)->tcp;
+    if ((local ? uv_tcp_getsockname(h, (struct sockaddr *)&ss, &n)
+               : uv_tcp_getpeername(h, (struct sockaddr *)&ss, &n)) != 0)
+        return -1;
+    if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, buf, len);
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
 static const ms_io_t tcp_io = {
     .try_write = tcp_try_write,
     .write = tcp_write,
@@ -165,6 +182,7 @@ static const ms_io_t tcp_io = {
     .shutdown = tcp_shutdown,
     .close = tcp_close,
     .peer = tcp_peer,
+    .address = tcp_address,
 };
 
 ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener)

@@ -643,8 +643,13 @@ static int core_log(lua_State *L)
     return 0;
 }
 
+/* core.log_level(level) sets the level; core.log_level() returns it. */
 static int core_log_level(lua_State *L)
 {
+    if (lua_isnoneornil(L, 1)) {
+        lua_pushinteger(L, ms_log_level());
+        return 1;
+    }
     ms_log_set(NULL, check_level(L, 1));
     return 0;
 }

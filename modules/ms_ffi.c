@@ -83,6 +83,12 @@ MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)
     return ms_req_client_ip(r, buf, len);
 }
 
+/* The connection's own address (`local`) or its peer's into buf; returns the port or -1. */
+MS_FFI int ms_ffi_req_address(ms_req_t *r, int local, char *buf, size_t len)
+{
+    return ms_conn_address(r->conn, local, buf, len);
+}
+
 MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
 {
     return ms_req_peer_trusted(r);
@@ -174,6 +180,11 @@ MS_FFI int ms_ffi_res_piece(ms_req_t *r, const char *p, size_t len)
 MS_FFI int ms_ffi_res_end(ms_req_t *r)
 {
     return ms_reply_end(r);
+}
+
+MS_FFI int ms_ffi_res_close(ms_req_t *r)
+{
+    return ms_reply_close(r);
 }
 
 /* Streams a piece of the reply; returns as ms_ffi_res_send. */

@@ -5,7 +5,8 @@ local M = {}
 M.PYTHON = "/usr/bin/python3" -- Debian's, whose modules the python entries name
 M.SBIN = { "/usr/local/sbin", "/usr/sbin", "/sbin" } -- where a service may be, off PATH
 
-local KINDS = { base = true, command = true, service = true, python = true, lua = true }
+local KINDS = { base = true, command = true, service = true, python = true, lua = true,
+    file = true }
 
 -- -- The list ------------------------------------------------------------------------------
 
@@ -23,7 +24,7 @@ function M.parse(text)
         if #f > 0 then
             if #f < 3 or #f > 4 or not KINDS[f[1]] then
                 return nil, n .. ": expected KIND NAME PACKAGE [PATH], KIND one of base, "
-                    .. "command, service, python, lua: " .. line
+                    .. "command, service, python, lua, file: " .. line
             end
             if list.by_name[f[2]] then
                 return nil, n .. ": " .. f[2] .. " is listed twice"
@@ -107,8 +108,8 @@ local function on_path(name, extra)
     end
 end
 
--- Finds a listed entry on this machine. Returns what to run (a path; for a lua entry, the
--- module), or nil and why, naming the package that brings it.
+-- Finds a listed entry on this machine. Returns what to run (a path; for a lua entry, its
+-- file, or the module when it has none), or nil and why, naming the package that brings it.
 function M.find(entry)
     local found
     if entry.kind == "python" then
@@ -117,8 +118,16 @@ function M.find(entry)
         local rc = os.execute(cmd)
         found = (rc == 0 or rc == true) and M.PYTHON or nil
     elseif entry.kind == "lua" then
-        local ok, mod = pcall(require, entry.name)
-        found = ok and mod or nil
+        -- Found on the path without loading it: a driver for OpenResty (nginx.redis) needs
+        -- the global ngx that only the server's process has.
+        found = package.searchpath(entry.name, package.path)
+            or package.searchpath(entry.name, package.cpath)
+        if not found then
+            local ok, mod = pcall(require, entry.name)
+            found = ok and mod or nil
+        end
+    elseif entry.kind == "file" then
+        found = is_file(entry.path or entry.name) and (entry.path or entry.name) or nil
     elseif entry.path then
         found = glob_last(entry.path)
     else

@@ -154,8 +154,11 @@ function App:error_page(status, fn)
     return self
 end
 
-local REASONS = { [400] = "Bad Request", [403] = "Forbidden", [404] = "Not Found",
-    [405] = "Method Not Allowed", [500] = "Internal Server Error" }
+local REASONS = { [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbidden",
+    [404] = "Not Found", [405] = "Method Not Allowed", [406] = "Not Acceptable",
+    [408] = "Request Timeout", [409] = "Conflict", [410] = "Gone", [413] = "Content Too Large",
+    [429] = "Too Many Requests", [500] = "Internal Server Error", [501] = "Not Implemented",
+    [502] = "Bad Gateway", [503] = "Service Unavailable", [504] = "Gateway Timeout" }
 
 -- Answers with the error page for info.status.
 function App:error(req, res, info)
@@ -312,6 +315,30 @@ for _, m in ipairs(METHODS) do
         add(self, M, nil, ...)
         return self
     end
+end
+
+-- A route whose handler is OpenResty code, as content_by_lua runs it: fn() takes no
+-- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx.lua),
+-- and what it returns is ignored. Like an nginx location, every method reaches it (HEAD
+-- through GET). opts as a route's.
+function App:ngx_content(path, fn, opts)
+    if type(fn) ~= "function" then
+        error("bad handler for ngx_content " .. tostring(path) .. " (function expected)", 2)
+    end
+    require "moonserve.ngx"
+    local function content()
+        fn()
+    end
+    for _, m in ipairs(METHODS) do
+        if m ~= "head" then
+            if opts then
+                add(self, m:upper(), nil, path, content, opts)
+            else
+                add(self, m:upper(), nil, path, content)
+            end
+        end
+    end
+    return self
 end
 
 -- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and

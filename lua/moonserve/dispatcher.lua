@@ -22,7 +22,7 @@ local coro = require "moonserve.coroutine"
 local C = base.C
 local band = bit.band
 local co_create, co_resume, co_yield = coro.raw.create, coro.raw.resume, coro.raw.yield
-local co_status = coro.raw.status
+local co_status, co_running = coro.raw.status, coro.raw.running
 local traceback, type, pcall, tostring = debug.traceback, type, pcall, tostring
 local PARK, EXIT = coro.PARK, coro.EXIT
 local HEAD_SENT, REQ_IN_HANDLER = base.REQ_HEAD_SENT, base.REQ_IN_HANDLER
@@ -48,6 +48,10 @@ local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local limits = { timers_pending = 1024, timers_running = 256 }
 local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
+-- By handler coroutine: its frame, { req, res } of the request it runs now, where a layer
+-- above (the ngx layer) keeps what it holds per request. Weak: a coroutine an exit dropped
+-- takes its frame along.
+local frames = setmetatable({}, { __mode = "k" })
 local stopping = false
 
 local function slot_new(co, owner)
@@ -115,8 +119,14 @@ local function reply_with(res, status, body, headers)
     return res:send(body)
 end
 
-local function handle(req, res)
+local function handle(req, res, frame)
     local status, body, headers = app:handle(req, res)
+    local returned = frame.returned -- the ngx layer's: its buffered output goes out now
+    if returned then
+        frame.returned = nil
+        local r = req.r
+        returned(frame, status ~= nil, nroots > 0 and r.handler >= 0 and roots[r.handler] ~= nil)
+    end
     if status ~= nil then
         reply_with(res, status, body, headers)
     end
@@ -148,9 +158,12 @@ end
 local join, kill_all
 
 local function worker(r)
+    local frame = {}
+    frames[co_running()] = frame
     while true do
         local req, res = request.new(r), response.new(r)
-        local ok, err = xpcall(handle, traceback, req, res)
+        frame.req, frame.res = req, res
+        local ok, err = xpcall(handle, traceback, req, res, frame)
         if not ok then
             fail(r, req, res, err)
         end
@@ -168,6 +181,7 @@ local function worker(r)
             release_request(r.handler)
         end
         req.r, res.r = false, false -- the core reuses the request once finished
+        frame.req, frame.res, frame.ngx, frame.returned = nil, nil, nil, nil
         C.ms_ffi_req_finish(r)
         r = co_yield(DONE)
     end
@@ -484,6 +498,27 @@ function _M.owner(what, level)
     return o
 end
 
+-- The context the running code is in: for a request's handler, its coroutines and its light
+-- threads, the handler's frame ({ req, res }: "request"); for a timer's run, a hook and
+-- their light threads, the root task ("timer" or "hook", and the hook's name); else nil.
+-- The ngx layer keeps its per-context state in the table it gets.
+function _M.context()
+    local t = task
+    if t then
+        if t.hco then
+            return frames[t.hco], "request"
+        elseif t.r then
+            return nil, "request" -- (a thread whose handler is gone)
+        end
+        local root = t.root or t
+        return root, root.kind == "run" and "timer" or "hook", root.what
+    end
+    if current ~= nil then
+        return frames[current_co], "request"
+    end
+    return nil
+end
+
 -- Parks the running code on `w` until wake(w), or `seconds` (nil: no limit). Returns true,
 -- or nil, "timeout". A wake and the timeout are one timer of the slot's: only one comes.
 local function park(w, seconds)
@@ -575,6 +610,7 @@ function _M.spawn(fn, ...)
     local root = root_now("moonserve.spawn")
     local t = setmetatable(new_task("thread", task and task.srv or server_now("moonserve.spawn"),
         current, root), Thread)
+    t.hco = task and task.hco or (not task and current_co) or nil -- a request's: its handler
     root.threads[t] = true
     root.nthreads = root.nthreads + 1
     run_task(t, t, fn, ...)
@@ -836,6 +872,11 @@ end
 
 function _M.attached()
     return home ~= nil
+end
+
+-- Whether the worker is stopping (its pending timers have run early).
+function _M.stopping()
+    return stopping
 end
 
 -- Parks the running handler for `seconds`; other requests are served meanwhile. Works in

@@ -1,0 +1,68 @@
+-- moonserve/ngx/context.lua: which request, timer or hook the running code belongs to, and
+-- the ngx layer's state for it. The dispatcher knows what runs (a handler and the coroutines
+-- it resumes, a light thread, a timer's run, a hook) and hands out one table per context
+-- (dispatcher.context); the state lives there, so a coroutine made by user code inside a
+-- handler, and the handler's light threads, see the handler's request.
+local _M = {}
+
+local dispatcher -- loaded at the first look-up: an app file's top level needs no core
+local context
+
+-- The top level: no request, timer or hook runs (an app file's top level, in the master and
+-- again in each worker). OpenResty's init phase.
+local main = { kind = "main", phase = "init" }
+_M.main = main
+
+-- The phase a hook runs in, by its name.
+local HOOK_PHASE = { on_worker_start = "init_worker", on_worker_stop = "exit_worker" }
+
+-- Called with a request's new state, to set it up (its reply: moonserve.ngx.output).
+local on_request = {}
+
+function _M.on_request(fn)
+    on_request[#on_request + 1] = fn
+end
+
+-- The running context's state: a table with `kind` ("request", "timer", "hook" or "main")
+-- and `phase` (OpenResty's name for it); a request's also has `req` and `res`.
+function _M.state()
+    if not context then
+        dispatcher = require "moonserve.dispatcher"
+        context = dispatcher.context
+    end
+    local frame, kind, what = context()
+    if frame == nil then
+        if kind == "request" then
+            error("the request of this light thread has ended", 3)
+        end
+        return main
+    end
+    local st = frame.ngx
+    if st then
+        return st
+    end
+    if kind == "request" then
+        st = { kind = kind, phase = "content", req = frame.req, res = frame.res,
+            frame = frame }
+        frame.ngx = st
+        for i = 1, #on_request do
+            on_request[i](st)
+        end
+    else
+        st = { kind = kind, phase = kind == "timer" and "timer" or HOOK_PHASE[what] or "init_worker" }
+        frame.ngx = st
+    end
+    return st
+end
+
+-- The running request's state; raises as OpenResty does where no request runs.
+function _M.request(level)
+    local st = _M.state()
+    if st.kind ~= "request" then
+        local where = st.kind == "timer" and "ngx.timer" or st.phase .. "_by_lua*"
+        error("API disabled in the context of " .. where, (level or 2) + 1)
+    end
+    return st
+end
+
+return _M

@@ -2,8 +2,10 @@
 -- its options are loaded and checked, nothing listens, and a mistake is named.
 local helper = require "helper"
 
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+
 local function moonserve(args)
-    return helper.run(helper.sh_quote(helper.bin) .. " " .. args .. " 2>&1")
+    return helper.run(BIN .. " " .. args .. " 2>&1")
 end
 
 local APP = helper.sh_quote(helper.root .. "/spec/fixtures/app.lua")

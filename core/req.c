@@ -228,6 +228,12 @@ void ms__req_abort(ms_req_t *r)
         ms__req_wake(r, r->v.wait);
 }
 
+const char *ms_req_tls(ms_req_t *r)
+{
+    const ms_io_t *io = r->conn->io;
+    return io->tls != NULL ? io->tls(r->conn) : NULL;
+}
+
 const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len)
 {
     for (int i = 0; i < r->v.nheaders; i++) {

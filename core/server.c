@@ -23,7 +23,8 @@
 typedef struct ms_listener_s {
     uv_tcp_t tcp;
     ms_server_t *server;
-    int flags; /* MS_LISTEN_* */
+    int flags;     /* MS_LISTEN_* */
+    ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
     struct ms_listener_s *next;
 } ms_listener_t;
 
@@ -152,7 +153,7 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
-        ms_conn_t *c = ms__tcp_accept(s, ls);
+        ms_conn_t *c = ms__tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
         if (c == NULL)
             return; /* nothing more to accept now */
         /* Caps on open connections, per worker and per source address: over them the
@@ -171,6 +172,8 @@ static void on_connection(uv_stream_t *ls, int status)
         }
         c->io->read_start(c);
         ms__conn_start(c);
+        if (l->tls != NULL) /* (after the caps: a refused connection costs no TLS state) */
+            ms__tls_wrap(c, l->tls, ms__tcp_extra(c));
     }
 }
 
@@ -279,6 +282,7 @@ int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
     l->flags = flags;
+    l->tls = NULL;
     uv_tcp_init(s->loop, &l->tcp);
     int rc = uv_tcp_open(&l->tcp, fd);
     if (rc == 0)
@@ -302,6 +306,7 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
     l->flags = flags;
+    l->tls = NULL;
     uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
     uv_os_fd_t fd;
     uv_fileno((uv_handle_t *)&l->tcp, &fd);
@@ -323,6 +328,14 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
                                                        : ((struct sockaddr_in *)&bound)->sin_port);
     l->next = s->listeners;
     s->listeners = l;
+    return 0;
+}
+
+int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t)
+{
+    if (s->listeners == NULL || t == NULL || !ms__tls_ready(t))
+        return UV_EINVAL;
+    s->listeners->tls = t;
     return 0;
 }
 
@@ -422,6 +435,7 @@ void ms_server_free(ms_server_t *s)
     ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
     ms__sockets_free(s); /* its pooled connections close in the run below */
     ms__sources_free(s);
+    ms__tls_free(s);
     ms_mem_free(s->trusted);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);

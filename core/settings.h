@@ -55,7 +55,9 @@
     X(timers_pending, timers_pending, uint32_t, 1024, COUNT, 0,                                    \
       "timers waiting to run per worker; past it, timer.at fails")                                 \
     X(timers_running, timers_running, uint32_t, 256, COUNT, 0,                                     \
-      "timer runs under way per worker; past it, a run is skipped")
+      "timer runs under way per worker; past it, a run is skipped")                                \
+    X(handshake_timeout, handshake_timeout_ms, uint32_t, 10, SECONDS, 0,                           \
+      "a whole TLS handshake, from the accept: close")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -14,9 +14,9 @@ and talking to the core through LuaJIT's FFI.
    license = "MIT",
    labels = { "http", "server", "web", "luajit" },
 }
--- LuaJIT only: the framework talks to the core through the FFI. lua-cjson and OpenSSL's
--- libcrypto (sessions, CSRF tokens) come from the system's packages (Debian lua-cjson,
--- libssl3).
+-- LuaJIT only: the framework talks to the core through the FFI. lua-cjson and OpenSSL
+-- (TLS listeners in the core; libcrypto for sessions and CSRF tokens) come from the
+-- system's packages (Debian lua-cjson, libssl-dev to build, libssl3 to run).
 dependencies = {
    "lua >= 5.1, < 5.2",
 }

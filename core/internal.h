@@ -105,7 +105,8 @@ enum {
     MS_CONN_PROXY = 1 << 4,    /* a PROXY protocol header must come first */
     MS_CONN_WRITING = 1 << 5,  /* io->write is under way with part of `flight` */
     MS_CONN_CORKED = 1 << 6,   /* io->cork is on while a file goes out */
-    MS_CONN_DEFERRED = 1 << 7  /* in the worker's deferred list */
+    MS_CONN_DEFERRED = 1 << 7, /* in the worker's deferred list */
+    MS_CONN_REDIRECT = 1 << 8  /* on a MS_LISTEN_REDIRECT_HTTPS listener */
 };
 
 /* A protocol a connection speaks (h1.c, h2.c), chosen by the accept stage (accept.c). The
@@ -326,6 +327,7 @@ struct ms_server_s {
     uint64_t refused_quiet, refused_quiet_logged;
     uint32_t refused_told;
     struct ms_tls_worker_s *tls; /* tls.c: buffers and settings; NULL until TLS is set up */
+    uint16_t https_port;         /* where MS_LISTEN_REDIRECT_HTTPS listeners send clients */
 };
 
 /* conn.c */

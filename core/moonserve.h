@@ -360,7 +360,11 @@ typedef struct ms_server_stats_s {
 ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
                            ms_request_cb on_resume, void *data);
 /* Listener flags. */
-enum { MS_LISTEN_PROXY = 1 /* every connection starts with a PROXY protocol header */ };
+enum {
+    MS_LISTEN_PROXY = 1,         /* every connection starts with a PROXY protocol header */
+    MS_LISTEN_REDIRECT_HTTPS = 2 /* every request is answered 308 to the same host and target
+                                  * over https, on the port ms_server_https_port() set */
+};
 
 /* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set
  * so that workers can share the port. Returns 0 or a negative code. */
@@ -400,6 +404,9 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
  * one the client can use. Returns 0, or UV_EINVAL with why in `err`. */
 int ms_tls_cert(ms_tls_t *t, const char *name, const char *cert, size_t cert_len,
                 const char *key, size_t key_len, char *err, size_t errlen);
+/* The port MS_LISTEN_REDIRECT_HTTPS listeners send clients to (443, the default, is left out
+ * of the URL). */
+void ms_server_https_port(ms_server_t *s, int port);
 /* Makes the listener added last to `s` a TLS one with `t`. Returns 0, or UV_EINVAL when `s`
  * has no listener or `t` no default certificate. */
 int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t);

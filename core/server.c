@@ -162,6 +162,8 @@ static void on_connection(uv_stream_t *ls, int status)
          * header, the client it names is counted once the header is read. */
         if (l->flags & MS_LISTEN_PROXY)
             c->flags |= MS_CONN_PROXY;
+        if (l->flags & MS_LISTEN_REDIRECT_HTTPS)
+            c->flags |= MS_CONN_REDIRECT;
         if (s->stats.conns > s->limits.connections ||
             (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
              ms__source_add(s, c) < 0)) {
@@ -201,6 +203,7 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->on_resume = on_resume;
     s->data = data;
     s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
+    s->https_port = 443;
     s->conns.next = s->conns.prev = &s->conns;
     ms__protos_init(s);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
@@ -329,6 +332,11 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
     l->next = s->listeners;
     s->listeners = l;
     return 0;
+}
+
+void ms_server_https_port(ms_server_t *s, int port)
+{
+    s->https_port = (uint16_t)port;
 }
 
 int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t)

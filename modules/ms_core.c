@@ -243,13 +243,28 @@ static int listen_tls(lua_State *L, binding_t *b, ms_tls_t *tls)
     return 0;
 }
 
-/* server:listen("127.0.0.1:8080"[, backlog[, proxy_protocol[, tls]]]) -> port; `tls` is an id
- * from server:tls(). */
+/* The listener flags from proxy_protocol at `idx` and an https port to redirect to at
+ * `idx + 2` (nil: none). */
+static int listen_flags(lua_State *L, binding_t *b, int idx)
+{
+    int flags = lua_toboolean(L, idx) ? MS_LISTEN_PROXY : 0;
+    if (!lua_isnoneornil(L, idx + 2)) {
+        lua_Integer port = luaL_checkinteger(L, idx + 2);
+        luaL_argcheck(L, port > 0 && port < 65536, idx + 2, "a port expected");
+        ms_server_https_port(b->server, (int)port);
+        flags |= MS_LISTEN_REDIRECT_HTTPS;
+    }
+    return flags;
+}
+
+/* server:listen("127.0.0.1:8080"[, backlog[, proxy_protocol[, tls[, redirect_port]]]]) ->
+ * port; `tls` is an id from server:tls(); `redirect_port`: every request is answered 308 to
+ * https on that port. */
 static int server_listen(lua_State *L)
 {
     binding_t *b = check_server(L);
     const char *addr = luaL_checkstring(L, 2);
-    int flags = lua_toboolean(L, 4) ? MS_LISTEN_PROXY : 0;
+    int flags = listen_flags(L, b, 4);
     ms_tls_t *tls = opt_tls(L, b, 5);
     int rc =
         ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, MS_LISTEN_BACKLOG), flags);
@@ -402,12 +417,12 @@ static int server_pointer(lua_State *L)
     return 1;
 }
 
-/* server:listen_fd(fd[, proxy_protocol[, tls]]) -> port: serves on an inherited listening
- * socket. */
+/* server:listen_fd(fd[, proxy_protocol[, tls[, redirect_port]]]) -> port: serves on an
+ * inherited listening socket. */
 static int server_listen_fd(lua_State *L)
 {
     binding_t *b = check_server(L);
-    int flags = lua_toboolean(L, 3) ? MS_LISTEN_PROXY : 0;
+    int flags = listen_flags(L, b, 3);
     ms_tls_t *tls = opt_tls(L, b, 4);
     int rc = ms_server_listen_fd(b->server, (int)luaL_checkinteger(L, 2), flags);
     if (rc < 0)

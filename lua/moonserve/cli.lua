@@ -26,6 +26,9 @@ options:
   --tls-unknown-name POLICY
                        a server name (SNI) no certificate is for: default (answer with the
                        listener's certificate, the default) or refuse (fail the handshake)
+  --redirect-https PORT
+                       the --listen before it answers every request with a 308 redirect to
+                       the same host and path over https on PORT
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
@@ -118,6 +121,15 @@ function _M.main(args)
                 end
                 l.tls.unknown_name = v
             end
+        elseif a == "--redirect-https" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            local port = tonumber(value())
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            elseif not port then
+                return die(a .. " needs a port")
+            end
+            l.redirect_https = port
         elseif a == "--trusted-proxy" then
             opts.trusted_proxies = opts.trusted_proxies or {}
             opts.trusted_proxies[#opts.trusted_proxies + 1] = value()

@@ -96,15 +96,17 @@ local function tls_pairs(t, what, level)
 end
 _M.tls_pairs = tls_pairs
 
--- Listeners as { addr = "HOST:PORT", proxy_protocol = bool, tls = table or nil }, from
--- "HOST:PORT", a table { "HOST:PORT", proxy_protocol = true, tls = { cert =, key = } }, or a
--- list of those.
+-- Listeners as { addr = "HOST:PORT", proxy_protocol = bool, tls = table or nil,
+-- redirect_https = port or nil }, from "HOST:PORT", a table { "HOST:PORT", proxy_protocol =
+-- true, tls = { cert =, key = } } ({ "HOST:PORT", redirect_https = 443 }: a plain listener
+-- that answers every request with a redirect to https on that port), or a list of those.
 local function listen_list(listen)
     if listen == nil then
         listen = "127.0.0.1:8080"
     end
     if type(listen) == "string" or (type(listen) == "table" and type(listen[1]) == "string"
-            and (listen.proxy_protocol ~= nil or listen.tls ~= nil)) then
+            and (listen.proxy_protocol ~= nil or listen.tls ~= nil
+                or listen.redirect_https ~= nil)) then
         listen = { listen }
     end
     if type(listen) ~= "table" or #listen == 0 then
@@ -115,7 +117,14 @@ local function listen_list(listen)
         if type(l) == "string" then
             out[i] = { addr = l, proxy_protocol = false }
         elseif type(l) == "table" and type(l[1]) == "string" then
-            out[i] = { addr = l[1], proxy_protocol = l.proxy_protocol == true, tls = l.tls }
+            out[i] = { addr = l[1], proxy_protocol = l.proxy_protocol == true, tls = l.tls,
+                redirect_https = l.redirect_https }
+            local r = l.redirect_https
+            if r ~= nil and (type(r) ~= "number" or r % 1 ~= 0 or r < 1 or r > 65535
+                    or l.tls ~= nil) then
+                error("bad redirect_https of listen entry " .. i .. " (the https port of a "
+                    .. "plain listener expected)", 3)
+            end
             if l.tls ~= nil then
                 tls_pairs(l.tls, "tls of listen entry " .. i, 3)
                 if l.proxy_protocol then
@@ -377,7 +386,8 @@ function _M.run(the_app, opts)
         dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
             rawget(the_app, "worker_stop_hooks"), function()
                 for i = 1, nlisten do
-                    assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol, tls[i]))
+                    assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol, tls[i],
+                        listen[i] and listen[i].redirect_https))
                 end
                 assert(core.worker_ready())
             end)
@@ -412,7 +422,7 @@ function _M.run(the_app, opts)
     local tls = tls_ids(srv, the_app, listen)
     for i, l in ipairs(listen) do
         local addr = l.addr
-        local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i])
+        local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https)
         if not port then
             error("cannot listen on " .. addr .. ": " .. err, 2)
         end

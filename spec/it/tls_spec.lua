@@ -7,7 +7,7 @@ local socket = require "socket"
 local q = helper.sh_quote
 
 describe("TLS listeners", function()
-    local dir, srv, strict, tls_port, plain_port, strict_port
+    local dir, srv, strict, tls_port, plain_port, strict_port, redirect_port
     local blob -- a static file, byte for byte
 
     local function openssl(args)
@@ -47,8 +47,8 @@ describe("TLS listeners", function()
             q(dir .. "/rsa.pem"), q(dir .. "/rsa.key"), q(dir .. "/ec.pem"), q(dir .. "/ec.key"))
         local env = { MOONSERVE_TLS_DIR = dir }
         srv = helper.spawn_server { app = "spec/fixtures/tls.lua", env = env,
-            args = "--listen 127.0.0.1:0 " .. certs }
-        plain_port, tls_port = srv.ports[1], srv.ports[2]
+            args = "--listen 127.0.0.1:0 " .. certs .. " --listen 127.0.0.1:0 --redirect-https 8443" }
+        plain_port, tls_port, redirect_port = srv.ports[1], srv.ports[2], srv.ports[3]
         -- The strict one: unknown names refused, a short handshake deadline, few per source.
         strict = helper.spawn_server { app = "spec/fixtures/tls.lua", env = env,
             args = "--listen 127.0.0.1:0 " .. certs .. " --tls-unknown-name refuse "
@@ -132,6 +132,18 @@ describe("TLS listeners", function()
         assert.not_matches("Secure", out)
         assert.equal("http false 1.1",
             helper.curl(string.format("http://127.0.0.1:%d/scheme", plain_port)))
+    end)
+
+    it("sends every request on a redirecting listener to https, with no handler run", function()
+        local out = helper.curl(string.format("-i -H 'Host: example.com:80' "
+            .. "'http://127.0.0.1:%d/login?next=%%2Fa'", redirect_port))
+        assert.matches("^HTTP/1.1 308 Permanent Redirect\r\n", out)
+        assert.matches("\r\nlocation: https://example.com:8443/login%?next=%%2Fa\r\n", out)
+        assert.not_matches("set%-cookie", out) -- (/login sets one: it did not run)
+        out = helper.curl(string.format("-i --http2-prior-knowledge -H 'Host: [::1]:80' "
+            .. "http://127.0.0.1:%d/x", redirect_port))
+        assert.matches("^HTTP/2 308", out)
+        assert.matches("\r\nlocation: https://%[::1%]:8443/x\r\n", out)
     end)
 
     it("chooses the certificate by SNI: a site's, a wildcard's, the default", function()

@@ -82,6 +82,7 @@ typedef struct tls_conn_s {
     uint8_t reading;       /* the connection wants bytes */
     uint8_t flight;        /* the lower transport is writing `sending` */
     uint8_t shutdown;      /* a graceful close waits for `sending` */
+    uint8_t closing;       /* the lower transport is told to close: nothing more goes out */
     uint8_t fail;          /* FAIL_* + 1 set by a callback during the handshake */
 } tls_conn_t;
 
@@ -156,6 +157,29 @@ static int bio_setup(void)
 
 /* -- Writing ----------------------------------------------------------------------------- */
 
+/* Closes the lower transport, once. */
+static void lower_close(ms_conn_t *c, int graceful)
+{
+    tls_conn_t *t = tls_of(c);
+    if (t->closing)
+        return;
+    t->closing = 1;
+    if (graceful)
+        t->lower->shutdown(c);
+    else
+        t->lower->close(c);
+}
+
+/* The lower transport failed: the connection closes, or if it is closing already (a graceful
+ * close waiting for the last bytes), the lower transport does at once. */
+static void io_failed(ms_conn_t *c)
+{
+    if (c->flags & MS_CONN_CLOSED)
+        lower_close(c, 0);
+    else
+        ms__conn_close(c, 0);
+}
+
 static int start_sending(ms_conn_t *c)
 {
     tls_conn_t *t = tls_of(c);
@@ -179,7 +203,7 @@ static int send_out(ms_conn_t *c)
     if (o->len == 0)
         return 0;
     assert(!t->flight);
-    if (c->flags & MS_CONN_CLOSED) {
+    if (t->closing) {
         o->len = 0;
         return UV_ECANCELED;
     }
@@ -259,7 +283,9 @@ static ssize_t encrypt(ms_conn_t *c, const uv_buf_t *bufs, unsigned n, unsigned 
 static int tls_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     tls_conn_t *t = tls_of(c);
-    if (t->flight || t->wv != NULL || t->state != TLS_OPEN)
+    if (MS_UNLIKELY(t->state == TLS_HANDSHAKE))
+        return UV_EPROTO; /* (no protocol is chosen before the handshake is done) */
+    if (t->flight || t->wv != NULL)
         return UV_EAGAIN;
     unsigned i = 0;
     size_t off = 0, total = 0;
@@ -302,7 +328,7 @@ static void pump(ms_conn_t *c)
 static int tls_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     tls_conn_t *t = tls_of(c);
-    assert(t->wv == NULL && t->state == TLS_OPEN);
+    assert(t->wv == NULL && t->state != TLS_HANDSHAKE);
     t->wv = ms_mem_alloc(n * sizeof(*bufs));
     memcpy(t->wv, bufs, n * sizeof(*bufs));
     t->wn = n;
@@ -327,22 +353,22 @@ static int tls_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
     return rc;
 }
 
-/* The lower transport wrote `sending` (or failed, or closed). */
+/* The lower transport wrote `sending` (or failed, or is closing). */
 static void tls_written(ms_conn_t *c, int status)
 {
     tls_conn_t *t = tls_of(c);
     t->flight = 0;
     t->sending.len = 0;
-    if (status < 0 || (c->flags & MS_CONN_CLOSED)) {
+    if (status < 0 || t->closing) {
         buf_drop(&t->sending);
         buf_drop(&t->queued);
         if (t->wv != NULL) {
             ms_mem_free(t->wv);
             t->wv = NULL;
             ms_conn_write_done(c, status < 0 ? status : UV_ECANCELED);
-        } else if (status < 0) {
-            ms__conn_close(c, 0);
         }
+        if (status < 0 && !t->closing)
+            io_failed(c);
         return;
     }
     if (t->queued.len > 0) {
@@ -350,7 +376,7 @@ static void tls_written(ms_conn_t *c, int status)
         t->sending = t->queued;
         t->queued = b;
         if (start_sending(c) < 0)
-            ms__conn_close(c, 0);
+            io_failed(c);
         return;
     }
     /* Nothing is in flight: an idle connection keeps no buffer. */
@@ -359,7 +385,7 @@ static void tls_written(ms_conn_t *c, int status)
     if (t->wv != NULL)
         pump(c);
     else if (t->shutdown)
-        t->lower->shutdown(c);
+        lower_close(c, 1); /* the last bytes and close_notify have gone: FIN */
 }
 
 /* -- Failed handshakes ------------------------------------------------------------------- */
@@ -687,17 +713,18 @@ static void tls_shutdown(ms_conn_t *c)
     ms_timer_stop(c->server, &t->timer);
     t->reading = 0;
     t->shutdown = 1;
-    if (t->state == TLS_OPEN) {
+    if (t->state != TLS_HANDSHAKE) {
         ERR_clear_error();
-        SSL_shutdown(t->ssl); /* close_notify; we do not wait for the peer's */
+        SSL_shutdown(t->ssl); /* close_notify (after what is in flight); not waiting for the
+                               * peer's */
         ERR_clear_error();
         if (send_out(c) < 0) {
-            t->lower->close(c);
+            lower_close(c, 0);
             return;
         }
     }
     if (!t->flight)
-        t->lower->shutdown(c);
+        lower_close(c, 1);
 }
 
 static void tls_close(ms_conn_t *c)
@@ -705,7 +732,7 @@ static void tls_close(ms_conn_t *c)
     tls_conn_t *t = tls_of(c);
     ms_timer_stop(c->server, &t->timer);
     t->reading = 0;
-    t->lower->close(c);
+    lower_close(c, 0);
 }
 
 /* The lower transport has closed: nothing reaches OpenSSL again. */

@@ -136,6 +136,28 @@ TEST(tls_large_reply_goes_out_whole_on_a_congested_transport)
     teardown();
 }
 
+TEST(tls_closes_after_the_last_bytes_and_close_notify_when_the_socket_was_full)
+{
+    setup(NULL, 0);
+    reply_len = 1024 * 1024;
+    peer_t p;
+    peer_open(&p, srv, tls, "localhost", S("\x08http/1.1"));
+    ASSERT(peer_handshake(&p));
+    p.m.congested = 1; /* every write waits for the peer: the close waits for the last */
+    peer_send(&p, S("GET /x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"));
+    ms_buf_t got = {0};
+    peer_recv(&p, &got);
+    ASSERT(p.m.conn == NULL);
+    ASSERT_EQ(1, p.m.closed); /* gracefully: FIN, not a reset */
+    ASSERT(got.len > reply_len);
+    char ch;
+    int rc = SSL_read(p.ssl, &ch, 1);
+    ASSERT_EQ(SSL_ERROR_ZERO_RETURN, SSL_get_error(p.ssl, rc)); /* close_notify came */
+    ms_mem_free(got.base);
+    peer_close(&p);
+    teardown();
+}
+
 TEST(tls_sni_finds_exact_and_wildcard_names)
 {
     setup(NULL, 0);

@@ -274,6 +274,35 @@ describe("TLS listeners", function()
         assert(ok, err)
     end)
 
+    it("takes new certificates on a reload (HUP), and keeps the old when the new fail",
+        function()
+        helper.sh(string.format("cp %s %s && cp %s %s", q(dir .. "/ec.pem"), q(dir .. "/hup.pem"),
+            q(dir .. "/ec.key"), q(dir .. "/hup.key")))
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 1",
+                q(dir .. "/hup.pem"), q(dir .. "/hup.key")) }
+        local port = m.ports[2]
+        local function subject()
+            return s_client("-servername localhost", port):match("subject=CN = ([^\n]*)")
+        end
+        local ok, err = pcall(function()
+            assert.equal("localhost ECDSA", subject())
+            helper.sh(string.format("cp %s %s && cp %s %s", q(dir .. "/rsa.pem"),
+                q(dir .. "/hup.pem"), q(dir .. "/rsa.key"), q(dir .. "/hup.key")))
+            os.execute("kill -HUP " .. m.pid)
+            assert.truthy(helper.wait_for(function() return subject() == "localhost RSA" end))
+            helper.write_file(dir .. "/hup.pem", "not a certificate\n")
+            os.execute("kill -HUP " .. m.pid)
+            assert.truthy(helper.wait_for(function()
+                return m:log():find("cannot use the TLS certificate", 1, true)
+            end))
+            assert.equal("localhost RSA", subject())
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
     it("serves a TLS listener given in Lua (listen = { { addr, tls = ... } })", function()
         local log = os.tmpname()
         local p = io.popen(string.format("env MOONSERVE_TLS_DIR=%s MOONSERVE_TLS_RUN=1 %s %s "

@@ -456,9 +456,10 @@ typedef struct ms_io_s {
     int (*try_write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
     /* Writes all of it later, then calls ms_conn_write_done(c, status). */
     int (*write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
-    /* Sends up to `len` bytes of the file `fd` from `off` straight from the kernel: returns
-     * bytes sent, 0 at the end of the file, UV_EAGAIN, or a negative code. NULL when the
-     * transport has no such thing: files are then read into a buffer and written. */
+    /* Sends up to `len` bytes of the file `fd` from `off` straight from the kernel (TLS:
+     * through a buffer of its own): returns bytes sent, 0 at the end of the file, UV_EAGAIN,
+     * or a negative code. NULL when the transport has no such thing: files are then read into
+     * a buffer and written. */
     ssize_t (*sendfile)(ms_conn_t *c, int fd, uint64_t off, size_t len);
     /* Holds partial segments back while on (a head and the file after it leave in full
      * segments), and sends them when off. May be NULL. */

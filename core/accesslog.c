@@ -365,6 +365,7 @@ typedef struct facts_s {
     int status;
     uint64_t in, out, us;
     const char *proto;
+    const char *tls; /* "TLSv1.3", NULL over plain TCP */
     const ms_str_t *referer, *agent;
 } facts_t;
 
@@ -405,6 +406,7 @@ static void gather_facts(ms_req_t *r, facts_t *f)
     /* (A head refused before its request line was read has no version: HTTP/2 streams
      * always have theirs, so it is HTTP/1.1's.) */
     f->proto = r->v.version == 20 ? "HTTP/2" : r->v.version == 10 ? "HTTP/1.0" : "HTTP/1.1";
+    f->tls = ms_req_tls(r);
 }
 
 /* A text field: its value escaped, or "-" when it has none. */
@@ -457,7 +459,7 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, f
         case F_BYTES_OUT: w = put_u64(w, end, f->out); break;
         case F_DURATION: w = put_ms(w, end, micros(r)); break;
         case F_PROTOCOL: w = put_field(w, end, f->proto, strlen(f->proto)); break;
-        case F_TLS: w = put_raw(w, end, "-", 1); break; /* no TLS listener yet */
+        case F_TLS: w = put_field(w, end, f->tls, f->tls ? strlen(f->tls) : 0); break;
         case F_REQUEST_ID: w = put_field(w, end, f->id, (size_t)f->id_len); break;
         case F_ROUTE: w = put_field(w, end, r->route.base, r->route.len); break;
         case F_REFERER:
@@ -506,7 +508,7 @@ static char *put_json_line(char *w, char *end, ms_req_t *r, facts_t *f)
     w = put_raw(w, end, ",\"duration\":", 12);
     w = put_ms(w, end, f->us);
     w = put_jstr(w, end, ",\"protocol\":", f->proto, strlen(f->proto), 0);
-    w = put_jstr(w, end, ",\"tls\":", NULL, 0, 1);
+    w = put_jstr(w, end, ",\"tls\":", f->tls, f->tls ? strlen(f->tls) : 0, f->tls == NULL);
     w = put_jstr(w, end, ",\"request_id\":", f->id, (size_t)f->id_len, 0);
     w = put_jstr(w, end, ",\"route\":", r->route.base, r->route.len, r->route.len == 0);
     w = put_jstr(w, end, ",\"referer\":", f->referer ? f->referer->base : NULL,

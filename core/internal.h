@@ -105,7 +105,8 @@ enum {
     MS_CONN_PROXY = 1 << 4,    /* a PROXY protocol header must come first */
     MS_CONN_WRITING = 1 << 5,  /* io->write is under way with part of `flight` */
     MS_CONN_CORKED = 1 << 6,   /* io->cork is on while a file goes out */
-    MS_CONN_DEFERRED = 1 << 7  /* in the worker's deferred list */
+    MS_CONN_DEFERRED = 1 << 7, /* in the worker's deferred list */
+    MS_CONN_REDIRECT = 1 << 8  /* on a MS_LISTEN_REDIRECT_HTTPS listener */
 };
 
 /* A protocol a connection speaks (h1.c, h2.c), chosen by the accept stage (accept.c). The
@@ -182,7 +183,68 @@ struct ms_conn_s {
     uint32_t requests;        /* served on this connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;                 /* 1 for the transport, 1 while a handler holds the request */
+    struct ms_upper_s *upper; /* a transport stacked on `io`'s (TLS), which takes what the
+                               * lower one reads and says; NULL: none. In the connection's
+                               * memory (ms_conn_new's extra bytes) */
 };
+
+/* A transport stacked on another (TLS over TCP, or over memory in the tests and fuzzers).
+ * The connection's `io` is the upper one, which calls the lower one's functions itself; the
+ * lower one reports through ms__io_read_buf, ms__io_feed, ms__io_eof, ms__io_write_done and
+ * ms__io_closed, which go to the upper transport when there is one and to the connection
+ * (ms_conn_read_buf, ms_conn_feed, ...) when not. */
+typedef struct ms_io_up_s {
+    void (*read_buf)(ms_conn_t *c, uv_buf_t *buf);
+    void (*feed)(ms_conn_t *c, const char *p, size_t n);
+    void (*eof)(ms_conn_t *c, int err);
+    void (*write_done)(ms_conn_t *c, int status);
+    void (*closed)(ms_conn_t *c);
+} ms_io_up_t;
+
+/* The first member of an upper transport's state. */
+typedef struct ms_upper_s {
+    const ms_io_up_t *up;
+} ms_upper_t;
+
+static inline void ms__io_read_buf(ms_conn_t *c, uv_buf_t *buf)
+{
+    if (MS_UNLIKELY(c->upper != NULL))
+        c->upper->up->read_buf(c, buf);
+    else
+        ms_conn_read_buf(c, buf);
+}
+
+static inline void ms__io_feed(ms_conn_t *c, const char *p, size_t n)
+{
+    if (MS_UNLIKELY(c->upper != NULL))
+        c->upper->up->feed(c, p, n);
+    else
+        ms_conn_feed(c, p, n);
+}
+
+static inline void ms__io_eof(ms_conn_t *c, int err)
+{
+    if (MS_UNLIKELY(c->upper != NULL))
+        c->upper->up->eof(c, err);
+    else
+        ms_conn_eof(c, err);
+}
+
+static inline void ms__io_write_done(ms_conn_t *c, int status)
+{
+    if (MS_UNLIKELY(c->upper != NULL))
+        c->upper->up->write_done(c, status);
+    else
+        ms_conn_write_done(c, status);
+}
+
+static inline void ms__io_closed(ms_conn_t *c)
+{
+    if (MS_UNLIKELY(c->upper != NULL))
+        c->upper->up->closed(c);
+    else
+        ms_conn_closed(c);
+}
 
 /* Takes one more reference on a connection that is alive: one with none left is freed, and
  * nobody may hold it again. ms__conn_release gives it back. */
@@ -270,6 +332,8 @@ struct ms_server_s {
     /* refusals with a reason: a few a second are logged with it, the rest as counts */
     uint64_t refused_quiet, refused_quiet_logged;
     uint32_t refused_told;
+    struct ms_tls_worker_s *tls; /* tls.c: buffers and settings; NULL until TLS is set up */
+    uint16_t https_port;         /* where MS_LISTEN_REDIRECT_HTTPS listeners send clients */
 };
 
 /* conn.c */
@@ -302,8 +366,23 @@ void ms__server_event(ms_server_t *s, int32_t slot, int status);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
 /* tcp.c: a connection accepted on `listener`, its source known and not yet reading; NULL
- * when there was none to accept. */
-ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener);
+ * when there was none to accept. `extra` bytes follow the transport's own, for a transport
+ * stacked on it (ms__tcp_extra). */
+ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra);
+void *ms__tcp_extra(ms_conn_t *c);
+
+/* tls.c: the TLS transport, stacked on the connection's (TCP, or memory in tests). */
+typedef struct ms_tls_s ms_tls_t;
+/* The bytes of a connection's TLS state, which ms__tls_wrap puts at `mem`. */
+extern const size_t ms__tls_size;
+/* Makes `c` speak TLS with `tls`'s settings: its transport becomes the lower one of TLS's,
+ * and the handshake deadline (handshake_timeout) replaces the head's until the handshake is
+ * done. `mem` holds ms__tls_size bytes that live as long as the connection. */
+void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem);
+/* Whether `tls` has a default certificate, as a listener needs. */
+int ms__tls_ready(const ms_tls_t *tls);
+/* Frees the server's TLS settings and its TLS buffers (ms_server_free). */
+void ms__tls_free(ms_server_t *s);
 
 /* caps.c */
 int ms__source_key(const struct sockaddr *sa, uint8_t key[16]);

@@ -51,10 +51,10 @@ static void mem_end(ms_conn_t *c, int graceful)
     m->conn = NULL;
     if (m->held.len > 0 && m->held.base != NULL) {
         m->held.len = 0;
-        ms_conn_write_done(c, UV_ECANCELED);
+        ms__io_write_done(c, UV_ECANCELED);
         ms__conn_release(c);
     }
-    ms_conn_closed(c);
+    ms__io_closed(c);
 }
 
 static void mem_shutdown(ms_conn_t *c)
@@ -90,8 +90,16 @@ static const ms_io_t mem_io = {
 
 ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m)
 {
+    return ms_memio_open_ex(s, m, 0);
+}
+
+/* The memory transport's own part: a pointer to `m`, then the `extra` bytes. */
+#define MEMIO_OWN 16
+
+ms_conn_t *ms_memio_open_ex(ms_server_t *s, ms_memio_t *m, size_t extra)
+{
     memset(m, 0, sizeof(*m));
-    ms_conn_t *c = ms_conn_new(s, &mem_io, sizeof(ms_memio_t *));
+    ms_conn_t *c = ms_conn_new(s, &mem_io, MEMIO_OWN + extra);
     *(ms_memio_t **)ms_conn_io_data(c) = m;
     m->conn = c;
     m->reading = 1;
@@ -102,7 +110,7 @@ ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m)
 void ms_memio_feed(ms_memio_t *m, const char *p, size_t n)
 {
     if (m->conn != NULL)
-        ms_conn_feed(m->conn, p, n);
+        ms__io_feed(m->conn, p, n);
 }
 
 size_t ms_memio_read(ms_memio_t *m, const char *p, size_t n)
@@ -110,10 +118,10 @@ size_t ms_memio_read(ms_memio_t *m, const char *p, size_t n)
     size_t taken = 0;
     while (m->conn != NULL && m->reading && n > 0) {
         uv_buf_t buf;
-        ms_conn_read_buf(m->conn, &buf);
+        ms__io_read_buf(m->conn, &buf);
         size_t k = n < buf.len ? n : buf.len;
         memcpy(buf.base, p, k);
-        ms_conn_feed(m->conn, buf.base, k);
+        ms__io_feed(m->conn, buf.base, k);
         p += k;
         n -= k;
         taken += k;
@@ -128,14 +136,19 @@ void ms_memio_drain(ms_memio_t *m)
     ms_conn_t *c = m->conn;
     ms__buf_append(&m->out, m->held.base, m->held.len);
     m->held.len = 0;
-    ms_conn_write_done(c, 0);
+    ms__io_write_done(c, 0);
     ms__conn_release(c);
 }
 
 void ms_memio_peer_close(ms_memio_t *m, int err)
 {
     if (m->conn != NULL)
-        ms_conn_eof(m->conn, err);
+        ms__io_eof(m->conn, err);
+}
+
+void *ms_memio_extra(ms_conn_t *c)
+{
+    return (char *)ms_conn_io_data(c) + MEMIO_OWN;
 }
 
 void ms_memio_free(ms_memio_t *m)

@@ -17,6 +17,10 @@ typedef struct ms_memio_s {
 
 /* Opens a connection whose output goes to `m`. `m` must outlive the connection. */
 ms_conn_t *ms_memio_open(ms_server_t *s, ms_memio_t *m);
+/* The same, with `extra` bytes after the transport's own for one stacked on it (TLS in the
+ * tests and fuzzers): ms_memio_extra(c) is where they are. */
+ms_conn_t *ms_memio_open_ex(ms_server_t *s, ms_memio_t *m, size_t extra);
+void *ms_memio_extra(ms_conn_t *c);
 /* Feeds bytes from the peer, as they are (not copied into the connection's read buffer). */
 void ms_memio_feed(ms_memio_t *m, const char *p, size_t n);
 /* Delivers bytes from the peer as a socket read does: copied into the buffer the connection

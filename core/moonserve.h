@@ -205,6 +205,9 @@ void ms_tunnel_read(ms_tunnel_t *t, int on);
  * Returns its length. */
 int ms_req_client_ip(ms_req_t *r, char *buf, size_t len);
 
+/* The TLS version the request came over ("TLSv1.3"), or NULL over plain TCP. */
+const char *ms_req_tls(ms_req_t *r);
+
 /* Whether the peer is a trusted proxy, whose X-Forwarded-* fields may be believed. */
 int ms_req_peer_trusted(ms_req_t *r);
 
@@ -364,13 +367,57 @@ typedef struct ms_server_stats_s {
 ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_request_cb on_request,
                            ms_request_cb on_resume, void *data);
 /* Listener flags. */
-enum { MS_LISTEN_PROXY = 1 /* every connection starts with a PROXY protocol header */ };
+enum {
+    MS_LISTEN_PROXY = 1,         /* every connection starts with a PROXY protocol header */
+    MS_LISTEN_REDIRECT_HTTPS = 2 /* every request is answered 308 to the same host and target
+                                  * over https, on the port ms_server_https_port() set */
+};
 
 /* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set
  * so that workers can share the port. Returns 0 or a negative code. */
 int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags);
 /* Serves on an already listening socket (a worker's, inherited from the master). */
 int ms_server_listen_fd(ms_server_t *s, int fd, int flags);
+/* -- TLS ------------------------------------------------------------------------------
+ * A TLS listener's settings (tls.c, OpenSSL 3): TLS 1.2 and 1.3 only, ALPN choosing h2 or
+ * http/1.1, a default certificate and one per server name (SNI). Certificates and keys come
+ * as PEM bytes in memory, never as paths, so that whoever reads the files (today the
+ * worker, later the master) hands them over. */
+typedef struct ms_tls_s ms_tls_t;
+
+typedef struct ms_tls_opts_s {
+    const char *ciphers;      /* TLS 1.2 cipher list (OpenSSL's syntax); NULL: MS_TLS_CIPHERS */
+    const char *ciphersuites; /* TLS 1.3 suites; NULL: MS_TLS_CIPHERSUITES */
+    const char *groups;       /* key exchange groups; NULL: MS_TLS_GROUPS */
+    int refuse_unknown;       /* a server name no certificate has: 1 refuses the handshake
+                               * (unrecognized_name), 0 answers with the default certificate */
+} ms_tls_opts_t;
+
+/* The defaults: Mozilla's "intermediate" profile (TLS 1.2 with ECDHE and DHE AEAD ciphers,
+ * TLS 1.3's three suites, X25519, P-256 and P-384). */
+#define MS_TLS_CIPHERS                                                                             \
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"     \
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:"       \
+    "DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384:DHE-RSA-CHACHA20-POLY1305"
+#define MS_TLS_CIPHERSUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+#define MS_TLS_GROUPS       "X25519:P-256:P-384"
+
+/* Makes TLS settings for listeners of `s`, which owns them (freed with the server). Returns
+ * NULL when an option is refused, with why in `err`. */
+ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t errlen);
+/* Adds a certificate (its chain: the leaf first, then intermediates) and its private key,
+ * both PEM, for the server name `name` ("example.com", "*.example.com"), or with `name` NULL
+ * the default one. A name may have one RSA and one ECDSA certificate; the handshake takes the
+ * one the client can use. Returns 0, or UV_EINVAL with why in `err`. */
+int ms_tls_cert(ms_tls_t *t, const char *name, const char *cert, size_t cert_len,
+                const char *key, size_t key_len, char *err, size_t errlen);
+/* The port MS_LISTEN_REDIRECT_HTTPS listeners send clients to (443, the default, is left out
+ * of the URL). */
+void ms_server_https_port(ms_server_t *s, int port);
+/* Makes the listener added last to `s` a TLS one with `t`. Returns 0, or UV_EINVAL when `s`
+ * has no listener or `t` no default certificate. */
+int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t);
+
 /* Trusts a proxy address range ("10.0.0.0/8", "::1"): X-Forwarded-For from it is believed,
  * and its connections are not capped as one source. Returns 0 or UV_EINVAL. */
 int ms_server_trust(ms_server_t *s, const char *cidr);
@@ -424,9 +471,10 @@ typedef struct ms_io_s {
     int (*try_write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
     /* Writes all of it later, then calls ms_conn_write_done(c, status). */
     int (*write)(ms_conn_t *c, const uv_buf_t *bufs, unsigned n);
-    /* Sends up to `len` bytes of the file `fd` from `off` straight from the kernel: returns
-     * bytes sent, 0 at the end of the file, UV_EAGAIN, or a negative code. NULL when the
-     * transport has no such thing: files are then read into a buffer and written. */
+    /* Sends up to `len` bytes of the file `fd` from `off` straight from the kernel (TLS:
+     * through a buffer of its own): returns bytes sent, 0 at the end of the file, UV_EAGAIN,
+     * or a negative code. NULL when the transport has no such thing: files are then read into
+     * a buffer and written. */
     ssize_t (*sendfile)(ms_conn_t *c, int fd, uint64_t off, size_t len);
     /* Holds partial segments back while on (a head and the file after it leave in full
      * segments), and sends them when off. May be NULL. */
@@ -448,6 +496,9 @@ typedef struct ms_io_s {
     /* The protocol the transport agreed with the peer (TLS ALPN: "h2", "http/1.1"), which
      * the accept stage takes; NULL, or a NULL function, when it agreed none. */
     const char *(*alpn)(ms_conn_t *c);
+    /* The TLS version the connection speaks ("TLSv1.3"), which makes its requests https;
+     * NULL, or a NULL function, for a transport that is not TLS. */
+    const char *(*tls)(ms_conn_t *c);
 } ms_io_t;
 
 /* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */

@@ -148,6 +148,49 @@ void ms_server_handing_over(ms_server_t *s)
  * is taken, the steps before the handler may answer it (static mounts), else the handler
  * has it. What a protocol decides of its own (a connection's last request, a malformed
  * stream) it decides before calling this. */
+/* A request on a listener that sends every client to https: 308 to the same host (without
+ * its port) and target, on the server's https port. No handler runs. */
+static MS_NOINLINE void redirect_https(ms_req_t *r)
+{
+    const ms_str_t *host = ms_req_header(r, "host", 4);
+    size_t hl = host != NULL ? host->len : 0;
+    if (hl > 0 && host->base[0] == '[') {
+        const char *close = memchr(host->base, ']', hl);
+        hl = close != NULL ? (size_t)(close - host->base) + 1 : 0;
+    } else if (hl > 0) {
+        const char *colon = memchr(host->base, ':', hl);
+        if (colon != NULL)
+            hl = (size_t)(colon - host->base);
+    }
+    uint16_t port = r->conn->server->https_port;
+    size_t cap = 8 + hl + 6 + r->v.target.len;
+    char *loc = ms_pool_alloc(&r->pool, cap), *w = loc;
+    memcpy(w, "https://", 8);
+    w += 8;
+    if (hl > 0)
+        memcpy(w, host->base, hl);
+    w += hl;
+    if (port != 443) {
+        *w++ = ':';
+        w = ms__put_u64(w, port);
+    }
+    /* An origin-form target as it came; "*" or an absolute form: the root. */
+    if (r->v.target.len > 0 && r->v.target.base[0] == '/') {
+        memcpy(w, r->v.target.base, r->v.target.len);
+        w += r->v.target.len;
+    } else {
+        *w++ = '/';
+    }
+    int status = 308;
+    if (hl == 0 || ms_reply_header(r, "location", 8, loc, (size_t)(w - loc)) < 0)
+        status = 400; /* no host to send it to, or one that cannot stand in a field */
+    char body[64];
+    int n = ms__refusal_body(status, body, sizeof(body));
+    r->v.status = (uint16_t)status;
+    ms_reply_header(r, "content-type", 12, "text/plain", 10);
+    ms_reply_send(r, body, n > 0 ? (size_t)n : 0, MS_VEC_OUT, -1);
+}
+
 void ms__req_dispatch(ms_req_t *r)
 {
     ms_conn_t *c = r->conn;
@@ -161,7 +204,13 @@ void ms__req_dispatch(ms_req_t *r)
     if (MS_UNLIKELY(r->v.id == 0))
         s->id_prefix[0] = 0; /* the counter wrapped: request ids take a new prefix */
     ms__conn_hold(c); /* the handler's */
+    /* (Health first: a load balancer's probe on a plain listener is answered, not sent on.) */
     if (MS_UNLIKELY(s->livez != NULL || s->readyz != NULL) && health(r)) {
+        ms_req_finish(r);
+        return;
+    }
+    if (MS_UNLIKELY(c->flags & MS_CONN_REDIRECT)) {
+        redirect_https(r);
         ms_req_finish(r);
         return;
     }
@@ -274,6 +323,12 @@ void ms__req_abort(ms_req_t *r)
     }
     if (r->v.wait == MS_WAIT_BODY || r->v.wait == MS_WAIT_DRAIN)
         ms__req_wake(r, r->v.wait);
+}
+
+const char *ms_req_tls(ms_req_t *r)
+{
+    const ms_io_t *io = r->conn->io;
+    return io->tls != NULL ? io->tls(r->conn) : NULL;
 }
 
 const ms_str_t *ms_req_header(ms_req_t *r, const char *name, size_t len)

@@ -23,7 +23,8 @@
 typedef struct ms_listener_s {
     uv_tcp_t tcp;
     ms_server_t *server;
-    int flags; /* MS_LISTEN_* */
+    int flags;     /* MS_LISTEN_* */
+    ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
     struct ms_listener_s *next;
 } ms_listener_t;
 
@@ -157,7 +158,7 @@ static void on_connection(uv_stream_t *ls, int status)
         return;
     }
     for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
-        ms_conn_t *c = ms__tcp_accept(s, ls);
+        ms_conn_t *c = ms__tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
         if (c == NULL)
             return; /* nothing more to accept now */
         /* Caps on open connections, per worker and per source address: over them the
@@ -166,6 +167,8 @@ static void on_connection(uv_stream_t *ls, int status)
          * header, the client it names is counted once the header is read. */
         if (l->flags & MS_LISTEN_PROXY)
             c->flags |= MS_CONN_PROXY;
+        if (l->flags & MS_LISTEN_REDIRECT_HTTPS)
+            c->flags |= MS_CONN_REDIRECT;
         if (s->stats.conns > s->limits.connections ||
             (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
              ms__source_add(s, c) < 0)) {
@@ -176,6 +179,8 @@ static void on_connection(uv_stream_t *ls, int status)
         }
         c->io->read_start(c);
         ms__conn_start(c);
+        if (l->tls != NULL) /* (after the caps: a refused connection costs no TLS state) */
+            ms__tls_wrap(c, l->tls, ms__tcp_extra(c));
     }
 }
 
@@ -203,6 +208,7 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->on_resume = on_resume;
     s->data = data;
     s->rbuf = ms_mem_alloc(MS_READ_BUF_SIZE);
+    s->https_port = 443;
     s->conns.next = s->conns.prev = &s->conns;
     ms__protos_init(s);
     uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
@@ -285,6 +291,7 @@ int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
     l->flags = flags;
+    l->tls = NULL;
     uv_tcp_init(s->loop, &l->tcp);
     int rc = uv_tcp_open(&l->tcp, fd);
     if (rc == 0)
@@ -308,6 +315,7 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
     ms_listener_t *l = ms_mem_alloc(sizeof(*l));
     l->server = s;
     l->flags = flags;
+    l->tls = NULL;
     uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
     uv_os_fd_t fd;
     uv_fileno((uv_handle_t *)&l->tcp, &fd);
@@ -329,6 +337,19 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
                                                        : ((struct sockaddr_in *)&bound)->sin_port);
     l->next = s->listeners;
     s->listeners = l;
+    return 0;
+}
+
+void ms_server_https_port(ms_server_t *s, int port)
+{
+    s->https_port = (uint16_t)port;
+}
+
+int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t)
+{
+    if (s->listeners == NULL || t == NULL || !ms__tls_ready(t))
+        return UV_EINVAL;
+    s->listeners->tls = t;
     return 0;
 }
 
@@ -437,6 +458,7 @@ void ms_server_free(ms_server_t *s)
     ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
     ms__sockets_free(s); /* its pooled connections close in the run below */
     ms__sources_free(s);
+    ms__tls_free(s);
     ms_mem_free(s->trusted);
     ms_mem_free(s->livez);
     ms_mem_free(s->readyz);

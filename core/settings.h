@@ -77,7 +77,9 @@
     X(resolver_in_flight, resolver_in_flight, uint32_t, 2, COUNT, 0,                               \
       "lookups at once, below libuv's thread pool; the rest queue")                                \
     X(resolver_names, resolver_names, uint32_t, 1024, COUNT, 0,                                    \
-      "names in a worker's resolver cache")
+      "names in a worker's resolver cache")                                                      \
+    X(handshake_timeout, handshake_timeout_ms, uint32_t, 10, SECONDS, 0,                           \
+      "a whole TLS handshake, from the accept: close")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -59,7 +59,7 @@ static void write_cb(uv_write_t *w, int status)
     ms_conn_t *c = w->data;
     ms_mem_free(w);
     tcp_of(c)->wreq = NULL;
-    ms_conn_write_done(c, status);
+    ms__io_write_done(c, status);
     ms__conn_release(c);
 }
 
@@ -82,16 +82,16 @@ static int tcp_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
-    ms_conn_read_buf(conn_of_handle(h), buf);
+    ms__io_read_buf(conn_of_handle(h), buf);
 }
 
 static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     ms_conn_t *c = conn_of_handle((uv_handle_t *)st);
     if (nread > 0)
-        ms_conn_feed(c, buf->base, (size_t)nread);
+        ms__io_feed(c, buf->base, (size_t)nread);
     else if (nread < 0)
-        ms_conn_eof(c, (int)nread);
+        ms__io_eof(c, (int)nread);
 }
 
 static void tcp_read_stop(ms_conn_t *c)
@@ -107,7 +107,7 @@ static void tcp_read_start(ms_conn_t *c)
 
 static void close_cb(uv_handle_t *h)
 {
-    ms_conn_closed(conn_of_handle(h));
+    ms__io_closed(conn_of_handle(h));
 }
 
 static void shutdown_cb(uv_shutdown_t *req, int status)
@@ -185,9 +185,17 @@ static const ms_io_t tcp_io = {
     .address = tcp_address,
 };
 
-ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener)
+/* The bytes of the transport's own part, where a stacked transport's extra bytes begin. */
+#define TCP_OWN ((sizeof(ms_tcp_t) + 15) & ~(size_t)15)
+
+void *ms__tcp_extra(ms_conn_t *c)
 {
-    ms_conn_t *c = ms_conn_new(s, &tcp_io, sizeof(ms_tcp_t));
+    return (char *)tcp_of(c) + TCP_OWN;
+}
+
+ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
+{
+    ms_conn_t *c = ms_conn_new(s, &tcp_io, TCP_OWN + extra);
     ms_tcp_t *t = tcp_of(c);
     t->wreq = NULL;
     t->shutdown = NULL;

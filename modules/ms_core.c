@@ -40,6 +40,8 @@ typedef struct binding_s {
     uv_signal_t sigint, sigterm, sigusr1, sigusr2;
     int signals; /* the signal handles are initialised */
     int stopped;
+    ms_tls_t *tls[64]; /* server:tls() settings by id - 1; the server's, freed with it */
+    int ntls;
 } binding_t;
 
 static int ms_lua_fail(lua_State *L, int rc)
@@ -237,17 +239,113 @@ static binding_t *check_server(lua_State *L)
     return b;
 }
 
-/* server:listen("127.0.0.1:8080"[, backlog[, proxy_protocol]]) -> port */
+/* The TLS settings of id at `idx` (nil or absent: none); misuse raises. */
+static ms_tls_t *opt_tls(lua_State *L, binding_t *b, int idx)
+{
+    if (lua_isnoneornil(L, idx))
+        return NULL;
+    lua_Integer id = luaL_checkinteger(L, idx);
+    if (id < 1 || id > b->ntls)
+        luaL_argerror(L, idx, "no such TLS settings");
+    return b->tls[id - 1];
+}
+
+/* Makes the listener just added a TLS one, if asked. */
+static int listen_tls(lua_State *L, binding_t *b, ms_tls_t *tls)
+{
+    if (tls == NULL)
+        return 0;
+    int rc = ms_server_listen_tls(b->server, tls);
+    if (rc < 0)
+        return luaL_error(L, "TLS listener without a default certificate");
+    return 0;
+}
+
+/* The listener flags from proxy_protocol at `idx` and an https port to redirect to at
+ * `idx + 2` (nil: none). */
+static int listen_flags(lua_State *L, binding_t *b, int idx)
+{
+    int flags = lua_toboolean(L, idx) ? MS_LISTEN_PROXY : 0;
+    if (!lua_isnoneornil(L, idx + 2)) {
+        lua_Integer port = luaL_checkinteger(L, idx + 2);
+        luaL_argcheck(L, port > 0 && port < 65536, idx + 2, "a port expected");
+        ms_server_https_port(b->server, (int)port);
+        flags |= MS_LISTEN_REDIRECT_HTTPS;
+    }
+    return flags;
+}
+
+/* server:listen("127.0.0.1:8080"[, backlog[, proxy_protocol[, tls[, redirect_port]]]]) ->
+ * port; `tls` is an id from server:tls(); `redirect_port`: every request is answered 308 to
+ * https on that port. */
 static int server_listen(lua_State *L)
 {
     binding_t *b = check_server(L);
     const char *addr = luaL_checkstring(L, 2);
-    int flags = lua_toboolean(L, 4) ? MS_LISTEN_PROXY : 0;
+    int flags = listen_flags(L, b, 4);
+    ms_tls_t *tls = opt_tls(L, b, 5);
     int rc =
         ms_server_listen(b->server, addr, (int)luaL_optinteger(L, 3, MS_LISTEN_BACKLOG), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
+    listen_tls(L, b, tls);
     lua_pushinteger(L, ms_server_port(b->server));
+    return 1;
+}
+
+static const char *opt_field(lua_State *L, int t, const char *k)
+{
+    lua_getfield(L, t, k);
+    const char *v = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
+    lua_pop(L, 1); /* (the string stays in the options table) */
+    return v;
+}
+
+/* server:tls{ ciphers =, ciphersuites =, groups =, refuse_unknown = bool } -> id, or nil and
+ * why. */
+static int server_tls(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    if (b->ntls == (int)(sizeof(b->tls) / sizeof(b->tls[0])))
+        return luaL_error(L, "too many TLS settings");
+    ms_tls_opts_t o = {.ciphers = opt_field(L, 2, "ciphers"),
+                       .ciphersuites = opt_field(L, 2, "ciphersuites"),
+                       .groups = opt_field(L, 2, "groups")};
+    lua_getfield(L, 2, "refuse_unknown");
+    o.refuse_unknown = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    char err[256];
+    ms_tls_t *t = ms_tls_new(b->server, &o, err, sizeof(err));
+    if (t == NULL) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    b->tls[b->ntls++] = t;
+    lua_pushinteger(L, b->ntls);
+    return 1;
+}
+
+/* server:tls_cert(id, name or nil, cert_pem, key_pem) -> true, or nil and why: a certificate
+ * chain and its key for a server name (nil: the default one). */
+static int server_tls_cert(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_tls_t *t = opt_tls(L, b, 2);
+    if (t == NULL)
+        return luaL_argerror(L, 2, "TLS settings expected");
+    const char *name = luaL_optstring(L, 3, NULL);
+    size_t clen, klen;
+    const char *cert = luaL_checklstring(L, 4, &clen);
+    const char *key = luaL_checklstring(L, 5, &klen);
+    char err[256];
+    if (ms_tls_cert(t, name, cert, clen, key, klen, err, sizeof(err)) < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
     return 1;
 }
 
@@ -352,14 +450,17 @@ static int server_pointer(lua_State *L)
     return 1;
 }
 
-/* server:listen_fd(fd[, proxy_protocol]) -> port: serves on an inherited listening socket. */
+/* server:listen_fd(fd[, proxy_protocol[, tls[, redirect_port]]]) -> port: serves on an
+ * inherited listening socket. */
 static int server_listen_fd(lua_State *L)
 {
     binding_t *b = check_server(L);
-    int flags = lua_toboolean(L, 3) ? MS_LISTEN_PROXY : 0;
+    int flags = listen_flags(L, b, 3);
+    ms_tls_t *tls = opt_tls(L, b, 4);
     int rc = ms_server_listen_fd(b->server, (int)luaL_checkinteger(L, 2), flags);
     if (rc < 0)
         return ms_lua_fail(L, rc);
+    listen_tls(L, b, tls);
     lua_pushinteger(L, ms_server_port(b->server));
     return 1;
 }
@@ -664,19 +765,23 @@ static int core_log_format(lua_State *L)
 
 /* -- Master and workers -------------------------------------------------------------------- */
 
+/* Which of the master's listeners serve TLS (core.master's `https`), for its log lines. */
+static uint8_t master_https[16];
+
 static void master_listening(const ms_master_opts_t *o)
 {
     for (int i = 0; i < o->nlisten; i++) {
         const char *colon = strrchr(o->listen[i], ':');
         int hl = (int)(colon - o->listen[i]);
-        ms_log(MS_LOG_INFO, "listening on http://%.*s:%d/ (%d workers)", hl ? hl : 7,
-               hl ? o->listen[i] : "0.0.0.0", o->ports[i], o->workers);
+        ms_log(MS_LOG_INFO, "listening on %s://%.*s:%d/ (%d workers)",
+               master_https[i] ? "https" : "http", hl ? hl : 7, hl ? o->listen[i] : "0.0.0.0",
+               o->ports[i], o->workers);
     }
 }
 
-/* core.master{ argv = {...}, listen = {...}, workers = n, stop_timeout = s, start_timeout = s,
- * backlog = n }:
- * runs the master until it is stopped. */
+/* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
+ * stop_timeout = s, start_timeout = s, backlog = n }:
+ * runs the master until it is stopped. (`https`: which listeners the workers serve TLS on.) */
 static int core_master(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -707,6 +812,16 @@ static int core_master(lua_State *L)
     }
     o.listen = addrs;
     o.ports = ports;
+    lua_getfield(L, 1, "https");
+    for (int i = 0; i < o.nlisten; i++) {
+        master_https[i] = 0;
+        if (lua_istable(L, -1)) {
+            lua_rawgeti(L, -1, i + 1);
+            master_https[i] = (uint8_t)lua_toboolean(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
     lua_getfield(L, 1, "workers");
     o.workers = (int)luaL_checkinteger(L, -1);
     lua_getfield(L, 1, "stop_timeout");
@@ -925,6 +1040,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {{"listen", server_listen},
                                               {"listen_fd", server_listen_fd},
+                                              {"tls", server_tls},
+                                              {"tls_cert", server_tls_cert},
                                               {"run", server_run},
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},

@@ -94,6 +94,18 @@ MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
     return ms_req_peer_trusted(r);
 }
 
+/* The TLS version the request came over into buf[0..len); returns its length, 0 over plain
+ * TCP. */
+MS_FFI int ms_ffi_req_tls(ms_req_t *r, char *buf, size_t len)
+{
+    const char *v = ms_req_tls(r);
+    size_t n = v != NULL ? strlen(v) : 0;
+    if (n >= len)
+        n = len - 1;
+    memcpy(buf, v != NULL ? v : "", n);
+    return (int)n;
+}
+
 /* The request id (ms_req_id) into buf[0..len), len > MS_REQ_ID_MAX; returns its length. */
 MS_FFI int ms_ffi_req_id(ms_req_t *r, char *buf, size_t len)
 {

@@ -14,9 +14,10 @@ and talking to the core through LuaJIT's FFI.
    license = "MIT",
    labels = { "http", "server", "web", "luajit" },
 }
--- LuaJIT only: the framework talks to the core through the FFI. lua-cjson, OpenSSL's
--- libcrypto (sessions, CSRF tokens) and PCRE2 (ngx.re) come from the system's packages
--- (Debian lua-cjson, libssl3, libpcre2-8-0).
+-- LuaJIT only: the framework talks to the core through the FFI. lua-cjson, OpenSSL (TLS
+-- listeners in the core; libcrypto for sessions and CSRF tokens) and PCRE2 (ngx.re) come
+-- from the system's packages (Debian lua-cjson, libssl-dev to build, libssl3 and
+-- libpcre2-8-0 to run).
 dependencies = {
    "lua >= 5.1, < 5.2",
 }

@@ -63,7 +63,7 @@ function helper.spawn_server(opts)
     end
     local port
     for _ = 1, 200 do -- 10 s at most
-        port = read_file(logfile):match("listening on http://[^ ]+:(%d+)/")
+        port = read_file(logfile):match("listening on https?://[^ ]+:(%d+)/")
         if port or not alive(pid) then
             break
         end
@@ -76,7 +76,7 @@ function helper.spawn_server(opts)
         error("server did not start:\n" .. text, 2)
     end
     local srv = { pid = pid, port = tonumber(port), logfile = logfile, ports = {} }
-    for p in read_file(logfile):gmatch("listening on http://[^ ]+:(%d+)/") do
+    for p in read_file(logfile):gmatch("listening on https?://[^ ]+:(%d+)/") do
         srv.ports[#srv.ports + 1] = tonumber(p)
     end
     function srv:log()

@@ -418,7 +418,10 @@ end
 -- app's own routes serve hosts that have no site. opts.base: the site lives under that path
 -- (req.base_path), and requests outside it are 404. What the site does not set it has from
 -- its app: security (opts.security or site:security), error pages, views, dev,
--- trailing_slash and canonical (opts as moonserve.app's).
+-- trailing_slash and canonical (opts as moonserve.app's). opts.tls = { cert = FILE, key =
+-- FILE }: the certificate a TLS listener answers this name with (SNI; lists of paths for an
+-- RSA and an ECDSA one). A host "*.example.org" is the site of every name one label under
+-- example.org that has no site of its own.
 function App:site(host, opts)
     if type(host) ~= "string" or host == "" then
         error("bad host (string expected)", 2)
@@ -447,6 +450,13 @@ function App:site(host, opts)
     if opts and opts.access_log ~= nil then
         s.access_log = _M.access_log_spec(opts.access_log, 2)
     end
+    if opts and opts.tls ~= nil then
+        local t = opts.tls
+        if type(t) ~= "table" or t.cert == nil or t.key == nil then
+            error("bad tls (a table with cert and key expected)", 2)
+        end
+        s.tls = t
+    end
     return s
 end
 
@@ -473,7 +483,12 @@ local function site_for(self, host)
     local known = self.site_of_host
     local site = known[host]
     if site == nil then
-        site = self.sites[(split_host(host))] or false
+        local name = split_host(host)
+        site = self.sites[name] or false
+        local dot = not site and find(name, ".", 2, true)
+        if dot then
+            site = self.sites["*" .. sub(name, dot)] or false
+        end
         if self.sites_known < 1024 then -- any Host a client makes up: keep the table small
             known[host] = site
             self.sites_known = self.sites_known + 1

@@ -18,6 +18,17 @@ options:
   --listen-proxy ADDR:PORT
                        a listener whose connections start with a PROXY protocol header
                        (v1 or v2), whose address then is the client's
+  --tls-cert FILE      the --listen before it serves TLS with this certificate chain (PEM);
+                       give it twice for an RSA and an ECDSA certificate side by side
+  --tls-key FILE       the private key (PEM) of the --tls-cert before it
+  --tls-ciphers LIST   that listener's TLS 1.2 ciphers (OpenSSL's syntax; default: Mozilla's
+                       intermediate profile)
+  --tls-unknown-name POLICY
+                       a server name (SNI) no certificate is for: default (answer with the
+                       listener's certificate, the default) or refuse (fail the handshake)
+  --redirect-https PORT
+                       the --listen before it answers every request with a 308 redirect to
+                       the same host and path over https on PORT
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
@@ -95,6 +106,35 @@ function _M.main(args)
         elseif a == "--listen" or a == "--listen-proxy" then
             opts.listen = opts.listen or {}
             opts.listen[#opts.listen + 1] = { value(), proxy_protocol = a == "--listen-proxy" }
+        elseif a == "--tls-cert" or a == "--tls-key" or a == "--tls-ciphers"
+                or a == "--tls-unknown-name" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            end
+            local v = value()
+            l.tls = l.tls or { cert = {}, key = {} }
+            if a == "--tls-cert" then
+                table.insert(l.tls.cert, v)
+            elseif a == "--tls-key" then
+                table.insert(l.tls.key, v)
+            elseif a == "--tls-ciphers" then
+                l.tls.ciphers = v
+            else
+                if v ~= "default" and v ~= "refuse" then
+                    return die("--tls-unknown-name needs default or refuse")
+                end
+                l.tls.unknown_name = v
+            end
+        elseif a == "--redirect-https" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            local port = tonumber(value())
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            elseif not port then
+                return die(a .. " needs a port")
+            end
+            l.redirect_https = port
         elseif a == "--trusted-proxy" then
             opts.trusted_proxies = opts.trusted_proxies or {}
             opts.trusted_proxies[#opts.trusted_proxies + 1] = value()
@@ -163,6 +203,11 @@ function _M.main(args)
             app_file = a
         end
         i = i + 1
+    end
+    for _, l in ipairs(opts.listen or {}) do
+        if l.tls and (#l.tls.cert == 0 or #l.tls.cert ~= #l.tls.key) then
+            return die("--listen " .. l[1] .. ": each --tls-cert needs its --tls-key")
+        end
     end
     local app
     if static_dir then

@@ -83,9 +83,18 @@ function getters.trusted_proxy(self)
     return C.ms_ffi_req_peer_trusted(view(self)) ~= 0
 end
 
--- "https" when a trusted proxy says the client came over TLS, else "http" (the core has
--- no TLS listener yet).
+-- The TLS version the request came over ("TLSv1.3"), or false over plain TCP.
+function getters.tls(self)
+    local n = C.ms_ffi_req_tls(view(self), peer_buf, 64)
+    return n > 0 and ffi_str(peer_buf, n)
+end
+
+-- "https" when the request came over TLS, or a trusted proxy says the client did; else
+-- "http".
 function getters.scheme(self)
+    if self.tls then
+        return "https"
+    end
     if self.trusted_proxy then
         local proto = self:header("x-forwarded-proto")
         if proto and lower(proto:match("([^,%s]+)%s*$") or "") == "https" then

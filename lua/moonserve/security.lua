@@ -150,10 +150,14 @@ end
 local DEFAULT_CHECK = { origins = nil, same_site = false }
 
 -- The authority a request's client asked for, and its scheme when that is known: Host, or
--- from a trusted proxy its X-Forwarded-Host and X-Forwarded-Proto. (The core has no TLS
--- listener yet, so without a proxy the scheme is not known.)
+-- from a trusted proxy its X-Forwarded-Host and X-Forwarded-Proto; "https" on a TLS
+-- connection. Over plain TCP without a proxy the scheme is not known (a proxy in front may
+-- have ended TLS).
 function _M.authority(req)
     local host, scheme = req:header("host"), nil
+    if req.tls then
+        scheme = "https"
+    end
     if req.trusted_proxy then
         host = last_item(req:header("x-forwarded-host")) or host
         local proto = last_item(req:header("x-forwarded-proto"))

@@ -70,14 +70,43 @@ local function command_line()
     return argv
 end
 
--- Listeners as { addr = "HOST:PORT", proxy_protocol = bool }, from "HOST:PORT", a table
--- { "HOST:PORT", proxy_protocol = true }, or a list of those.
+-- A listener's or a site's tls table, checked: cert and key (paths, or lists of paths of the
+-- same length: an RSA and an ECDSA certificate side by side), ciphers, ciphersuites, groups,
+-- unknown_name ("default" or "refuse"). Returns the list of { cert, key } pairs.
+local function tls_pairs(t, what, level)
+    if type(t) ~= "table" then
+        error("bad " .. what .. " (a table with cert and key expected)", level + 1)
+    end
+    local certs = type(t.cert) == "table" and t.cert or { t.cert }
+    local keys = type(t.key) == "table" and t.key or { t.key }
+    if #certs == 0 or #certs ~= #keys then
+        error("bad " .. what .. " (as many keys as certificates expected)", level + 1)
+    end
+    local out = {}
+    for i = 1, #certs do
+        if type(certs[i]) ~= "string" or type(keys[i]) ~= "string" then
+            error("bad " .. what .. " (cert and key paths expected)", level + 1)
+        end
+        out[i] = { cert = certs[i], key = keys[i] }
+    end
+    if t.unknown_name ~= nil and t.unknown_name ~= "default" and t.unknown_name ~= "refuse" then
+        error("bad " .. what .. ".unknown_name (\"default\" or \"refuse\" expected)", level + 1)
+    end
+    return out
+end
+_M.tls_pairs = tls_pairs
+
+-- Listeners as { addr = "HOST:PORT", proxy_protocol = bool, tls = table or nil,
+-- redirect_https = port or nil }, from "HOST:PORT", a table { "HOST:PORT", proxy_protocol =
+-- true, tls = { cert =, key = } } ({ "HOST:PORT", redirect_https = 443 }: a plain listener
+-- that answers every request with a redirect to https on that port), or a list of those.
 local function listen_list(listen)
     if listen == nil then
         listen = "127.0.0.1:8080"
     end
     if type(listen) == "string" or (type(listen) == "table" and type(listen[1]) == "string"
-            and listen.proxy_protocol ~= nil) then
+            and (listen.proxy_protocol ~= nil or listen.tls ~= nil
+                or listen.redirect_https ~= nil)) then
         listen = { listen }
     end
     if type(listen) ~= "table" or #listen == 0 then
@@ -88,12 +117,93 @@ local function listen_list(listen)
         if type(l) == "string" then
             out[i] = { addr = l, proxy_protocol = false }
         elseif type(l) == "table" and type(l[1]) == "string" then
-            out[i] = { addr = l[1], proxy_protocol = l.proxy_protocol == true }
+            out[i] = { addr = l[1], proxy_protocol = l.proxy_protocol == true, tls = l.tls,
+                redirect_https = l.redirect_https }
+            local r = l.redirect_https
+            if r ~= nil and (type(r) ~= "number" or r % 1 ~= 0 or r < 1 or r > 65535
+                    or l.tls ~= nil) then
+                error("bad redirect_https of listen entry " .. i .. " (the https port of a "
+                    .. "plain listener expected)", 3)
+            end
+            if l.tls ~= nil then
+                tls_pairs(l.tls, "tls of listen entry " .. i, 3)
+                if l.proxy_protocol then
+                    error("listen entry " .. i .. ": proxy_protocol with tls is not supported", 3)
+                end
+            end
         else
             error("bad listen entry " .. i, 3)
         end
     end
     return out
+end
+
+-- The PEM bytes of a certificate chain and of its private key. Every certificate the server
+-- loads is read here, and nowhere else: today the worker reads the files itself; where the
+-- master reads the keys for its workers, this is what asks it.
+function _M.tls_material(cert_path, key_path)
+    local function slurp(path, what)
+        local f, err = io.open(path, "rb")
+        if not f then
+            return nil, "cannot read the TLS " .. what .. ": " .. err
+        end
+        local text = f:read("*a")
+        f:close()
+        return text
+    end
+    local cert, err = slurp(cert_path, "certificate")
+    if not cert then
+        return nil, err
+    end
+    local key
+    key, err = slurp(key_path, "key")
+    if not key then
+        return nil, err
+    end
+    return cert, key
+end
+
+local function add_certs(srv, id, name, t)
+    for _, p in ipairs(tls_pairs(t, "tls", 4)) do
+        local cert, key = _M.tls_material(p.cert, p.key)
+        if not cert then
+            error(key, 0)
+        end
+        local ok, err = srv:tls_cert(id, name, cert, key)
+        if not ok then
+            error("cannot use the TLS certificate " .. p.cert .. " with the key " .. p.key
+                .. (name and " for " .. name or "") .. ": " .. err, 0)
+        end
+    end
+end
+
+-- The TLS settings of a listener in this process's server: its certificates are the default
+-- ones, and each site's own (app:site(host, { tls = ... })) answer for its name (SNI).
+local function make_tls(srv, the_app, t)
+    local id, err = srv:tls { ciphers = t.ciphers, ciphersuites = t.ciphersuites,
+        groups = t.groups, refuse_unknown = t.unknown_name == "refuse" }
+    if not id then
+        error("bad tls settings: " .. err, 0)
+    end
+    add_certs(srv, id, nil, t)
+    for host, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
+        local st = rawget(site, "tls")
+        if st then
+            add_certs(srv, id, host, st)
+        end
+    end
+    return id
+end
+
+-- The TLS settings of every TLS listener, by index in `listen`.
+local function tls_ids(srv, the_app, listen)
+    local ids = {}
+    for i, l in ipairs(listen) do
+        if l.tls then
+            ids[i] = make_tls(srv, the_app, l.tls)
+        end
+    end
+    return ids
 end
 
 local function addresses(listen)
@@ -279,8 +389,9 @@ function _M.check(the_app, opts)
     return true
 end
 
--- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or a
--- list of those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
+-- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or
+-- { "HOST:PORT", tls = { cert = FILE, key = FILE, ... } } (see tls_pairs), or a list of
+-- those (default "127.0.0.1:8080"); opts.trusted_proxies: address ranges whose
 -- X-Forwarded-For is believed;
 -- opts.workers: worker processes under a master (default: one per CPU), 0 for a single
 -- process; opts.limits (core.limits()); opts.static_cache: { files = n, bytes = n }, the
@@ -317,10 +428,12 @@ function _M.run(the_app, opts)
             error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
         end
         local srv = make(the_app, opts, limits)
+        local tls = tls_ids(srv, the_app, listen) -- (before it is ready: a bad one fails it)
         dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
             rawget(the_app, "worker_stop_hooks"), function()
                 for i = 1, nlisten do
-                    assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol))
+                    assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol, tls[i],
+                        listen[i] and listen[i].redirect_https))
                 end
                 assert(core.worker_ready())
             end)
@@ -329,8 +442,12 @@ function _M.run(the_app, opts)
 
     local workers = opts.workers or core.cpus()
     if workers > 0 then
+        local https = {}
+        for i, l in ipairs(listen) do
+            https[i] = l.tls ~= nil
+        end
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
-            workers = workers, stop_timeout = opts.stop_timeout,
+            https = https, workers = workers, stop_timeout = opts.stop_timeout,
             start_timeout = opts.start_timeout }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
@@ -344,14 +461,15 @@ function _M.run(the_app, opts)
         error(why, 2)
     end
     local srv = make(the_app, opts, limits)
-    for _, l in ipairs(listen) do
+    local tls = tls_ids(srv, the_app, listen)
+    for i, l in ipairs(listen) do
         local addr = l.addr
-        local port, err = srv:listen(addr, nil, l.proxy_protocol)
+        local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https)
         if not port then
             error("cannot listen on " .. addr .. ": " .. err, 2)
         end
         local host = addr:match("^(.*):%d+$")
-        base.log(base.LOG_INFO, format("listening on http://%s:%d/",
+        base.log(base.LOG_INFO, format("listening on %s://%s:%d/", tls[i] and "https" or "http",
             host ~= "" and host or "0.0.0.0", port))
         if opts.on_listen then
             opts.on_listen(port)

@@ -104,7 +104,8 @@ local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secur
 
 -- opts: secret, or secrets = { newest, older... } (the first signs and encrypts, any of them
 -- is accepted); name ("session"); encrypt (true); max_age (86400 seconds); cookie
--- (attributes for cookie.serialize: path "/", http_only, same_site "Lax"); store
+-- (attributes for cookie.serialize: path "/", http_only, same_site "Lax", and secure when
+-- the request came over https, unless `secure` is given); store
 -- ({ get, set, delete }, for server-side data); now (the clock, os.time).
 function _M.new(opts)
     if type(opts) ~= "table" then
@@ -160,6 +161,18 @@ function _M.new(opts)
     -- Serializing once now raises here, at setup, on a bad name or bad attributes.
     cookie.serialize(m.name, "", attrs)
     m.attrs, m.attrs_gone = attrs, gone
+    -- Unless opts.cookie says, a cookie sent over https is Secure: the same again with it.
+    if opts.cookie == nil or opts.cookie.secure == nil then
+        local sa, sg = {}, {}
+        for k, v in pairs(attrs) do
+            sa[k] = v
+        end
+        for k, v in pairs(gone) do
+            sg[k] = v
+        end
+        sa.secure, sg.secure = true, true
+        m.attrs_https, m.attrs_gone_https = sa, sg
+    end
     return m
 end
 
@@ -257,11 +270,13 @@ end
 
 -- The Set-Cookie value that stores the session, or nil when nothing changed (or nil and an
 -- error when the store failed). Raises when the data cannot be JSON, or is too big for a
--- cookie.
-function Manager:save(s)
+-- cookie. With `req`, a request that came over https, the cookie is Secure (unless the
+-- cookie options set `secure` themselves).
+function Manager:save(s, req)
     if getmetatable(s) ~= Session then
         error("bad session (from load() expected)", 2)
     end
+    local https = req ~= nil and req.scheme == "https" and self.attrs_https ~= nil
     if not s._dirty then
         return nil
     end
@@ -276,7 +291,7 @@ function Manager:save(s)
             end
         end
         s._old_id, s._dirty, s.is_new = nil, false, false
-        return cookie.serialize(name, "", self.attrs_gone)
+        return cookie.serialize(name, "", https and self.attrs_gone_https or self.attrs_gone)
     end
 
     local expires = self.now() + self.max_age
@@ -299,7 +314,8 @@ function Manager:save(s)
         token = b64enc(json)
     end
 
-    local v = cookie.serialize(name, token .. "." .. sign(key, name, token), self.attrs)
+    local v = cookie.serialize(name, token .. "." .. sign(key, name, token),
+        https and self.attrs_https or self.attrs)
     if #v > MAX_COOKIE then
         error(format("session too big for a cookie (%d bytes, at most %d): keep less in it, "
             .. "or use a store", #v, MAX_COOKIE), 2)
@@ -382,7 +398,7 @@ function _M.middleware(opts)
         local s = manager:load(req)
         req.session = s
         res:before_send(function(r)
-            local cookie_line, err = manager:save(s)
+            local cookie_line, err = manager:save(s, req)
             if cookie_line then
                 r:header("set-cookie", cookie_line)
             elseif err then

@@ -190,6 +190,23 @@ describe("moonserve.session", function()
                 set_cookie)
         end)
 
+        it("makes the cookie Secure for a request over https, unless the options say", function()
+            local m = session.new { secret = SECRET }
+            local function save_for(mgr, req)
+                local s = mgr:load(nil)
+                s:set("a", 1)
+                return mgr:save(s, req)
+            end
+            assert.matches("; Secure;", save_for(m, { scheme = "https" }), 1, true)
+            assert.not_matches("Secure", save_for(m, { scheme = "http" }))
+            assert.not_matches("Secure", save_for(m, nil))
+            local back = m:load(cookie_of(save_for(m, { scheme = "https" })))
+            back:destroy()
+            assert.matches("; Secure;", m:save(back, { scheme = "https" }), 1, true)
+            local plain = session.new { secret = SECRET, cookie = { secure = false } }
+            assert.not_matches("Secure", save_for(plain, { scheme = "https" }))
+        end)
+
         it("clears the cookie of a destroyed session", function()
             local m = session.new { secret = SECRET }
             local back = m:load(cookie_of((saved(m, { user = "ada" }))))

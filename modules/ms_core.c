@@ -399,8 +399,7 @@ static void on_signal(uv_signal_t *sig, int signum)
 static void on_handover(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
-    (void)signum;
-    ms_log(MS_LOG_INFO, "a new worker took over: stopping");
+    ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
     ms_server_handing_over(b->server);
     stop(b);
 }

@@ -78,6 +78,8 @@ local function usage()
 end
 
 local function die(msg)
+    -- (A mistake in the configuration is the user's: no position inside moonserve's code.)
+    msg = msg:gsub("^[^\n:]*moonserve/[%w_/]+%.lua:%d+: ", "")
     io.stderr:write("moonserve: ", msg, "\n")
     return 2
 end

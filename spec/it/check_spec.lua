@@ -25,7 +25,7 @@ describe("moonserve --check", function()
             { "--access-log /nonexistent/dir/a.log", "bad access_log /nonexistent/dir/a.log: " ..
                 "ENOENT" },
             { "--log /nonexistent/dir/e.log", "cannot open log /nonexistent/dir/e.log" },
-            { "--log-level loud", "bad log_level loud %(debug, info, warn or error%)" },
+            { "--log-level loud", "%-%-log%-level needs debug, info, warn or error" },
             { "--trusted-proxy 10.0.0.0/99", "bad trusted proxy 10.0.0.0/99" },
             { "--readyz ready", "%-%-readyz needs a path starting with /" },
         }

@@ -139,10 +139,18 @@ local function listen_list(listen)
 end
 
 -- The PEM bytes of a certificate chain and of its private key. Every certificate the server
--- loads is read here, and nowhere else: today the worker reads the files itself; where the
--- master reads the keys for its workers, this is what asks it.
+-- loads is read here, and nowhere else: a worker under a master has the master open the files
+-- (core.master_file: its channel), so that a key only the master's user may read serves;
+-- a single process reads them itself. A reload reads them anew.
 function _M.tls_material(cert_path, key_path)
     local function slurp(path, what)
+        if os.getenv("MOONSERVE_WORKER") then
+            local text, err = core.master_file(path)
+            if not text then
+                return nil, "cannot read the TLS " .. what .. ": " .. err
+            end
+            return text
+        end
         local f, err = io.open(path, "rb")
         if not f then
             return nil, "cannot read the TLS " .. what .. ": " .. err

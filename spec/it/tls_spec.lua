@@ -283,6 +283,22 @@ describe("TLS listeners", function()
         assert(ok, err)
     end)
 
+    it("has the master open the certificate and key files for its workers", function()
+        -- A key that is not a file: only the master's side of the channel says it so.
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 1",
+                q(dir .. "/ec.pem"), q(dir)) }
+        local ok, err = pcall(function()
+            assert.is_true(helper.wait_for(function()
+                return m:log():find("cannot read the TLS key: cannot open " .. dir ..
+                    ": not a regular file", 1, true) ~= nil
+            end))
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
     it("takes new certificates on a reload (HUP), and keeps the old when the new fail",
         function()
         helper.sh(string.format("cp %s %s && cp %s %s", q(dir .. "/ec.pem"), q(dir .. "/hup.pem"),

@@ -1,7 +1,8 @@
 -- OpenResty's documented examples (lua-nginx-module's README for ngx.re.*, lua-resty-core's
 -- ngx/re.md for split) and the corner cases around them, run through moonserve.ngx.re.
+local helper = require "helper"
+
 describe("moonserve.ngx.re", function()
-    local helper = require "helper"
     local re = require "moonserve.ngx.re"
 
     -- A fresh copy of the module, with its own cache and settings.
@@ -366,5 +367,27 @@ describe("moonserve.ngx.re", function()
         end)
         assert.matches("TRACE +%d+ ngx_re_spec.lua:%d+ loop", log)
         assert.not_matches("NYI", log)
+    end)
+end)
+
+describe("moonserve.ngx.re's library", function()
+    it("stays loaded when the module is dropped, for the patterns that outlive it", function()
+        -- In a process of its own (nothing else holding the module): an iterator keeps its
+        -- compiled pattern, whose finalizer is PCRE2's, past a collection of the module.
+        local script = [[
+            local re = require "moonserve.ngx.re"
+            local it = re.gmatch("a1b2", "\\d")
+            assert(it()[0] == "1")
+            re = nil
+            package.loaded["moonserve.ngx.re"] = nil
+            for _ = 1, 4 do collectgarbage() end
+            assert(it()[0] == "2")
+            it = nil
+            for _ = 1, 4 do collectgarbage() end
+            print("survived")
+        ]]
+        local out = helper.run(helper.tool("luajit") .. " -e " .. helper.sh_quote(script) ..
+            " 2>&1")
+        assert.equal("survived\n", out)
     end)
 end)

@@ -72,6 +72,11 @@ do
         error("moonserve.ngx.re needs PCRE2's libpcre2-8 (Debian: libpcre2-8-0): " .. lib, 2)
     end
     P = lib
+    -- The library stays loaded for as long as the process runs: the finalizers of compiled
+    -- patterns and match data are its functions, and would call into unmapped memory if
+    -- this namespace were collected (and the library closed) before them, as it is when
+    -- this module is dropped from package.loaded and loaded again.
+    debug.getregistry()["moonserve.ngx.re: libpcre2-8"] = lib
 end
 
 -- pcre2.h

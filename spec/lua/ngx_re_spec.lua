@@ -386,8 +386,10 @@ describe("moonserve.ngx.re's library", function()
             for _ = 1, 4 do collectgarbage() end
             print("survived")
         ]]
-        local out = helper.run(helper.tool("luajit") .. " -e " .. helper.sh_quote(script) ..
-            " 2>&1")
+        local file = os.tmpname()
+        finally(function() os.remove(file) end)
+        helper.write_file(file, script)
+        local out = helper.run(helper.tool("luajit") .. " " .. file .. " 2>&1")
         assert.equal("survived\n", out)
     end)
 end)

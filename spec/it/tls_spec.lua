@@ -267,6 +267,29 @@ describe("TLS listeners", function()
         end))
     end)
 
+    it("passes testssl.sh at the defaults: protocols, ciphers, vulnerabilities", function()
+        -- Debian's testssl.sh against the listener with an RSA and an ECDSA certificate. Its
+        -- certificate lines about the test CA (not trusted: "Chain of trust NOT ok"; no CRL
+        -- or OCSP URI in a test certificate) say nothing of the server and are not counted.
+        local out = helper.run(string.format("timeout 300 %s --quiet --color 0 --warnings off "
+            .. "-p -s -f -U -S 127.0.0.1:%d 2>&1", helper.tool("testssl"), tls_port))
+        assert.matches("TLS 1      not offered", out, 1, true)
+        assert.matches("TLS 1.1    not offered", out, 1, true)
+        assert.matches("TLS 1.2    offered (OK)", out, 1, true)
+        assert.matches("TLS 1.3    offered (OK)", out, 1, true)
+        assert.matches("Heartbleed (CVE-2014-0160)                not vulnerable (OK)", out, 1,
+            true)
+        local bad = {}
+        for line in out:gmatch("[^\n]+") do
+            if (line:find("NOT ok", 1, true) or line:find("VULNERABLE", 1, true)) and
+                not line:find("Chain of trust", 1, true) and
+                not line:find("neither CRL nor OCSP URI provided", 1, true) then
+                bad[#bad + 1] = line
+            end
+        end
+        assert.same({}, bad)
+    end)
+
     it("serves TLS from workers under a master", function()
         local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
             env = { MOONSERVE_TLS_DIR = dir }, args = string.format(

@@ -768,11 +768,11 @@ function App:handle(req, res)
             req.params = params
         end
         if type(handler) == "table" then -- a route with middleware, a group or options
-            local route = handler
-            if route.body_bytes then
-                req:body_limit(route.body_bytes)
+            local spec = handler
+            if spec.body_bytes then
+                req:body_limit(spec.body_bytes)
             end
-            handler = route.handler
+            handler = spec.handler
             if route.group or route.before then
                 local all = {}
                 append(all, mw)

@@ -184,7 +184,7 @@ _M.resume, _M.status, _M.wrap = resume, status, wrap
 
 -- Handler code uses the global table: the one every module sees, from here on. A module
 -- that keeps its own copy of coroutine.resume from before cannot wait in what it resumes.
-coroutine.resume, coroutine.status, coroutine.wrap = resume, status, wrap
-coroutine.yield = co_yield -- a reload puts back LuaJIT's own over an older version's
+coroutine.resume, coroutine.status, coroutine.wrap = resume, status, wrap -- luacheck: ignore 122
+coroutine.yield = co_yield -- luacheck: ignore 122 -- a reload puts back LuaJIT's own over an older version's
 
 return _M

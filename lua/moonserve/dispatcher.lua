@@ -476,12 +476,8 @@ _M.waiter = waiter
 function _M.owner(what, level)
     level = (level or 2) + 1
     local t = task
-    if t then
-        if t.r then
-            t = nil -- a request's light thread: the request's, below
-        else
-            return t.root or t
-        end
+    if t and not t.r then -- (a request's light thread has the request's, below)
+        return t.root or t
     end
     local r = current
     if r == nil then

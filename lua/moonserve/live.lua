@@ -10,7 +10,7 @@ local _M = {}
 -- How often the handler looks at the change count, and how often it says it is alive.
 local POLL, PING = 0.25, 15
 
-function _M.stream(req, res)
+function _M.stream(_, res)
     local base = require "moonserve.base"
     local C = base.C
     local r = res.r

@@ -307,7 +307,7 @@ function Request:accepts(...)
             ranges[#ranges + 1] = { lower(mtype), q }
         end
     end
-    local best, best_q, best_spec = nil, 0, -1
+    local best, best_q = nil, 0
     for i = 1, select("#", ...) do
         local offer = select(i, ...)
         local full = lower(MEDIA[offer] or offer)
@@ -322,7 +322,7 @@ function Request:accepts(...)
             end
         end
         if q > best_q then
-            best, best_q, best_spec = offer, q, spec
+            best, best_q = offer, q
         end
     end
     return best

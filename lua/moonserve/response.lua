@@ -6,8 +6,8 @@ local coro = require "moonserve.coroutine"
 
 local C = base.C
 local band = bit.band
-local lower, find, format, gsub, type, tostring = string.lower, string.find, string.format,
-    string.gsub, type, tostring
+local lower, format, gsub, type, tostring = string.lower, string.format, string.gsub, type,
+    tostring
 local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
 local check, park = coro.check_request, coro.park
 

@@ -108,9 +108,9 @@ end
 local URL_SCHEMES = { http = true, https = true, mailto = true }
 local REFUSED_URL = safe("about:invalid#refused")
 
--- A URL for a quoted attribute (a string, or what tostring makes one). Its scheme is read as browsers read it: after leading
--- spaces and control characters, and with tabs and newlines anywhere taken out
--- ("java\tscript:" is javascript:).
+-- A URL for a quoted attribute (a string, or what tostring makes one). Its scheme is read as
+-- browsers read it: after leading spaces and control characters, and with tabs and
+-- newlines anywhere taken out ("java\tscript:" is javascript:).
 local function url(s)
     if s == nil then
         return nil

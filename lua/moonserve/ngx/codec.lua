@@ -8,8 +8,7 @@ require "moonserve.crypto" -- declares the libcrypto types used below
 local byte, char, sub, gsub, format, find, concat, lower = string.byte, string.char,
     string.sub, string.gsub, string.format, string.find, table.concat, string.lower
 local band, bor, lshift, rshift = bit.band, bit.bor, bit.lshift, bit.rshift
-local type, tostring, tonumber, pairs, error, floor = type, tostring, tonumber, pairs, error,
-    math.floor
+local type, tostring, tonumber, pairs, error = type, tostring, tonumber, pairs, error
 local ffi_str = ffi.string
 
 if not pcall(ffi.typeof, "ms_ngx_codec_t") then

@@ -5,6 +5,7 @@
 -- ngx.base64, ngx.resp and ngx.re are moonserve's, the others say they are not supported. And
 -- `require "resty.X"` loads Debian's nginx.X (lua-nginx-redis installs nginx/redis.lua) when
 -- no resty/X.lua is installed.
+-- luacheck: globals ngx (installed by moonserve.ngx before any of this runs)
 local _M = {}
 
 local RESTY_CORE_VERSION = "0.1.25"

@@ -123,7 +123,8 @@ local errbuf = ffi.new("unsigned char[256]")
 local dfa_ws = ffi.new("int[?]", DFA_WORKSPACE)
 
 local mctx = assert(P.pcre2_match_context_create_8(nil), "pcre2_match_context_create() failed")
-local jit_stack            -- set by opt("jit_stack_size"); the match context points at it
+-- Set by opt("jit_stack_size"): the match context points at it, and this keeps it alive.
+local jit_stack -- luacheck: ignore 231
 
 local _M = { version = "0.1.25" }
 

@@ -30,6 +30,20 @@ end
 
 local unescape = _M.unescape
 
+-- Adds value `v` of key `k` to `t`: the value alone the first time, then the list of the
+-- values in order (what a repeated argument of a query string or form gives).
+function _M.add_value(t, k, v)
+    local old = t[k]
+    if old == nil then
+        t[k] = v
+    elseif type(old) == "table" then
+        old[#old + 1] = v
+    else
+        t[k] = { old, v }
+    end
+end
+local add_value = _M.add_value
+
 -- Parses "a=1&b=2&a=3" into { a = { "1", "3" }, b = "2" }: a key seen once maps to its
 -- value, a repeated key to the list of its values in order. A key without "=" maps to "".
 -- At most `max` pairs are read (default 1000): the rest is ignored, not an error.
@@ -50,15 +64,7 @@ function _M.parse_form(s, max)
             else
                 k, v = sub(s, pos, amp - 1), ""
             end
-            k, v = unescape(k, true), unescape(v, true)
-            local old = t[k]
-            if old == nil then
-                t[k] = v
-            elseif type(old) == "table" then
-                old[#old + 1] = v
-            else
-                t[k] = { old, v }
-            end
+            add_value(t, unescape(k, true), unescape(v, true))
             n = n + 1
         end
         pos = amp + 1

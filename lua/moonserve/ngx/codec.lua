@@ -4,6 +4,7 @@
 local ffi = require "ffi"
 local bit = require "bit"
 require "moonserve.crypto" -- declares the libcrypto types used below
+local codec = require "moonserve.codec"
 
 local byte, char, sub, gsub, format, find, concat, lower = string.byte, string.char,
     string.sub, string.gsub, string.format, string.find, table.concat, string.lower
@@ -175,24 +176,13 @@ function _M.escape_uri(s, kind)
     if kind == 0 then
         return (gsub(s, "[%z\1-\32#%%?\127-\255]", escape_byte))
     end
-    return (gsub(s, "[^%w%-%._~]", escape_byte))
+    return codec.escape(s)
 end
 local escape = _M.escape_uri
 
-local function hex_byte(h)
-    return char(tonumber(h, 16))
-end
-
 -- %XX escapes decoded and "+" as a space; a "%" that starts no escape stays.
 function _M.unescape_uri(s)
-    s = str(s)
-    if find(s, "+", 1, true) then
-        s = gsub(s, "+", " ")
-    end
-    if find(s, "%", 1, true) then
-        s = gsub(s, "%%(%x%x)", hex_byte)
-    end
-    return s
+    return codec.unescape(str(s), true)
 end
 local unescape = _M.unescape_uri
 
@@ -263,14 +253,7 @@ function _M.decode_args(s, max)
                 k, v = unescape(sub(s, pos, amp - 1)), true
             end
             if k ~= "" then
-                local old = t[k]
-                if old == nil then
-                    t[k] = v
-                elseif type(old) == "table" then
-                    old[#old + 1] = v
-                else
-                    t[k] = { old, v }
-                end
+                codec.add_value(t, k, v)
                 n = n + 1
             end
         end

@@ -65,4 +65,21 @@ function _M.request(level)
     return st
 end
 
+-- A field's value as ngx.header and ngx.req.set_header take it: a string, a list of strings
+-- (a table; its items made strings), or nil for nil or an empty table (the field goes).
+function _M.field_value(value)
+    if type(value) == "table" then
+        if #value == 0 then
+            return nil
+        end
+        local v = {}
+        for i = 1, #value do
+            v[i] = tostring(value[i])
+        end
+        return v
+    elseif value ~= nil then
+        return tostring(value)
+    end
+end
+
 return _M

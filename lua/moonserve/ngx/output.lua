@@ -75,17 +75,7 @@ local function set_header(st, name, value)
         return
     end
     local k = key_of(name)
-    local v
-    if type(value) == "table" then
-        if #value > 0 then
-            v = {}
-            for i = 1, #value do
-                v[i] = tostring(value[i])
-            end
-        end
-    elseif value ~= nil then
-        v = tostring(value)
-    end
+    local v = context.field_value(value)
     if v ~= nil and find(type(v) == "table" and concat(v) or v, "[\r\n]") then
         error("bad argument #2 to 'ngx.header' (header value contains CR or LF)", 3)
     end

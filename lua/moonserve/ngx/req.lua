@@ -4,6 +4,7 @@
 local ffi = require "ffi"
 local context = require "moonserve.ngx.context"
 local codec = require "moonserve.ngx.codec"
+local add_value = require("moonserve.codec").add_value
 local ntime = require "moonserve.ngx.time"
 
 local lower, gsub, concat, type, tostring, pairs, error = string.lower, string.gsub,
@@ -122,15 +123,7 @@ function _M.get_headers(max, raw)
             return
         end
         n = n + 1
-        local k = raw and name or lower(name)
-        local old = t[k]
-        if old == nil then
-            t[k] = value
-        elseif type(old) == "table" then
-            old[#old + 1] = value
-        else
-            t[k] = { old, value }
-        end
+        add_value(t, raw and name or lower(name), value)
     end)
     if not raw then
         setmetatable(t, fields_mt)
@@ -153,17 +146,7 @@ end
 function _M.set_header(name, value)
     local st = request_state(2)
     name = check_name(name, "set_header")
-    local v
-    if type(value) == "table" then
-        if #value > 0 then
-            v = {}
-            for i = 1, #value do
-                v[i] = tostring(value[i])
-            end
-        end
-    elseif value ~= nil then
-        v = tostring(value)
-    end
+    local v = context.field_value(value)
     st.req_set = st.req_set or {}
     st.req_set[lower(name)] = v ~= nil and { name = name, value = v } or false
 end

@@ -287,6 +287,44 @@ function helper.twice(it)
     end
 end
 
+-- A loopback port nothing listens on now (for a peer a spec starts).
+function helper.free_port()
+    local s = assert(socket.bind("127.0.0.1", 0))
+    local _, p = s:getsockname()
+    s:close()
+    return tonumber(p)
+end
+
+-- Starts the command `cmd` in the background, its output dropped; returns its PID.
+function helper.background(cmd)
+    local p = io.popen(cmd .. " >/dev/null 2>&1 & echo $!")
+    local pid = p:read("*l")
+    p:close()
+    return pid
+end
+
+-- Stops what helper.background started: TERM, then KILL after 0.1 s.
+function helper.stop_pid(pid)
+    if pid then
+        os.execute("kill " .. pid .. " 2>/dev/null")
+        socket.sleep(0.1)
+        os.execute("kill -9 " .. pid .. " 2>/dev/null")
+    end
+end
+
+-- Waits up to 5 s for something to listen on loopback `port`; raises if nothing does.
+function helper.wait_port(port)
+    for _ = 1, 100 do
+        local c = socket.connect("127.0.0.1", port)
+        if c then
+            c:close()
+            return true
+        end
+        socket.sleep(0.05)
+    end
+    error("nothing listens on " .. port)
+end
+
 -- Writes `data` to the file at `path`.
 function helper.write_file(path, data)
     local f = assert(io.open(path, "wb"))

@@ -5,12 +5,7 @@
 local helper = require "helper"
 local socket = require "socket"
 
-local function free_port()
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, p = s:getsockname()
-    s:close()
-    return tonumber(p)
-end
+local free_port = helper.free_port
 
 local CASES = {
     { path = "/say" }, -- (no type set: nginx's default_type against moonserve's text/plain; charset=utf-8)

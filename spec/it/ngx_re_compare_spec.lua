@@ -4,15 +4,10 @@
 local helper = require "helper"
 local socket = require "socket"
 
+local free_port = helper.free_port
+
 local MODULES = "/usr/lib/nginx/modules"
 local CASES = helper.root .. "/spec/fixtures/ngx_re_cases.lua"
-
-local function free_port()
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, p = s:getsockname()
-    s:close()
-    return tonumber(p)
-end
 
 local function conf(dir, port)
     local t = {}

@@ -3,40 +3,8 @@
 local helper = require "helper"
 local socket = require "socket"
 
-local function free_port()
-    local s = assert(socket.bind("127.0.0.1", 0))
-    local _, p = s:getsockname()
-    s:close()
-    return tonumber(p)
-end
-
--- Starts `cmd` in the background; its PID.
-local function start(cmd)
-    local p = io.popen(cmd .. " >/dev/null 2>&1 & echo $!")
-    local pid = p:read("*l")
-    p:close()
-    return pid
-end
-
-local function stop(pid)
-    if pid then
-        os.execute("kill " .. pid .. " 2>/dev/null")
-        socket.sleep(0.1)
-        os.execute("kill -9 " .. pid .. " 2>/dev/null")
-    end
-end
-
-local function wait_port(port)
-    for _ = 1, 100 do
-        local c = socket.connect("127.0.0.1", port)
-        if c then
-            c:close()
-            return true
-        end
-        socket.sleep(0.05)
-    end
-    error("nothing listens on " .. port)
-end
+local free_port, start, stop, wait_port = helper.free_port, helper.background, helper.stop_pid,
+    helper.wait_port
 
 -- The peers: a listener that accepts and never answers, one that answers a part and
 -- closes, a UDP echo and a UDP peer that never answers.

@@ -365,14 +365,19 @@ function Tcp:receiveuntil(pattern, opts)
     end
 end
 
-function Tcp:settimeout(ms)
-    local g = check(self, Tcp, "settimeout")
-    ms = timeout_arg(ms, 1, "settimeout")
-    if g then
-        C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
+-- settimeout(ms): one timeout for every wait of a socket of `class` (Tcp, Udp).
+local function settimeout_of(class)
+    return function(self, ms)
+        local g = check(self, class, "settimeout")
+        ms = timeout_arg(ms, 1, "settimeout")
+        if g then
+            C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
+        end
+        return 1
     end
-    return 1
 end
+
+Tcp.settimeout = settimeout_of(Tcp)
 
 function Tcp:settimeouts(connect, send, read)
     local g = check(self, Tcp, "settimeouts")
@@ -511,14 +516,7 @@ function Udp:receive(size)
     return nil, errmsg(g, rc)
 end
 
-function Udp:settimeout(ms)
-    local g = check(self, Udp, "settimeout")
-    ms = timeout_arg(ms, 1, "settimeout")
-    if g then
-        C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
-    end
-    return 1
-end
+Udp.settimeout = settimeout_of(Udp)
 
 function Udp:close()
     local g = check(self, Udp, "close")

@@ -773,13 +773,13 @@ function App:handle(req, res)
                 req:body_limit(spec.body_bytes)
             end
             handler = spec.handler
-            if route.group or route.before then
+            if spec.group or spec.before then
                 local all = {}
                 append(all, mw)
-                if route.group then
-                    append(all, route.group.middleware)
+                if spec.group then
+                    append(all, spec.group.middleware)
                 end
-                append(all, route.before or {})
+                append(all, spec.before or {})
                 mw = all
             end
         end

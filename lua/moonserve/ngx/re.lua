@@ -418,10 +418,8 @@ local function collect(e, rc, subj, res)
     return res
 end
 
--- The first match of `regex` in `subj` from ctx.pos (1-based, as OpenResty's), which it
--- moves past the match: the compiled pattern (release it) and exec's count, or nil and an
--- error (nil with no match).
-local function first_match(subj, regex, opts, ctx)
+function _M.match(subj, regex, opts, ctx, res)
+    subj = tostring(subj)
     local e, err = compile(regex, opts)
     if not e then
         return nil, err
@@ -440,16 +438,6 @@ local function first_match(subj, regex, opts, ctx)
     if ctx then
         ctx.pos = tonumber(e.ov[1]) + 1
     end
-    return e, rc
-end
-
-function _M.match(subj, regex, opts, ctx, res)
-    subj = tostring(subj)
-    local e, rc = first_match(subj, regex, opts, ctx)
-    if not e then
-        if rc == nil then return nil end -- (no match: one nil, as OpenResty's)
-        return nil, rc
-    end
     res = collect(e, rc, subj, res)
     release(e)
     return res
@@ -457,12 +445,25 @@ end
 
 function _M.find(subj, regex, opts, ctx, nth)
     subj = tostring(subj)
-    local e, rc = first_match(subj, regex, opts, ctx)
+    local e, err = compile(regex, opts)
     if not e then
-        if rc == nil then return nil end
-        return nil, nil, rc
+        return nil, nil, err
+    end
+    local pos = 0
+    if ctx then
+        local p = ctx.pos
+        if p and p > 0 then pos = p - 1 end
+    end
+    local rc = exec(e, subj, #subj, pos)
+    if rc <= 0 then
+        release(e)
+        if rc == PCRE2_ERROR_NOMATCH then return nil end
+        return nil, nil, exec_error(rc)
     end
     local ov = e.ov
+    if ctx then
+        ctx.pos = tonumber(ov[1]) + 1
+    end
     if not nth or nth < 0 then
         nth = 0
     end

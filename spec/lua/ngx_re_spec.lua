@@ -359,14 +359,23 @@ describe("moonserve.ngx.re", function()
     it("keeps match with jo on trace", function()
         local log = helper.jit_log(function()
             local n = 0
-            for _ = 1, 300 do
+            for _ = 1, 1000 do
                 local m = re.match("hello, 1234", "([0-9]+)", "jo")
                 n = n + #m[1]
             end
-            assert.equal(1200, n)
+            assert.equal(4000, n)
         end)
-        assert.matches("TRACE +%d+ ngx_re_spec.lua:%d+ loop", log)
+        -- Which loop becomes the root trace depends on the JIT's hot counters, which are
+        -- shared by hashed bytecode address: the spec's loop may be a side trace of the
+        -- captures loop. So: traces were made, and nothing aborted one but the shape of
+        -- nested loops.
+        assert.matches("TRACE +%d+ ", log)
         assert.not_matches("NYI", log)
+        for reason in log:gmatch("TRACE %-%-%- [^\n]- %-%- ([^\n]-) at ") do
+            assert.is_truthy(reason == "inner loop in root trace"
+                or reason == "leaving loop in root trace"
+                or reason == "loop unroll limit reached", reason)
+        end
     end)
 end)
 

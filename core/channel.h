@@ -13,14 +13,15 @@
  * nothing large is ever copied through the channel. */
 #define MS_CHAN_MAX 4096
 
-/* What a message is. A worker asks (READY, ZONE, OPEN) and the master answers every ask
- * but READY with OK (and a descriptor) or ERROR (and a sentence). */
+/* What a message is. A worker asks (READY, ZONE, OPEN, TICKETS) and the master answers every
+ * ask but READY with OK (and a descriptor) or ERROR (and a sentence). */
 enum {
     MS_CHAN_READY = 1, /* the worker listens and its start hooks have returned */
     MS_CHAN_ZONE,      /* a shared dictionary's zone: u64 size, then the name */
     MS_CHAN_OPEN,      /* a file opened by the master (a TLS key): the path */
     MS_CHAN_OK,        /* the answer: the descriptor beside it, if the ask wants one */
     MS_CHAN_ERROR,     /* the answer: why not, a sentence for the log */
+    MS_CHAN_TICKETS,   /* the zone of the TLS session ticket keys (tickets.h) */
 };
 
 /* One message: a header, then `len` bytes of body. One message is one packet of the

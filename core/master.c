@@ -16,6 +16,7 @@
 #include "channel.h"
 #include "internal.h"
 #include "shdict.h"
+#include "tickets.h"
 
 /* A worker that dies sooner than this after starting is not restarted at once: a broken
  * app would otherwise fork in a tight loop. */
@@ -69,6 +70,9 @@ typedef struct master_s {
     struct sockaddr_un notify_addr;
     socklen_t notify_len;
     int told_ready, reloading; /* what systemd was last told */
+    int tickets_fd;            /* the TLS ticket keys' zone, made at the first ask, or -1 */
+    ms_tickets_t *tickets;     /* the master's mapping, the one that may write */
+    uv_timer_t tickets_timer;  /* a new key every ticket_rotate seconds */
 } master_t;
 
 static master_t M;
@@ -270,6 +274,7 @@ static void maybe_done(void)
         for (int i = 0; i < 5; i++)
             uv_close((uv_handle_t *)&M.sig[i], NULL);
         uv_close((uv_handle_t *)&M.kill_timer, NULL);
+        uv_close((uv_handle_t *)&M.tickets_timer, NULL);
         for (int i = 0; i < M.o->workers; i++)
             uv_close((uv_handle_t *)&M.slots[i].respawn, NULL);
     }
@@ -399,6 +404,33 @@ static int ask_open(const ms_chan_msg_t *m, char *why, size_t why_len)
     return fd;
 }
 
+static void tickets_rotate_cb(uv_timer_t *t)
+{
+    (void)t;
+    int rc = ms_tickets_rotate(M.tickets);
+    if (rc < 0)
+        ms_log(MS_LOG_ERR, "cannot make a new TLS ticket key: %s (the old one serves on)",
+               uv_strerror(rc));
+}
+
+/* TICKETS: the zone of the session ticket keys, made at the first ask (by the first worker
+ * with a TLS listener) and rotated from then on. */
+static int ask_tickets(char *why, size_t why_len)
+{
+    if (M.tickets_fd < 0) {
+        int fd = ms_tickets_create(&M.tickets);
+        if (fd < 0) {
+            snprintf(why, why_len, "cannot make TLS ticket keys: %s", uv_strerror(fd));
+            return -1;
+        }
+        M.tickets_fd = fd;
+        uint64_t every = (uint64_t)((M.o->ticket_rotate > 0 ? M.o->ticket_rotate
+                                                             : MS_TLS_TICKET_ROTATE) * 1000);
+        uv_timer_start(&M.tickets_timer, tickets_rotate_cb, every, every);
+    }
+    return M.tickets_fd;
+}
+
 static void answer(worker_t *w, const ms_chan_msg_t *m)
 {
     char why[512];
@@ -410,6 +442,10 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
         keep = 1; /* the master's own, for every later worker */
         break;
     case MS_CHAN_OPEN: fd = ask_open(m, why, sizeof(why)); break;
+    case MS_CHAN_TICKETS:
+        fd = ask_tickets(why, sizeof(why));
+        keep = 1;
+        break;
     default: snprintf(why, sizeof(why), "unknown message %u", m->type); break;
     }
     int rc = fd >= 0 ? ms_chan_send(w->chan, MS_CHAN_OK, NULL, 0, fd)
@@ -648,6 +684,8 @@ int ms_master_run(const ms_master_opts_t *o)
         uv_signal_start(&M.sig[i], on_signal, sigs[i]);
     }
     uv_timer_init(M.loop, &M.kill_timer);
+    M.tickets_fd = -1;
+    uv_timer_init(M.loop, &M.tickets_timer);
     if (o->on_listen != NULL)
         o->on_listen(o);
     for (int i = 0; i < o->workers; i++)
@@ -666,5 +704,9 @@ int ms_master_run(const ms_master_opts_t *o)
         close(M.zones[i].fd);
     }
     free(M.zones);
+    if (M.tickets_fd >= 0) {
+        ms_tickets_detach(M.tickets);
+        close(M.tickets_fd);
+    }
     return 0;
 }

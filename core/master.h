@@ -14,6 +14,7 @@ struct ms_master_opts_s {
     int backlog;
     double stop_timeout; /* seconds a stopping worker gets before SIGKILL */
     double start_timeout; /* seconds a starting worker gets to be ready before SIGKILL */
+    double ticket_rotate; /* seconds between new TLS ticket keys (0: MS_TLS_TICKET_ROTATE) */
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
 };
@@ -31,10 +32,10 @@ int ms__cpus_of_quota(long long quota, long long period);
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
  * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), its number and the
  * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKERS, and its channel to the
- * master at fd 3 (channel.h): it asks there for its shared dictionaries' zones and the files
- * only the master may open, and says there that it is ready, within start_timeout seconds
- * or it is killed (a reload then fails and the old worker keeps serving). Returns 0 or a
- * negative code. */
+ * master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the TLS
+ * ticket keys and the files only the master may open, and says there that it is ready,
+ * within start_timeout seconds or it is killed (a reload then fails and the old worker keeps
+ * serving). Returns 0 or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 
 #endif

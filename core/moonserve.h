@@ -402,6 +402,15 @@ typedef struct ms_tls_opts_s {
 #define MS_TLS_CIPHERSUITES "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
 #define MS_TLS_GROUPS       "X25519:P-256:P-384"
 
+/* Session tickets are encrypted with keys from the zone behind `fd` (the master's, over its
+ * channel: core.master_tickets), so that any worker resumes a session, and after a reload.
+ * A process given none makes its own at its first TLS setting, and a new one every
+ * ms_tls_ticket_rotate() seconds (MS_TLS_TICKET_ROTATE by default); the two keys before the
+ * newest still resume. Returns 0 or a negative code. */
+int ms_tls_tickets(int fd);
+void ms_tls_ticket_rotate(double seconds);
+#define MS_TLS_TICKET_ROTATE 3600
+
 /* Makes TLS settings for listeners of `s`, which owns them (freed with the server). Returns
  * NULL when an option is refused, with why in `err`. */
 ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t errlen);

@@ -3,8 +3,10 @@
  * both ways. Nothing blocks the loop: a BIO of our own hands OpenSSL the bytes the lower
  * transport read and takes what OpenSSL writes into one buffer of the worker's, from which
  * the lower transport writes at once what the socket takes; only the rest is copied. */
+#include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "tickets.h"
 
 /* Ciphertext read at once, into the worker's buffer. */
 #define MS_TLS_READ_BUF (64 * 1024)
@@ -837,6 +840,83 @@ void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem)
     ms_timer_start(s, &t->timer, s->limits.handshake_timeout_ms, handshake_expired);
 }
 
+/* -- Session tickets ------------------------------------------------------------------------
+ * Resumption is by tickets alone, encrypted with the keys of a zone (tickets.h): the master's,
+ * handed over by ms_tls_tickets, so that a ticket resumes on any worker and after a reload;
+ * or, in a process that was handed none (one without a master), its own, which it rotates
+ * itself as a ticket is made. */
+
+static const ms_tickets_t *tickets;
+static ms_tickets_t *own_tickets;                        /* this process made them */
+static uint64_t ticket_rotate_ms = MS_TLS_TICKET_ROTATE * 1000; /* for its own */
+
+int ms_tls_tickets(int fd)
+{
+    const ms_tickets_t *t;
+    int rc = ms_tickets_attach(fd, &t);
+    if (rc < 0)
+        return rc;
+    ms_tickets_detach(tickets);
+    tickets = t;
+    own_tickets = NULL;
+    return 0;
+}
+
+void ms_tls_ticket_rotate(double seconds)
+{
+    if (seconds > 0)
+        ticket_rotate_ms = (uint64_t)(seconds * 1000);
+}
+
+static int tickets_ready(void)
+{
+    if (tickets != NULL)
+        return 0;
+    int fd = ms_tickets_create(&own_tickets);
+    if (fd < 0)
+        return fd;
+    close(fd); /* the mapping stays */
+    tickets = own_tickets;
+    return 0;
+}
+
+/* OpenSSL's ticket callback: a new ticket is made with the newest key; one made with either
+ * key before it decrypts, and is renewed; any other means a full handshake. */
+static int on_ticket(SSL *ssl, unsigned char name[16], unsigned char *iv, EVP_CIPHER_CTX *cctx,
+                     EVP_MAC_CTX *hctx, int enc)
+{
+    (void)ssl;
+    if (own_tickets != NULL && enc &&
+        uv_hrtime() / 1000000 - ms_tickets_made(own_tickets) >= ticket_rotate_ms)
+        ms_tickets_rotate(own_tickets); /* (on failure the key in use stays) */
+    ms_ticket_key_t keys[MS_TICKET_KEYS];
+    int n = ms_tickets_read(tickets, keys), k = 0;
+    if (enc) {
+        memcpy(name, keys[0].name, sizeof(keys[0].name));
+        if (RAND_bytes(iv, 16) != 1)
+            k = -1;
+    } else {
+        while (k < n && memcmp(name, keys[k].name, sizeof(keys[k].name)) != 0)
+            k++;
+    }
+    int rc = 0; /* decrypting: not one of ours, or too old */
+    if (k >= 0 && k < n) {
+        OSSL_PARAM params[] = {
+            OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_KEY, keys[k].hmac,
+                                              sizeof(keys[k].hmac)),
+            OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, "SHA256", 0),
+            OSSL_PARAM_construct_end()};
+        int ok = EVP_MAC_CTX_set_params(hctx, params) == 1 &&
+                 (enc ? EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, keys[k].aes, iv)
+                      : EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), NULL, keys[k].aes, iv)) == 1;
+        rc = !ok ? -1 : k == 0 ? 1 : 2; /* 2: an older key's, renewed */
+    } else if (enc) {
+        rc = -1;
+    }
+    OPENSSL_cleanse(keys, sizeof(keys));
+    return rc;
+}
+
 /* -- Settings ---------------------------------------------------------------------------- */
 
 static void set_err(char *err, size_t errlen, const char *what)
@@ -876,10 +956,10 @@ static SSL_CTX *make_ctx(ms_tls_t *t, char *err, size_t errlen)
     /* No 0-RTT: early data can be replayed. */
     SSL_CTX_set_max_early_data(ctx, 0);
     SSL_CTX_set_recv_max_early_data(ctx, 0);
-    /* Resumption by tickets alone (no session cache in the worker's memory).
-     * FIXME: each context makes its own ticket key, so a session resumes only on the worker
-     * that made it, and not after a reload; the master is to hand out the keys. */
+    /* Resumption by tickets alone (no session cache in the worker's memory), with the
+     * keys every worker shares. */
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_tlsext_ticket_key_evp_cb(ctx, on_ticket);
     SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"moonserve", 9);
     SSL_CTX_set_dh_auto(ctx, 1);
     SSL_CTX_set_alpn_select_cb(ctx, on_alpn, NULL);
@@ -923,6 +1003,11 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
         o = &none;
     if (bio_setup() < 0) {
         snprintf(err, errlen, "cannot make the TLS BIO");
+        return NULL;
+    }
+    int rc = tickets_ready();
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot make session ticket keys: %s", uv_strerror(rc));
         return NULL;
     }
     ms_tls_t *t = ms_mem_alloc(sizeof(*t));

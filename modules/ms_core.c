@@ -779,7 +779,7 @@ static void master_listening(const ms_master_opts_t *o)
 }
 
 /* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
- * stop_timeout = s, start_timeout = s, backlog = n }:
+ * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n }:
  * runs the master until it is stopped. (`https`: which listeners the workers serve TLS on.) */
 static int core_master(lua_State *L)
 {
@@ -827,6 +827,8 @@ static int core_master(lua_State *L)
     o.stop_timeout = luaL_optnumber(L, -1, MS_STOP_TIMEOUT);
     lua_getfield(L, 1, "start_timeout");
     o.start_timeout = luaL_optnumber(L, -1, MS_START_TIMEOUT);
+    lua_getfield(L, 1, "ticket_rotate");
+    o.ticket_rotate = luaL_optnumber(L, -1, MS_TLS_TICKET_ROTATE);
     lua_getfield(L, 1, "backlog");
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
     o.on_listen = master_listening;
@@ -885,6 +887,37 @@ static int core_master_zone(lua_State *L)
     }
     lua_pushinteger(L, fd);
     return 1;
+}
+
+/* core.master_tickets() -> true | nil, why: the TLS session ticket keys become the master's,
+ * which every worker shares (ms_tls_tickets). */
+static int core_master_tickets(lua_State *L)
+{
+    char why[512] = "";
+    int fd;
+    if (ms_chan_ask(MS_CHAN_TICKETS, NULL, 0, MASTER_ASK_MS, &fd, why, sizeof(why)) < 0 ||
+        fd < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why[0] != '\0' ? why : "no zone in the master's answer");
+        return 2;
+    }
+    int rc = ms_tls_tickets(fd);
+    close(fd);
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "cannot map the TLS ticket keys: %s", uv_strerror(rc));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.tls_ticket_rotate(seconds): how often a process without a master makes a new TLS
+ * ticket key. */
+static int core_tls_ticket_rotate(lua_State *L)
+{
+    ms_tls_ticket_rotate(luaL_checknumber(L, 1));
+    return 0;
 }
 
 /* The largest file a worker reads through its master: certificates and keys are a few KB. */
@@ -1067,6 +1100,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"worker_init", core_worker_init},
                                      {"worker_ready", core_worker_ready},
                                      {"master_zone", core_master_zone},
+                                     {"master_tickets", core_master_tickets},
+                                     {"tls_ticket_rotate", core_tls_ticket_rotate},
                                      {"master_file", core_master_file},
                                      {"fd_close", core_fd_close},
                                      {"cpus", core_cpus},

@@ -26,6 +26,9 @@ options:
   --tls-unknown-name POLICY
                        a server name (SNI) no certificate is for: default (answer with the
                        listener's certificate, the default) or refuse (fail the handshake)
+  --tls-ticket-rotate S
+                       seconds between new TLS session ticket keys (default 3600); the
+                       two keys before the newest still resume a session
   --redirect-https PORT
                        the --listen before it answers every request with a 308 redirect to
                        the same host and path over https on PORT
@@ -183,6 +186,11 @@ function _M.main(args)
             opts.stop_timeout = tonumber(value())
             if not opts.stop_timeout then
                 return die("--stop-timeout needs a number of seconds")
+            end
+        elseif a == "--tls-ticket-rotate" then
+            opts.tls_ticket_rotate = tonumber(value())
+            if not opts.tls_ticket_rotate then
+                return die("--tls-ticket-rotate needs a number of seconds")
             end
         elseif a == "--start-timeout" then
             opts.start_timeout = tonumber(value())

@@ -204,9 +204,22 @@ local function make_tls(srv, the_app, t)
 end
 
 -- The TLS settings of every TLS listener, by index in `listen`.
-local function tls_ids(srv, the_app, listen)
+-- The TLS settings of each TLS listener. Under a master, session tickets are encrypted with
+-- the master's keys, which every worker shares (so a session resumes on any of them, and
+-- after a reload); a single process makes its own.
+local function tls_ids(srv, the_app, listen, opts)
     local ids = {}
     for i, l in ipairs(listen) do
+        if l.tls and not next(ids) then
+            if os.getenv("MOONSERVE_WORKER") then
+                local ok, err = core.master_tickets()
+                if not ok then
+                    error(err, 4)
+                end
+            elseif opts.tls_ticket_rotate then
+                core.tls_ticket_rotate(opts.tls_ticket_rotate)
+            end
+        end
         if l.tls then
             ids[i] = make_tls(srv, the_app, l.tls)
         end
@@ -346,7 +359,8 @@ end
 -- mistake, named at start with the accepted ones.
 local OPTIONS = { "access_log", "access_log_format", "limits", "listen", "livez", "log",
     "log_format", "log_level", "on_listen", "quiet", "readyz", "request_id_header",
-    "start_timeout", "static_cache", "stop_timeout", "trusted_proxies", "workers" }
+    "start_timeout", "static_cache", "stop_timeout", "tls_ticket_rotate", "trusted_proxies",
+    "workers" }
 local OPTION_SET = {}
 for _, k in ipairs(OPTIONS) do
     OPTION_SET[k] = true
@@ -366,7 +380,7 @@ local function check_options(opts)
     if workers ~= nil and (type(workers) ~= "number" or workers < 0 or workers % 1 ~= 0) then
         error("bad workers (a whole number expected)", 3)
     end
-    for _, key in ipairs({ "stop_timeout", "start_timeout" }) do
+    for _, key in ipairs({ "stop_timeout", "start_timeout", "tls_ticket_rotate" }) do
         local v = opts[key]
         if v ~= nil and (type(v) ~= "number" or v <= 0) then
             error("bad " .. key .. " (seconds, above 0, expected)", 3)
@@ -405,7 +419,8 @@ end
 -- process; opts.limits (core.limits()); opts.static_cache: { files = n, bytes = n }, the
 -- cache of static files per worker; opts.log: a log file instead of stderr;
 -- opts.stop_timeout: seconds a stopping worker may take; opts.start_timeout: seconds a
--- starting worker may take to be ready (its on_worker_start hooks); opts.access_log: FILE or
+-- starting worker may take to be ready (its on_worker_start hooks); opts.tls_ticket_rotate:
+-- seconds between new TLS session ticket keys (default 3600); opts.access_log: FILE or
 -- "-", or { path = ..., format = "combined" | "json" | "$template" } (opts.access_log_format:
 -- the format of a path given alone); opts.request_id_header: replies carry x-request-id;
 -- opts.log_level: "debug", "info", "warn" or "error"; opts.log_format: "text" or "json";
@@ -436,7 +451,7 @@ function _M.run(the_app, opts)
             error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
         end
         local srv = make(the_app, opts, limits)
-        local tls = tls_ids(srv, the_app, listen) -- (before it is ready: a bad one fails it)
+        local tls = tls_ids(srv, the_app, listen, opts) -- (before it is ready: a bad one fails it)
         dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
             rawget(the_app, "worker_stop_hooks"), function()
                 for i = 1, nlisten do
@@ -456,7 +471,7 @@ function _M.run(the_app, opts)
         end
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
             https = https, workers = workers, stop_timeout = opts.stop_timeout,
-            start_timeout = opts.start_timeout }
+            start_timeout = opts.start_timeout, ticket_rotate = opts.tls_ticket_rotate }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
@@ -469,7 +484,7 @@ function _M.run(the_app, opts)
         error(why, 2)
     end
     local srv = make(the_app, opts, limits)
-    local tls = tls_ids(srv, the_app, listen)
+    local tls = tls_ids(srv, the_app, listen, opts)
     for i, l in ipairs(listen) do
         local addr = l.addr
         local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https)

@@ -267,4 +267,58 @@ TEST(tls_refuses_a_key_that_is_not_the_certificates)
     teardown();
 }
 
+/* A handshake offering `sess` (or none), a request and its reply (which brings TLS 1.3's
+ * tickets); returns whether the session resumed, and the session now in `*out`. */
+static int resumed_with(SSL_SESSION *sess, SSL_SESSION **out)
+{
+    peer_t p;
+    peer_open(&p, srv, tls, "localhost", NULL, 0);
+    if (sess != NULL)
+        SSL_set_session(p.ssl, sess);
+    ms_buf_t got = {0};
+    int reused = -1;
+    if (peer_handshake(&p)) {
+        peer_send(&p, S("GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+        peer_recv(&p, &got);
+        reused = SSL_session_reused(p.ssl);
+        if (out != NULL)
+            *out = SSL_get1_session(p.ssl);
+        /* (Closed as if by a close_notify: a session of a connection cut is not resumed.) */
+        SSL_set_shutdown(p.ssl, SSL_SENT_SHUTDOWN | SSL_RECEIVED_SHUTDOWN);
+    }
+    free(got.base);
+    peer_close(&p);
+    return reused;
+}
+
+TEST(tls_resumes_by_the_zones_keys_the_newest_and_two_before)
+{
+    setup(NULL, 0);
+    ms_tickets_t *zone;
+    int fd = ms_tickets_create(&zone); /* the master's */
+    ASSERT(fd >= 0);
+    ASSERT_EQ(0, ms_tls_tickets(fd));
+    close(fd);
+    SSL_SESSION *s;
+    ASSERT_EQ(0, resumed_with(NULL, &s));
+    ASSERT_EQ(1, resumed_with(s, NULL));
+    ms_tickets_rotate(zone);
+    ms_tickets_rotate(zone);
+    ASSERT_EQ(1, resumed_with(s, NULL)); /* made with the oldest key kept */
+    ms_tickets_rotate(zone);
+    ASSERT_EQ(0, resumed_with(s, NULL)); /* its key is gone: a full handshake */
+    SSL_SESSION_free(s);
+    /* Another zone (another master): none of its keys made the ticket. */
+    ASSERT_EQ(0, resumed_with(NULL, &s));
+    ms_tickets_t *other;
+    fd = ms_tickets_create(&other);
+    ASSERT_EQ(0, ms_tls_tickets(fd));
+    close(fd);
+    ASSERT_EQ(0, resumed_with(s, NULL));
+    SSL_SESSION_free(s);
+    ms_tickets_detach(zone);
+    ms_tickets_detach(other);
+    teardown();
+}
+
 TEST_MAIN()

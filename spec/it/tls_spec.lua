@@ -306,6 +306,64 @@ describe("TLS listeners", function()
         assert(ok, err)
     end)
 
+    it("resumes a session openssl s_client kept (-sess_out, -sess_in), over TLS 1.2 and 1.3",
+        function()
+        local sess = dir .. "/session"
+        for _, v in ipairs({ "-tls1_2", "-tls1_3" }) do
+            os.remove(sess)
+            -- (Reading to the end: a TLS 1.3 ticket comes after the handshake.)
+            local out = helper.run(string.format("printf 'GET /hello HTTP/1.1\\r\\nHost: "
+                .. "localhost\\r\\nConnection: close\\r\\n\\r\\n' | %s s_client %s "
+                .. "-connect 127.0.0.1:%d -sess_out %s -ign_eof 2>&1", helper.tool("openssl"), v,
+                tls_port, q(sess)))
+            assert.matches("\nNew, TLSv1%.%d", out)
+            assert.matches("hello over https", out, 1, true)
+            out = s_client(v .. " -sess_in " .. q(sess))
+            assert.matches("\nReused, TLSv1%.%d", out)
+        end
+    end)
+
+    -- spec/fixtures/tls_sessions.py's lines for `commands` against `port`.
+    local function sessions(port, version, commands)
+        return helper.run(string.format("%s %s %d %s %s %s 2>&1", helper.tool("ssl"),
+            q(helper.root .. "/spec/fixtures/tls_sessions.py"), port, q(dir .. "/ca.pem"),
+            version, commands))
+    end
+
+    it("resumes a session on every worker and after a reload: the master's ticket keys",
+        function()
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 2",
+                q(dir .. "/ec.pem"), q(dir .. "/ec.key")) }
+        local ok, err = pcall(function()
+            for _, v in ipairs({ "1.2", "1.3" }) do
+                local out = sessions(m.ports[2], v, "new resume:24 hup:" .. m.pid .. " resume:8")
+                assert.matches("new %d+\nresumed 24 of 24, 2 workers\nreloaded\n"
+                    .. "resumed 8 of 8, %d workers\n", out)
+            end
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
+    it("makes a new ticket key every tls_ticket_rotate seconds; the two before still resume",
+        function()
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 1 "
+                .. "--tls-ticket-rotate 1", q(dir .. "/ec.pem"), q(dir .. "/ec.key")) }
+        local ok, err = pcall(function()
+            -- At most two keys are made in 1.3 s, at least four in 4.3 s.
+            local out = sessions(m.ports[2], "1.3", "new resume:2 sleep:1.3 resume:2 sleep:3 "
+                .. "resume:2 new resume:2")
+            assert.matches("new %d+\nresumed 2 of 2, 1 workers\nslept\nresumed 2 of 2, 1 "
+                .. "workers\nslept\nresumed 0 of 2, 1 workers\nnew %d+\nresumed 2 of 2", out)
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
     it("has the master open the certificate and key files for its workers", function()
         -- A key that is not a file: only the master's side of the channel says it so.
         local m = helper.spawn_server { app = "spec/fixtures/tls.lua",

@@ -420,6 +420,13 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
  * one the client can use. Returns 0, or UV_EINVAL with why in `err`. */
 int ms_tls_cert(ms_tls_t *t, const char *name, const char *cert, size_t cert_len,
                 const char *key, size_t key_len, char *err, size_t errlen);
+/* Staples the OCSP response `der` (DER, as `openssl ocsp -respout` writes it) to handshakes
+ * that send the certificate `cert` (PEM: the leaf, then its issuer) to a client that asks for
+ * its status, until the response's next update. The response must be a successful one, for
+ * that certificate, saying it is good: else UV_EINVAL with why in `err`. One that is not
+ * current is kept but never stapled (a warning says so). */
+int ms_tls_staple(ms_tls_t *t, const char *cert, size_t cert_len, const char *der,
+                  size_t der_len, char *err, size_t errlen);
 /* The port MS_LISTEN_REDIRECT_HTTPS listeners send clients to (443, the default, is left out
  * of the URL). */
 void ms_server_https_port(ms_server_t *s, int port);

@@ -5,12 +5,14 @@
  * the lower transport writes at once what the socket takes; only the rest is copied. */
 #include <openssl/core_names.h>
 #include <openssl/err.h>
+#include <openssl/ocsp.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <errno.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -41,6 +43,15 @@ typedef struct tls_name_s {
     SSL_CTX *ctx; /* its own, or the default one (a name of the default certificate) */
 } tls_name_t;
 
+/* An OCSP response stapled to the handshakes that send its certificate. */
+typedef struct tls_staple_s {
+    X509 *leaf;         /* referenced */
+    unsigned char *der; /* the response, owned */
+    size_t len;
+    time_t next_update; /* past it, nothing is stapled; 0: the response gave none */
+    uint8_t stale_logged;
+} tls_staple_t;
+
 struct ms_tls_s {
     ms_tls_t *next; /* the worker's list */
     SSL_CTX *ctx;   /* the default certificates; its settings are every name's */
@@ -49,6 +60,8 @@ struct ms_tls_s {
     tls_name_t *names; /* owned */
     uint32_t nnames, cap;
     char *ciphers, *ciphersuites, *groups; /* owned copies, for each name's context */
+    tls_staple_t *staples;                 /* owned */
+    uint32_t nstaples;
 };
 
 typedef struct ms_tls_worker_s {
@@ -840,6 +853,37 @@ void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem)
     ms_timer_start(s, &t->timer, s->limits.handshake_timeout_ms, handshake_expired);
 }
 
+/* -- OCSP stapling ------------------------------------------------------------------------ */
+
+/* A client that asks for the certificate's status (status_request) gets the response stapled
+ * for the certificate the handshake sends, while it is current. */
+static int on_status(SSL *ssl, void *arg)
+{
+    ms_tls_t *t = arg;
+    X509 *leaf = SSL_get_certificate(ssl);
+    for (uint32_t i = 0; leaf != NULL && i < t->nstaples; i++) {
+        tls_staple_t *st = &t->staples[i];
+        if (X509_cmp(leaf, st->leaf) != 0)
+            continue;
+        if (st->next_update != 0 && time(NULL) > st->next_update) {
+            if (!st->stale_logged) {
+                st->stale_logged = 1;
+                ms_log(MS_LOG_WARN, "TLS: the OCSP response for %s is past its next update: "
+                                    "not stapled (refresh the file, then reload)",
+                       X509_NAME_oneline(X509_get_subject_name(leaf), NULL, 0) ?: "?");
+            }
+            return SSL_TLSEXT_ERR_NOACK;
+        }
+        unsigned char *copy = OPENSSL_memdup(st->der, st->len); /* (OpenSSL frees it) */
+        if (copy == NULL || SSL_set_tlsext_status_ocsp_resp(ssl, copy, (long)st->len) != 1) {
+            OPENSSL_free(copy);
+            return SSL_TLSEXT_ERR_NOACK;
+        }
+        return SSL_TLSEXT_ERR_OK;
+    }
+    return SSL_TLSEXT_ERR_NOACK;
+}
+
 /* -- Session tickets ------------------------------------------------------------------------
  * Resumption is by tickets alone, encrypted with the keys of a zone (tickets.h): the master's,
  * handed over by ms_tls_tickets, so that a ticket resumes on any worker and after a reload;
@@ -960,6 +1004,8 @@ static SSL_CTX *make_ctx(ms_tls_t *t, char *err, size_t errlen)
      * keys every worker shares. */
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_tlsext_ticket_key_evp_cb(ctx, on_ticket);
+    SSL_CTX_set_tlsext_status_cb(ctx, on_status);
+    SSL_CTX_set_tlsext_status_arg(ctx, t);
     SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"moonserve", 9);
     SSL_CTX_set_dh_auto(ctx, 1);
     SSL_CTX_set_alpn_select_cb(ctx, on_alpn, NULL);
@@ -983,6 +1029,11 @@ static SSL_CTX *make_ctx(ms_tls_t *t, char *err, size_t errlen)
 
 static void tls_free_one(ms_tls_t *t)
 {
+    for (uint32_t i = 0; i < t->nstaples; i++) {
+        X509_free(t->staples[i].leaf);
+        ms_mem_free(t->staples[i].der);
+    }
+    ms_mem_free(t->staples);
     for (uint32_t i = 0; i < t->nnames; i++) {
         if (t->names[i].ctx != t->ctx)
             SSL_CTX_free(t->names[i].ctx);
@@ -1179,4 +1230,81 @@ int ms_tls_cert(ms_tls_t *t, const char *name, const char *cert, size_t cert_len
 int ms__tls_ready(const ms_tls_t *t)
 {
     return t->has_default;
+}
+
+/* The first two certificates of a PEM chain: the leaf and its issuer (NULL if none follows). */
+static X509 *leaf_and_issuer(const char *pem, size_t len, X509 **issuer)
+{
+    *issuer = NULL;
+    if (len > INT32_MAX)
+        return NULL;
+    BIO *b = BIO_new_mem_buf(pem, (int)len);
+    X509 *leaf = b != NULL ? PEM_read_bio_X509(b, NULL, no_passphrase, NULL) : NULL;
+    if (leaf != NULL)
+        *issuer = PEM_read_bio_X509(b, NULL, no_passphrase, NULL);
+    BIO_free(b);
+    ERR_clear_error();
+    return leaf;
+}
+
+static time_t asn1_time(const ASN1_TIME *a)
+{
+    struct tm tm;
+    if (a == NULL || ASN1_TIME_to_tm(a, &tm) != 1)
+        return 0;
+    return timegm(&tm);
+}
+
+int ms_tls_staple(ms_tls_t *t, const char *cert, size_t cert_len, const char *der,
+                  size_t der_len, char *err, size_t errlen)
+{
+    X509 *issuer, *leaf = leaf_and_issuer(cert, cert_len, &issuer);
+    const unsigned char *p = (const unsigned char *)der;
+    OCSP_RESPONSE *resp = der_len <= LONG_MAX ? d2i_OCSP_RESPONSE(NULL, &p, (long)der_len) : NULL;
+    OCSP_BASICRESP *basic = NULL;
+    OCSP_CERTID *id = NULL;
+    ASN1_GENERALIZEDTIME *this_update = NULL, *next_update = NULL;
+    int status = -1, reason, rc = UV_EINVAL;
+    if (leaf == NULL) {
+        snprintf(err, errlen, "no certificate in the PEM");
+    } else if (issuer == NULL) {
+        snprintf(err, errlen, "an OCSP response needs the issuer's certificate after the leaf "
+                              "in the chain");
+    } else if (resp == NULL || p != (const unsigned char *)der + der_len) {
+        snprintf(err, errlen, "not an OCSP response (DER)");
+    } else if ((status = OCSP_response_status(resp)) != OCSP_RESPONSE_STATUS_SUCCESSFUL) {
+        snprintf(err, errlen, "the OCSP response is not successful: %s",
+                 OCSP_response_status_str(status));
+    } else if ((basic = OCSP_response_get1_basic(resp)) == NULL ||
+               (id = OCSP_cert_to_id(NULL, leaf, issuer)) == NULL ||
+               OCSP_resp_find_status(basic, id, &status, &reason, NULL, &this_update,
+                                     &next_update) != 1) {
+        snprintf(err, errlen, "the OCSP response is not for this certificate");
+    } else if (status != V_OCSP_CERTSTATUS_GOOD) {
+        snprintf(err, errlen, "the OCSP response says the certificate is %s",
+                 OCSP_cert_status_str(status));
+    } else {
+        /* (5 minutes' leeway for the clocks, as OpenSSL's own client allows) */
+        int current = OCSP_check_validity(this_update, next_update, 300, -1) == 1;
+        if (!current)
+            ms_log(MS_LOG_WARN, "TLS: the OCSP response is not current: it will not be "
+                                "stapled (refresh the file, then reload)");
+        t->staples = ms_mem_realloc(t->staples, (t->nstaples + 1) * sizeof(*t->staples));
+        tls_staple_t *st = &t->staples[t->nstaples++];
+        st->leaf = leaf;
+        leaf = NULL;
+        st->der = ms_mem_alloc(der_len);
+        memcpy(st->der, der, der_len);
+        st->len = der_len;
+        st->next_update = current ? asn1_time(next_update) : 1; /* 1: past, never stapled */
+        st->stale_logged = !current;
+        rc = 0;
+    }
+    ERR_clear_error();
+    OCSP_CERTID_free(id);
+    OCSP_BASICRESP_free(basic);
+    OCSP_RESPONSE_free(resp);
+    X509_free(issuer);
+    X509_free(leaf);
+    return rc;
 }

@@ -349,6 +349,27 @@ static int server_tls_cert(lua_State *L)
     return 1;
 }
 
+/* server:tls_staple(id, cert_pem, ocsp_der) -> true, or nil and why: an OCSP response
+ * stapled to the handshakes that send that certificate. */
+static int server_tls_staple(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_tls_t *t = opt_tls(L, b, 2);
+    if (t == NULL)
+        return luaL_argerror(L, 2, "TLS settings expected");
+    size_t clen, dlen;
+    const char *cert = luaL_checklstring(L, 3, &clen);
+    const char *der = luaL_checklstring(L, 4, &dlen);
+    char err[256];
+    if (ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)) < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, err);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static void stopped(ms_server_t *s)
 {
     (void)s;
@@ -1074,6 +1095,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"listen_fd", server_listen_fd},
                                               {"tls", server_tls},
                                               {"tls_cert", server_tls_cert},
+                                              {"tls_staple", server_tls_staple},
                                               {"run", server_run},
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},

@@ -21,6 +21,8 @@ options:
   --tls-cert FILE      the --listen before it serves TLS with this certificate chain (PEM);
                        give it twice for an RSA and an ECDSA certificate side by side
   --tls-key FILE       the private key (PEM) of the --tls-cert before it
+  --tls-ocsp FILE      an OCSP response (DER) for the --tls-cert before it, stapled to its
+                       handshakes; its chain must hold the issuer. A reload reads it again
   --tls-ciphers LIST   that listener's TLS 1.2 ciphers (OpenSSL's syntax; default: Mozilla's
                        intermediate profile)
   --tls-unknown-name POLICY
@@ -112,7 +114,7 @@ function _M.main(args)
             opts.listen = opts.listen or {}
             opts.listen[#opts.listen + 1] = { value(), proxy_protocol = a == "--listen-proxy" }
         elseif a == "--tls-cert" or a == "--tls-key" or a == "--tls-ciphers"
-                or a == "--tls-unknown-name" then
+                or a == "--tls-unknown-name" or a == "--tls-ocsp" then
             local l = opts.listen and opts.listen[#opts.listen]
             if not l then
                 return die(a .. " goes after the --listen it is for")
@@ -125,6 +127,15 @@ function _M.main(args)
                 table.insert(l.tls.key, v)
             elseif a == "--tls-ciphers" then
                 l.tls.ciphers = v
+            elseif a == "--tls-ocsp" then
+                if #l.tls.cert == 0 then
+                    return die(a .. " goes after the --tls-cert it is for")
+                end
+                l.tls.ocsp = l.tls.ocsp or {}
+                for k = #l.tls.ocsp + 1, #l.tls.cert - 1 do
+                    l.tls.ocsp[k] = false
+                end
+                l.tls.ocsp[#l.tls.cert] = v
             else
                 if v ~= "default" and v ~= "refuse" then
                     return die("--tls-unknown-name needs default or refuse")

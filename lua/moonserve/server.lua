@@ -71,8 +71,10 @@ local function command_line()
 end
 
 -- A listener's or a site's tls table, checked: cert and key (paths, or lists of paths of the
--- same length: an RSA and an ECDSA certificate side by side), ciphers, ciphersuites, groups,
--- unknown_name ("default" or "refuse"). Returns the list of { cert, key } pairs.
+-- same length: an RSA and an ECDSA certificate side by side), ocsp (the path of an OCSP
+-- response to staple, or a list of them beside cert, false for none), ciphers,
+-- ciphersuites, groups, unknown_name ("default" or "refuse"). Returns the list of
+-- { cert, key, ocsp } pairs.
 local function tls_pairs(t, what, level)
     if type(t) ~= "table" then
         error("bad " .. what .. " (a table with cert and key expected)", level + 1)
@@ -82,12 +84,16 @@ local function tls_pairs(t, what, level)
     if #certs == 0 or #certs ~= #keys then
         error("bad " .. what .. " (as many keys as certificates expected)", level + 1)
     end
+    local ocsp = type(t.ocsp) == "table" and t.ocsp or { t.ocsp }
     local out = {}
     for i = 1, #certs do
         if type(certs[i]) ~= "string" or type(keys[i]) ~= "string" then
             error("bad " .. what .. " (cert and key paths expected)", level + 1)
         end
-        out[i] = { cert = certs[i], key = keys[i] }
+        if ocsp[i] and type(ocsp[i]) ~= "string" then
+            error("bad " .. what .. ".ocsp (the path of an OCSP response expected)", level + 1)
+        end
+        out[i] = { cert = certs[i], key = keys[i], ocsp = ocsp[i] or nil }
     end
     if t.unknown_name ~= nil and t.unknown_name ~= "default" and t.unknown_name ~= "refuse" then
         error("bad " .. what .. ".unknown_name (\"default\" or \"refuse\" expected)", level + 1)
@@ -138,11 +144,12 @@ local function listen_list(listen)
     return out
 end
 
--- The PEM bytes of a certificate chain and of its private key. Every certificate the server
--- loads is read here, and nowhere else: a worker under a master has the master open the files
--- (core.master_file: its channel), so that a key only the master's user may read serves;
--- a single process reads them itself. A reload reads them anew.
-function _M.tls_material(cert_path, key_path)
+-- The PEM bytes of a certificate chain and of its private key, and the DER bytes of an OCSP
+-- response when `ocsp_path` is given. Every certificate the server loads is read here, and
+-- nowhere else: a worker under a master has the master open the files (core.master_file: its
+-- channel), so that a key only the master's user may read serves; a single process reads
+-- them itself. A reload reads them anew.
+function _M.tls_material(cert_path, key_path, ocsp_path)
     local function slurp(path, what)
         if os.getenv("MOONSERVE_WORKER") then
             local text, err = core.master_file(path)
@@ -168,12 +175,19 @@ function _M.tls_material(cert_path, key_path)
     if not key then
         return nil, err
     end
-    return cert, key
+    local ocsp
+    if ocsp_path then
+        ocsp, err = slurp(ocsp_path, "OCSP response")
+        if not ocsp then
+            return nil, err
+        end
+    end
+    return cert, key, ocsp
 end
 
 local function add_certs(srv, id, name, t)
     for _, p in ipairs(tls_pairs(t, "tls", 4)) do
-        local cert, key = _M.tls_material(p.cert, p.key)
+        local cert, key, ocsp = _M.tls_material(p.cert, p.key, p.ocsp)
         if not cert then
             error(key, 0)
         end
@@ -181,6 +195,13 @@ local function add_certs(srv, id, name, t)
         if not ok then
             error("cannot use the TLS certificate " .. p.cert .. " with the key " .. p.key
                 .. (name and " for " .. name or "") .. ": " .. err, 0)
+        end
+        if ocsp then
+            ok, err = srv:tls_staple(id, cert, ocsp)
+            if not ok then
+                error("cannot staple the OCSP response " .. p.ocsp .. " to " .. p.cert .. ": "
+                    .. err, 0)
+            end
         end
     end
 end
@@ -203,8 +224,7 @@ local function make_tls(srv, the_app, t)
     return id
 end
 
--- The TLS settings of every TLS listener, by index in `listen`.
--- The TLS settings of each TLS listener. Under a master, session tickets are encrypted with
+-- The TLS settings of each TLS listener, by index in `listen`. Under a master, session tickets are encrypted with
 -- the master's keys, which every worker shares (so a session resumes on any of them, and
 -- after a reload); a single process makes its own.
 local function tls_ids(srv, the_app, listen, opts)

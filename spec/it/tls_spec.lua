@@ -323,6 +323,85 @@ describe("TLS listeners", function()
         end
     end)
 
+    -- An OCSP response of the test CA for certificate `name`, saying `status` ("V" good, "R"
+    -- revoked), valid for `days`: dir/NAME.ocsp.
+    local function ocsp_response(name, status, days)
+        local serial = openssl("x509 -noout -serial -in " .. q(dir .. "/" .. name .. ".pem"))
+            :match("serial=(%x+)")
+        helper.write_file(dir .. "/index.txt", string.format("%s\t301231000000Z\t%s\t%s\t"
+            .. "unknown\t/CN=%s\n", status, status == "R" and "260101000000Z" or "", serial, name))
+        openssl(string.format("ocsp -issuer %s -cert %s -reqout %s -no_nonce", q(dir .. "/ca.pem"),
+            q(dir .. "/" .. name .. ".pem"), q(dir .. "/req.der")))
+        openssl(string.format("ocsp -index %s -rsigner %s -rkey %s -CA %s -reqin %s -respout %s "
+            .. "-ndays %d", q(dir .. "/index.txt"), q(dir .. "/ca.pem"), q(dir .. "/ca.key"),
+            q(dir .. "/ca.pem"), q(dir .. "/req.der"), q(dir .. "/" .. name .. ".ocsp"), days))
+        return dir .. "/" .. name .. ".ocsp"
+    end
+
+    -- A server of the ECDSA certificate with its chain (the CA after it), stapling `ocsp`.
+    local function stapling_server(ocsp, workers)
+        helper.sh(string.format("cat %s %s >%s", q(dir .. "/ec.pem"), q(dir .. "/ca.pem"),
+            q(dir .. "/ec-chain.pem")))
+        return helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --tls-ocsp %s --workers %d",
+                q(dir .. "/ec-chain.pem"), q(dir .. "/ec.key"), q(ocsp), workers or 0) }
+    end
+
+    it("staples an OCSP response over TLS 1.2 and 1.3; a listener without one staples none",
+        function()
+        local m = stapling_server(ocsp_response("ec", "V", 1))
+        local ok, err = pcall(function()
+            for _, v in ipairs({ "-tls1_2", "-tls1_3" }) do
+                local out = s_client(v .. " -status -CAfile " .. q(dir .. "/ca.pem"), m.ports[2])
+                assert.matches("OCSP Response Status: successful", out, 1, true)
+                assert.matches("Cert Status: good", out, 1, true)
+                assert.matches("Verify return code: 0 (ok)", out, 1, true)
+                assert.matches("OCSP response: no response sent",
+                    s_client(v .. " -status"), 1, true)
+            end
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
+    it("refuses an OCSP response for another certificate, or one that says revoked", function()
+        local cases = {
+            { ocsp_response("site", "V", 1), "the OCSP response is not for this certificate" },
+            { ocsp_response("ec", "R", 1), "the OCSP response says the certificate is revoked" },
+            { dir .. "/ec.pem", "not an OCSP response" },
+        }
+        for _, case in ipairs(cases) do
+            local ok, err = pcall(stapling_server, case[1])
+            if ok then
+                err:stop()
+            end
+            assert.is_false(ok)
+            assert.matches("cannot staple the OCSP response " .. case[1], err, 1, true)
+            assert.matches(case[2], err, 1, true)
+        end
+    end)
+
+    it("staples the refreshed OCSP response after a reload (HUP)", function()
+        local file = ocsp_response("ec", "V", 1)
+        local m = stapling_server(file, 1)
+        local function next_update()
+            return s_client("-status", m.ports[2]):match("Next Update: ([^\n]+)")
+        end
+        local ok, err = pcall(function()
+            local first = next_update()
+            assert.truthy(first)
+            ocsp_response("ec", "V", 2)
+            os.execute("kill -HUP " .. m.pid)
+            assert.truthy(helper.wait_for(function()
+                local now = next_update()
+                return now and now ~= first
+            end))
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
     -- spec/fixtures/tls_sessions.py's lines for `commands` against `port`.
     local function sessions(port, version, commands)
         return helper.run(string.format("%s %s %d %s %s %s 2>&1", helper.tool("ssl"),

@@ -25,13 +25,20 @@
 
 typedef struct ms_stream_s ms_stream_t;
 
+/* A stopping server's two GOAWAYs: a notice (the largest stream id) and a PING, then, once the
+ * PING comes back (or after H2_NOTICE_MS, for a client that does not answer), the last stream
+ * id taken: streams the client sent before it saw the notice are served, not refused. */
+enum { GOAWAY_NONE, GOAWAY_NOTICE, GOAWAY_SENT };
+#define H2_NOTICE_MS 1000
+
 typedef struct ms_h2_s {
     nghttp2_session *ng;
     ms_conn_t *conn;
     ms_stream_t *streams; /* open, or held by a handler */
     uint32_t nstreams;
     uint32_t glitches;
-    uint8_t going_away;
+    uint8_t going_away;    /* GOAWAY_* */
+    ms_timer_t notice;     /* the last GOAWAY's deadline */
     uint8_t flush_pending; /* in the worker's list of connections to write this turn */
     ms_conn_t *next_pending;
     /* The frame pre-scan (scan_frames): bytes of the preface or of a frame's payload still
@@ -597,7 +604,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     }
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
-    if (h2->going_away) {
+    if (h2->going_away == GOAWAY_SENT) {
         nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
                                   NGHTTP2_REFUSED_STREAM);
         return 0;
@@ -765,6 +772,18 @@ static void dispatch(ms_h2_t *h2, ms_stream_t *st, int end_stream)
     ms__req_dispatch(r);
 }
 
+#define GOAWAY_PING "goaway\0\0" /* the opaque data of the notice's PING */
+
+/* The last GOAWAY: the streams taken so far finish, no new ones start. */
+static void goaway(ms_h2_t *h2)
+{
+    h2->going_away = GOAWAY_SENT;
+    ms_timer_stop(h2->conn->server, &h2->notice);
+    nghttp2_submit_goaway(h2->ng, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(h2->ng), NGHTTP2_NO_ERROR, NULL,
+                          0);
+}
+
 static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     ms_h2_t *h2 = user;
@@ -782,6 +801,11 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
             glitch(h2); /* an empty DATA frame says nothing */
         if (st != NULL && end_stream)
             goto body_done;
+        break;
+    case NGHTTP2_PING:
+        if ((frame->hd.flags & NGHTTP2_FLAG_ACK) && h2->going_away == GOAWAY_NOTICE &&
+            memcmp(frame->ping.opaque_data, GOAWAY_PING, 8) == 0)
+            goaway(h2);
         break;
     }
     return 0;
@@ -1259,16 +1283,27 @@ static void h2_drain_check(ms_conn_t *c)
     }
 }
 
-/* The server stops: GOAWAY with the last stream seen; those finish, no new ones start. */
+static void notice_expired(ms_timer_t *t)
+{
+    ms_h2_t *h2 = container_of(t, ms_h2_t, notice);
+    goaway(h2);
+    if (!(h2->conn->flags & MS_CONN_CLOSED))
+        h2_flush(h2->conn); /* (which closes a connection with nothing left to do) */
+}
+
+/* The server stops: a GOAWAY notice and a PING, whose answer brings the last GOAWAY
+ * (on_frame_recv), or H2_NOTICE_MS. */
 static void h2_stop(ms_conn_t *c)
 {
     ms_h2_t *h2 = c->pstate;
     if (h2 == NULL || h2->going_away)
         return;
-    h2->going_away = 1;
-    nghttp2_submit_goaway(h2->ng, NGHTTP2_FLAG_NONE,
-                          nghttp2_session_get_last_proc_stream_id(h2->ng), NGHTTP2_NO_ERROR, NULL,
-                          0);
+    h2->going_away = GOAWAY_NOTICE;
+    if (nghttp2_submit_shutdown_notice(h2->ng) != 0 ||
+        nghttp2_submit_ping(h2->ng, NGHTTP2_FLAG_NONE, (const uint8_t *)GOAWAY_PING) != 0)
+        goaway(h2);
+    else
+        ms_timer_start(c->server, &h2->notice, H2_NOTICE_MS, notice_expired);
     h2_flush(c);
     ms__conn_rearm(c);
 }
@@ -1279,6 +1314,7 @@ static void h2_abort(ms_conn_t *c)
     ms_h2_t *h2 = c->pstate;
     if (h2 == NULL)
         return;
+    ms_timer_stop(c->server, &h2->notice);
     for (ms_stream_t *st = h2->streams; st != NULL; st = st->next)
         st->closed = 1;
     /* A woken handler may finish, and its stream go, at once: start over after each. */
@@ -1298,7 +1334,7 @@ static void h2_abort(ms_conn_t *c)
 static void h2_free(ms_server_t *s, void *pstate)
 {
     ms_h2_t *h2 = pstate;
-    (void)s;
+    ms_timer_stop(s, &h2->notice);
     while (h2->streams != NULL)
         stream_free(h2->streams);
     nghttp2_session_del(h2->ng);

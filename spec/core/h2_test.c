@@ -129,7 +129,8 @@ typedef struct reply_s {
 
 static reply_t replies[32]; /* by stream id / 2 */
 static nghttp2_session *client;
-static int goaway_seen;
+static int goaway_seen;       /* GOAWAY frames the client got */
+static int32_t goaway_last_id; /* the last one's last stream id */
 
 static reply_t *reply_of(int32_t id)
 {
@@ -171,8 +172,10 @@ static int c_close(nghttp2_session *s, int32_t id, uint32_t code, void *u)
 
 static int c_frame(nghttp2_session *s, const nghttp2_frame *f, void *u)
 {
-    if (f->hd.type == NGHTTP2_GOAWAY)
-        goaway_seen = 1;
+    if (f->hd.type == NGHTTP2_GOAWAY) {
+        goaway_seen++;
+        goaway_last_id = f->goaway.last_stream_id;
+    }
     return 0;
 }
 
@@ -736,7 +739,8 @@ TEST(h2_stop_sends_goaway_and_lets_a_stream_under_way_finish)
     pump();
     ms_server_stop(srv, stopped);
     pump();
-    ASSERT_EQ(1, goaway_seen);
+    ASSERT_EQ(2, goaway_seen); /* the notice, and after the PING came back the last one */
+    ASSERT_EQ(id, goaway_last_id);
     ASSERT(m.conn != NULL);
     ms_reply_send(parked, S("finished"), MS_VEC_STATIC, -1);
     ms_req_finish(parked);
@@ -744,6 +748,42 @@ TEST(h2_stop_sends_goaway_and_lets_a_stream_under_way_finish)
     ASSERT_EQ(200, reply_of(id)->status);
     ASSERT_STR_EQ("finished", reply_of(id)->body);
     ASSERT(m.conn == NULL); /* nothing left: the connection closed */
+    teardown();
+}
+
+TEST(h2_stop_serves_a_stream_the_client_sent_before_it_saw_the_notice)
+{
+    setup();
+    int32_t id = request("GET", "/park", NULL);
+    pump();
+    ms_server_stop(srv, stopped);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    /* The notice and its PING are on their way when the client opens another stream. */
+    ASSERT(m.out.len > 0);
+    size_t len = m.out.len;
+    char *notice = malloc(len);
+    memcpy(notice, m.out.base, len);
+    m.out.len = 0;
+    int32_t late = request("GET", "/ok", NULL);
+    const uint8_t *p;
+    ssize_t n;
+    while ((n = nghttp2_session_mem_send(client, &p)) > 0)
+        ms_memio_feed(&m, (const char *)p, (size_t)n);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    nghttp2_session_mem_recv(client, (const uint8_t *)notice, len);
+    free(notice);
+    ASSERT_EQ(1, goaway_seen);
+    ASSERT_EQ(INT32_MAX, goaway_last_id);
+    pump();
+    ASSERT_EQ(200, reply_of(late)->status); /* served, not refused */
+    ASSERT_EQ(0, (int)reply_of(late)->error);
+    ASSERT_EQ(2, goaway_seen);
+    ASSERT_EQ(late, goaway_last_id);
+    ms_reply_send(parked, S("finished"), MS_VEC_STATIC, -1);
+    ms_req_finish(parked);
+    pump();
+    ASSERT_EQ(200, reply_of(id)->status);
+    ASSERT(m.conn == NULL);
     teardown();
 }
 

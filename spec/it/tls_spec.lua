@@ -443,6 +443,29 @@ describe("TLS listeners", function()
         assert(ok, err)
     end)
 
+    it("loses no request of h2load over TLS (h2 and HTTP/1.1) to a reload (HUP)", function()
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
+                "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 2",
+                q(dir .. "/ec.pem"), q(dir .. "/ec.key")) }
+        local ok, err = pcall(function()
+            for i, proto in ipairs({ "", "--h1" }) do
+                local out = helper.run(string.format("(sleep 0.7; kill -HUP %d) & %s %s -D 2 -c 8 "
+                    .. "-m 4 https://127.0.0.1:%d/hello 2>&1; wait", m.pid, helper.tool("h2load"),
+                    proto, m.ports[2]))
+                local total = tonumber(out:match("requests: (%d+) total"))
+                assert.is_true(total and total > 1000, out)
+                assert.matches(total .. " succeeded, 0 failed, 0 errored, 0 timeout", out, 1, true)
+                assert.truthy(helper.wait_for(function()
+                    local _, n = m:log():gsub("took over", "")
+                    return n == 2 * i
+                end))
+            end
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
+
     it("has the master open the certificate and key files for its workers", function()
         -- A key that is not a file: only the master's side of the channel says it so.
         local m = helper.spawn_server { app = "spec/fixtures/tls.lua",

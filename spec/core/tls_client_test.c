@@ -237,19 +237,26 @@ TEST(tls_client_verifies_echoes_pools_and_resumes)
     s = open_sock(NULL);
     rc = handshake(s, "other.test", 1, NULL);
     ASSERT_STR_EQ("certificate host mismatch", err(s, rc));
-    /* Trusted and right: 200 KB each way, more than one write and one read buffer take. */
+    /* Trusted and right: 1 MB each way through a small send buffer, so that most of it goes
+     * out in the background while the echo comes back and is held back (the read buffer is
+     * full and nobody reads) until the read starts. */
     ms_sock_opts_t po = {"tls", 3, 0, 0};
     ASSERT(await(ms_sock_connect(s, "127.0.0.1", 9, lport, &po, on_done)) == MS_SOCK_DONE);
     ASSERT_EQ(MS_SOCK_DONE, handshake(s, "localhost", 1, NULL));
     const char *version, *cipher;
     ASSERT_EQ(0, ms_sock_tls_info(s, &version, &cipher));
     ASSERT_STR_EQ("TLSv1.3", version);
-    size_t big = 200000;
+    size_t big = 1000000;
+    int small = 4096;
+    ASSERT_EQ(0, setsockopt(ms_sock_fd(s), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)));
     char *out = malloc(big);
     for (size_t i = 0; i < big; i++)
         out[i] = (char)('a' + i % 26);
     uv_buf_t b = uv_buf_init(out, (unsigned)big);
-    ASSERT(await(ms_sock_send(s, &b, 1, on_done)) == MS_SOCK_DONE);
+    rc = ms_sock_send(s, &b, 1, on_done);
+    ASSERT_EQ(MS_SOCK_PENDING, rc);
+    ASSERT_EQ(MS_SOCK_DONE, await(rc));
+    ASSERT(s->read_off); /* the peer is held back */
     memset(out, 0, 16); /* encrypted at the call: the bytes need not live on */
     ASSERT_EQ(MS_SOCK_DONE, await(ms_sock_receive(s, MS_SOCK_BYTES, big, on_done)));
     ASSERT_EQ(big, s->v.len);

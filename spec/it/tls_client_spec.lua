@@ -77,6 +77,12 @@ describe("TLS on client sockets (sock:sslhandshake)", function()
             "-cert2 %s -key2 %s", q(dir .. "/leaf.pem"), q(dir .. "/leaf.key")))
         -- Wants a client certificate of the test CA.
         s_server("mutual", cert .. " -Verify 1 -CAfile " .. q(dir .. "/ca.pem"))
+        ports.redis = free_port()
+        pids[#pids + 1] = start(string.format("%s --port 0 --tls-port %d --bind 127.0.0.1 "
+            .. "--tls-cert-file %s --tls-key-file %s --tls-ca-cert-file %s --tls-auth-clients no "
+            .. "--save '' --appendonly no --daemonize no", helper.tool("redis-server"), ports.redis,
+            q(dir .. "/leaf.pem"), q(dir .. "/leaf.key"), q(dir .. "/ca.pem")))
+        wait_port(ports.redis)
         local script = dir .. "/silent.lua"
         helper.write_file(script, SILENT)
         ports.silent = free_port()
@@ -168,6 +174,13 @@ describe("TLS on client sockets (sock:sslhandshake)", function()
                 assert.equal(first + 3, a)
             end
         end
+    end)
+
+    it("speaks RESP to Redis over TLS, verified, on a pooled connection", function()
+        local body = get("/redis?port=" .. ports.redis .. "&key=tls")
+        assert.equal("0 :1, 1 :2", body)
+        body = get("/redis?port=" .. ports.redis .. "&key=tls")
+        assert.equal("2 :3, 3 :4", body)
     end)
 
     it("presents a client certificate given to setclientcert; without one the peer refuses",

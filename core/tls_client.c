@@ -34,9 +34,9 @@ struct ms_stls_s {
     ms_tls_session_t *session; /* a reference */
     ms_buf_t in;               /* owned: ciphertext read, [in_pos, in.len) not yet OpenSSL's */
     size_t in_pos;
-    ms_buf_t out;      /* owned: ciphertext OpenSSL wrote, for sock.c to send */
-    int verr;          /* the first certificate error met (X509_V_ERR_*), 0: none */
-    uint8_t done;      /* the handshake completed */
+    ms_buf_t out; /* owned: ciphertext OpenSSL wrote, for sock.c to send */
+    int verr;     /* the first certificate error met (X509_V_ERR_*), 0: none */
+    uint8_t done; /* the handshake completed */
 };
 
 /* -- Sessions --------------------------------------------------------------------------- */

@@ -257,7 +257,7 @@ TEST(tls_client_verifies_echoes_pools_and_resumes)
     ASSERT_EQ(MS_SOCK_PENDING, rc);
     ASSERT_EQ(MS_SOCK_DONE, await(rc));
     ASSERT(s->read_off); /* the peer is held back */
-    memset(out, 0, 16); /* encrypted at the call: the bytes need not live on */
+    memset(out, 0, 16);  /* encrypted at the call: the bytes need not live on */
     ASSERT_EQ(MS_SOCK_DONE, await(ms_sock_receive(s, MS_SOCK_BYTES, big, on_done)));
     ASSERT_EQ(big, s->v.len);
     ASSERT(memcmp(s->v.data + 16, "qrstuvwxyz", 10) == 0);

@@ -198,6 +198,16 @@ describe("TLS on client sockets (sock:sslhandshake)", function()
         assert.is_true(secs >= 0.45 and secs < 2, body)
     end)
 
+    it("raises on misuse, and answers closed on a socket that is not connected", function()
+        local body = get("/args")
+        assert.matches("bad argument #1 to 'sslhandshake' (a session from sslhandshake, nil or "
+            .. "false expected)|", body, 1, true)
+        assert.matches("bad argument #2 to 'sslhandshake' (string expected)|", body, 1, true)
+        assert.matches("bad argument #3 to 'sslhandshake' (boolean expected)|", body, 1, true)
+        assert.matches("bad argument #2 to 'setclientcert' (PEM text expected)|nil|closed",
+            body, 1, true)
+    end)
+
     twice("the ngx layer's ngx.socket.tcp() verifies only when asked, as OpenResty", function()
         assert.equal("ok cdata", get("/ngx?port=" .. ports.rogue .. "&name=localhost"))
         assert.equal("fail handshake: 18: self-signed certificate",

@@ -15,6 +15,9 @@
 #define MS_SOCK_BUF_SIZE 4096
 /* Gathered sends with more pieces than this use the socket's own scratch array. */
 #define MS_SOCK_IOV_STACK 16
+/* Ciphertext kept unread at most, beyond a full plaintext buffer nobody reads, before the
+ * peer is held back: about two records. */
+#define MS_SOCK_TLS_HOLD (32 * 1024)
 
 enum { ST_CLOSED, ST_RESOLVING, ST_WAITING, ST_CONNECTING, ST_CONNECTED };
 
@@ -39,6 +42,10 @@ struct ms_sconn_s {
     uint8_t open;  /* the handle is initialised (it must be closed) */
     uint8_t idling; /* in the pool's idle list */
     uint8_t closes; /* handles still closing */
+    /* TLS (sslhandshake): the state goes to the pool with the connection */
+    uint8_t wflight;  /* a background write of `sending` is under way */
+    ms_stls_t *tls;   /* owned; freed when the handles have closed */
+    ms_buf_t sending; /* owned: the ciphertext that write is writing */
 };
 
 struct ms_sock_s {
@@ -73,6 +80,10 @@ struct ms_sock_s {
     ms_timer_t wtimer;
     uv_buf_t *iov; /* owned scratch for long gathered sends */
     unsigned iov_cap;
+    /* TLS */
+    uint8_t hs;           /* a handshake is under way (connect_cb and ctimer are its) */
+    int verr;             /* the certificate error of the last failed handshake */
+    ms_stls_cert_t *cert; /* owned: setclientcert's */
 };
 
 struct ms_sock_until_s {
@@ -179,6 +190,8 @@ int ms_sock_errmsg(ms_sock_t *s, int err, char *buf, size_t len)
     int n;
     if (err == MS_SOCK_ENOTFOUND || err == MS_SOCK_ERESOLVE)
         n = snprintf(buf, len, "%s %s", s->host, ms_sock_strerror(err));
+    else if (err == MS_SOCK_EVERIFY && s->verr != 0)
+        n = snprintf(buf, len, "%d: %s", s->verr, ms__stls_verify_text(s->verr));
     else
         n = snprintf(buf, len, "%s", ms_sock_strerror(err));
     return n < 0 ? 0 : (size_t)n >= len ? (int)len - 1 : n;
@@ -387,8 +400,24 @@ static void idle_unlink(ms_sconn_t *c);
 static void sconn_closed(uv_handle_t *h)
 {
     ms_sconn_t *c = h->data;
-    if (--c->closes == 0)
-        ms_mem_free(c);
+    if (--c->closes > 0)
+        return;
+    ms__stls_free(c->tls);
+    ms_mem_free(c->sending.base);
+    ms_mem_free(c);
+}
+
+/* A TLS connection that closes says so (close_notify) and sends what OpenSSL still has (an
+ * alert after a failed handshake), as far as the socket takes it now: nothing waits. */
+static void tls_goodbye(ms_sconn_t *c)
+{
+    ms__stls_shutdown(c->tls);
+    ms_buf_t *o = ms__stls_out(c->tls);
+    if (o->len > 0 && !c->wflight) {
+        uv_buf_t b = uv_buf_init(o->base, (unsigned)o->len);
+        (void)uv_try_write(&c->u.st, &b, 1);
+    }
+    o->len = 0;
 }
 
 static ms_sconn_t *sconn_new(ms_sockets_t *sk, ms_spool_t *pool)
@@ -415,6 +444,8 @@ static void sconn_drop(ms_sconn_t *c)
     c->sk->sconns--;
     c->closes = 1;
     uv_close((uv_handle_t *)&c->idle, sconn_closed);
+    if (c->open && c->tls)
+        tls_goodbye(c);
     if (c->open) {
         c->closes++;
         uv_close(&c->u.h, sconn_closed);
@@ -575,11 +606,26 @@ static void pool_put(ms_spool_t *p, ms_sconn_t *c, uint64_t idle_ms)
 /* -- Reading from libuv ------------------------------------------------------------------ */
 
 static void sock_fail(ms_sock_t *s, int err);
+static void sock_close_conn(ms_sock_t *s, int err, int notify);
+static void tls_decrypt(ms_sock_t *s);
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
     ms_sconn_t *c = h->data;
     ms_sock_t *s = c->sock;
+    if (c->tls) {
+        /* Ciphertext goes to the TLS state's own buffer. With the plaintext buffer full and
+         * nobody reading, the peer is held back once a record more is waiting. */
+        if (s && s->read_cb == NULL && s->rbuf && s->rlen == s->rcap &&
+            ms__stls_in_pending(c->tls) >= MS_SOCK_TLS_HOLD) {
+            *buf = uv_buf_init(NULL, 0);
+            return;
+        }
+        size_t n;
+        char *p = ms__stls_in_space(c->tls, &n);
+        *buf = uv_buf_init(p, (unsigned)n);
+        return;
+    }
     if (s == NULL) { /* idle in the pool: whatever comes is dropped with the connection */
         *buf = uv_buf_init(c->sk->scratch, sizeof(c->sk->scratch));
         return;
@@ -608,6 +654,7 @@ static void read_finish(ms_sock_t *s, int rc)
 }
 
 static void read_done(ms_sconn_t *c, ms_sock_t *s, ssize_t nread);
+static void tls_read_done(ms_sconn_t *c, ms_sock_t *s, size_t n);
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
@@ -615,8 +662,23 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     ms_sconn_t *c = st->data;
     ms_server_t *srv = c->sk->server;
     ms__server_enter(srv);
-    read_done(c, c->sock, nread);
+    if (c->tls && nread > 0)
+        tls_read_done(c, c->sock, (size_t)nread);
+    else
+        read_done(c, c->sock, nread);
     ms__server_leave(srv);
+}
+
+/* A reader waits and the buffer has more: it finishes if it can, or fails with the end. */
+static void read_progress(ms_sock_t *s)
+{
+    if (s->read_cb == NULL)
+        return;
+    int rc = read_match(s);
+    if (rc != 0)
+        read_finish(s, rc);
+    else if (s->rerr)
+        sock_fail(s, s->rerr);
 }
 
 static void read_done(ms_sconn_t *c, ms_sock_t *s, ssize_t nread)
@@ -635,17 +697,15 @@ static void read_done(ms_sconn_t *c, ms_sock_t *s, ssize_t nread)
         return;
     } else if (nread < 0) {
         uv_read_stop(st);
+        if (s->hs) { /* the peer went away during the handshake */
+            sock_close_conn(s, MS_SOCK_ESSL, 1);
+            return;
+        }
         s->rerr = (int)nread;
     } else {
         return;
     }
-    if (s->read_cb == NULL)
-        return;
-    int rc = read_match(s);
-    if (rc != 0)
-        read_finish(s, rc);
-    else if (s->rerr)
-        sock_fail(s, s->rerr);
+    read_progress(s);
 }
 
 static void on_read_timeout(ms_timer_t *t)
@@ -688,6 +748,7 @@ static void sock_close_conn(ms_sock_t *s, int err, int notify)
     }
     if (rcb)
         read_partial(s);
+    s->hs = 0;
     s->state = ST_CLOSED;
     s->v.connected = 0;
     ms_sconn_t *c = s->c;
@@ -760,6 +821,8 @@ void ms_sock_free(ms_sock_t *s)
     ms_sockets_t *sk = s->sk;
     sock_close_conn(s, UV_EOF, 0);
     rbuf_release(s);
+    ms__stls_cert_free(s->cert);
+    s->cert = NULL;
     sk->socks--;
     uv_buf_t *iov = s->iov;
     if (!ms__recycle_put(&sk->sock_free, s)) {
@@ -1019,6 +1082,10 @@ int ms_sock_setkeepalive(ms_sock_t *s, int64_t idle_ms, uint32_t pool_size)
         return MS_SOCK_EBUSY_READ;
     if (s->write_cb)
         return MS_SOCK_EBUSY_WRITE;
+    if (s->hs)
+        return MS_SOCK_EBUSY_CONNECT;
+    if (s->c->tls)
+        tls_decrypt(s); /* ciphertext still waiting may hold bytes unread */
     if (s->rlen > s->rpos)
         return MS_SOCK_EUNREAD;
     if (s->rerr) { /* the peer closed it (or it failed) while nobody read */
@@ -1026,6 +1093,8 @@ int ms_sock_setkeepalive(ms_sock_t *s, int64_t idle_ms, uint32_t pool_size)
         return MS_SOCK_DONE;
     }
     ms_sconn_t *c = s->c;
+    if (c->tls)
+        ms__stls_idle(c->tls);
     ms_spool_t *p = c->pool;
     if (pool_size > 0 && !p->size_set) {
         p->size = pool_size;
@@ -1074,18 +1143,24 @@ static void on_write(uv_write_t *req, int status)
     ms__server_leave(srv);
 }
 
+static int tls_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb);
+
 int ms_sock_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb)
 {
     if (s->state != ST_CONNECTED)
         return UV_ENOTCONN;
     if (s->write_cb)
         return MS_SOCK_EBUSY_WRITE;
+    if (s->hs)
+        return MS_SOCK_EBUSY_CONNECT;
     size_t total = 0;
     for (unsigned i = 0; i < n; i++)
         total += bufs[i].len;
     if (total == 0)
         return MS_SOCK_DONE;
     ms_sconn_t *c = s->c;
+    if (c->tls)
+        return tls_send(s, bufs, n, cb);
     int w = uv_try_write(&c->u.st, bufs, n);
     if (w == UV_EAGAIN || w == UV_ENOSYS)
         w = 0;
@@ -1130,6 +1205,8 @@ int ms_sock_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb)
 
 static int read_begin(ms_sock_t *s, ms_sock_cb cb)
 {
+    if (s->c->tls)
+        tls_decrypt(s); /* what waited in ciphertext while the buffer was full */
     int rc = read_match(s);
     if (rc != 0)
         return rc;
@@ -1157,6 +1234,8 @@ static int read_check(ms_sock_t *s)
         return MS_SOCK_EBUSY_READ;
     if (s->state != ST_CONNECTED)
         return UV_ENOTCONN;
+    if (s->hs)
+        return MS_SOCK_EBUSY_CONNECT;
     if (s->rbuf == NULL)
         rbuf_take(s);
     else
@@ -1221,6 +1300,229 @@ void ms_sock_until_free(ms_sock_until_t *u)
     ms_mem_free(u);
 }
 
+/* -- TLS --------------------------------------------------------------------------------
+ * The TLS state (tls_client.c) sits between the connection's handle and the socket's buffer:
+ * ciphertext read goes into it and comes out as plaintext in rbuf; a send is encrypted at
+ * once, so its bytes need not outlive the call, and the ciphertext goes out as plain sends do:
+ * uv_try_write, and the rest in the background from `sending`. */
+
+/* Sends what OpenSSL wrote, unless a background write is under way (it sends the rest when
+ * it is done). Returns 0 or an error. */
+static void on_tls_write(uv_write_t *req, int status);
+
+static int tls_flush(ms_sconn_t *c)
+{
+    if (c->wflight)
+        return 0;
+    ms_buf_t *o = ms__stls_out(c->tls);
+    if (o->len == 0)
+        return 0;
+    uv_buf_t b = uv_buf_init(o->base, (unsigned)o->len);
+    int w = uv_try_write(&c->u.st, &b, 1);
+    if (w == UV_EAGAIN || w == UV_ENOSYS)
+        w = 0;
+    if (w < 0)
+        return w;
+    if ((size_t)w == o->len) {
+        o->len = 0;
+        return 0;
+    }
+    /* The rest is written from `sending`, so OpenSSL may write more into `out` meanwhile. */
+    ms_buf_t spare = c->sending;
+    c->sending = *o;
+    spare.len = 0;
+    *o = spare;
+    b = uv_buf_init(c->sending.base + w, (unsigned)(c->sending.len - (size_t)w));
+    c->wreq.data = c;
+    int rc = uv_write(&c->wreq, &c->u.st, &b, 1, on_tls_write);
+    if (rc < 0)
+        return rc;
+    c->wflight = 1;
+    return 0;
+}
+
+static void on_tls_write(uv_write_t *req, int status)
+{
+    ms_sconn_t *c = req->data;
+    c->wflight = 0;
+    c->sending.len = 0;
+    if (status == UV_ECANCELED) /* closing */
+        return;
+    ms_sock_t *s = c->sock;
+    ms_server_t *srv = c->sk->server;
+    ms__server_enter(srv);
+    int rc = status < 0 ? status : tls_flush(c);
+    if (rc < 0) {
+        if (s)
+            sock_fail(s, rc);
+        else if (c->idling)
+            sconn_drop(c);
+    } else if (!c->wflight && s && s->write_cb) {
+        ms_sock_cb cb = s->write_cb;
+        s->write_cb = NULL;
+        ms_timer_stop(s->server, &s->wtimer);
+        cb(s, MS_SOCK_DONE);
+    }
+    ms__server_leave(srv);
+}
+
+static int tls_send(ms_sock_t *s, const uv_buf_t *bufs, unsigned n, ms_sock_cb cb)
+{
+    ms_sconn_t *c = s->c;
+    int rc = 0;
+    for (unsigned i = 0; i < n && rc == 0; i++)
+        rc = ms__stls_write(c->tls, bufs[i].base, bufs[i].len);
+    if (rc == 0)
+        rc = tls_flush(c);
+    if (rc < 0) {
+        sock_fail(s, rc);
+        return rc;
+    }
+    if (!c->wflight)
+        return MS_SOCK_DONE;
+    s->write_cb = cb;
+    if (s->send_ms)
+        ms_timer_start(s->server, &s->wtimer, s->send_ms, on_send_timeout);
+    return MS_SOCK_PENDING;
+}
+
+/* Plaintext into rbuf, as far as it has room (grown only for a reader that needs more). An
+ * end or error of the TLS layer becomes the read side's end. */
+static void tls_decrypt(ms_sock_t *s)
+{
+    ms_stls_t *t = s->c->tls;
+    for (;;) {
+        if (s->rbuf == NULL)
+            rbuf_take(s);
+        if (s->rlen == s->rcap) {
+            if (s->read_cb == NULL)
+                break; /* the view may point into the buffer: it stays where it is */
+            if (s->rpos > 0)
+                rbuf_compact(s);
+            else
+                rbuf_reserve(s, s->rcap);
+        }
+        ssize_t n = ms__stls_read(t, s->rbuf + s->rlen, s->rcap - s->rlen);
+        if (n > 0) {
+            s->rlen += (size_t)n;
+            continue;
+        }
+        if (n < 0 && s->rerr == 0)
+            s->rerr = (int)n;
+        break;
+    }
+    int rc = tls_flush(s->c); /* a reply OpenSSL owed (a key update) */
+    if (rc < 0 && s->rerr == 0)
+        s->rerr = rc;
+}
+
+static int handshake_step(ms_sock_t *s, int from_loop);
+
+static void tls_read_done(ms_sconn_t *c, ms_sock_t *s, size_t n)
+{
+    ms__stls_in_added(c->tls, n);
+    if (s == NULL) {
+        /* Idle in the pool: a ticket or a key update is TLS's own business; data or the end
+         * drops the connection, as on a plain one. */
+        ssize_t k = ms__stls_read(c->tls, c->sk->scratch, sizeof(c->sk->scratch));
+        if (k != 0 || tls_flush(c) < 0)
+            on_idle_read(c);
+        else
+            ms__stls_idle(c->tls);
+        return;
+    }
+    if (s->hs) {
+        handshake_step(s, 1);
+        return;
+    }
+    tls_decrypt(s);
+    read_progress(s);
+}
+
+static void handshake_end(ms_sock_t *s, int rc, int from_loop)
+{
+    ms_sock_cb cb = s->connect_cb;
+    s->connect_cb = NULL;
+    s->hs = 0;
+    ms_timer_stop(s->server, &s->ctimer);
+    if (rc < 0) {
+        s->verr = rc == MS_SOCK_EVERIFY ? ms__stls_verr(s->c->tls) : 0;
+        sock_close_conn(s, rc, 0);
+    }
+    if (from_loop && cb)
+        cb(s, rc);
+}
+
+/* One step of the handshake: when called from the loop, its end calls back. Returns
+ * MS_SOCK_PENDING, MS_SOCK_DONE or the error it ended with. */
+static int handshake_step(ms_sock_t *s, int from_loop)
+{
+    ms_sconn_t *c = s->c;
+    int rc = ms__stls_handshake(c->tls);
+    int wrc = tls_flush(c);
+    if (wrc < 0 && rc >= 0)
+        rc = MS_SOCK_ESSL;
+    if (rc != MS_SOCK_PENDING)
+        handshake_end(s, rc, from_loop);
+    return rc;
+}
+
+int ms_sock_sslhandshake(ms_sock_t *s, const ms_sock_tls_opts_t *o, ms_sock_cb cb)
+{
+    if (s->state != ST_CONNECTED)
+        return UV_ENOTCONN;
+    if (s->hs)
+        return MS_SOCK_EBUSY_CONNECT;
+    if (s->read_cb)
+        return MS_SOCK_EBUSY_READ;
+    if (s->write_cb)
+        return MS_SOCK_EBUSY_WRITE;
+    ms_sconn_t *c = s->c;
+    if (c->tls) /* from the pool, its handshake done: OpenResty's no-op */
+        return ms__stls_done(c->tls) ? MS_SOCK_DONE : MS_SOCK_ESSL;
+    if (s->rlen > s->rpos)
+        return MS_SOCK_EUNREAD;
+    int err = 0;
+    c->tls = ms__stls_new(s->sk, o, s->cert, &err);
+    if (c->tls == NULL)
+        return err;
+    s->verr = 0;
+    s->hs = 1;
+    s->connect_cb = cb;
+    int rc = handshake_step(s, 0);
+    if (rc == MS_SOCK_PENDING && s->connect_ms)
+        ms_timer_start(s->server, &s->ctimer, s->connect_ms, on_connect_timeout);
+    return rc; /* done or failed at once: the callback is not called */
+}
+
+ms_tls_session_t *ms_sock_tls_session(ms_sock_t *s)
+{
+    if (s->state != ST_CONNECTED || s->c->tls == NULL)
+        return NULL;
+    return ms__stls_session(s->c->tls);
+}
+
+int ms_sock_tls_info(ms_sock_t *s, const char **version, const char **cipher)
+{
+    if (s->state != ST_CONNECTED || s->c->tls == NULL || !ms__stls_done(s->c->tls))
+        return UV_ENOTCONN;
+    return ms__stls_info(s->c->tls, version, cipher);
+}
+
+int ms_sock_setclientcert(ms_sock_t *s, const char *cert, size_t cert_len, const char *key,
+                          size_t key_len, char *err, size_t errlen)
+{
+    ms_stls_cert_t *n = NULL;
+    if (cert != NULL) {
+        n = ms__stls_cert_new(cert, cert_len, key, key_len, err, errlen);
+        if (n == NULL)
+            return UV_EINVAL;
+    }
+    ms__stls_cert_free(s->cert);
+    s->cert = n;
+    return 0;
+}
+
 /* -- The worker's, at the end ------------------------------------------------------------ */
 
 void ms__sockets_free(ms_server_t *srv)
@@ -1238,6 +1540,7 @@ void ms__sockets_free(ms_server_t *srv)
         }
     }
     ms__resolver_free(sk);
+    ms__stls_ctx_free(sk);
     ms__recycle_drain(&sk->sock_free, sock_destroy);
     ms__recycle_drain(&sk->buf_free, ms_mem_free);
     srv->sockets = NULL;

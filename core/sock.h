@@ -18,7 +18,10 @@
     X(EBACKLOG, -10104, "too many waiting connect operations")                                     \
     X(EUNREAD, -10105, "unread data in buffer")                                                    \
     X(ENOTFOUND, -10106, "could not be resolved (3: Host not found)")                              \
-    X(ERESOLVE, -10107, "could not be resolved (2: Server failure)")
+    X(ERESOLVE, -10107, "could not be resolved (2: Server failure)")                               \
+    X(ESSL, -10108, "handshake failed")                                                            \
+    X(EHOST, -10109, "certificate host mismatch")                                                  \
+    X(EVERIFY, -10110, "certificate verify failed")
 
 enum {
 #define MS_SOCK_ERR_ENUM(name, value, msg) MS_SOCK_##name = (value),
@@ -27,7 +30,8 @@ enum {
 };
 
 /* OpenResty's error string for a code. For the two resolution errors it lacks the name:
- * ms_sock_errmsg() writes the whole "<name> could not be resolved (...)". */
+ * ms_sock_errmsg() writes the whole "<name> could not be resolved (...)"; for EVERIFY it
+ * writes OpenResty's "<code>: <reason>" ("20: unable to get local issuer certificate"). */
 const char *ms_sock_strerror(int err);
 
 /* -- Configuration (per worker) --------------------------------------------------------- */
@@ -138,6 +142,42 @@ int ms_sock_fd(ms_sock_t *s);
 /* Writes OpenResty's message for `err` as this socket met it (with the name that could not
  * be resolved) into buf; returns its length. */
 int ms_sock_errmsg(ms_sock_t *s, int err, char *buf, size_t len);
+
+/* -- TLS (tls_client.c) ------------------------------------------------------------------
+ * sslhandshake on a connected socket, OpenSSL driven by the socket's reads and writes on the
+ * loop. The TLS state belongs to the connection: setkeepalive pools it with it, and a pooled
+ * connection handed out again needs no handshake (ms_sock_sslhandshake returns at once). */
+
+/* A session to resume: reference-counted; the connection that made it updates it when the
+ * server sends a ticket after the handshake, as TLS 1.3 servers do. */
+typedef struct ms_tls_session_s ms_tls_session_t;
+void ms_tls_session_free(ms_tls_session_t *sess); /* drops one reference */
+
+typedef struct ms_sock_tls_opts_s {
+    const char *name; /* sent as SNI (unless an address) and, with verify, checked against the
+                       * certificate; NULL: neither */
+    size_t name_len;
+    int verify;                /* the chain against the trusted CAs, and the name */
+    int ocsp;                  /* ask for a stapled OCSP response (send_status_req) */
+    ms_tls_session_t *session; /* to resume; NULL: a full handshake */
+} ms_sock_tls_opts_t;
+
+/* Handshakes within the connect timeout (UV_ETIMEDOUT). Fails with MS_SOCK_ESSL, EHOST or
+ * EVERIFY and closes the socket; MS_SOCK_EUNREAD with plaintext bytes still unread. */
+int ms_sock_sslhandshake(ms_sock_t *s, const ms_sock_tls_opts_t *o, ms_sock_cb cb);
+/* The connection's session (a new reference), or NULL when it speaks no TLS. */
+ms_tls_session_t *ms_sock_tls_session(ms_sock_t *s);
+/* The protocol and cipher, and whether the session was resumed (0 or 1); UV_ENOTCONN
+ * without TLS. The strings are static. */
+int ms_sock_tls_info(ms_sock_t *s, const char **version, const char **cipher);
+/* The certificate chain (PEM, leaf first) and key the next handshakes present when the server
+ * asks; cert NULL: none. Returns 0, or UV_EINVAL with the reason in `err`. */
+int ms_sock_setclientcert(ms_sock_t *s, const char *cert, size_t cert_len, const char *key,
+                          size_t key_len, char *err, size_t errlen);
+/* Trusts the CA certificates of a PEM file too, besides the system's store, for the worker's
+ * handshakes that verify (OpenResty's lua_ssl_trusted_certificate). Returns 0, or a negative
+ * code with the reason in `err`. */
+int ms_sock_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errlen);
 
 /* -- Name resolution ---------------------------------------------------------------------
  * uv_getaddrinfo on libuv's thread pool, at most resolve_max lookups at once (the threads

@@ -56,10 +56,40 @@ struct ms_sockets_s {
     ms_lookup_t *queue_head, *queue_tail; /* not yet started */
     uint32_t inflight;
     uint64_t lookups_started; /* getaddrinfo calls made: tests count them */
+    struct ssl_ctx_st *tls_ctx; /* tls_client.c: the client context, made at first use */
 };
 
 /* The worker's sockets state, made at first use. */
 ms_sockets_t *ms__sockets(ms_server_t *srv);
 void ms__resolver_free(ms_sockets_t *sk);
+
+/* tls_client.c: one connection's TLS state, which does no I/O: sock.c gives it the ciphertext
+ * read (into ms__stls_in_space) and sends what it leaves in ms__stls_out. */
+typedef struct ms_stls_s ms_stls_t;
+typedef struct ms_stls_cert_s ms_stls_cert_t;
+/* NULL with *err set (MS_SOCK_ESSL, UV_EINVAL). */
+ms_stls_t *ms__stls_new(ms_sockets_t *sk, const ms_sock_tls_opts_t *o, const ms_stls_cert_t *cert,
+                        int *err);
+void ms__stls_free(ms_stls_t *t);
+/* MS_SOCK_DONE, MS_SOCK_PENDING (wants bytes), or MS_SOCK_ESSL, EHOST, EVERIFY. */
+int ms__stls_handshake(ms_stls_t *t);
+int ms__stls_done(const ms_stls_t *t);
+int ms__stls_verr(const ms_stls_t *t);
+const char *ms__stls_verify_text(int verr);
+char *ms__stls_in_space(ms_stls_t *t, size_t *len);
+void ms__stls_in_added(ms_stls_t *t, size_t n);
+size_t ms__stls_in_pending(const ms_stls_t *t);
+/* Plaintext: > 0 bytes, 0 when it needs more ciphertext, UV_EOF (close_notify), UV_EPROTO. */
+ssize_t ms__stls_read(ms_stls_t *t, char *p, size_t n);
+int ms__stls_write(ms_stls_t *t, const char *p, size_t n);
+ms_buf_t *ms__stls_out(ms_stls_t *t);
+void ms__stls_shutdown(ms_stls_t *t); /* close_notify into out, once the handshake is done */
+void ms__stls_idle(ms_stls_t *t);     /* lets go of empty buffers */
+ms_tls_session_t *ms__stls_session(ms_stls_t *t);
+int ms__stls_info(const ms_stls_t *t, const char **version, const char **cipher);
+ms_stls_cert_t *ms__stls_cert_new(const char *cert, size_t cert_len, const char *key,
+                                  size_t key_len, char *err, size_t errlen);
+void ms__stls_cert_free(ms_stls_cert_t *c);
+void ms__stls_ctx_free(ms_sockets_t *sk);
 
 #endif

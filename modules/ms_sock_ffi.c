@@ -208,6 +208,44 @@ MS_FFI int ms_ffi_sock_errmsg(ms_ffi_sock_t *g, int err, char *buf, size_t len)
     return (int)n;
 }
 
+/* -- TLS ----------------------------------------------------------------------------------- */
+
+/* sslhandshake: MS_SOCK_DONE, MS_SOCK_PENDING (the read slot is woken) or a negative code. */
+MS_FFI int ms_ffi_sock_sslhandshake(ms_ffi_sock_t *g, ms_tls_session_t *sess, const char *name,
+                                    size_t name_len, int verify, int ocsp)
+{
+    ms_sock_tls_opts_t o = {name, name_len, verify, ocsp, sess};
+    return ms_sock_sslhandshake(g->s, &o, on_read);
+}
+
+/* A new reference to the connection's session (ms_ffi_tls_session_free drops it), or NULL. */
+MS_FFI ms_tls_session_t *ms_ffi_sock_session(ms_ffi_sock_t *g)
+{
+    return ms_sock_tls_session(g->s);
+}
+
+MS_FFI void ms_ffi_tls_session_free(ms_tls_session_t *sess)
+{
+    ms_tls_session_free(sess);
+}
+
+/* Whether the session was resumed (0, 1), with the protocol and cipher; or UV_ENOTCONN. */
+MS_FFI int ms_ffi_sock_sslinfo(ms_ffi_sock_t *g, const char **version, const char **cipher)
+{
+    return ms_sock_tls_info(g->s, version, cipher);
+}
+
+MS_FFI int ms_ffi_sock_setclientcert(ms_ffi_sock_t *g, const char *cert, size_t cert_len,
+                                     const char *key, size_t key_len, char *err, size_t errlen)
+{
+    return ms_sock_setclientcert(g->s, cert, cert_len, key, key_len, err, errlen);
+}
+
+MS_FFI int ms_ffi_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errlen)
+{
+    return ms_sock_tls_trust(srv, file, err, errlen);
+}
+
 MS_FFI ms_sock_until_t *ms_ffi_until_new(const char *p, size_t len, int inclusive)
 {
     return ms_sock_until_new(p, len, inclusive);

@@ -34,6 +34,9 @@ options:
   --redirect-https PORT
                        the --listen before it answers every request with a 308 redirect to
                        the same host and path over https on PORT
+  --ssl-trusted-certificate FILE
+                       CA certificates (PEM) that sock:sslhandshake trusts besides the
+                       system's store
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
@@ -151,6 +154,8 @@ function _M.main(args)
                 return die(a .. " needs a port")
             end
             l.redirect_https = port
+        elseif a == "--ssl-trusted-certificate" then
+            opts.ssl_trusted_certificate = value()
         elseif a == "--trusted-proxy" then
             opts.trusted_proxies = opts.trusted_proxies or {}
             opts.trusted_proxies[#opts.trusted_proxies + 1] = value()

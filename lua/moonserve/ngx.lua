@@ -67,9 +67,9 @@ local ngx = {
     log = errlog.log,
     -- sockets, shared dictionaries, timers, threads
     socket = {
-        tcp = lazy("moonserve.socket", "tcp"),
+        tcp = lazy("moonserve.socket", "ngx_tcp"),
         udp = lazy("moonserve.socket", "udp"),
-        stream = lazy("moonserve.socket", "tcp"),
+        stream = lazy("moonserve.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,
     timer = {

@@ -1,6 +1,7 @@
 -- moonserve/server.lua: running a server in this process: the core server with the
 -- dispatcher (moonserve/dispatcher.lua) as its Lua side, listeners, worker processes under
 -- a master, and the run loop.
+local ffi = require "ffi"
 local base = require "moonserve.base"
 local dispatcher = require "moonserve.dispatcher"
 
@@ -339,6 +340,17 @@ local function make(the_app, opts, limits)
             error("bad trusted proxy " .. tostring(cidr) .. ": " .. err, 3)
         end
     end
+    local ca = opts.ssl_trusted_certificate
+    if ca ~= nil then
+        if type(ca) ~= "string" then
+            error("bad ssl_trusted_certificate (a file name expected)", 3)
+        end
+        local ok, err = require("moonserve.socket").trust(
+            ffi.cast("ms_server_t *", srv:pointer()), ca)
+        if not ok then
+            error("bad ssl_trusted_certificate: " .. err, 3)
+        end
+    end
     return srv
 end
 
@@ -379,8 +391,8 @@ end
 -- mistake, named at start with the accepted ones.
 local OPTIONS = { "access_log", "access_log_format", "limits", "listen", "livez", "log",
     "log_format", "log_level", "on_listen", "quiet", "readyz", "request_id_header",
-    "start_timeout", "static_cache", "stop_timeout", "tls_ticket_rotate", "trusted_proxies",
-    "workers" }
+    "ssl_trusted_certificate", "start_timeout", "static_cache", "stop_timeout",
+    "tls_ticket_rotate", "trusted_proxies", "workers" }
 local OPTION_SET = {}
 for _, k in ipairs(OPTIONS) do
     OPTION_SET[k] = true
@@ -445,6 +457,8 @@ end
 -- the format of a path given alone); opts.request_id_header: replies carry x-request-id;
 -- opts.log_level: "debug", "info", "warn" or "error"; opts.log_format: "text" or "json";
 -- opts.livez, opts.readyz: health paths answered by the core (readyz 503 once stopping);
+-- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
+-- besides the system's store;
 -- opts.on_listen(port) in
 -- single-process mode. The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)

@@ -55,6 +55,15 @@ void ms_ffi_until_free(ms_sock_until_t *u);
 int ms_ffi_udp_setpeername(ms_ffi_sock_t *g, const char *host, size_t len, int port);
 int ms_ffi_udp_send(ms_ffi_sock_t *g, const ms_ffi_buf_t *bufs, unsigned n);
 int ms_ffi_udp_receive(ms_ffi_sock_t *g, double size);
+typedef struct ms_tls_session_s ms_tls_session_t;
+int ms_ffi_sock_sslhandshake(ms_ffi_sock_t *g, ms_tls_session_t *sess, const char *name,
+                             size_t name_len, int verify, int ocsp);
+ms_tls_session_t *ms_ffi_sock_session(ms_ffi_sock_t *g);
+void ms_ffi_tls_session_free(ms_tls_session_t *sess);
+int ms_ffi_sock_sslinfo(ms_ffi_sock_t *g, const char **version, const char **cipher);
+int ms_ffi_sock_setclientcert(ms_ffi_sock_t *g, const char *cert, size_t cert_len,
+                              const char *key, size_t key_len, char *err, size_t errlen);
+int ms_ffi_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errlen);
 ]]
 
 local PENDING, DONE, END = 0, 1, 2
@@ -63,6 +72,8 @@ local EOF = -4095 -- UV_EOF: "closed"
 local READ, WRITE = 1, 2
 
 local msgbuf = ffi.new("char[512]")
+local session_ct = ffi.typeof("ms_tls_session_t *")
+local info_out = ffi.new("const char *[2]")
 local bufs_cap = 64
 local bufs = ffi.new("ms_ffi_buf_t[?]", bufs_cap) -- the engine copies the array at once
 
@@ -239,6 +250,14 @@ function _M.tcp()
     return new_socket(Tcp, C.ms_ffi_sock_new, "moonserve.socket.tcp")
 end
 
+-- ngx.socket.tcp() of the ngx layer: the same socket, with OpenResty's default of no
+-- certificate verification unless sslhandshake asks for it.
+function _M.ngx_tcp()
+    local self = new_socket(Tcp, C.ms_ffi_sock_new, "ngx.socket.tcp")
+    self.openresty = true
+    return self
+end
+
 function Tcp:connect(host, port, opts)
     local g = check(self, Tcp, "connect")
     if type(host) ~= "string" then
@@ -412,6 +431,109 @@ function Tcp:setkeepalive(idle_ms, pool_size)
         return 1
     end
     return nil, errmsg(g, rc)
+end
+
+-- sslhandshake(reused_session, server_name, verify, send_status_req), as OpenResty's: the
+-- session (to pass to a later handshake with the same server), or true when reused_session is
+-- false; nil and "handshake failed", "certificate host mismatch", "20: unable to get local
+-- issuer certificate", "timeout" (the connect timeout) otherwise, the socket then closed.
+-- verify is on unless false (on an ngx.socket.tcp() socket: off unless true).
+function Tcp:sslhandshake(reused_session, server_name, verify, send_status_req)
+    local g = check(self, Tcp, "sslhandshake")
+    local sess = nil
+    if reused_session ~= nil and reused_session ~= false then
+        if type(reused_session) ~= "cdata" or not ffi.istype(session_ct, reused_session) then
+            error("bad argument #1 to 'sslhandshake' (a session from sslhandshake, nil or "
+                .. "false expected)", 2)
+        end
+        sess = reused_session
+    end
+    if server_name ~= nil and type(server_name) ~= "string" then
+        error("bad argument #2 to 'sslhandshake' (string expected)", 2)
+    end
+    if verify ~= nil and type(verify) ~= "boolean" then
+        error("bad argument #3 to 'sslhandshake' (boolean expected)", 2)
+    end
+    local on
+    if self.openresty then
+        on = verify == true
+    else
+        on = verify ~= false
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    if self.reading or self.writing then
+        return nil, self.reading and "socket busy reading" or "socket busy writing"
+    end
+    coro_check("socket:sslhandshake", "wait", 2)
+    local rc = C.ms_ffi_sock_sslhandshake(g, sess, server_name,
+        server_name and #server_name or 0, on and 1 or 0, send_status_req and 1 or 0)
+    rc = await(self, g, rc, READ, "socket:sslhandshake")
+    if rc ~= DONE then
+        return nil, errmsg(g, rc)
+    end
+    if reused_session == false then
+        return true
+    end
+    local out = C.ms_ffi_sock_session(g)
+    if out == nil then
+        return true
+    end
+    return ffi_gc(out, C.ms_ffi_tls_session_free)
+end
+
+-- A moonserve addition: what the TLS of the connection is, { protocol = "TLSv1.3", cipher =
+-- "TLS_AES_256_GCM_SHA384", session_reused = bool }, or nil and "closed" (no TLS).
+function Tcp:sslinfo()
+    local g = check(self, Tcp, "sslinfo")
+    if g == nil then
+        return nil, "closed"
+    end
+    local r = C.ms_ffi_sock_sslinfo(g, info_out, info_out + 1)
+    if r < 0 then
+        return nil, "closed"
+    end
+    return { protocol = ffi_str(info_out[0]), cipher = ffi_str(info_out[1]),
+        session_reused = r == 1 }
+end
+
+-- setclientcert(cert, key): the chain (PEM text, leaf first) and its key (PEM), presented by
+-- the next handshakes when the server asks; (nil, nil) stops. OpenResty takes ngx.ssl's
+-- parsed objects; moonserve takes the PEM text they are parsed from.
+function Tcp:setclientcert(cert, key)
+    local g = check(self, Tcp, "setclientcert")
+    if cert == nil and key == nil then
+        if g then
+            C.ms_ffi_sock_setclientcert(g, nil, 0, nil, 0, msgbuf, 512)
+        end
+        return 1
+    end
+    if type(cert) ~= "string" then
+        error("bad argument #1 to 'setclientcert' (PEM text expected)", 2)
+    end
+    if type(key) ~= "string" then
+        error("bad argument #2 to 'setclientcert' (PEM text expected)", 2)
+    end
+    if g == nil then
+        return nil, "closed"
+    end
+    msgbuf[0] = 0
+    local rc = C.ms_ffi_sock_setclientcert(g, cert, #cert, key, #key, msgbuf, 512)
+    if rc ~= 0 then
+        return nil, ffi.string(msgbuf)
+    end
+    return 1
+end
+
+-- The worker trusts the CA certificates of a PEM file too, besides the system's store
+-- (app:run{ ssl_trusted_certificate = FILE }). srv: the worker's ms_server_t *.
+function _M.trust(srv, file)
+    msgbuf[0] = 0
+    if C.ms_ffi_tls_trust(srv, file, msgbuf, 512) ~= 0 then
+        return nil, ffi.string(msgbuf)
+    end
+    return true
 end
 
 function Tcp:getreusedtimes()

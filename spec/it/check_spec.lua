@@ -28,6 +28,8 @@ describe("moonserve --check", function()
             { "--log-level loud", "%-%-log%-level needs debug, info, warn or error" },
             { "--trusted-proxy 10.0.0.0/99", "bad trusted proxy 10.0.0.0/99" },
             { "--readyz ready", "%-%-readyz needs a path starting with /" },
+            { "--ssl-trusted-certificate /nonexistent/ca.pem", "bad ssl_trusted_certificate: " ..
+                "cannot load the trusted certificates in /nonexistent/ca.pem" },
         }
         for _, c in ipairs(cases) do
             local out, status = moonserve(APP .. " --check " .. c[1])

@@ -76,8 +76,8 @@ function helper.spawn_server(opts)
         error("server did not start:\n" .. text, 2)
     end
     local srv = { pid = pid, port = tonumber(port), logfile = logfile, ports = {} }
-    for p in read_file(logfile):gmatch("listening on https?://[^ ]+:(%d+)/") do
-        srv.ports[#srv.ports + 1] = tonumber(p)
+    for listening in read_file(logfile):gmatch("listening on https?://[^ ]+:(%d+)/") do
+        srv.ports[#srv.ports + 1] = tonumber(listening)
     end
     function srv:log()
         return read_file(self.logfile)

@@ -6,3 +6,4 @@ include_files = { "lua/**/*.lua", "spec/**/*.lua", "examples/**/*.lua", "spec/li
 -- busted's globals (describe, it, assert.same, spy, ...) in the specs.
 files["spec/lua"] = { std = "+busted" }
 files["spec/it"] = { std = "+busted" }
+files["spec/rock"] = { std = "+busted" }

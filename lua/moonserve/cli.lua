@@ -72,7 +72,7 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
   -h, --help           this text
-  -v, --version        the version
+  -v, --version        the version, the LuaJIT it runs on and where its modules are
 ]]
 
 -- USAGE with the core's limits and defaults filled in: they are defined once, in the core.
@@ -115,7 +115,9 @@ function _M.main(args)
             io.stdout:write(usage())
             return 0
         elseif a == "-v" or a == "--version" then
-            io.stdout:write("moonserve ", require("moonserve")._VERSION, "\n")
+            -- (Which copy runs, and on what: several trees may each have one.)
+            io.stdout:write("moonserve ", require("moonserve")._VERSION, " on ", jit.version,
+                ", from ", package.searchpath("moonserve", package.path) or "?", "\n")
             return 0
         elseif a == "--listen" or a == "--listen-proxy" then
             opts.listen = opts.listen or {}

@@ -545,11 +545,11 @@ static void spawn_into(slot_t *s, worker_t **where)
     for (int i = 0; i < n; i++)
         if (strncmp(environ[i], "MOONSERVE_WORKER=", 17) != 0 &&
             strncmp(environ[i], "MOONSERVE_LISTEN_FDS=", 21) != 0 &&
-            strncmp(environ[i], "MOONSERVE_WORKERS=", 18) != 0)
+            strncmp(environ[i], "MOONSERVE_WORKER_COUNT=", 23) != 0)
             env[k++] = environ[i];
     snprintf(id, sizeof(id), "MOONSERVE_WORKER=%d", s->index);
     snprintf(fds, sizeof(fds), "MOONSERVE_LISTEN_FDS=%d", o->nlisten);
-    snprintf(count, sizeof(count), "MOONSERVE_WORKERS=%d", o->workers);
+    snprintf(count, sizeof(count), "MOONSERVE_WORKER_COUNT=%d", o->workers);
     env[k++] = id;
     env[k++] = fds;
     env[k++] = count;

@@ -31,11 +31,12 @@ int ms__cpus_of_quota(long long quota, long long period);
  * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
  * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), its number and the
- * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKERS, and its channel to the
- * master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the TLS
- * ticket keys and the files only the master may open, and says there that it is ready,
- * within start_timeout seconds or it is killed (a reload then fails and the old worker keeps
- * serving). Returns 0 or a negative code. */
+ * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKER_COUNT (MOONSERVE_WORKERS is
+ * the operator's setting, passed on as it is), and its channel to the master at fd 3
+ * (channel.h): it asks there for its shared dictionaries' zones, the TLS ticket keys and the
+ * files only the master may open, and says there that it is ready, within start_timeout
+ * seconds or it is killed (a reload then fails and the old worker keeps serving). Returns 0
+ * or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 
 #endif

@@ -119,7 +119,7 @@ app:post("/guestbook", function(req, res)
     res:redirect("/", 303)
 end)
 
-app:get("/slow", function(req, res)
+app:get("/slow", function(_, res)
     local t0 = os.clock()
     moonserve.sleep(1)
     res:header("content-type", "text/html; charset=utf-8")

@@ -37,8 +37,9 @@ end
 -- Starts `moonserve APP` on 127.0.0.1 with an ephemeral port. opts.app: the app file
 -- (absolute, or relative to the source root); opts.args: more command-line arguments; opts.env:
 -- { NAME = value } for its environment; opts.log: the
--- file the server logs to, when the arguments say --log. Returns a server with .port,
--- .pid, :log() and :stop().
+-- file the server logs to, when the arguments say --log; opts.bare: none of the --listen
+-- and --workers of its own (where it listens, and how many workers, is the environment's or
+-- the defaults'). Returns a server with .port, .pid, :log() and :stop().
 function helper.spawn_server(opts)
     local log = os.tmpname()
     local logfile = opts.log or log
@@ -48,9 +49,9 @@ function helper.spawn_server(opts)
     end
     -- (The server gets none of this process's descriptors past stderr: a lock or a pipe it
     -- held would outlive this process in a server left running.)
-    local cmd = string.format("%s %s --listen 127.0.0.1:0 --workers 0 %s >%s 2>&1 " ..
-        "3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- & echo $!", sh_quote(BIN), app, opts.args or "",
-        sh_quote(log))
+    local cmd = string.format("%s %s %s %s >%s 2>&1 " ..
+        "3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- & echo $!", sh_quote(BIN), app,
+        opts.bare and "" or "--listen 127.0.0.1:0 --workers 0", opts.args or "", sh_quote(log))
     -- The server's environment is this process's, with opts.env set while it starts.
     for k, v in pairs(opts.env or {}) do
         ffi.C.setenv(k, tostring(v), 1)
@@ -76,8 +77,8 @@ function helper.spawn_server(opts)
         error("server did not start:\n" .. text, 2)
     end
     local srv = { pid = pid, port = tonumber(port), logfile = logfile, ports = {} }
-    for p in read_file(logfile):gmatch("listening on https?://[^ ]+:(%d+)/") do
-        srv.ports[#srv.ports + 1] = tonumber(p)
+    for listening in read_file(logfile):gmatch("listening on https?://[^ ]+:(%d+)/") do
+        srv.ports[#srv.ports + 1] = tonumber(listening)
     end
     function srv:log()
         return read_file(self.logfile)

@@ -65,10 +65,22 @@ $limits
   --check              load the app and check it and every option, then exit (0 when
                        all is well), as nginx -t does; nothing listens
 
+environment (a flag wins over its variable, which wins over app:run{}'s table; "" is unset):
+  MOONSERVE_LISTEN     ADDR:PORT, or several separated by commas (as --listen)
+  PORT                 listen on MOONSERVE_HOST (default 0.0.0.0) at this port, when
+                       MOONSERVE_LISTEN is not set
+  MOONSERVE_WORKERS    as --workers
+  MOONSERVE_LOG, MOONSERVE_LOG_LEVEL, MOONSERVE_LOG_FORMAT
+                       as --log, --log-level and --log-format
+  MOONSERVE_ACCESS_LOG, MOONSERVE_ACCESS_LOG_FORMAT
+                       as --access-log and --access-log-format
+  MOONSERVE_LIVEZ, MOONSERVE_READYZ, MOONSERVE_STOP_TIMEOUT, MOONSERVE_START_TIMEOUT
+                       as --livez, --readyz, --stop-timeout and --start-timeout
+
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
   -h, --help           this text
-  -v, --version        the version
+  -v, --version        the version, the LuaJIT it runs on and where its modules are
 ]]
 
 -- USAGE with the core's limits and defaults filled in: they are defined once, in the core.
@@ -111,7 +123,9 @@ function _M.main(args)
             io.stdout:write(usage())
             return 0
         elseif a == "-v" or a == "--version" then
-            io.stdout:write("moonserve ", require("moonserve")._VERSION, "\n")
+            -- (Which copy runs, and on what: several trees may each have one.)
+            io.stdout:write("moonserve ", require("moonserve")._VERSION, " on ", jit.version,
+                ", from ", package.searchpath("moonserve", package.path) or "?", "\n")
             return 0
         elseif a == "--listen" or a == "--listen-proxy" then
             opts.listen = opts.listen or {}
@@ -278,10 +292,20 @@ function _M.main(args)
     if opts.quiet then
         require("moonserve.base").core.log_level(1)
     end
+    -- What the command line set, the environment does not override (--quiet: the level).
+    local flags = {}
+    for k in pairs(opts) do
+        flags[k] = true
+    end
+    flags.log_level = flags.log_level or flags.quiet
+    require("moonserve.server").given(opts, flags)
     if check then
-        local ok, err = pcall(require("moonserve.server").check, app, opts)
+        local ok, err, env = pcall(require("moonserve.server").check, app, opts)
         if not ok then
             return die(tostring(err))
+        end
+        if env then
+            io.stdout:write("moonserve: from the environment: ", env, "\n")
         end
         io.stdout:write("moonserve: ", app_file or static_dir or "the demo site",
             ": the app and its options are valid\n")

@@ -2,7 +2,7 @@
 -- core: that waits for the host's first use (moonserve/host.lua).
 local host = require "moonserve.host"
 
-local _M = { _VERSION = "0.1.0" }
+local _M = { _VERSION = "0.2.0" }
 
 -- Handler code sees coroutine.resume, wrap and status that let waits through the
 -- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.

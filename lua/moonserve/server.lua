@@ -256,6 +256,158 @@ local function addresses(listen)
     return t
 end
 
+-- -- The environment ---------------------------------------------------------------
+-- Each setting an operator may give in the environment: the variable, the key of app:run{}
+-- it sets, and its reading (the value, or nil and what is accepted). The precedence, one
+-- rule for every key: a command-line flag, then the environment, then app:run{}'s table,
+-- then the default. A variable set to "" counts as not set.
+
+local function listen_address(s)
+    local port = s:match("^%[?[%w%.:]*%]?:(%d+)$")
+    return port and tonumber(port) <= 65535
+end
+
+local function env_listen(v)
+    local list = {}
+    for addr in v:gmatch("[^,%s]+") do
+        if not listen_address(addr) then
+            return nil, "HOST:PORT, or several separated by commas, expected"
+        end
+        list[#list + 1] = addr
+    end
+    if #list == 0 then
+        return nil, "HOST:PORT, or several separated by commas, expected"
+    end
+    return list
+end
+
+local function env_port(v)
+    local port = tonumber(v:match("^%d+$"))
+    if not port or port > 65535 then
+        return nil, "a port number, 0 to 65535, expected"
+    end
+    local host = os.getenv("MOONSERVE_HOST")
+    if host == nil or host == "" then
+        host = "0.0.0.0"
+    elseif not listen_address(host .. ":0") then
+        return nil, "MOONSERVE_HOST: an address expected"
+    end
+    return { host .. ":" .. port }
+end
+
+local function env_whole(v)
+    local n = tonumber(v:match("^%d+$"))
+    if not n then
+        return nil, "a whole number expected: 0 for a single process, N for N workers"
+    end
+    return n
+end
+
+local function env_seconds(v)
+    local n = tonumber(v)
+    if not n or n <= 0 then
+        return nil, "seconds, above 0, expected"
+    end
+    return n
+end
+
+local function env_one_of(...)
+    local set, names = {}, { ... }
+    for _, s in ipairs(names) do
+        set[s] = true
+    end
+    local accepted = table.concat(names, ", ", 1, #names - 1) .. " or " .. names[#names]
+    return function(v)
+        if set[v] then
+            return v
+        end
+        return nil, accepted
+    end
+end
+
+local function env_path(v)
+    if v:sub(1, 1) ~= "/" then
+        return nil, "a path starting with / expected"
+    end
+    return v
+end
+
+local function env_string(v)
+    return v
+end
+
+-- (MOONSERVE_LISTEN before PORT: when both are set, PORT is not read.)
+local ENV = {
+    { "MOONSERVE_LISTEN", "listen", env_listen },
+    { "PORT", "listen", env_port },
+    { "MOONSERVE_WORKERS", "workers", env_whole },
+    { "MOONSERVE_LOG", "log", env_string },
+    { "MOONSERVE_LOG_LEVEL", "log_level", env_one_of("debug", "info", "warn", "error") },
+    { "MOONSERVE_LOG_FORMAT", "log_format", env_one_of("text", "json") },
+    { "MOONSERVE_ACCESS_LOG", "access_log", env_string },
+    { "MOONSERVE_ACCESS_LOG_FORMAT", "access_log_format", env_string },
+    { "MOONSERVE_LIVEZ", "livez", env_path },
+    { "MOONSERVE_READYZ", "readyz", env_path },
+    { "MOONSERVE_STOP_TIMEOUT", "stop_timeout", env_seconds },
+    { "MOONSERVE_START_TIMEOUT", "start_timeout", env_seconds },
+}
+_M.ENV = ENV
+
+-- The keys of an options table its command line set (given[opts][key]), which the
+-- environment does not override; and where each key of a merged table came from.
+local given = setmetatable({}, { __mode = "k" })
+local origin = setmetatable({}, { __mode = "k" })
+
+-- Marks the keys of `opts` that the command line gave (a set): moonserve's CLI calls this,
+-- so that a flag wins over the environment.
+function _M.given(opts, keys)
+    given[opts] = keys
+    return opts
+end
+
+-- `key`, and the variable it came from when the environment gave it: for messages.
+local function label(opts, key)
+    local var = origin[opts] and origin[opts][key]
+    return var and key .. " (from " .. var .. ")" or key
+end
+
+-- opts with the environment's settings over app:run{}'s and under the command line's, as
+-- a new table; a variable whose value is not accepted stops here, naming it.
+local function environment(opts)
+    if type(opts) ~= "table" then
+        return opts
+    end
+    local flags = given[opts] or {}
+    local out, from = {}, {}
+    for k, v in pairs(opts) do
+        out[k] = v
+    end
+    for _, e in ipairs(ENV) do
+        local name, key, read = e[1], e[2], e[3]
+        local v = os.getenv(name)
+        if v ~= nil and v ~= "" and not flags[key] and not from[key] then
+            local value, accepted = read(v)
+            if value == nil then
+                error(format("bad environment variable %s=%q (%s)", name, v, accepted), 0)
+            end
+            out[key], from[key] = value, name
+        end
+    end
+    origin[out] = from
+    return out
+end
+
+-- The variables that gave settings, in ENV's order, as "NAME=value, ...", or nil.
+local function from_environment(opts)
+    local from, list = origin[opts] or {}, {}
+    for _, e in ipairs(ENV) do
+        if from[e[2]] == e[1] then
+            list[#list + 1] = e[1] .. "=" .. os.getenv(e[1])
+        end
+    end
+    return #list > 0 and table.concat(list, ", ") or nil
+end
+
 -- An access log of the core's for `spec`: a path, or { path = FILE or "-", format = ... }.
 local function add_log(srv, spec, fmt, what)
     if type(spec) == "string" then
@@ -277,7 +429,11 @@ end
 local function access_logs(srv, the_app, opts)
     local any = false
     if opts.access_log then
-        srv:access_default(add_log(srv, opts.access_log, opts.access_log_format, "access_log"))
+        local what = label(opts, "access_log")
+        if opts.access_log_format and label(opts, "access_log_format") ~= "access_log_format" then
+            what = what .. " with " .. label(opts, "access_log_format")
+        end
+        srv:access_default(add_log(srv, opts.access_log, opts.access_log_format, what))
         any = true
     end
     for host, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
@@ -424,13 +580,13 @@ end
 -- listeners' addresses, the log and access log files, the static mounts' directories, the
 -- trusted proxies; nothing listens and no worker starts. Returns true or raises.
 function _M.check(the_app, opts)
-    opts = opts or {}
+    opts = environment(opts or {})
     check_options(opts)
     log_options(opts)
     if opts.log then
         local f, err = io.open(opts.log, "a")
         if not f then
-            error("cannot open log " .. opts.log .. ": " .. err, 2)
+            error("cannot open " .. label(opts, "log") .. " " .. opts.log .. ": " .. err, 2)
         end
         f:close()
     end
@@ -440,7 +596,7 @@ function _M.check(the_app, opts)
         end
     end
     make(the_app, opts, parse_limits(opts.limits, the_app)):close()
-    return true
+    return true, from_environment(opts)
 end
 
 -- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or
@@ -460,16 +616,21 @@ end
 -- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
 -- besides the system's store;
 -- opts.on_listen(port) in
--- single-process mode. The defaults are the core's: core.defaults().
+-- single-process mode. The environment's settings (ENV) go over opts, except the keys the
+-- command line gave (_M.given). The defaults are the core's: core.defaults().
 function _M.run(the_app, opts)
-    opts = opts or {}
+    opts = environment(opts or {})
     check_options(opts)
     log_options(opts)
     if opts.log then
         local ok, err = core.log_open(opts.log)
         if not ok then
-            error("cannot open log " .. opts.log .. ": " .. err, 2)
+            error("cannot open " .. label(opts, "log") .. " " .. opts.log .. ": " .. err, 2)
         end
+    end
+    local env = from_environment(opts)
+    if env and not os.getenv("MOONSERVE_WORKER") then
+        base.log(base.LOG_INFO, "from the environment: " .. env)
     end
     local limits = parse_limits(opts.limits, the_app)
     local listen = listen_list(opts.listen)

@@ -14,7 +14,7 @@ end
 
 -- The number of workers the master runs (1 in a single process).
 function _M.count()
-    return tonumber(os.getenv("MOONSERVE_WORKERS")) or 1
+    return tonumber(os.getenv("MOONSERVE_WORKER_COUNT")) or 1
 end
 
 return _M

@@ -33,7 +33,7 @@ describe("moonserve's limits", function()
         local s = helper.connect(srv.port)
         assert(s:send("GET /hello HTTP/1.1\r\n"))
         local t0 = socket.gettime()
-        for i = 1, 8 do -- a byte every 0.25 s: each byte is progress, the deadline still holds
+        for _ = 1, 8 do -- a byte every 0.25 s: each byte is progress, the deadline still holds
             socket.sleep(0.25)
             if not s:send("X") then
                 break
@@ -91,7 +91,7 @@ describe("moonserve's limits", function()
         socket.sleep(2.5) -- read nothing: the reply stalls, then send_timeout passes
         assert.is_true(hello_ok(srv.port))
         s:settimeout(5)
-        local got, err, partial = s:receive("*a")
+        local got, _, partial = s:receive("*a")
         local n = #(got or partial or "")
         assert.is_true(n < 32 * 1024 * 1024, "the reply was cut off")
         assert.truthy(srv:log():find("send_timeout", 1, true))

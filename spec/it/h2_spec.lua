@@ -1334,13 +1334,13 @@ describe("moonserve over HTTP/2 with short deadlines", function()
 
     -- Sends `frame` after the preface, then expects GOAWAY NO_ERROR and a close within about a
     -- second, and one log line saying why.
-    local function ends_within_a_second(frame, why)
+    local function ends_within_a_second(bytes, why)
         local before = occurrences(srv:log(), why)
         -- (no SETTINGS ack: inside a header block it would be a protocol error of ours)
         local c = connect(srv.port, { auto_ack = false })
         c:hello()
         local t0 = socket.gettime()
-        c:send(frame)
+        c:send(bytes)
         local frames = c:collect(4)
         local g = find(frames, T.GOAWAY)
         assert.equal(T.GOAWAY, g and g.type, describe_frames(frames))

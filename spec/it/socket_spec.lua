@@ -55,7 +55,7 @@ local function redis_cmd(port, line)
     return out
 end
 
-local function clients(port, name)
+local function clients(port)
     local n = 0
     for _ in redis_cmd(port, "CLIENT LIST"):gmatch("[^\n]+") do
         n = n + 1

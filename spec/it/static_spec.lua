@@ -63,13 +63,13 @@ local function background(cmd)
     local p = io.popen(("( (%s) >%s 2>&1; echo $? >%s ) >/dev/null 2>&1 &")
         :format(cmd, q(base .. ".out"), q(base .. ".rc")))
     p:close()
-    local job = {}
-    function job:done()
+    local function done()
         return helper.read_file(base .. ".rc"):match("%d+") ~= nil
     end
-    function job:wait(seconds)
+    local job = { done = done }
+    function job.wait(_, seconds)
         local deadline = socket.gettime() + seconds
-        while not self:done() and socket.gettime() < deadline do
+        while not done() and socket.gettime() < deadline do
             socket.sleep(0.05)
         end
         local rc = tonumber(helper.read_file(base .. ".rc"):match("%d+"))

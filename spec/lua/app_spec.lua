@@ -17,6 +17,7 @@ describe("moonserve.app", function()
         app:get("/t", function() return 201, "made", { ["x-a"] = "1" } end)
         app:get("/s", function() return "just text" end)
         app:get("/j", function() return 200, { ok = true } end)
+        local _
         local status, headers, body = helper.simulate(app, "GET", "/t")
         assert.equal(201, status)
         assert.equal("made", body)
@@ -41,7 +42,7 @@ describe("moonserve.app", function()
     it("runs middleware around the handler, which may answer itself", function()
         local app = moonserve.app()
         local order = {}
-        app:use(function(req, res, next)
+        app:use(function(_, res, next)
             order[#order + 1] = "before"
             res:header("x-mw", "1")
             local r = next()
@@ -76,14 +77,14 @@ describe("moonserve.app", function()
     it("runs route groups under a prefix with their own middleware, and route middleware", function()
         local app = moonserve.app()
         local seen = {}
-        app:use(function(req, res, next) seen[#seen + 1] = "app"; return next() end)
+        app:use(function(_, _, next) seen[#seen + 1] = "app"; return next() end)
         local admin = app:group("/admin", function(g)
             g:use(function(req, res, next)
                 seen[#seen + 1] = "group"
                 if not req:header("x-admin") then return res:status(403):send("no") end
                 return next()
             end)
-            g:get("/users", function(req, res, next)
+            g:get("/users", function(_, _, next)
                 seen[#seen + 1] = "route"
                 return next()
             end, function(_, res) seen[#seen + 1] = "handler"; res:send("users") end)
@@ -228,7 +229,7 @@ describe("moonserve.app", function()
 
     it("uses the app's error pages, with the reference id on 5xx and the trace in dev mode", function()
         local app = moonserve.app { dev = true }
-        app:error_page(404, function(req, res, info)
+        app:error_page(404, function(req, res)
             return res:status(404):send("no " .. req.path)
         end)
         app:get("/boom", function() error("kaboom") end)
@@ -274,7 +275,7 @@ describe("moonserve.app", function()
     it("lets error handlers answer a handler's error before the error page", function()
         local app = moonserve.app()
         local seen
-        app:on_error(function(req, res, err, ref)
+        app:on_error(function(_, res, err, ref)
             seen = ref
             if tostring(err):find("teapot", 1, true) then
                 return res:status(418):send("short and stout")
@@ -426,7 +427,6 @@ describe("moonserve.app", function()
             .. "Expires=Thu, 01 Jan 1970 00:00:00 GMT; Secure; HttpOnly; SameSite=Lax",
             headers["set-cookie"])
         assert.has_error(function()
-            local a = moonserve.app()
             local res = { }
             require("moonserve.response").methods.cookie(res, "bad name", "v")
         end)
@@ -443,6 +443,7 @@ describe("moonserve.app", function()
     it("percent-encodes in a redirect the bytes no URL may hold, a backslash above all", function()
         local app = moonserve.app()
         app:get("/go", function(req, res) res:redirect(req.query.to) end)
+        local _
         local status, headers = helper.simulate(app, "GET", "/go?to=%2F%5Cevil.test")
         assert.equal(302, status)
         assert.equal("/%5Cevil.test", headers["location"])
@@ -469,8 +470,10 @@ describe("moonserve.app", function()
         assert.is_false(ok)
         assert.truthy(err:find("unknown limit bogus", 1, true))
         ok, err = pcall(server.create, moonserve.app(), { head_timeout = -1 })
+        assert.is_false(ok)
         assert.truthy(err:find("bad limit head_timeout", 1, true))
         ok, err = pcall(server.create, moonserve.app(), { per_source = "many" })
+        assert.is_false(ok)
         assert.truthy(err:find("number expected", 1, true))
         assert.truthy(server.create(moonserve.app(), { per_source = 10, head_timeout = 0.5 }))
     end)

@@ -152,6 +152,7 @@ describe("moonserve.ngx.re", function()
             assert.is_nil(c)
             a, b, c = re.find("hello, 1234", "([0-9])([0-9]+)", "jo", nil, 3)
             assert.is_nil(a)
+            assert.is_nil(b)
             assert.equal("nth out of bound", c)
         end)
 

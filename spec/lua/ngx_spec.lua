@@ -1,5 +1,6 @@
 -- spec/lua/ngx_spec.lua: the ngx layer's functions that need no request, against OpenResty's
 -- documented answers and known vectors; what `require` finds; the errors outside a request.
+-- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs)
 describe("moonserve.ngx", function()
     require "moonserve.ngx"
 

@@ -18,19 +18,21 @@ describe("the rockspec", function()
         return out
     end
 
-    it("lists every module under lua/moonserve, in subdirectories too", function()
-        local root = os.getenv("MOONSERVE_SRC") or "."
-        local f = assert(io.open(root .. "/rockspec/moonserve-scm-1.rockspec"))
-        local spec = f:read("*a")
-        f:close()
-        local missing = {}
-        for _, file in ipairs(lua_files(root .. "/lua", "moonserve", {})) do
-            local mod = file:gsub("%.lua$", ""):gsub("/init$", ""):gsub("/", ".")
-            if not spec:find('["' .. mod .. '"] = "lua/' .. file .. '"', 1, true) then
-                missing[#missing + 1] = file
+    for _, name in ipairs { "moonserve-scm-1.rockspec", "moonserve-0.2.0-1.rockspec" } do
+        it(name .. " lists every module under lua/moonserve, in subdirectories too", function()
+            local root = os.getenv("MOONSERVE_SRC") or "."
+            local f = assert(io.open(root .. "/rockspec/" .. name))
+            local spec = f:read("*a")
+            f:close()
+            local missing = {}
+            for _, file in ipairs(lua_files(root .. "/lua", "moonserve", {})) do
+                local mod = file:gsub("%.lua$", ""):gsub("/init$", ""):gsub("/", ".")
+                if not spec:find('["' .. mod .. '"] = "lua/' .. file .. '"', 1, true) then
+                    missing[#missing + 1] = file
+                end
             end
-        end
-        table.sort(missing)
-        assert.same({}, missing)
-    end)
+            table.sort(missing)
+            assert.same({}, missing)
+        end)
+    end
 end)

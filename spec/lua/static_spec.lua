@@ -56,12 +56,13 @@ describe("moonserve static files", function()
     it("serves a file from the core, and lets a miss through to the app's routes", function()
         local app = moonserve.app()
         local handled = 0
-        app:use(function(req, res, nxt)
+        app:use(function(_, _, nxt)
             handled = handled + 1
             return nxt()
         end)
         app:static("/files", dir)
-        app:error_page(404, function(req, res) return res:status(404):send("app 404") end)
+        app:error_page(404, function(_, res) return res:status(404):send("app 404") end)
+        local _
         local status, headers, body = helper.simulate(app, "GET", "/files/a.txt")
         assert.equal(200, status)
         assert.equal("file a", body)
@@ -89,6 +90,7 @@ describe("moonserve static files", function()
             end
             res:header("x-hooked", "1")
         end })
+        local _
         local status, headers, body = helper.simulate(app, "GET", "/files/sub/b.css")
         assert.equal(200, status)
         assert.equal("b{}", body)
@@ -102,15 +104,16 @@ describe("moonserve static files", function()
 
     it("sends a file a handler names, keeping a Content-Type it set, or says why not", function()
         local app = moonserve.app()
-        app:get("/a", function(req, res) return res:file(dir .. "/a.txt") end)
-        app:get("/typed", function(req, res)
+        app:get("/a", function(_, res) return res:file(dir .. "/a.txt") end)
+        app:get("/typed", function(_, res)
             res:header("content-type", "application/x-mine")
             return res:file(dir .. "/page.html")
         end)
-        app:get("/none", function(req, res)
+        app:get("/none", function(_, res)
             local ok, err = res:file(dir .. "/none.txt")
             return 404, tostring(ok) .. " " .. err
         end)
+        local _
         local status, headers, body = helper.simulate(app, "GET", "/a")
         assert.equal(200, status)
         assert.equal("file a", body)

@@ -129,7 +129,7 @@ _M.searcher = searcher
 
 -- Installs the searcher right after package.preload's (once, even if this module reloads).
 function _M.install()
-    local loaders = package.loaders or package.searchers
+    local loaders = package.loaders
     local registry = debug.getregistry()
     for i = 1, #loaders do
         if loaders[i] == registry["moonserve.ngx.searcher"] then

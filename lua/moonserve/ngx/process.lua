@@ -37,7 +37,7 @@ function _M.type()
     if d and d.attached() then
         return "single"
     end
-    return tonumber(os.getenv("MOONSERVE_WORKERS") or "0") ~= 0 and "master" or "single"
+    return tonumber(os.getenv("MOONSERVE_WORKER_COUNT") or "0") ~= 0 and "master" or "single"
 end
 
 function _M.get_master_pid()

@@ -1,0 +1,98 @@
+rockspec_format = "3.0"
+package = "moonserve"
+version = "0.2.0-1"
+source = {
+   url = "git+https://github.com/moonserve/moonserve.git",
+   tag = "v0.2.0",
+}
+description = {
+   summary = "A Lua-scriptable HTTP server: a C core on libuv, llhttp and nghttp2, the site in LuaJIT.",
+   detailed = [[
+moonserve runs web applications written in Lua. Accepting, parsing, limits, timers and
+writing replies are C; routing, middleware and site logic are Lua, reached once per request
+and talking to the core through LuaJIT's FFI.
+]],
+   homepage = "https://github.com/moonserve/moonserve",
+   license = "MIT",
+   labels = { "http", "server", "web", "luajit" },
+}
+-- LuaJIT only (the framework talks to the core through the FFI); the `moonserve` command
+-- refuses PUC Lua. Where a system package provides lua-cjson (Debian's lua-cjson), install
+-- with --deps-mode=none: LuaRocks does not see packages it did not install.
+dependencies = {
+   "lua >= 5.1, < 5.2",
+   "lua-cjson",
+}
+-- Found where LuaRocks looks (external_deps_dirs; on Debian /usr/include and
+-- /usr/lib/x86_64-linux-gnu), or where LIBUV_DIR=..., OPENSSL_DIR=... on its command line
+-- say. llhttp is built from its C sources (Debian node-llhttp: /usr/share/llhttp), unless a
+-- libllhttp is installed; PCRE2 (ngx.re) is loaded at run time (Debian libpcre2-8-0).
+-- The build needs meson and ninja.
+external_dependencies = {
+   LIBUV = { header = "uv.h", library = "uv" },
+   NGHTTP2 = { header = "nghttp2/nghttp2.h", library = "nghttp2" },
+   ZLIB = { header = "zlib.h", library = "z" },
+   BROTLI = { header = "brotli/encode.h", library = "brotlienc" },
+   OPENSSL = { header = "openssl/ssl.h", library = "ssl" },
+}
+build = {
+   type = "command",
+   -- meson builds the module with LuaRocks' compiler, flags and Lua headers and the
+   -- libraries' directories LuaRocks found; LuaRocks installs the files listed below.
+   build_command = [[
+      CC="$(CC)" CFLAGS="$(CFLAGS) -I$(LIBUV_INCDIR) -I$(NGHTTP2_INCDIR) -I$(ZLIB_INCDIR) -I$(BROTLI_INCDIR) -I$(OPENSSL_INCDIR)" \
+      LDFLAGS="-L$(LIBUV_LIBDIR) -L$(NGHTTP2_LIBDIR) -L$(ZLIB_LIBDIR) -L$(BROTLI_LIBDIR) -L$(OPENSSL_LIBDIR)" \
+      meson setup build-rock --buildtype=release -Dlua_tests=false -Dlua_incdir="$(LUA_INCDIR)" >/dev/null &&
+      ninja -C build-rock modules/core.so
+   ]],
+   install_command = "true",
+   install = {
+      lua = {
+         ["moonserve"] = "lua/moonserve/init.lua",
+         ["moonserve.app"] = "lua/moonserve/app.lua",
+         ["moonserve.base"] = "lua/moonserve/base.lua",
+         ["moonserve.canon"] = "lua/moonserve/canon.lua",
+         ["moonserve.cli"] = "lua/moonserve/cli.lua",
+         ["moonserve.codec"] = "lua/moonserve/codec.lua",
+         ["moonserve.coroutine"] = "lua/moonserve/coroutine.lua",
+         ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
+         ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
+         ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
+         ["moonserve.dispatcher"] = "lua/moonserve/dispatcher.lua",
+         ["moonserve.host"] = "lua/moonserve/host.lua",
+         ["moonserve.live"] = "lua/moonserve/live.lua",
+         ["moonserve.log"] = "lua/moonserve/log.lua",
+         ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
+         ["moonserve.ngx"] = "lua/moonserve/ngx.lua",
+         ["moonserve.ngx.codec"] = "lua/moonserve/ngx/codec.lua",
+         ["moonserve.ngx.context"] = "lua/moonserve/ngx/context.lua",
+         ["moonserve.ngx.errlog"] = "lua/moonserve/ngx/errlog.lua",
+         ["moonserve.ngx.loader"] = "lua/moonserve/ngx/loader.lua",
+         ["moonserve.ngx.output"] = "lua/moonserve/ngx/output.lua",
+         ["moonserve.ngx.process"] = "lua/moonserve/ngx/process.lua",
+         ["moonserve.ngx.re"] = "lua/moonserve/ngx/re.lua",
+         ["moonserve.ngx.req"] = "lua/moonserve/ngx/req.lua",
+         ["moonserve.ngx.time"] = "lua/moonserve/ngx/time.lua",
+         ["moonserve.ngx.var"] = "lua/moonserve/ngx/var.lua",
+         ["moonserve.request"] = "lua/moonserve/request.lua",
+         ["moonserve.response"] = "lua/moonserve/response.lua",
+         ["moonserve.router"] = "lua/moonserve/router.lua",
+         ["moonserve.security"] = "lua/moonserve/security.lua",
+         ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
+         ["moonserve.socket"] = "lua/moonserve/socket.lua",
+         ["moonserve.session"] = "lua/moonserve/session.lua",
+         ["moonserve.shared"] = "lua/moonserve/shared.lua",
+         ["moonserve.template"] = "lua/moonserve/template.lua",
+         ["moonserve.timer"] = "lua/moonserve/timer.lua",
+         ["moonserve.worker"] = "lua/moonserve/worker.lua",
+         ["moonserve.demo"] = "examples/demo.lua",
+      },
+      lib = {
+         ["moonserve.core"] = "build-rock/modules/core.so",
+      },
+      bin = {
+         moonserve = "lua/bin/moonserve",
+      },
+   },
+}

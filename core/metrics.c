@@ -1,6 +1,8 @@
 /* metrics.c: the workers' counters in a shared-memory zone the master makes: a slot per
  * worker, written by its worker with plain increments, read and summed by any. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* memfd_create */
+#endif
 #include "metrics.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@ local ffi = require "ffi"
 
 local C -- the core, loaded on first use: the app's metrics are declared before it is needed
 local concat, format, sort = table.concat, string.format, table.sort
-local gsub, tostring, type = string.gsub, tostring, type
+local find, gsub, tostring, type = string.find, string.gsub, tostring, type
 
 local _M = {}
 
@@ -108,9 +108,12 @@ local LABEL = "^[a-zA-Z_][a-zA-Z0-9_]*$"
 -- The core's own families, which the app may not take.
 local RESERVED = "^moonserve_"
 
+local dicts -- moonserve.shared's dictionaries, once loaded
 local function store()
-    local shared = require("moonserve.shared").dicts
-    return shared[_M.DICT]
+    if not dicts then
+        dicts = require("moonserve.shared").dicts
+    end
+    return dicts[_M.DICT]
 end
 
 local function store_incr(key, v)
@@ -157,8 +160,8 @@ end
 local Metric = {}
 Metric.__index = Metric
 
--- The key of one series: the name, a tab, then the label values each followed by a tab
--- (a tab cannot be part of the name; values are stored as given).
+-- The key of one series: the name, then each label value, each followed by a byte 1 (which
+-- no name has, and a value may not have).
 local function series_key(self, level, ...)
     local n = select("#", ...)
     local nl = #self.labels
@@ -173,7 +176,12 @@ local function series_key(self, level, ...)
             error(format("bad value of label %s of %s (a string or number expected)",
                 self.labels[i], self.name), level + 1)
         end
-        parts[i + 1] = tostring(v)
+        v = tostring(v)
+        if find(v, "\1", 1, true) then
+            error(format("bad value of label %s of %s (a byte 1 in it)", self.labels[i],
+                self.name), level + 1)
+        end
+        parts[i + 1] = v
     end
     return concat(parts, "\1") .. "\1"
 end

@@ -416,7 +416,6 @@ end
 
 local zone_of -- the zone this process's server counts into, or nil
 local own     -- this worker's block in it
-local route_names = { "" } -- by index + 1: index 0 is no route
 
 -- Reads the route names slot `i` holds.
 local function slot_names(z, i)
@@ -516,10 +515,6 @@ function _M.attach(srv, slot, names)
     ffi.copy(ffi.cast("char *", own) + tonumber(z.names_off), text, #text)
     own.nroutes = #names
     own.names_len = #text
-    route_names = { "" }
-    for i, n in ipairs(names) do
-        route_names[i + 1] = n
-    end
     _M.update_lua()
 end
 
@@ -687,7 +682,7 @@ local function core_text(out)
             .. '",status="' .. cls .. 'xx"} ' .. num(sums[key]) .. "\n"
     end
     -- The shared dictionaries: one zone each, the same for every worker.
-    local dicts = require("moonserve.shared").dicts
+    store() -- (loads moonserve.shared's dictionaries into `dicts`)
     local dnames = {}
     for n in pairs(_M.dict_names or {}) do
         if dicts[n] then
@@ -721,7 +716,7 @@ _M.CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 -- A handler that answers with the scrape: app:get("/metrics", moonserve.metrics.handler).
 -- The app's routes that have it turn the core's metrics on.
-function _M.handler(req, res)
+function _M.handler(_, res)
     res:header("content-type", _M.CONTENT_TYPE)
     res:header("cache-control", "no-store")
     return res:send(_M.text())

@@ -112,6 +112,13 @@ describe("metrics", function()
         assert.is_true(value(s, "moonserve_http_response_bytes_total") >=
             value(before, "moonserve_http_response_bytes_total") + n * 6)
         assert.is_true(value(s, "moonserve_connections", { protocol = "http/1.1" }) >= 1)
+        -- (An accept that found nothing, the other worker having taken the connection, is
+        -- neither accepted nor closed.)
+        for _, w in ipairs(all(s, "moonserve_worker_connections_closed_total")) do
+            assert.is_true(w.value < value(s, "moonserve_worker_connections_accepted_total",
+                { worker = w.labels.worker }) + 1, "worker " .. w.labels.worker
+                .. " closed more connections than it accepted")
+        end
         assert.equal(0, value(s, "moonserve_connections", { protocol = "h2" }))
         assert.is_true(value(s, "moonserve_lua_memory_bytes") > 0)
         assert.is_true(value(s, "moonserve_shared_dict_capacity_bytes",
@@ -233,5 +240,27 @@ describe("metrics in one process", function()
         assert.equal(1, #all(s, "moonserve_worker_requests_total"))
         plain = helper.spawn_server { app = "spec/fixtures/app.lua" }
         assert.equal(404, request(plain.port, "GET", "/metrics").status)
+    end)
+end)
+
+describe("metrics options", function()
+    local function moonserve(args)
+        return helper.run(helper.bin .. " " .. q(helper.root .. "/spec/fixtures/metrics.lua")
+            .. " " .. args .. " 2>&1")
+    end
+
+    it("are checked by --check, and a mistake is named", function()
+        local out, status = moonserve("--check --metrics 127.0.0.1:9145")
+        assert.equal(0, status, out)
+        out, status = moonserve("--check --metrics nowhere")
+        assert.equal(2, status, out)
+        assert.matches("^moonserve: %-%-metrics needs ADDR:PORT", out)
+        local app = require("moonserve").app()
+        local ok, err = pcall(app.run, app, { metrics = { lissen = "127.0.0.1:0" }, workers = 0 })
+        assert.is_false(ok)
+        assert.matches("unknown metrics option lissen %(accepted: listen, app_bytes%)", err)
+        ok, err = pcall(app.run, app, { metrics = { app_bytes = "lots" }, workers = 0 })
+        assert.is_false(ok)
+        assert.matches("bad metrics.app_bytes: ", err)
     end)
 end)

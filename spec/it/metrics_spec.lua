@@ -243,10 +243,12 @@ describe("metrics in one process", function()
     end)
 end)
 
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+
 describe("metrics options", function()
     local function moonserve(args)
-        return helper.run(helper.bin .. " " .. q(helper.root .. "/spec/fixtures/metrics.lua")
-            .. " " .. args .. " 2>&1")
+        return helper.run(BIN .. " " .. q(helper.root .. "/spec/fixtures/metrics.lua") .. " "
+            .. args .. " 2>&1")
     end
 
     it("are checked by --check, and a mistake is named", function()

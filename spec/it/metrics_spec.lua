@@ -166,6 +166,26 @@ describe("metrics", function()
             { route = "size", method = "POST", status = "2xx" }))
     end)
 
+    it("count static files, which never enter Lua, and the file cache's hits and misses",
+        function()
+        local _, before = scrape(mport)
+        for _ = 1, 6 do
+            assert.equal(200, request(srv.port, "GET", "/files/form.html").status)
+        end
+        local _, s = scrape(mport)
+        local function grew(name)
+            return value(s, name) - value(before, name)
+        end
+        assert.equal(6, grew("moonserve_static_cache_hits_total")
+            + grew("moonserve_static_cache_misses_total"))
+        assert.is_true(grew("moonserve_static_cache_hits_total") >= 4) -- a miss per worker at most
+        -- Counted with no route: the six files, and the scrape before (which ended after it
+        -- was written).
+        local none = { route = "", method = "GET", status = "2xx" }
+        assert.equal(7, value(s, "moonserve_http_requests_total", none)
+            - value(before, "moonserve_http_requests_total", none))
+    end)
+
     it("escape label values", function()
         local kind = 'a"b\\c'
         local esc = kind:gsub("[^%w]", function(c) return string.format("%%%02X", c:byte()) end)

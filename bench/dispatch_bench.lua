@@ -5,7 +5,8 @@
 -- Modes: raw (the bare dispatcher), framework (router, request and reply objects, default
 -- security headers), nosec (the same without security headers), params (a :param route),
 -- routes10k (the :param route among 10,000 routes), notfound (a 404 page), redirect (a
--- non-canonical path answered 308), json (res:json of a small table).
+-- non-canonical path answered 308), json (res:json of a small table). METRICS=1: the
+-- metrics on, as a worker with --metrics counts.
 local n = tonumber(arg[1]) or 100000
 local pipeline = tonumber(arg[2]) or 1
 local mode = arg[3] or os.getenv("MODE") or "framework"
@@ -37,6 +38,16 @@ else
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })
+if os.getenv("METRICS") == "1" and mode ~= "raw" then
+    -- Counted as a worker with metrics on counts: routes numbered, a zone of its own.
+    local metrics = require "moonserve.metrics"
+    local names = metrics.number_routes(app)
+    rawset(app, "metrics_on", true)
+    local fd = assert(require("moonserve.base").core.metrics_create(1, 1024))
+    assert(srv:metrics(fd, 0))
+    require("moonserve.base").core.fd_close(fd)
+    metrics.attach(srv, 0, names)
+end
 local conn = srv:memconn()
 local req = "GET " .. path .. " HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: bench\r\n"
     .. "Accept: */*\r\n\r\n"

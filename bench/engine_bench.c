@@ -9,7 +9,8 @@
  * each read (HEADERS with END_STREAM, literal HPACK fields), as h2load -m sends them.
  * ACCESS_LOG=FILE (and ACCESS_LOG_FORMAT=combined|json|template) turns the access log on,
  * with a turn of the loop every 64 requests, which waits for a write under way to complete
- * (a loop with clients to serve meanwhile), so that no line is dropped. */
+ * (a loop with clients to serve meanwhile), so that no line is dropped. METRICS=1 counts
+ * into a metrics zone (core/metrics.h), as a worker with metrics on does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 
 #include "accesslog.h"
 #include "memio.h"
+#include "metrics.h"
 #include "moonserve.h"
 #include "static.h"
 
@@ -79,6 +81,13 @@ int main(int argc, char **argv)
             return 1;
         }
         ms_server_access_default(s, id);
+    }
+    const char *metrics = getenv("METRICS");
+    if (metrics != NULL && strcmp(metrics, "1") == 0) {
+        int fd = ms_metrics_create(1, 1024);
+        if (fd < 0 || ms_server_metrics(s, ms_metrics_map(fd), 0) != 0)
+            abort();
+        close(fd);
     }
     const char *dir = NULL;
     if (is_static) {

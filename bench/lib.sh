@@ -11,8 +11,10 @@ SERVER_CPU=${BENCH_SERVER_CPU:-0}
 CLIENT_CPU=${BENCH_CLIENT_CPU:-1}
 MOONSERVE=${MOONSERVE:-moonserve}
 ALL_SERVERS=(moonserve nginx-lua nginx h2o node)   # what the scripts run when not told
-# Run only when named: nginx with open_file_cache, a variant that matters for files alone.
-KNOWN_SERVERS=("${ALL_SERVERS[@]}" nginx-ofc)
+# Run only when named: nginx with open_file_cache, a variant that matters for files alone;
+# moonserve with its metrics on (--metrics on a listener of their own), to set beside
+# moonserve.
+KNOWN_SERVERS=("${ALL_SERVERS[@]}" nginx-ofc moonserve-metrics)
 WORKERS=1          # workers per server; only compare changes it (set_workers)
 SERVER_NCPU=1      # CPUs the server's CPU share is a percentage of
 # nginx corks a reply's head and its sendfile body into full segments (tcp_nopush); "off"
@@ -544,7 +546,7 @@ start_server() {
         write_node_app "$dir"
         cmd=(node "$dir/hello.js" "$port")
         ;;
-    moonserve)
+    moonserve | moonserve-metrics)
         read -r -a cmd <<<"$MOONSERVE"
         if [ ${#cmd[@]} -eq 0 ] || ! command -v "${cmd[0]}" >/dev/null; then
             skip "$name" "command '$MOONSERVE' not found (set MOONSERVE to run it)"
@@ -554,6 +556,7 @@ start_server() {
         local w=0
         [ "$WORKERS" -gt 1 ] && w=$WORKERS
         cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers "$w")
+        [ "$name" = moonserve-metrics ] && cmd+=(--metrics "127.0.0.1:$(free_port)")
         # The peers' keep-alive rules: 300 s idle, and no cap that matters on requests per
         # connection (moonserve's default closes a connection after 1000).
         # The defaults cap connections from one address at 256 (the peers have no such cap;

@@ -72,7 +72,7 @@ static MS_NOINLINE const char *read_proxy_header(ms_conn_t *c, const char *p, co
         char peer[64];
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: closed: no valid PROXY protocol header", peer);
-        s->stats.bad_requests++;
+        s->stats->bad_requests++;
         ms__conn_close(c, 0);
         return NULL;
     }
@@ -83,7 +83,7 @@ static MS_NOINLINE const char *read_proxy_header(ms_conn_t *c, const char *p, co
     }
     /* The client behind the proxy is the source the per-source cap counts. */
     if (c->source_known && !ms__trusted(s, c->source) && ms__source_add(s, c) < 0) {
-        s->stats.refused_conns++;
+        s->stats->refused_conns++;
         ms__log_refusals(s);
         ms__conn_close(c, 0);
         return NULL;
@@ -97,6 +97,7 @@ static void choose(ms_conn_t *c, const ms_proto_t *to, const char *p, const char
 {
     ms_buf_t *held = held_of(c);
     ms_server_t *s = c->server;
+    ms__metrics_proto(c, to);
     c->proto = to;
     c->pstate = NULL;
     if (p < end)
@@ -234,6 +235,7 @@ void ms__conn_switch(ms_conn_t *c, const ms_proto_t *to, ms_req_t *r, const char
 {
     const ms_proto_t *from = c->proto;
     void *state = c->pstate;
+    ms__metrics_proto(c, to);
     c->proto = to;
     c->pstate = NULL;
     to->upgrade(c, r, rest, restlen); /* `r` and `rest` live in `state` until it is freed */

@@ -142,12 +142,12 @@ void ms__log_refusals(ms_server_t *s)
     uint64_t now = uv_now(s->loop);
     if (s->refused_logged_at != 0 && now - s->refused_logged_at < 1000)
         return;
-    uint64_t conns = s->stats.refused_conns - s->refused_conns_logged;
-    uint64_t busy = s->stats.refused_busy - s->refused_busy_logged;
+    uint64_t conns = s->stats->refused_conns - s->refused_conns_logged;
+    uint64_t busy = s->stats->refused_busy - s->refused_busy_logged;
     uint64_t quiet = s->refused_quiet - s->refused_quiet_logged;
     s->refused_logged_at = now;
-    s->refused_conns_logged = s->stats.refused_conns;
-    s->refused_busy_logged = s->stats.refused_busy;
+    s->refused_conns_logged = s->stats->refused_conns;
+    s->refused_busy_logged = s->stats->refused_busy;
     s->refused_quiet_logged = s->refused_quiet;
     if (quiet)
         ms_log(MS_LOG_WARN, "refused %llu more requests (400, 408, 413, 414, 431: %d a second "

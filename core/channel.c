@@ -124,6 +124,7 @@ int ms_chan_ask(uint32_t type, const void *body, size_t len, int timeout_ms, int
     }
     if (m.type == MS_CHAN_OK) {
         *fd = got;
+        snprintf(why, why_len, "%.*s", (int)m.len, m.body);
         return 0;
     }
     if (got >= 0)

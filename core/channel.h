@@ -19,6 +19,7 @@ enum {
     MS_CHAN_READY = 1, /* the worker listens and its start hooks have returned */
     MS_CHAN_ZONE,      /* a shared dictionary's zone: u64 size, then the name */
     MS_CHAN_OPEN,      /* a file opened by the master (a TLS key): the path */
+    MS_CHAN_METRICS,   /* the metrics zone: u32 routes; the OK's body is the slot, in text */
     MS_CHAN_OK,        /* the answer: the descriptor beside it, if the ask wants one */
     MS_CHAN_ERROR,     /* the answer: why not, a sentence for the log */
     MS_CHAN_TICKETS,   /* the zone of the TLS session ticket keys (tickets.h) */
@@ -47,7 +48,7 @@ int ms_chan_recv(int chan, ms_chan_msg_t *m, int *fd);
 
 /* A worker's ask: sends `type` and `body` on its channel and waits, at most `timeout_ms`,
  * for the master's answer. Returns 0 on an OK, with the descriptor beside it in `*fd` (-1
- * when none), or a negative code with the master's sentence in `why`: -EINVAL when the master
+ * when none) and the OK's body, if any, in `why` as a string, or a negative code with the master's sentence in `why`: -EINVAL when the master
  * refuses, another code when the channel fails. */
 int ms_chan_ask(uint32_t type, const void *body, size_t len, int timeout_ms, int *fd, char *why,
                 size_t why_len);

@@ -21,8 +21,8 @@ ms_conn_t *ms_conn_new(ms_server_t *s, const ms_io_t *io, size_t extra)
     c->prev = &s->conns;
     s->conns.next->prev = c;
     s->conns.next = c;
-    s->stats.accepted++;
-    s->stats.conns++;
+    s->stats->accepted++;
+    s->stats->conns++;
     return c;
 }
 
@@ -68,8 +68,12 @@ static void conn_free(ms_conn_t *c)
         ms__source_remove(s, c);
     c->prev->next = c->next;
     c->next->prev = c->prev;
-    s->stats.closed++;
-    s->stats.conns--;
+    s->stats->closed += !(c->flags & MS_CONN_NONE);
+    s->stats->conns--;
+    if (c->mproto)
+        s->m->conns_proto[c->mproto - 1]--;
+    if (c->mtls)
+        s->m->conns_proto[2]--;
     /* Before the free: a stopping server's callback may look at what is left of it. */
     ms__server_conn_gone(s, c);
     ms_mem_free(c);
@@ -560,7 +564,7 @@ static void timer_expired(ms_timer_t *t)
         ms__conn_close(c, 0);
         return;
     }
-    c->server->stats.timeouts++;
+    c->server->stats->timeouts++;
     c->proto->timeout(c, phase);
 }
 

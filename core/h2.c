@@ -544,7 +544,7 @@ static void body_check(ms_timer_t *t)
         ms_timer_start(s, t, 1000, body_check);
         return;
     }
-    s->stats.timeouts++;
+    s->stats->timeouts++;
     ms__conn_hold(c);
     ms__req_refuse(r, 408, "body not complete within body_timeout at body_min_rate");
     if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
@@ -723,7 +723,7 @@ static void reset_malformed(ms_h2_t *h2, ms_stream_t *st, const char *why)
     char peer[64];
     ms_conn_peer(h2->conn, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: reset: %s", peer, st->id, why);
-    h2->conn->server->stats.bad_requests++;
+    h2->conn->server->stats->bad_requests++;
     glitch(h2);
     nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
 }
@@ -1010,7 +1010,7 @@ static void h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restl
         char peer[64];
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: closed: a bad HTTP2-Settings in an upgrade to h2c", peer);
-        c->server->stats.bad_requests++;
+        c->server->stats->bad_requests++;
         c->pstate = h2; /* so that the session goes with the connection */
         ms__conn_close(c, 0);
         return;
@@ -1092,7 +1092,7 @@ static void self_dependent(ms_h2_t *h2, int32_t id, int type)
     char peer[64];
     ms_conn_peer(h2->conn, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: reset: it depends on itself", peer, id);
-    h2->conn->server->stats.bad_requests++;
+    h2->conn->server->stats->bad_requests++;
     glitch(h2);
     if (st != NULL)
         st->malformed = 1;
@@ -1193,7 +1193,7 @@ static void h2_feed(ms_conn_t *c, const char *data, size_t len)
         char peer[64];
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: HTTP/2: %s", peer, nghttp2_strerror((int)n));
-        c->server->stats.bad_requests++;
+        c->server->stats->bad_requests++;
         if (n == NGHTTP2_ERR_BAD_CLIENT_MAGIC)
             ms__conn_close(c, 0);
         else

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "moonserve.h"
+#include "metrics.h"
 
 /* The worker's shared read buffer: big enough for a burst of pipelined requests. */
 #define MS_READ_BUF_SIZE (64 * 1024)
@@ -106,7 +107,9 @@ enum {
     MS_CONN_WRITING = 1 << 5,  /* io->write is under way with part of `flight` */
     MS_CONN_CORKED = 1 << 6,   /* io->cork is on while a file goes out */
     MS_CONN_DEFERRED = 1 << 7, /* in the worker's deferred list */
-    MS_CONN_REDIRECT = 1 << 8  /* on a MS_LISTEN_REDIRECT_HTTPS listener */
+    MS_CONN_REDIRECT = 1 << 8, /* on a MS_LISTEN_REDIRECT_HTTPS listener */
+    MS_CONN_METRICS = 1 << 9,  /* on a MS_LISTEN_METRICS listener */
+    MS_CONN_NONE = 1 << 10     /* an accept that found nothing: neither accepted nor closed */
 };
 
 /* A protocol a connection speaks (h1.c, h2.c), chosen by the accept stage (accept.c). The
@@ -181,6 +184,8 @@ struct ms_conn_s {
                              * the one a PROXY header gave */
     uint32_t flags;
     uint32_t requests;        /* served on this connection */
+    uint8_t mproto;           /* the protocol its metrics count it under (metrics.c) */
+    uint8_t mtls;             /* counted as a TLS connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;                 /* 1 for the transport, 1 while a handler holds the request */
     struct ms_upper_s *upper; /* a transport stacked on `io`'s (TLS), which takes what the
@@ -322,7 +327,14 @@ struct ms_server_s {
     struct ms_listener_s *listeners;
     struct ms_sockets_s *sockets; /* sock.c: pools, resolver; NULL until a socket is made */
     uint32_t listen_port;
-    ms_server_stats_t stats;
+    /* Where it counts (metrics.c): its own block, or its slot in a metrics zone. */
+    ms_metrics_block_t *m;
+    ms_server_stats_t *stats;    /* &m->stats */
+    uint64_t *route_counts;      /* the slot's counters by route; NULL until metrics are on */
+    uint32_t routes_max;
+    uint8_t metrics_on;          /* requests are counted by route, status and latency */
+    ms_metrics_zone_t *mzone;    /* mapped for as long as the process runs */
+    ms_metrics_block_t own_m;
     /* access logs and request ids (accesslog.c) */
     struct ms_alog_s **alogs; /* MS_ALOG_MAX slots once a log is added, else NULL */
     uint8_t alog_any;         /* some access log exists: requests note their start */
@@ -413,6 +425,12 @@ void ms__protos_init(ms_server_t *s);
 void ms__protos_free(ms_server_t *s);
 /* The protocols, for the accept stage. */
 extern const ms_proto_t ms__h1_proto, ms__h2_proto;
+
+/* metrics.c: a finished request counted (once), a refusal by status, a connection's
+ * protocol (to: the one it speaks from now on). */
+void ms__metrics_req(ms_req_t *r);
+void ms__metrics_refused(ms_server_t *s, int status);
+void ms__metrics_proto(ms_conn_t *c, const ms_proto_t *to);
 /* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
 #define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define MS_H2_PREFACE_LEN 24
@@ -445,7 +463,7 @@ int ms__req_refused_busy(ms_server_t *s);
  * 503 with ms__refusal_body and retry-after: 1, the same on every protocol. */
 static inline int ms__req_busy(ms_server_t *s)
 {
-    return MS_UNLIKELY(s->stats.in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
+    return MS_UNLIKELY(s->stats->in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
 }
 void ms__req_dispatch(ms_req_t *r);
 /* The core answers `r` in the handler's place (a limit, a malformed head, a deadline): one

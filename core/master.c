@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "channel.h"
 #include "internal.h"
+#include "metrics.h"
 #include "shdict.h"
 #include "tickets.h"
 
@@ -44,6 +46,7 @@ struct worker_s {
     slot_t *slot;
     uint64_t started;
     int is_ready, exited, handles;
+    int mslot; /* its slot in the metrics zone, or -1 */
 };
 
 /* A shared dictionary's zone, made the first time a worker asks for it and kept, with its
@@ -62,6 +65,9 @@ typedef struct master_s {
     slot_t *slots;
     zone_t *zones;
     int nzones;
+    int metrics_fd;              /* the metrics zone, made at the first ask; -1 until then */
+    ms_metrics_zone_t *metrics;  /* the master's mapping: it clears a dead writer's gauges */
+    worker_t **metrics_writer;   /* by slot: the live worker that writes it, or NULL */
     uv_signal_t sig[5];
     uv_timer_t kill_timer;
     int stopping, live, code;
@@ -286,6 +292,11 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
     slot_t *s = w->slot;
     M.live--;
     w->exited = 1;
+    if (w->mslot >= 0) {
+        ms_metrics_forsake(M.metrics, w->mslot);
+        if (M.metrics_writer[w->mslot] == w)
+            M.metrics_writer[w->mslot] = NULL;
+    }
     /* Before any other process starts, so that no new one can have its pid meanwhile. */
     for (int i = 0; i < M.nzones; i++)
         if (ms_shdict_forsake(M.zones[i].dict, p->pid))
@@ -383,6 +394,50 @@ static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
     return fd;
 }
 
+/* METRICS: the metrics zone, made at the first ask with room for twice the routes the app
+ * has then (a reload may add some), and a slot of the worker's index that no live worker
+ * writes: its old self may still be draining in another. */
+static int ask_metrics(worker_t *w, const ms_chan_msg_t *m, char *why, size_t why_len)
+{
+    uint32_t routes;
+    if (m->len != sizeof(routes)) {
+        snprintf(why, why_len, "a malformed ask for the metrics zone");
+        return -1;
+    }
+    memcpy(&routes, m->body, sizeof(routes));
+    if (M.metrics_fd < 0) {
+        uint64_t room = (uint64_t)routes * 2 < 1024 ? 1024 : (uint64_t)routes * 2;
+        int fd = ms_metrics_create(M.o->workers,
+                                   room > MS_METRICS_ROUTES_MAX ? MS_METRICS_ROUTES_MAX : (int)room);
+        ms_metrics_zone_t *z = fd < 0 ? NULL : ms_metrics_map(fd);
+        if (z == NULL) {
+            if (fd >= 0)
+                close(fd);
+            snprintf(why, why_len, "cannot make the metrics zone: %s",
+                     fd < 0 ? ms_strerror(fd) : "cannot map it");
+            return -1;
+        }
+        M.metrics_fd = fd;
+        M.metrics = z;
+        M.metrics_writer = calloc((size_t)z->nslots, sizeof(worker_t *));
+        if (M.metrics_writer == NULL)
+            abort();
+    }
+    int base = w->slot->index * MS_METRICS_GENERATIONS, pick = base;
+    for (int j = 0; j < MS_METRICS_GENERATIONS; j++)
+        if (M.metrics_writer[base + j] == NULL || M.metrics_writer[base + j] == w) {
+            pick = base + j;
+            break;
+        }
+    if (M.metrics_writer[pick] != NULL && M.metrics_writer[pick] != w)
+        ms_log(MS_LOG_WARN, "worker %d: %d generations drain at once; two share a metrics slot",
+               w->slot->index, MS_METRICS_GENERATIONS);
+    M.metrics_writer[pick] = w;
+    w->mslot = pick;
+    snprintf(why, why_len, "%d", pick);
+    return M.metrics_fd;
+}
+
 /* OPEN: a file the worker may not be able to open itself (a TLS key readable by the
  * master's user alone), opened with the master's rights and handed over. The workers run
  * as the master's user today, so this opens nothing they could not; once they may run as
@@ -435,6 +490,7 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
 {
     char why[512];
     int fd = -1, keep = 0;
+    const char *body = NULL;
     switch (m->type) {
     case MS_CHAN_READY: worker_ready(w); return;
     case MS_CHAN_ZONE:
@@ -446,9 +502,14 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
         fd = ask_tickets(why, sizeof(why));
         keep = 1;
         break;
+    case MS_CHAN_METRICS:
+        fd = ask_metrics(w, m, why, sizeof(why));
+        keep = 1;
+        body = why;
+        break;
     default: snprintf(why, sizeof(why), "unknown message %u", m->type); break;
     }
-    int rc = fd >= 0 ? ms_chan_send(w->chan, MS_CHAN_OK, NULL, 0, fd)
+    int rc = fd >= 0 ? ms_chan_send(w->chan, MS_CHAN_OK, body, body ? strlen(body) : 0, fd)
                      : ms_chan_send(w->chan, MS_CHAN_ERROR, why, strlen(why), -1);
     if (rc < 0)
         ms_log(MS_LOG_WARN, "worker %d (pid %d): cannot answer on its channel: %s",
@@ -511,6 +572,7 @@ static void spawn_into(slot_t *s, worker_t **where)
     if (ms_chan_pair(pair) < 0)
         abort(); /* out of descriptors in the master: nothing sensible is left to do */
     w->chan = pair[0];
+    w->mslot = -1;
     fcntl(w->chan, F_SETFL, fcntl(w->chan, F_GETFL) | O_NONBLOCK);
     uv_poll_init(M.loop, &w->chan_poll, w->chan);
     w->chan_poll.data = w;
@@ -654,6 +716,7 @@ int ms_master_run(const ms_master_opts_t *o)
         return UV_EINVAL;
     signal(SIGPIPE, SIG_IGN);
     notify_open();
+    M.metrics_fd = -1;
     M.slots = calloc((size_t)o->workers, sizeof(slot_t));
     for (int i = 0; i < o->workers; i++) {
         slot_t *s = &M.slots[i];
@@ -708,5 +771,10 @@ int ms_master_run(const ms_master_opts_t *o)
         ms_tickets_detach(M.tickets);
         close(M.tickets_fd);
     }
+    if (M.metrics_fd >= 0) {
+        munmap(M.metrics, 4096 + (size_t)(M.metrics->nslots * M.metrics->slot_size));
+        close(M.metrics_fd);
+    }
+    free(M.metrics_writer);
     return 0;
 }

@@ -131,7 +131,8 @@ enum {
     MS_REQ_PARKED = 1 << 9,      /* the handler yielded: the head was copied to the pool */
     MS_REQ_IN_HANDLER = 1 << 10, /* dispatched and not yet finished by the handler */
     MS_REQ_BODY_ERROR = 1 << 11, /* the body could not be read whole */
-    MS_REQ_STATIC_DIR = 1 << 12  /* a static mount found a directory it does not answer for */
+    MS_REQ_STATIC_DIR = 1 << 12, /* a static mount found a directory it does not answer for */
+    MS_REQ_METRICS = 1 << 13     /* on a MS_LISTEN_METRICS listener: for the scrape alone */
 };
 
 typedef struct ms_header_s {
@@ -167,6 +168,9 @@ struct ms_req_s {
     int8_t alog;        /* 0: the server's default log, -1: none, k + 1: log k */
     uint8_t logged;     /* its line is written */
     ms_str_t route;     /* the name of the route that took it, pooled */
+    /* The metrics' (metrics.c): */
+    uint32_t route_ix; /* the route's index in the metrics (0: none) */
+    uint8_t counted;   /* it is counted */
     ms_header_t hdr_inline[MS_HEADERS_INLINE];
 };
 _Static_assert(offsetof(ms_req_t, v) == 0, "an ms_req_t * is an ms_req_view_t * (Lua's view)");
@@ -369,8 +373,9 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
 /* Listener flags. */
 enum {
     MS_LISTEN_PROXY = 1,         /* every connection starts with a PROXY protocol header */
-    MS_LISTEN_REDIRECT_HTTPS = 2 /* every request is answered 308 to the same host and target
-                                  * over https, on the port ms_server_https_port() set */
+    MS_LISTEN_REDIRECT_HTTPS = 2, /* every request is answered 308 to the same host and target
+                                   * over https, on the port ms_server_https_port() set */
+    MS_LISTEN_METRICS = 4         /* its requests carry MS_REQ_METRICS: the scrape's listener */
 };
 
 /* Listens on "HOST:PORT" ("127.0.0.1:8080", "[::1]:8080", ":8080"). SO_REUSEPORT is set

@@ -63,7 +63,7 @@ int ms__refusal_body(int status, char *buf, size_t size)
  * a second. */
 int ms__req_refused_busy(ms_server_t *s)
 {
-    s->stats.refused_busy++;
+    s->stats->refused_busy++;
     ms__log_refusals(s);
     return 1;
 }
@@ -73,7 +73,8 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
     ms_conn_t *c = r->conn;
     ms_server_t *s = c->server;
     if (why != NULL) { /* (NULL: a 503 over in_flight, which ms__req_busy counted and logged) */
-        s->stats.bad_requests++;
+        s->stats->bad_requests++;
+        ms__metrics_refused(s, status);
         /* A few a second with their reason; a flood of them as counts (ms__log_refusals). */
         uint64_t now = uv_now(s->loop);
         if (now - s->refused_logged_at >= 1000)
@@ -97,6 +98,8 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
             r->bytes_out += (uint64_t)ms__refusal_body(status, body, sizeof(body));
         ms__alog_req(r);
     }
+    if (MS_UNLIKELY(s->metrics_on) && !(r->v.flags & MS_REQ_IN_HANDLER))
+        ms__metrics_req(r);
     c->proto->refuse(r, status);
 }
 
@@ -195,12 +198,14 @@ void ms__req_dispatch(ms_req_t *r)
 {
     ms_conn_t *c = r->conn;
     ms_server_t *s = c->server;
-    s->stats.in_flight++;
-    s->stats.requests++;
+    s->stats->in_flight++;
+    s->stats->requests++;
     c->requests++;
     r->v.flags |= MS_REQ_IN_HANDLER;
-    if (MS_UNLIKELY(s->alog_any))
+    if (MS_UNLIKELY(s->alog_any | s->metrics_on))
         r->t0 = uv_hrtime();
+    if (MS_UNLIKELY(c->flags & MS_CONN_METRICS))
+        r->v.flags |= MS_REQ_METRICS;
     if (MS_UNLIKELY(r->v.id == 0))
         s->id_prefix[0] = 0; /* the counter wrapped: request ids take a new prefix */
     ms__conn_hold(c); /* the handler's */
@@ -289,6 +294,8 @@ void ms__req_reset(ms_req_t *r)
     r->head_in = 0;
     r->alog = 0;
     r->logged = 0;
+    r->route_ix = 0;
+    r->counted = 0;
     r->route.base = NULL;
     r->route.len = 0;
 }
@@ -777,12 +784,14 @@ void ms_req_finish(ms_req_t *r)
         ms_reply_close(r);
     r->v.flags &= ~MS_REQ_IN_HANDLER;
     r->tunnel = NULL; /* (ending it: the taker hears no more) */
-    c->server->stats.in_flight--;
+    c->server->stats->in_flight--;
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
     ms_timer_stop(c->server, &r->timer);
     if (MS_UNLIKELY(c->server->alog_any))
         ms__alog_req(r);
+    if (MS_UNLIKELY(c->server->metrics_on))
+        ms__metrics_req(r);
     c->proto->finished(r);
 }
 

@@ -169,10 +169,16 @@ static void on_connection(uv_stream_t *ls, int status)
             c->flags |= MS_CONN_PROXY;
         if (l->flags & MS_LISTEN_REDIRECT_HTTPS)
             c->flags |= MS_CONN_REDIRECT;
-        if (s->stats.conns > s->limits.connections ||
+        if (l->flags & MS_LISTEN_METRICS)
+            c->flags |= MS_CONN_METRICS;
+        if (l->tls != NULL) {
+            c->mtls = 1;
+            s->m->conns_proto[2]++;
+        }
+        if (s->stats->conns > s->limits.connections ||
             (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
              ms__source_add(s, c) < 0)) {
-            s->stats.refused_conns++;
+            s->stats->refused_conns++;
             ms__log_refusals(s);
             ms__conn_close(c, 0);
             continue;
@@ -199,6 +205,8 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
 {
     ms_server_t *s = ms_mem_alloc(sizeof(*s));
     memset(s, 0, sizeof(*s));
+    s->m = &s->own_m;
+    s->stats = &s->own_m.stats;
     s->loop = loop;
     if (limits)
         s->limits = *limits;
@@ -370,7 +378,7 @@ uv_loop_t *ms_server_loop(ms_server_t *s)
 
 const ms_server_stats_t *ms_server_stats(ms_server_t *s)
 {
-    return &s->stats;
+    return s->stats;
 }
 
 /* Work the handler's calls into the core could not do on the spot (it may not call back
@@ -428,7 +436,7 @@ void ms__server_defer(ms_server_t *s, ms_conn_t *c)
 void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c)
 {
     assert(c == NULL || c->refs == 0); /* NULL: a check without a connection going */
-    if (s->stopping && s->stats.conns == 0 && s->stopped != NULL) {
+    if (s->stopping && s->stats->conns == 0 && s->stopped != NULL) {
         void (*done)(ms_server_t *) = s->stopped;
         s->stopped = NULL;
         done(s);

@@ -517,6 +517,7 @@ static void idle_unlink(ms_sconn_t *c)
     c->older = c->newer = NULL;
     c->idling = 0;
     p->nidle--;
+    c->sk->server->m->pool_idle--;
     uv_timer_stop(&c->idle);
 }
 
@@ -597,6 +598,7 @@ static void pool_put(ms_spool_t *p, ms_sconn_t *c, uint64_t idle_ms)
         p->oldest = c;
     p->newest = c;
     p->nidle++;
+    c->sk->server->m->pool_idle++;
     c->idling = 1;
     uv_unref(&c->u.h);
     if (idle_ms > 0)

@@ -356,8 +356,10 @@ static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_s
     uint64_t now = st->turn;
     uint32_t h = key_hash(m, key, n);
     ms_sfile_t *f = find(st, m, key, n, h);
-    if (f != NULL && f->checked == now)
+    if (f != NULL && f->checked == now) {
+        s->m->static_hits++;
         return hit(st, f, out);
+    }
     /* For a hit, openat2 beneath the root, fstat and close: two calls more than an fstat of
      * the open descriptor, which cannot see a rename of the file or of a directory above it.
      * Once per turn, whatever the number of requests in it. */
@@ -368,10 +370,12 @@ static int lookup(ms_server_t *s, ms_mount_t *m, const char *key, size_t n, ms_s
         if (rc == 0 && S_ISREG(sb.st_mode) && !changed(f, &sb)) {
             close(fd);
             f->checked = now;
+            s->m->static_hits++;
             return hit(st, f, out);
         }
         evict(s, f);
     }
+    s->m->static_misses++;
     if (rc < 0)
         return rc;
     if (S_ISDIR(sb.st_mode)) {
@@ -974,7 +978,7 @@ static int bad_path(ms_req_t *r, const char *why)
     char peer[64];
     ms_conn_peer(r->conn, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: 400 Bad Request: static path: %s", peer, why);
-    r->conn->server->stats.bad_requests++;
+    r->conn->server->stats->bad_requests++;
     static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
     ms_reply_field(r, type, sizeof(type) - 1);
     return answer(r, 400, "400 Bad Request\n");

@@ -202,8 +202,8 @@ ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
     uv_tcp_init(s->loop, &t->tcp);
     if (uv_accept(listener, (uv_stream_t *)&t->tcp) != 0) {
         /* Nothing more to accept now: undo quietly. */
-        c->flags |= MS_CONN_CLOSED;
-        s->stats.accepted--;
+        c->flags |= MS_CONN_CLOSED | MS_CONN_NONE;
+        s->stats->accepted--;
         uv_close((uv_handle_t *)&t->tcp, close_cb);
         return NULL;
     }

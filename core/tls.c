@@ -487,7 +487,7 @@ static void handshake_failed(ms_conn_t *c)
     const char *why = kind == FAIL_OTHER && e != 0 ? ERR_reason_error_string(e) : NULL;
     ERR_clear_error();
     log_failure(c, kind, why);
-    c->server->stats.bad_requests++;
+    c->server->stats->bad_requests++;
     ms__conn_close(c, 0);
 }
 
@@ -495,7 +495,7 @@ static void handshake_expired(ms_timer_t *tm)
 {
     tls_conn_t *t = container_of(tm, tls_conn_t, timer);
     ms_conn_t *c = t->conn;
-    c->server->stats.timeouts++;
+    c->server->stats->timeouts++;
     log_failure(c, FAIL_TIMEOUT, NULL);
     ms__conn_close(c, 0);
 }

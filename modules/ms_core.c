@@ -19,6 +19,7 @@
 #include "master.h"
 #include "static.h"
 #include "memio.h"
+#include "metrics.h"
 #include "moonserve.h"
 
 #define SERVER_MT  "moonserve.server"
@@ -261,11 +262,13 @@ static int listen_tls(lua_State *L, binding_t *b, ms_tls_t *tls)
     return 0;
 }
 
-/* The listener flags from proxy_protocol at `idx` and an https port to redirect to at
- * `idx + 2` (nil: none). */
+/* The listener flags from proxy_protocol at `idx`, an https port to redirect to at
+ * `idx + 2` (nil: none) and metrics (the scrape's listener) at `idx + 3`. */
 static int listen_flags(lua_State *L, binding_t *b, int idx)
 {
     int flags = lua_toboolean(L, idx) ? MS_LISTEN_PROXY : 0;
+    if (lua_toboolean(L, idx + 3))
+        flags |= MS_LISTEN_METRICS;
     if (!lua_isnoneornil(L, idx + 2)) {
         lua_Integer port = luaL_checkinteger(L, idx + 2);
         luaL_argcheck(L, port > 0 && port < 65536, idx + 2, "a port expected");
@@ -461,6 +464,24 @@ static int server_stop(lua_State *L)
     b->L = L;
     stop(b);
     return 0;
+}
+
+/* server:metrics(fd, slot) -> true: counts into slot `slot` of the metrics zone of `fd`
+ * (core.metrics_create, core.master_metrics), mapped for as long as the process runs. */
+static int server_metrics(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_metrics_zone_t *z = ms_metrics_map((int)luaL_checkinteger(L, 2));
+    if (z == NULL) {
+        lua_pushnil(L);
+        lua_pushstring(L, "not a metrics zone");
+        return 2;
+    }
+    int rc = ms_server_metrics(b->server, z, (int)luaL_checkinteger(L, 3));
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
 }
 
 /* server:pointer() -> the ms_server_t * as a light userdata, for the FFI side's waits. */
@@ -787,21 +808,25 @@ static int core_log_format(lua_State *L)
 
 /* Which of the master's listeners serve TLS (core.master's `https`), for its log lines. */
 static uint8_t master_https[16];
+/* Which is the metrics listener (core.master's `metrics`, from 1; 0: none). */
+static int master_metrics_at;
 
 static void master_listening(const ms_master_opts_t *o)
 {
     for (int i = 0; i < o->nlisten; i++) {
         const char *colon = strrchr(o->listen[i], ':');
         int hl = (int)(colon - o->listen[i]);
-        ms_log(MS_LOG_INFO, "listening on %s://%.*s:%d/ (%d workers)",
+        ms_log(MS_LOG_INFO, "%s on %s://%.*s:%d/ (%d workers)",
+               i + 1 == master_metrics_at ? "metrics listening" : "listening",
                master_https[i] ? "https" : "http", hl ? hl : 7, hl ? o->listen[i] : "0.0.0.0",
                o->ports[i], o->workers);
     }
 }
 
 /* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
- * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n }:
- * runs the master until it is stopped. (`https`: which listeners the workers serve TLS on.) */
+ * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n, metrics = i }:
+ * runs the master until it is stopped. (`https`: which listeners the workers serve TLS on;
+ * `metrics`: which one, from 1, is the metrics listener, for the log.) */
 static int core_master(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -852,6 +877,8 @@ static int core_master(lua_State *L)
     o.ticket_rotate = luaL_optnumber(L, -1, MS_TLS_TICKET_ROTATE);
     lua_getfield(L, 1, "backlog");
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
+    lua_getfield(L, 1, "metrics");
+    master_metrics_at = (int)luaL_optinteger(L, -1, 0);
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
     if (rc < 0)
@@ -939,6 +966,36 @@ static int core_tls_ticket_rotate(lua_State *L)
 {
     ms_tls_ticket_rotate(luaL_checknumber(L, 1));
     return 0;
+}
+
+/* core.metrics_create(workers, routes) -> fd | nil, err: a metrics zone, in this process
+ * (a server with no master; the master makes its own). */
+static int core_metrics_create(lua_State *L)
+{
+    int fd = ms_metrics_create((int)luaL_checkinteger(L, 1), (int)luaL_checkinteger(L, 2));
+    if (fd < 0)
+        return ms_lua_fail(L, fd);
+    lua_pushinteger(L, fd);
+    return 1;
+}
+
+/* core.master_metrics(routes) -> fd, slot | nil, why: the metrics zone from the master, and
+ * the slot this worker writes (the master picks one no other live worker writes). */
+static int core_master_metrics(lua_State *L)
+{
+    uint32_t routes = (uint32_t)luaL_checkinteger(L, 1);
+    char why[512] = "";
+    int fd;
+    if (ms_chan_ask(MS_CHAN_METRICS, &routes, sizeof(routes), MASTER_ASK_MS, &fd, why,
+                    sizeof(why)) < 0 ||
+        fd < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why[0] != '\0' ? why : "no zone in the master's answer");
+        return 2;
+    }
+    lua_pushinteger(L, fd);
+    lua_pushinteger(L, atoi(why)); /* (an OK's body: the slot) */
+    return 2;
 }
 
 /* The largest file a worker reads through its master: certificates and keys are a few KB. */
@@ -1099,6 +1156,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"run", server_run},
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},
+                                              {"metrics", server_metrics},
                                               {"trust", server_trust},
                                               {"access_log", server_access_log},
                                               {"access_default", server_access_default},
@@ -1125,6 +1183,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"master_tickets", core_master_tickets},
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},
                                      {"master_file", core_master_file},
+                                     {"master_metrics", core_master_metrics},
+                                     {"metrics_create", core_metrics_create},
                                      {"fd_close", core_fd_close},
                                      {"cpus", core_cpus},
                                      {"default_limits", core_default_limits},

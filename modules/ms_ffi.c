@@ -118,6 +118,12 @@ MS_FFI void ms_ffi_req_access(ms_req_t *r, int log, const char *route, size_t le
     ms_req_access(r, log, route, len);
 }
 
+/* The route's index in the metrics (0: none), as the framework numbered the app's routes. */
+MS_FFI void ms_ffi_req_metric(ms_req_t *r, uint32_t ix)
+{
+    r->route_ix = ix;
+}
+
 /* Adds field lines ("name: value\r\n"...), checked. */
 MS_FFI int ms_ffi_res_fields(ms_req_t *r, const char *lines, size_t len)
 {
@@ -361,6 +367,7 @@ static const ms_ffi_abi_t abi[] = {
     CONST(REQ_IN_HANDLER),
     CONST(REQ_BODY_ERROR),
     CONST(REQ_STATIC_DIR),
+    CONST(REQ_METRICS),
     CONST(WAIT_NONE),
     CONST(WAIT_BODY),
     CONST(WAIT_TIMER),

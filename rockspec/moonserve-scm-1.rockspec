@@ -46,6 +46,7 @@ build = {
          ["moonserve.host"] = "lua/moonserve/host.lua",
          ["moonserve.live"] = "lua/moonserve/live.lua",
          ["moonserve.log"] = "lua/moonserve/log.lua",
+         ["moonserve.metrics"] = "lua/moonserve/metrics.lua",
          ["moonserve.multipart"] = "lua/moonserve/multipart.lua",
          ["moonserve.ngx"] = "lua/moonserve/ngx.lua",
          ["moonserve.ngx.codec"] = "lua/moonserve/ngx/codec.lua",

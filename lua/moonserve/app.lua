@@ -752,6 +752,9 @@ function App:handle(req, res)
     if tags and route then
         req:_access(nil, route.name or route.path)
     end
+    if route and self.metrics_on then
+        req:_metric(route.metrics_ix or 0)
+    end
     if not SAFE[method] then
         local check = settings_of.secure.csrf
         if check and not (type(handler) == "table" and handler.csrf == false) then

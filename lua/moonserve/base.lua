@@ -55,6 +55,7 @@ int ms_ffi_req_peer_trusted(ms_req_view_t *r);
 int ms_ffi_req_tls(ms_req_view_t *r, char *buf, size_t len);
 int ms_ffi_req_id(ms_req_view_t *r, char *buf, size_t len);
 void ms_ffi_req_access(ms_req_view_t *r, int log, const char *route, size_t len);
+void ms_ffi_req_metric(ms_req_view_t *r, uint32_t ix);
 int ms_ffi_res_send(ms_req_view_t *r, const char *body, size_t len, int text);
 int ms_ffi_res_begin(ms_req_view_t *r, double total, int text);
 int ms_ffi_res_piece(ms_req_view_t *r, const char *p, size_t len);
@@ -110,7 +111,7 @@ local LAYOUT = {
 local CONSTANTS = {
     "REQ_HEAD_SENT", "REQ_DONE", "REQ_ABORTED", "REQ_BODY_DONE", "REQ_HAS_BODY", "REQ_EXPECT",
     "REQ_CHUNKED_OUT", "REQ_IS_HEAD", "REQ_CLOSE", "REQ_PARKED", "REQ_IN_HANDLER",
-    "REQ_BODY_ERROR", "REQ_STATIC_DIR",
+    "REQ_BODY_ERROR", "REQ_STATIC_DIR", "REQ_METRICS",
     "WAIT_NONE", "WAIT_BODY", "WAIT_TIMER", "WAIT_DRAIN",
     "LOG_ERR", "LOG_WARN", "LOG_INFO", "LOG_DEBUG",
     "EAGAIN", -- libuv's, which is the platform's errno negated: "nothing yet, wait"

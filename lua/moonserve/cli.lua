@@ -54,6 +54,8 @@ $limits
                        bytes_out, duration, protocol, tls, request_id, route, referer,
                        user_agent (e.g. '$time $client "$request" $status $duration')
   --request-id-header  replies carry x-request-id (the access log's request_id)
+  --metrics ADDR:PORT  serve metrics in Prometheus' text format on a listener of their own
+                       (GET /metrics; nothing of the app's answers there); off by default
   --livez PATH         answer GET PATH with 200 "ok" while the worker serves (off by default)
   --readyz PATH        answer GET PATH with 200, or 503 once the server stops (a reload
                        stays ready); off by default
@@ -204,6 +206,12 @@ function _M.main(args)
             opts.access_log = value()
         elseif a == "--access-log-format" or a == "--access-format" then
             opts.access_log_format = value()
+        elseif a == "--metrics" then
+            local v = value()
+            if not v:match("^%[?[%w%.:]*%]?:%d+$") then
+                return die("--metrics needs ADDR:PORT")
+            end
+            opts.metrics = v
         elseif a == "--request-id-header" then
             opts.request_id_header = true
         elseif a == "--livez" or a == "--readyz" then

@@ -119,7 +119,21 @@ local function reply_with(res, status, body, headers)
     return res:send(body)
 end
 
+local scrape_listener = false -- a metrics listener is on: its requests get the scrape
+local REQ_METRICS = base.REQ_METRICS
+
+local function scrape(req, res)
+    local p = req.path
+    if p ~= "/metrics" and p ~= "/" then
+        return res:status(404):send("not found\n")
+    end
+    return require("moonserve.metrics").handler(req, res)
+end
+
 local function handle(req, res, frame)
+    if scrape_listener and band(req.r.flags, REQ_METRICS) ~= 0 then
+        return scrape(req, res)
+    end
     local status, body, headers = app:handle(req, res)
     local returned = frame.returned -- the ngx layer's: its buffered output goes out now
     if returned then
@@ -836,6 +850,11 @@ local function on_event(slot, status)
     if not who.dead then
         run_task(who, status)
     end
+end
+
+-- Whether a metrics listener is on (its requests are answered with the scrape).
+function _M.metrics_listener(on)
+    scrape_listener = on
 end
 
 -- The core's callbacks for serving `the_app`: on_request, on_resume, on_event.

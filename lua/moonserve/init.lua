@@ -57,5 +57,6 @@ _M.shared = require("moonserve.shared").dicts
 
 -- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
 _M.log = require "moonserve.log"
+_M.metrics = require "moonserve.metrics"
 
 return _M

@@ -140,6 +140,11 @@ function Request:_access(log, route)
     C.ms_ffi_req_access(view(self), log or -2, route, route and #route or 0)
 end
 
+-- The route's index in the metrics (moonserve/metrics.lua numbers the app's routes).
+function Request:_metric(ix)
+    C.ms_ffi_req_metric(view(self), ix)
+end
+
 function Request:_static_dir()
     return band(view(self).flags, STATIC_DIR) ~= 0
 end

@@ -543,10 +543,111 @@ local function attach_shared(the_app)
     return true
 end
 
+-- Whether any of the app's routes (its sites' too) answers with the metrics' handler.
+local function mounts_metrics(the_app, handler)
+    local function any(a)
+        local r = type(a) == "table" and rawget(a, "router")
+        for _, route in ipairs(r and r.all or {}) do
+            local v = route.value
+            if v == handler or (type(v) == "table" and v.handler == handler) then
+                return true
+            end
+        end
+        return false
+    end
+    if any(the_app) then
+        return true
+    end
+    for _, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
+        if any(site) then
+            return true
+        end
+    end
+    return false
+end
+
+-- opts.metrics: "HOST:PORT" (a listener of its own that answers the scrape and nothing
+-- else), true (on, for a route of the app's with moonserve.metrics.handler), or { listen =
+-- "HOST:PORT", app_bytes = size of the app's metrics' dictionary }. Off when absent, unless
+-- the app mounts the handler or declares metrics of its own. Returns nil or
+-- { listen = addr | nil, app_bytes = n }.
+local function metrics_spec(opts, the_app)
+    local m = opts.metrics
+    local metrics = require "moonserve.metrics"
+    local spec
+    if type(m) == "string" then
+        spec = { listen = m }
+    elseif m == true then
+        spec = {}
+    elseif type(m) == "table" then
+        for k in pairs(m) do
+            if k ~= "listen" and k ~= "app_bytes" then
+                error("unknown metrics option " .. tostring(k) .. " (accepted: listen, app_bytes)", 3)
+            end
+        end
+        if m.listen ~= nil and type(m.listen) ~= "string" then
+            error("bad metrics.listen (\"HOST:PORT\" expected)", 3)
+        end
+        spec = { listen = m.listen, app_bytes = m.app_bytes }
+    elseif m ~= nil and m ~= false then
+        error("bad metrics (\"HOST:PORT\", true or { listen = ..., app_bytes = ... } expected)", 3)
+    elseif mounts_metrics(the_app, metrics.handler) or metrics.declared() then
+        spec = {}
+    else
+        return nil
+    end
+    if spec.listen and not spec.listen:match("^%[?[%w%.:]*%]?:%d+$") then
+        error("bad metrics listen address " .. spec.listen .. " (HOST:PORT expected)", 3)
+    end
+    local bytes, err = require("moonserve.shared").parse_size(spec.app_bytes or metrics.DICT_BYTES)
+    if not bytes then
+        error("bad metrics.app_bytes: " .. err, 3)
+    end
+    spec.app_bytes = bytes
+    return spec
+end
+_M.metrics_spec = metrics_spec
+
+-- Turns metrics on for `the_app`: its routes are numbered, its metrics get their dictionary,
+-- and a metrics listener joins `listen` (the last). Returns the route names, or nil when off.
+local function metrics_setup(the_app, opts, listen)
+    local spec = metrics_spec(opts, the_app)
+    if not spec then
+        return nil
+    end
+    local metrics = require "moonserve.metrics"
+    rawset(the_app, "metrics_on", true)
+    local decl = rawget(the_app, "shared_decl") or {}
+    rawset(the_app, "shared_decl", decl)
+    decl[metrics.DICT] = decl[metrics.DICT] or spec.app_bytes
+    metrics.dict_names = decl
+    if spec.listen then
+        listen[#listen + 1] = { addr = spec.listen, proxy_protocol = false, metrics = true }
+    end
+    return metrics.number_routes(the_app), spec
+end
+
+-- This process's server counts into slot `slot` of the metrics zone of `fd`.
+local function metrics_attach(srv, fd, slot, names)
+    local ok, err = srv:metrics(fd, slot)
+    core.fd_close(fd)
+    if not ok then
+        error("metrics: " .. err, 0)
+    end
+    local metrics = require "moonserve.metrics"
+    metrics.attach(srv, slot, names)
+    dispatcher.metrics_listener(true)
+    dispatcher.timer_every(1, function(premature)
+        if not premature then
+            metrics.update_lua()
+        end
+    end)
+end
+
 -- What app:run{} takes (the command line's flags set the same keys): any other key is a
 -- mistake, named at start with the accepted ones.
 local OPTIONS = { "access_log", "access_log_format", "limits", "listen", "livez", "log",
-    "log_format", "log_level", "on_listen", "quiet", "readyz", "request_id_header",
+    "log_format", "log_level", "metrics", "on_listen", "quiet", "readyz", "request_id_header",
     "ssl_trusted_certificate", "start_timeout", "static_cache", "stop_timeout",
     "tls_ticket_rotate", "trusted_proxies", "workers" }
 local OPTION_SET = {}
@@ -595,6 +696,7 @@ function _M.check(the_app, opts)
             error("bad listen address " .. l.addr .. " (HOST:PORT expected)", 2)
         end
     end
+    metrics_spec(opts, the_app)
     make(the_app, opts, parse_limits(opts.limits, the_app)):close()
     return true, from_environment(opts)
 end
@@ -615,6 +717,7 @@ end
 -- opts.livez, opts.readyz: health paths answered by the core (readyz 503 once stopping);
 -- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
 -- besides the system's store;
+-- opts.metrics: "HOST:PORT", true or { listen =, app_bytes = } (metrics_spec);
 -- opts.on_listen(port) in
 -- single-process mode. The environment's settings (ENV) go over opts, except the keys the
 -- command line gave (_M.given). The defaults are the core's: core.defaults().
@@ -634,6 +737,7 @@ function _M.run(the_app, opts)
     end
     local limits = parse_limits(opts.limits, the_app)
     local listen = listen_list(opts.listen)
+    local route_names = metrics_setup(the_app, opts, listen)
 
     if os.getenv("MOONSERVE_WORKER") then
         -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.
@@ -646,12 +750,19 @@ function _M.run(the_app, opts)
             error(err, 2) -- before it says it is ready: a reload fails, the old workers stay
         end
         local srv = make(the_app, opts, limits)
+        if route_names then
+            local fd, slot = core.master_metrics(#route_names)
+            if not fd then
+                error("metrics: " .. slot, 2)
+            end
+            metrics_attach(srv, fd, slot, route_names)
+        end
         local tls = tls_ids(srv, the_app, listen, opts) -- (before it is ready: a bad one fails it)
         dispatcher.start_worker(srv, rawget(the_app, "worker_start_hooks"),
             rawget(the_app, "worker_stop_hooks"), function()
                 for i = 1, nlisten do
                     assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol, tls[i],
-                        listen[i] and listen[i].redirect_https))
+                        listen[i] and listen[i].redirect_https, listen[i] and listen[i].metrics))
                 end
                 assert(core.worker_ready())
             end)
@@ -660,13 +771,15 @@ function _M.run(the_app, opts)
 
     local workers = opts.workers or core.cpus()
     if workers > 0 then
-        local https = {}
+        local https, metrics_at = {}, nil
         for i, l in ipairs(listen) do
             https[i] = l.tls ~= nil
+            metrics_at = l.metrics and i or metrics_at
         end
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
-            https = https, workers = workers, stop_timeout = opts.stop_timeout,
-            start_timeout = opts.start_timeout, ticket_rotate = opts.tls_ticket_rotate }
+            https = https, metrics = metrics_at, workers = workers,
+            stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
+            ticket_rotate = opts.tls_ticket_rotate }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
@@ -679,17 +792,26 @@ function _M.run(the_app, opts)
         error(why, 2)
     end
     local srv = make(the_app, opts, limits)
+    if route_names then
+        local n = #route_names * 2 < 1024 and 1024 or #route_names * 2
+        local fd, err = core.metrics_create(1, math.min(n, 100000))
+        if not fd then
+            error("metrics: " .. err, 2)
+        end
+        metrics_attach(srv, fd, 0, route_names)
+    end
     local tls = tls_ids(srv, the_app, listen, opts)
     for i, l in ipairs(listen) do
         local addr = l.addr
-        local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https)
+        local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https,
+            l.metrics)
         if not port then
             error("cannot listen on " .. addr .. ": " .. err, 2)
         end
         local host = addr:match("^(.*):%d+$")
-        base.log(base.LOG_INFO, format("listening on %s://%s:%d/", tls[i] and "https" or "http",
-            host ~= "" and host or "0.0.0.0", port))
-        if opts.on_listen then
+        base.log(base.LOG_INFO, format("%s on %s://%s:%d/", l.metrics and "metrics listening"
+            or "listening", tls[i] and "https" or "http", host ~= "" and host or "0.0.0.0", port))
+        if opts.on_listen and not l.metrics then
             opts.on_listen(port)
         end
     end

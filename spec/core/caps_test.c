@@ -177,7 +177,7 @@ TEST(caps_answers_503_and_closes_past_in_flight_without_running_the_handler)
     ASSERT(strstr(m2.out.base, "connection: close\r\n") != NULL);
     ASSERT(strstr(m2.out.base + 10, "HTTP/1.1 503") == NULL); /* then it closes */
     ASSERT_EQ(1, m2.closed);
-    ASSERT_EQ(1, (int)s->stats.refused_busy);
+    ASSERT_EQ(1, (int)s->stats->refused_busy);
     ms_memio_free(&m2);
     /* Once the first finishes, the next request is served. */
     ms_reply_send(first, "ok", 2, MS_VEC_STATIC, -1);

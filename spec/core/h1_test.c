@@ -674,7 +674,7 @@ TEST(h1_drops_the_reply_of_a_request_whose_client_left)
     ASSERT(parked->v.flags & MS_REQ_ABORTED);
     reply_text(parked, "nobody listens");
     ms_req_finish(parked); /* frees the connection */
-    ASSERT_EQ(0, (int)srv->stats.conns);
+    ASSERT_EQ(0, (int)srv->stats->conns);
     ms_memio_free(&m);
     teardown();
 }
@@ -937,13 +937,13 @@ TEST(h1_hands_a_request_to_a_tunnel_after_101)
     ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
     ASSERT_HAS(output(&m), "<GET / HTTP/1.1\r\nHost: h\r\n\r\n>");
     ASSERT_EQ(1, requests_seen);
-    ASSERT_EQ(1, (int)srv->stats.in_flight);
+    ASSERT_EQ(1, (int)srv->stats->in_flight);
     /* The taker ends it: what it wrote goes, then the connection closes. */
     ms_memio_feed(&m, S("quit"));
     ASSERT_HAS(output(&m), "<quit>");
     ASSERT_EQ(1, m.closed);
     ASSERT_EQ(0, tunnel.ended); /* it ended the tunnel itself: nothing more to hear */
-    ASSERT_EQ(0, (int)srv->stats.in_flight);
+    ASSERT_EQ(0, (int)srv->stats->in_flight);
     ms_memio_free(&m);
     teardown();
 }

@@ -308,7 +308,7 @@ TEST(h2_serves_streams_as_requests_with_the_authority_as_host)
     ASSERT_STR_EQ("v20 /b example.test", reply_of(b)->body);
     ASSERT_EQ(0, reply_of(a)->saw_connection_field); /* hop-by-hop fields are not sent */
     ASSERT_EQ(1, reply_of(a)->saw_date);
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     teardown();
 }
 
@@ -398,7 +398,7 @@ TEST(h2_a_reset_reaches_a_parked_handler_which_may_still_finish)
     ASSERT(parked->v.flags & MS_REQ_ABORTED);
     ASSERT_EQ(0, ms_reply_send(parked, S("late"), MS_VEC_STATIC, -1));
     ms_req_finish(parked);
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     ASSERT_EQ(0, h2_of(m.conn)->nstreams);
     int32_t next = request("GET", "/after", NULL);
     pump();
@@ -440,7 +440,7 @@ TEST(h2_a_header_list_over_head_bytes_gets_431)
     int32_t id = nghttp2_submit_request(client, NULL, nva, 5, NULL, NULL);
     pump();
     ASSERT_EQ(431, reply_of(id)->status);
-    ASSERT_EQ(0, srv->stats.requests); /* no handler ran */
+    ASSERT_EQ(0, srv->stats->requests); /* no handler ran */
     int32_t next = request("GET", "/ok", NULL);
     pump();
     ASSERT_EQ(200, reply_of(next)->status);
@@ -465,7 +465,7 @@ TEST(h2_resets_a_path_without_a_leading_slash_and_a_scheme_other_than_http)
     }
     ASSERT_EQ(200, reply_of(d)->status); /* OPTIONS * is a request */
     ASSERT_STR_EQ("v20 * example.test", reply_of(d)->body);
-    ASSERT_EQ(1, srv->stats.requests); /* only OPTIONS * reached a handler */
+    ASSERT_EQ(1, srv->stats->requests); /* only OPTIONS * reached a handler */
     ASSERT_EQ(0, goaway_seen);
     teardown();
 }
@@ -484,7 +484,7 @@ TEST(h2_a_stream_the_client_never_ends_is_reset_once_answered)
         ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(ids[i])->error);
     }
     ASSERT_EQ(0, h2_of(m.conn)->nstreams); /* nothing held for a client that stays silent */
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     ASSERT_EQ(0, goaway_seen);
     teardown();
 }
@@ -571,7 +571,7 @@ TEST(h2_a_body_below_body_min_rate_gets_408_and_a_reset_while_the_connection_goe
     int32_t next = request("GET", "/after", NULL);
     pump();
     ASSERT_EQ(200, reply_of(next)->status);
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     teardown();
 }
 
@@ -690,7 +690,7 @@ TEST(h2_a_stream_that_depends_on_itself_is_reset_in_a_frame_split_anywhere)
         ASSERT_EQ(0, frames_of(&m.out, NGHTTP2_HEADERS, 3, NULL)); /* never served */
         ASSERT_EQ(1, frames_of(&m.out, NGHTTP2_HEADERS, 5, NULL));
         ASSERT_EQ(0, frames_of(&m.out, NGHTTP2_GOAWAY, 0, NULL));
-        ASSERT_EQ(2, srv->stats.requests);
+        ASSERT_EQ(2, srv->stats->requests);
         ms_req_finish(parked);
         m.out.len = 0;
         teardown();
@@ -834,7 +834,7 @@ TEST(h2_hands_a_stream_to_a_tunnel)
     ASSERT_EQ(0, tunnel.end_status);
     ASSERT_EQ(1, reply_of(id)->closed);
     ASSERT_EQ(0, (int)reply_of(id)->error);
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     teardown();
 }
 
@@ -850,7 +850,7 @@ TEST(h2_tells_a_tunnel_when_its_stream_is_reset)
     pump();
     ASSERT_EQ(1, tunnel.ended);
     ASSERT_EQ(MS_ECLOSED, tunnel.end_status);
-    ASSERT_EQ(0, srv->stats.in_flight);
+    ASSERT_EQ(0, srv->stats->in_flight);
     teardown();
 }
 

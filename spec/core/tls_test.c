@@ -242,7 +242,7 @@ TEST(tls_handshake_deadline_closes_a_silent_connection)
     ASSERT(m.conn == NULL);
     ASSERT(uv_now(&loop) - t0 >= 25);
     ASSERT_HAS(last_log, "not done within handshake_timeout");
-    ASSERT_EQ(1, (long long)srv->stats.timeouts);
+    ASSERT_EQ(1, (long long)srv->stats->timeouts);
     ms_memio_free(&m);
     teardown();
 }

@@ -1,9 +1,33 @@
 /* ws.c: WebSocket (RFC 6455): the frame parser, the server's frames, and a socket on a tunnel. */
 #include "ws.h"
 
+#include <openssl/evp.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* -- The opening handshake --------------------------------------------------------------- */
+
+int ms_ws_accept_key(const char *key, size_t len, char *out)
+{
+    /* A key is 16 random bytes in base64 (RFC 6455 4.1): 22 digits and "==". */
+    if (len != 24 || key[22] != '=' || key[23] != '=')
+        return MS_EBADREQ;
+    for (size_t i = 0; i < 22; i++) {
+        char c = key[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '+' || c == '/'))
+            return MS_EBADREQ;
+    }
+    static const char guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    uint8_t in[24 + sizeof(guid) - 1], md[EVP_MAX_MD_SIZE];
+    unsigned mdlen = 0;
+    memcpy(in, key, 24);
+    memcpy(in + 24, guid, sizeof(guid) - 1);
+    if (!EVP_Digest(in, sizeof(in), md, &mdlen, EVP_sha1(), NULL) || mdlen != 20)
+        return MS_ESTATE;
+    return EVP_EncodeBlock((unsigned char *)out, md, 20); /* 28 digits and a NUL */
+}
 
 /* -- UTF-8 ------------------------------------------------------------------------------ */
 

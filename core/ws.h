@@ -96,6 +96,10 @@ size_t ms_ws_frame_head(uint8_t *out, int op, int fin, uint64_t len);
  * point). Returns its length. `out` holds 2 + MS_WS_CONTROL_MAX bytes. */
 size_t ms_ws_close_frame(uint8_t *out, int code, const char *reason, size_t rlen);
 
+/* Sec-WebSocket-Accept for a Sec-WebSocket-Key: writes 28 characters and a NUL to `out` and
+ * returns 28, or MS_EBADREQ for a key that is not 16 bytes in base64. */
+int ms_ws_accept_key(const char *key, size_t len, char *out);
+
 /* -- A WebSocket on a request's tunnel -------------------------------------------------- */
 
 typedef struct ms_ws_s ms_ws_t;

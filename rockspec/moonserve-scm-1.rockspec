@@ -69,6 +69,7 @@ build = {
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.template"] = "lua/moonserve/template.lua",
          ["moonserve.timer"] = "lua/moonserve/timer.lua",
+         ["moonserve.websocket"] = "lua/moonserve/websocket.lua",
          ["moonserve.worker"] = "lua/moonserve/worker.lua",
          ["moonserve.demo"] = "examples/demo.lua",
       },

@@ -5,7 +5,7 @@ local helper = require "helper"
 local bit = require "bit"
 
 local q = helper.sh_quote
-local band, bor, bxor, rshift = bit.band, bit.bor, bit.bxor, bit.rshift
+local band, bxor, rshift = bit.band, bit.bxor, bit.rshift
 local char, byte, concat, rep = string.char, string.byte, table.concat, string.rep
 
 -- -- Raw frames -----------------------------------------------------------------------------
@@ -320,6 +320,7 @@ describe("WebSocket", function()
             assert.equal("ping:knock", payload)
             assert(s:send(frame(0x8A, "unasked")))
             op, payload = read_frame(s)
+            assert.equal(1, op)
             assert.equal("pong:unasked", payload)
             s:close()
         end)

@@ -3,6 +3,7 @@
 
 #include <openssl/evp.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "internal.h"
 
@@ -136,11 +137,17 @@ void ms_ws_parser_init(ms_ws_parser_t *p, const ms_ws_parser_ops_t *ops, uint64_
     p->hneed = 2;
 }
 
+static void buf_drop(ms_buf_t *b)
+{
+    ms_mem_free(b->base);
+    b->base = NULL;
+    b->len = b->cap = 0;
+}
+
 void ms_ws_parser_free(ms_ws_parser_t *p)
 {
-    ms_mem_free(p->msg.base);
-    p->msg.base = NULL;
-    p->msg.len = p->msg.cap = 0;
+    buf_drop(&p->msg);
+    buf_drop(&p->zout);
 }
 
 /* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
@@ -160,6 +167,92 @@ static int fail(ms_ws_parser_t *p, int code, const char *why)
 /* A message buffer larger than this is given back once its message is handed on, so that an
  * idle socket holds little. */
 #define WS_MSG_KEEP 4096
+
+/* -- permessage-deflate ------------------------------------------------------------------
+ * Without context takeover either way, no socket keeps zlib state: a message is inflated
+ * whole when its last frame is in, and a message sent is deflated whole, each with the one
+ * stream of the process, reset between messages. An idle socket holds nothing of zlib's. */
+
+static z_stream inflater, deflater;
+static uint8_t inflater_ready, deflater_bits;
+
+/* Inflates the reassembled message into p->zout, never past max_message bytes of output (a
+ * decompression bomb stops there). Returns 0 or the close code. */
+static int inflate_message(ms_ws_parser_t *p)
+{
+    static const uint8_t tail[4] = {0x00, 0x00, 0xff, 0xff};
+    if (!inflater_ready) {
+        if (inflateInit2(&inflater, -15) != Z_OK)
+            return MS_WS_INTERNAL;
+        inflater_ready = 1;
+    } else {
+        inflateReset(&inflater);
+    }
+    ms_buf_t *out = &p->zout;
+    out->len = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        inflater.next_in = pass ? (Bytef *)tail : (Bytef *)p->msg.base;
+        inflater.avail_in = pass ? 4 : (uInt)p->msg.len;
+        for (;;) {
+            if (out->len == out->cap) {
+                if (out->cap > p->max_message)
+                    return MS_WS_TOO_BIG;
+                size_t want = out->cap ? out->cap * 2 : 1024;
+                if (want > p->max_message + 1)
+                    want = (size_t)p->max_message + 1; /* one more: what tells "over" */
+                out->base = ms_mem_realloc(out->base, want);
+                out->cap = want;
+            }
+            inflater.next_out = (Bytef *)out->base + out->len;
+            inflater.avail_out = (uInt)(out->cap - out->len);
+            int rc = inflate(&inflater, Z_SYNC_FLUSH);
+            out->len = out->cap - inflater.avail_out;
+            if (out->len > p->max_message)
+                return MS_WS_TOO_BIG;
+            if (rc == Z_STREAM_END)
+                return 0; /* a final block: what follows it is not the message's */
+            if (rc != Z_OK && rc != Z_BUF_ERROR)
+                return MS_WS_BAD_DATA;
+            if (inflater.avail_in == 0 && inflater.avail_out > 0)
+                break;
+        }
+    }
+    return 0;
+}
+
+const char *ms_ws_deflate(const char *p, size_t len, int bits, size_t *out_len)
+{
+    static ms_buf_t out;
+    if (deflater_bits != bits) {
+        if (deflater_bits != 0)
+            deflateEnd(&deflater);
+        deflater_bits = 0;
+        memset(&deflater, 0, sizeof(deflater));
+        if (deflateInit2(&deflater, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -bits, 8,
+                         Z_DEFAULT_STRATEGY) != Z_OK) {
+            *out_len = 0;
+            return NULL;
+        }
+        deflater_bits = (uint8_t)bits;
+    } else {
+        deflateReset(&deflater);
+    }
+    size_t bound = deflateBound(&deflater, (uLong)len) + 16;
+    if (out.cap < bound) {
+        out.base = ms_mem_realloc(out.base, bound);
+        out.cap = bound;
+    }
+    deflater.next_in = (Bytef *)p;
+    deflater.avail_in = (uInt)len;
+    deflater.next_out = (Bytef *)out.base;
+    deflater.avail_out = (uInt)out.cap;
+    deflate(&deflater, Z_SYNC_FLUSH); /* the bound leaves room for all of it */
+    size_t n = out.cap - deflater.avail_out;
+    /* The sync flush ends with an empty stored block, 00 00 ff ff, which RFC 7692 7.2.1
+     * takes off (the receiver puts it back). */
+    *out_len = n >= 4 ? n - 4 : n;
+    return out.base;
+}
 
 static int frame_end(ms_ws_parser_t *p)
 {
@@ -206,14 +299,28 @@ static int frame_end(ms_ws_parser_t *p)
     }
     if (!p->fin)
         return 0;
-    if (p->msg_op == MS_WS_TEXT && p->utf8.need != 0)
+    const char *d = p->msg.base;
+    size_t n = p->msg.len;
+    if (p->msg_compressed) {
+        int code = inflate_message(p);
+        if (code == MS_WS_TOO_BIG)
+            return fail(p, code, "message over the size cap as it inflates");
+        if (code != 0)
+            return fail(p, code, "compressed data that does not inflate");
+        d = p->zout.base, n = p->zout.len;
+        if (p->msg_op == MS_WS_TEXT && !ms_ws_utf8_ok(d, n))
+            return fail(p, MS_WS_BAD_DATA, "text not UTF-8");
+    } else if (p->msg_op == MS_WS_TEXT && p->utf8.need != 0) {
         return fail(p, MS_WS_BAD_DATA, "text ends inside a code point");
+    }
     int op = p->msg_op;
     p->msg_op = 0;
-    p->ops->message(p, op, p->msg.base, p->msg.len, 0);
-    p->msg.len = 0;
+    p->ops->message(p, op, d, n, 0);
+    p->msg.len = p->zout.len = 0;
     if (p->msg.cap > WS_MSG_KEEP)
-        ms_ws_parser_free(p);
+        buf_drop(&p->msg);
+    if (p->zout.cap > WS_MSG_KEEP)
+        buf_drop(&p->zout);
     return 0;
 }
 
@@ -243,6 +350,7 @@ static int frame_begin(ms_ws_parser_t *p)
             if (p->msg_op != 0)
                 return fail(p, MS_WS_PROTOCOL, "new message inside a fragmented one");
             p->msg_op = p->op;
+            p->msg_compressed = (h[0] & 0x40) != 0;
             p->utf8.need = 0;
         }
         if (p->msg.len + len > p->max_message)
@@ -271,7 +379,10 @@ static int head_start(ms_ws_parser_t *p)
 {
     uint8_t b0 = p->head[0], b1 = p->head[1];
     int op = b0 & 0x0F;
-    if (b0 & 0x70)
+    /* RSV1 marks a compressed message once permessage-deflate is agreed: on its first frame
+     * only, never on a control frame or a continuation (RFC 7692 6). */
+    int rsv1_ok = p->deflate && (op == MS_WS_TEXT || op == MS_WS_BINARY);
+    if (b0 & (rsv1_ok ? 0x30 : 0x70))
         return fail(p, MS_WS_PROTOCOL, "reserved bits set");
     if ((op > MS_WS_BINARY && op < MS_WS_CLOSE) || op > MS_WS_PONG)
         return fail(p, MS_WS_PROTOCOL, "reserved opcode");
@@ -303,7 +414,8 @@ static int payload(ms_ws_parser_t *p, const uint8_t *in, size_t n)
     p->fgot += n;
     if (!(p->op & 0x8)) {
         p->msg.len += n;
-        if (p->msg_op == MS_WS_TEXT && ms_ws_utf8_step(&p->utf8, to, n) < 0)
+        if (p->msg_op == MS_WS_TEXT && !p->msg_compressed &&
+            ms_ws_utf8_step(&p->utf8, to, n) < 0)
             return fail(p, MS_WS_BAD_DATA, "text not UTF-8");
     }
     return 0;
@@ -360,6 +472,9 @@ struct ms_ws_s {
 };
 
 #define WS_REC_HEAD 7
+/* Messages shorter than this go uncompressed even when permessage-deflate is agreed: their
+ * frame would hardly shrink. */
+#define WS_DEFLATE_MIN 64
 /* Received bytes not yet taken past which the peer is no longer read. */
 #define WS_INQ_HIGH (256 * 1024)
 
@@ -541,6 +656,7 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     ms_ws_t *ws = ms_mem_alloc(sizeof(*ws));
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
+    ws->p.deflate = o->deflate_bits != 0;
     ws->o = *o;
     ws->server = s;
     ws->req = r;
@@ -653,6 +769,23 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
     if (ws->gone || ws->p.close_sent || ((op & 0x8) && len > MS_WS_CONTROL_MAX)) {
         drop(ws, owner, anchor);
         return (op & 0x8) && len > MS_WS_CONTROL_MAX ? MS_ETOOBIG : MS_ECLOSED;
+    }
+    if (ws->o.deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
+        size_t zn;
+        const char *z = ms_ws_deflate(p, len, ws->o.deflate_bits, &zn);
+        if (z != NULL) {
+            /* Compressed into the process's buffer: copied into the queue, and the string
+             * is not needed. */
+            drop(ws, owner, anchor);
+            uint8_t zh[10];
+            size_t zhl = ms_ws_frame_head(zh, op, 1, zn);
+            zh[0] |= 0x40; /* RSV1: compressed */
+            if (!room(ws, zhl + zn))
+                return MS_ETOOBIG;
+            ws->last_msg = now_ms(ws);
+            ms_tunnel_write(&ws->tunnel, (const char *)zh, zhl, MS_VEC_OUT, -1);
+            return ms_tunnel_write(&ws->tunnel, z, zn, MS_VEC_OUT, -1);
+        }
     }
     uint8_t h[10];
     size_t hl = ms_ws_frame_head(h, op, 1, len);

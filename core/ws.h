@@ -67,6 +67,10 @@ struct ms_ws_parser_s {
     ms_ws_utf8_t utf8;
     ms_buf_t msg; /* owned; freed when large once its message is handed on */
     uint8_t ctl[MS_WS_CONTROL_MAX];
+    /* permessage-deflate (RFC 7692), without context takeover either way */
+    uint8_t deflate;        /* agreed: RSV1 marks a compressed message */
+    uint8_t msg_compressed; /* the message being reassembled is */
+    ms_buf_t zout;          /* owned: the last message inflated; freed when large */
     /* the close handshake */
     uint8_t close_sent, close_received;
     uint8_t done;    /* a close came or a protocol error happened: nothing more is read */
@@ -90,6 +94,11 @@ int ms_ws_utf8_ok(const char *p, size_t n);
 /* Checks n more bytes of a text that may end inside a code point. Returns 0 or -1. */
 int ms_ws_utf8_step(ms_ws_utf8_t *u, const uint8_t *p, size_t n);
 
+/* Compresses `len` bytes as one permessage-deflate message (no context takeover, LZ77 window
+ * of 2^bits bytes, 9..15) without its trailing 00 00 ff ff. Returns a pointer to the bytes,
+ * valid until the next call, and their count in *out_len. */
+const char *ms_ws_deflate(const char *p, size_t len, int bits, size_t *out_len);
+
 /* Writes the head of an unmasked (server) frame of `len` bytes. Returns its length (2..10). */
 size_t ms_ws_frame_head(uint8_t *out, int op, int fin, uint64_t len);
 /* Writes a close frame with `code` (0: none) and up to 123 bytes of `reason` (cut at a code
@@ -112,6 +121,7 @@ typedef struct ms_ws_opts_s {
     uint32_t pong_ms;         /* no frame this long after the ping: closed (1011) */
     uint32_t idle_ms;         /* no message this long: closed (1001); 0 none */
     uint32_t close_ms;        /* how long the peer has to answer our close */
+    uint8_t deflate_bits;     /* permessage-deflate agreed, with our window bits; 0: not */
     uint8_t deliver_control;  /* pings and pongs go to the receiver too */
 } ms_ws_opts_t;
 

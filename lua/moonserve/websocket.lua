@@ -21,7 +21,7 @@ typedef struct ms_ffi_ws_msg_s { const char *data; size_t len; int32_t op, code;
 int ms_ffi_ws_accept_key(const char *key, size_t len, char *out);
 ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame,
     double send_queue, double ping, double pong, double idle, double close, int control,
-    int *err);
+    int deflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
 int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
 void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
@@ -57,7 +57,8 @@ local DEFAULTS = {
     idle_timeout = 0,            -- seconds without a message: closed (1001); 0 never
     close_timeout = 5,           -- seconds the peer has to answer our close
 }
-local KNOWN = { protocols = true, origins = true, same_site = true, control_frames = true }
+local KNOWN = { protocols = true, origins = true, same_site = true, control_frames = true,
+    deflate = true }
 for k in pairs(DEFAULTS) do
     KNOWN[k] = true
 end
@@ -111,6 +112,10 @@ function _M.compile(opts, path, level)
     o.origin_check = security.compile({ csrf = { origins = origins,
         same_site = opts.same_site == true } }).csrf
     o.control = opts.control_frames == true
+    if opts.deflate ~= nil and type(opts.deflate) ~= "boolean" then
+        error("bad deflate for websocket " .. path .. " (boolean expected)", level)
+    end
+    o.deflate = opts.deflate ~= false
     return o
 end
 
@@ -316,6 +321,70 @@ local function choose_protocol(offered, mine)
     return nil
 end
 
+-- permessage-deflate (RFC 7692): the first offer of Sec-WebSocket-Extensions we can take.
+-- We always answer with server_no_context_takeover and client_no_context_takeover, so that no
+-- socket keeps zlib state between messages. Returns the response's extension and our window
+-- bits, or nil.
+local function trim(s)
+    return (s:gsub("^%s+", ""):gsub("%s+$", ""))
+end
+
+local function deflate_offer(offer)
+    local params, name = {}, nil
+    for item in gmatch(offer, "[^;]+") do
+        item = trim(item)
+        if not name then
+            name = lower(item)
+            if name ~= "permessage-deflate" then
+                return nil
+            end
+        else
+            local k, v = item:match("^([%w_]+)%s*=%s*\"?([^\"]*)\"?$")
+            k = lower(k or item)
+            if params[k] ~= nil then
+                return nil -- a parameter twice: the offer is refused (RFC 7692 7)
+            end
+            params[k] = v or true
+        end
+    end
+    local bits = 15
+    for k, v in pairs(params) do
+        if k == "server_max_window_bits" then
+            bits = tonumber(v)
+            -- zlib cannot deflate with a window of 256 bytes: an offer that asks for one
+            -- is declined
+            if not bits or bits < 9 or bits > 15 or not find(v, "^%d+$") then
+                return nil
+            end
+        elseif k == "client_max_window_bits" then
+            if v ~= true and not (find(v, "^%d+$") and tonumber(v) >= 8 and tonumber(v) <= 15)
+            then
+                return nil
+            end
+        elseif k ~= "server_no_context_takeover" and k ~= "client_no_context_takeover" then
+            return nil
+        end
+    end
+    local answer = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+    if params.server_max_window_bits then
+        answer = answer .. "; server_max_window_bits=" .. bits
+    end
+    return answer, bits
+end
+
+local function negotiate_deflate(field)
+    if not field then
+        return nil
+    end
+    for offer in gmatch(field, "[^,]+") do
+        local answer, bits = deflate_offer(offer)
+        if answer then
+            return answer, bits
+        end
+    end
+    return nil
+end
+
 local function refuse(res, status, text)
     return res:status(status):send(text)
 end
@@ -360,9 +429,18 @@ function _M.serve(req, res, fn, o)
     if protocol then
         res:header("sec-websocket-protocol", protocol)
     end
+    local extensions, bits = nil, 0
+    if o.deflate then
+        extensions, bits = negotiate_deflate(req:header("sec-websocket-extensions"))
+        if extensions then
+            res:header("sec-websocket-extensions", extensions)
+        else
+            bits = 0
+        end
+    end
     local g = C.ms_ffi_ws_accept(r, o.max_message_bytes, o.max_frame_bytes, o.send_queue_bytes,
         o.ping_interval, o.pong_timeout, o.idle_timeout, o.close_timeout, o.control and 1 or 0,
-        err_out)
+        bits, err_out)
     if g == nil then
         if err_out[0] == base.EBUSY then
             res:_reset()
@@ -372,7 +450,7 @@ function _M.serve(req, res, fn, o)
         return nil
     end
     local ws = setmetatable({ _g = g, _r = r, _srv = C.ms_ffi_req_server(r),
-        protocol = protocol or "", extensions = "" }, WebSocket)
+        protocol = protocol or "", extensions = extensions or "" }, WebSocket)
     local own = owner_now("websocket")
     local set = own.owned
     if not set then

@@ -319,4 +319,136 @@ TEST(ws_builds_server_frames_unmasked)
     ASSERT_EQ(0xe8, f[3]);
 }
 
+/* -- permessage-deflate ------------------------------------------------------------------ */
+
+/* `n` bytes of `in` as one compressed message's payload: raw deflate, its 00 00 ff ff off. */
+static size_t squeeze(const char *in, size_t n, uint8_t *out, size_t cap)
+{
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    deflateInit2(&z, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)n;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    deflate(&z, Z_SYNC_FLUSH);
+    size_t len = cap - z.avail_out - 4;
+    deflateEnd(&z);
+    return len;
+}
+
+static int feed_deflate(ms_ws_parser_t *p, seen_t *s, const wire_t *wire, uint64_t cap)
+{
+    memset(s, 0, sizeof(*s));
+    ms_ws_parser_init(p, &seen_ops, cap, cap);
+    p->data = s;
+    p->deflate = 1;
+    return ms_ws_parse(p, (const char *)wire->b, wire->n);
+}
+
+TEST(ws_inflates_a_compressed_message_and_its_fragments)
+{
+    static uint8_t z[4096];
+    const char *text = "caf\xc3\xa9 caf\xc3\xa9 caf\xc3\xa9 caf\xc3\xa9 caf\xc3\xa9";
+    size_t zn = squeeze(text, strlen(text), z, sizeof(z));
+    w.n = 0;
+    add(&w, 0x41, (const char *)z, zn / 2);                  /* RSV1 on the first frame */
+    add(&w, 0x89, S("between"));
+    add(&w, 0x80, (const char *)z + zn / 2, zn - zn / 2);     /* none on the continuation */
+    add(&w, 0x81, S("plain")); /* a message may go uncompressed */
+    ms_ws_parser_t p;
+    static seen_t s;
+    int rc = feed_deflate(&p, &s, &w, 1 << 20);
+    ASSERT_STR_EQ("", p.why ? p.why : "");
+    ASSERT_EQ(0, rc);
+    char want[256];
+    snprintf(want, sizeof(want), "ping(between) text(%s) text(plain)", text);
+    ASSERT_STR_EQ(want, s.log);
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_refuses_rsv1_on_a_continuation_or_control_frame_even_with_deflate)
+{
+    w.n = 0;
+    add(&w, 0x01, S("a"));
+    add(&w, 0xC0, S("b"));
+    ms_ws_parser_t p;
+    static seen_t s;
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1002, sent_close(&s));
+    ms_ws_parser_free(&p);
+    w.n = 0;
+    add(&w, 0xC9, S("ping"));
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1002, sent_close(&s));
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_stops_a_decompression_bomb_at_the_message_cap)
+{
+    static char zeros[8 << 20];
+    static uint8_t z[64 << 10];
+    size_t zn = squeeze(zeros, sizeof(zeros), z, sizeof(z)); /* 8 MiB in about 8 KiB */
+    ASSERT(zn < sizeof(z));
+    w.n = 0;
+    add(&w, 0xC2, (const char *)z, zn);
+    ms_ws_parser_t p;
+    static seen_t s;
+    uint64_t allocs = ms_mem_stats.allocs + ms_mem_stats.reallocs;
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1009, sent_close(&s));
+    ASSERT_STR_EQ("message over the size cap as it inflates", p.why);
+    ASSERT(p.zout.cap <= (1 << 20) + 1); /* it never held more than the cap */
+    ASSERT(ms_mem_stats.allocs + ms_mem_stats.reallocs - allocs < 20);
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_refuses_compressed_text_that_inflates_to_bad_utf8_and_data_that_does_not_inflate)
+{
+    static uint8_t z[256];
+    size_t zn = squeeze("ok \xed\xa0\x80", 6, z, sizeof(z));
+    w.n = 0;
+    add(&w, 0xC1, (const char *)z, zn);
+    ms_ws_parser_t p;
+    static seen_t s;
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1007, sent_close(&s));
+    ms_ws_parser_free(&p);
+    w.n = 0;
+    add(&w, 0xC2, S("\xff\xff\xff\xff not deflate"));
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1007, sent_close(&s));
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_deflates_what_it_sends_without_the_sync_tail)
+{
+    static char text[5000];
+    memset(text, 'q', sizeof(text));
+    size_t zn;
+    const char *z = ms_ws_deflate(text, sizeof(text), 15, &zn);
+    ASSERT(z != NULL && zn < 100);
+    /* The client's side of it: the tail put back, inflated. */
+    static uint8_t back[8192];
+    uint8_t in[256];
+    memcpy(in, z, zn);
+    memcpy(in + zn, "\x00\x00\xff\xff", 4);
+    z_stream u;
+    memset(&u, 0, sizeof(u));
+    inflateInit2(&u, -15);
+    u.next_in = in;
+    u.avail_in = (uInt)zn + 4;
+    u.next_out = back;
+    u.avail_out = sizeof(back);
+    inflate(&u, Z_SYNC_FLUSH);
+    ASSERT_EQ(sizeof(text), sizeof(back) - u.avail_out);
+    ASSERT_EQ(0, memcmp(back, text, sizeof(text)));
+    inflateEnd(&u);
+    /* Every message is deflated on its own: the same bytes twice give the same output. */
+    size_t zn2;
+    const char *z2 = ms_ws_deflate(text, sizeof(text), 15, &zn2);
+    ASSERT_EQ(zn, zn2);
+    ASSERT_EQ(0, memcmp(in, z2, zn));
+}
+
 TEST_MAIN()

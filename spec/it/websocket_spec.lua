@@ -336,6 +336,83 @@ describe("WebSocket", function()
         end)
     end)
 
+    describe("permessage-deflate", function()
+        local OFFER = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+
+        it("is agreed without context takeover either way, and shown as ws.extensions", function()
+            local s, res = open("/ws/ext", OFFER)
+            local want = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+            assert.equal(want, res.headers["sec-websocket-extensions"])
+            local h = assert(s:receive(2))
+            assert.equal(0xC1, byte(h, 1)) -- what it says is compressed: the library reads it
+            s:close()
+            local t = client("deflate")
+            assert.equal("extensions=" .. want .. " protocol=", t.agreed, t._out)
+        end)
+
+        it("compresses what the server sends, with RSV1 on the frame", function()
+            local s = open("/ws/ext", OFFER)
+            read_frame(s)
+            assert(s:send(frame(0x81, rep("compress me ", 100))))
+            local h = assert(s:receive(2))
+            assert.equal(0xC1, byte(h, 1)) -- FIN, RSV1, text
+            local n = byte(h, 2)
+            assert.truthy(n < 100, "1200 bytes of repeats went as " .. n)
+            assert(s:receive(n))
+            -- a short message goes as it is
+            assert(s:send(frame(0x81, "hi")))
+            h = assert(s:receive(4))
+            assert.equal("\x81\x02hi", h)
+            s:close()
+        end)
+
+        it("is not agreed with an endpoint that turns it off, or for a window it cannot use", function()
+            local s, res = open("/ws/plain", OFFER)
+            assert.equal(101, res.status)
+            assert.is_nil(res.headers["sec-websocket-extensions"])
+            assert.equal("extensions= protocol=", select(2, read_frame(s)))
+            s:close()
+            s, res = open("/ws/ext", "Sec-WebSocket-Extensions: permessage-deflate; "
+                .. "server_max_window_bits=8, permessage-deflate; server_max_window_bits=10\r\n")
+            assert.equal("permessage-deflate; server_no_context_takeover; "
+                .. "client_no_context_takeover; server_max_window_bits=10",
+                res.headers["sec-websocket-extensions"])
+            s:close()
+            s, res = open("/ws/ext", "Sec-WebSocket-Extensions: permessage-deflate; bogus\r\n")
+            assert.is_nil(res.headers["sec-websocket-extensions"])
+            s:close()
+        end)
+
+        it("refuses RSV1 when it was not agreed", function()
+            assert.equal(1002, (function()
+                local s = open("/ws/plain", OFFER)
+                read_frame(s)
+                assert(s:send(frame(0xC1, "x")))
+                local op, payload = read_frame(s)
+                s:close()
+                return op == 8 and close_code(payload)
+            end)())
+        end)
+
+        it("echoes compressed messages with the websockets library", function()
+            local t = client("deflate")
+            assert.matches("^permessage%-deflate", t.extensions, t._out)
+            for i = 0, 2 do
+                assert.equal("True", t["echo" .. i], t._out)
+            end
+            assert.equal("True", t.binary, t._out)
+        end)
+
+        it("stops a decompression bomb at max_message_bytes as it inflates (1009)", function()
+            local t = client("deflate_bomb")
+            assert.equal("True", t.extension, t._out)
+            assert.truthy(tonumber(t.compressed_bytes) < 65536, t._out)
+            assert.equal("1009", t.close, t._out)
+            assert.matches("WebSocket closed with 1009: message over the size cap as it inflates",
+                srv:log())
+        end)
+    end)
+
     describe("keep-alive", function()
         it("pings a quiet peer and closes one that does not answer with 1011", function()
             local s = open("/ws/pinger")

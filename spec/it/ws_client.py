@@ -122,6 +122,50 @@ async def private():
         say("echo", await ws.recv())
 
 
+async def deflate():
+    import websockets
+    async with websockets.connect(URL + "/ws/ext") as ws:
+        say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
+        say("agreed", await ws.recv())
+        for i, m in enumerate(["short", "x" * 50000, "\u00e9" * 3000]):
+            await ws.send(m)
+            say("echo%d" % i, await ws.recv() == m)
+        big = bytes(range(256)) * 200
+        await ws.send(big)
+        say("binary", await ws.recv() == big)
+
+
+def deflate_bomb():
+    """Raw frames: 16 MiB of zeros in about 16 KiB, to an endpoint capped at 64 KiB."""
+    import base64
+    import zlib
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n"
+                  "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n" % key).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    head, rest = head.split(b"\r\n\r\n", 1)
+    say("extension", b"permessage-deflate" in head)
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    z = c.compress(b"\0" * (16 << 20)) + c.flush(zlib.Z_SYNC_FLUSH)
+    say("compressed_bytes", len(z) - 4)
+    sock.sendall(mask_frame(0xC2, z[:-4]))
+    buf = rest
+    while True:
+        fs, _ = parse_frames(buf)
+        if fs:
+            break
+        data = sock.recv(65536)
+        if not data:
+            break
+        buf += data
+    say("close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
+
+
 # -- Over HTTP/2, extended CONNECT with the h2 library ------------------------------------
 
 def mask_frame(b0, payload):
@@ -249,10 +293,12 @@ def h2_case():
 CASES = {
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
     "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
-    "wait_stop": wait_stop, "private": private,
+    "wait_stop": wait_stop, "private": private, "deflate": deflate,
 }
 
 if CASE == "h2":
     h2_case()
+elif CASE == "deflate_bomb":
+    deflate_bomb()
 else:
     asyncio.run(CASES[CASE]())

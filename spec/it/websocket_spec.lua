@@ -495,6 +495,40 @@ describe("WebSocket", function()
     end)
 
     describe("when the server stops", function()
+        it("closes every WebSocket with 1001 on HUP, and the new worker takes new ones", function()
+            local m = helper.spawn_server { app = "spec/fixtures/websocket.lua",
+                args = "--workers 1" }
+            assert.truthy(helper.wait_for(function() return #helper.children(m.pid) == 1 end))
+            local s = helper.connect(m.port)
+            assert(s:send(upgrade_request("/ws/wait")))
+            assert.equal(101, assert(helper.read_response(s, true)).status)
+            assert.equal("waiting", select(2, read_frame(s)))
+            os.execute("kill -HUP " .. m.pid)
+            local op, payload = read_frame(s)
+            assert.equal(8, op)
+            assert.equal(1001, (close_code(payload)))
+            assert(s:send(frame(0x88, close_payload(1001))))
+            assert.truthy(helper.closed(s, 5))
+            s:close()
+            assert.truthy(helper.wait_for(function()
+                return m:log():find("wait: close 1001", 1, true)
+            end, 5))
+            local s2, res = nil, nil
+            assert.truthy(helper.wait_for(function()
+                s2 = helper.connect(m.port)
+                s2:send(upgrade_request("/ws/echo"))
+                res = helper.read_response(s2, true)
+                if res and res.status == 101 then
+                    return true
+                end
+                s2:close()
+            end, 5))
+            assert(s2:send(frame(0x81, "new worker")))
+            assert.equal("new worker", select(2, read_frame(s2)))
+            s2:close()
+            assert.is_true(m:stop())
+        end)
+
         it("closes every WebSocket with 1001", function()
             local out = os.tmpname()
             local pid = helper.background("sh -c " .. q("exec " .. q(helper.tool("websockets"))

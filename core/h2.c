@@ -689,8 +689,10 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
             copy_str(r, to, value, vlen);
             return 0;
         }
-        if (nlen != 4)
-            return 0; /* :protocol */
+        /* :protocol (RFC 8441, which nghttp2 checked: only on CONNECT) is kept as a field
+         * of that name, which no HTTP/1.1 field can have; the rest is dropped. */
+        if (nlen != 4 && !(nlen == 9 && memcmp(name, ":protocol", 9) == 0))
+            return 0;
     }
     if (r->v.nheaders == r->headers_cap)
         ms__req_headers_grow(r);
@@ -953,6 +955,8 @@ static ms_h2_t *session_new(ms_conn_t *c)
         {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2_WINDOW},
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, lim->head_bytes},
         {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+        /* Extended CONNECT (RFC 8441): WebSocket over a stream, taken by ms_req_tunnel. */
+        {NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL, 1},
     };
     nghttp2_submit_settings(h2->ng, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(*iv));
     return h2;

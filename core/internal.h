@@ -346,6 +346,8 @@ struct ms_server_s {
     uint32_t refused_told;
     struct ms_tls_worker_s *tls; /* tls.c: buffers and settings; NULL until TLS is set up */
     uint16_t https_port;         /* where MS_LISTEN_REDIRECT_HTTPS listeners send clients */
+    struct ms_ws_s *ws_open;     /* ws.c: open WebSockets, for the stop's close 1001 */
+    uint32_t websockets;         /* ... and how many (the `websockets` limit) */
 };
 
 /* conn.c */

@@ -13,6 +13,7 @@
 
 #include "accesslog.h"
 #include "internal.h"
+#include "ws.h"
 #include "sock.h"
 #include "static.h"
 
@@ -457,6 +458,7 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
      * way, and closing under it would be an error on its side); then it closes. */
     for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
         c->proto->stop(c);
+    ms__ws_stop_all(s); /* close 1001: each handler sees its socket end */
     ms__server_conn_gone(s, NULL);
 }
 

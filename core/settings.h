@@ -29,6 +29,8 @@
     X(per_source, per_source, uint32_t, 256, COUNT, 0, "open connections from one source")         \
     X(in_flight, in_flight, uint32_t, 1024, COUNT, 0,                                              \
       "requests in handlers per worker; past it, 503")                                             \
+    X(websockets, websockets, uint32_t, 10000, COUNT, 0,                                           \
+      "open WebSockets per worker (not in_flight); past it, 503")                                  \
     X(line_bytes, line_bytes, uint32_t, 8192, BYTES, 0, "the request line: 414")                   \
     X(head_bytes, head_bytes, uint32_t, 32768, BYTES, 0, "request line plus fields: 431")          \
     X(header_count, header_count, uint32_t, 100, COUNT, 0, "number of fields: 431")                \

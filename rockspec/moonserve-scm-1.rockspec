@@ -70,6 +70,7 @@ build = {
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.template"] = "lua/moonserve/template.lua",
          ["moonserve.timer"] = "lua/moonserve/timer.lua",
+         ["moonserve.websocket"] = "lua/moonserve/websocket.lua",
          ["moonserve.worker"] = "lua/moonserve/worker.lua",
          ["moonserve.demo"] = "examples/demo.lua",
       },

@@ -341,6 +341,29 @@ function App:ngx_content(path, fn, opts)
     return self
 end
 
+-- A WebSocket endpoint: fn(ws, req) runs on the socket once the upgrade is accepted
+-- (HTTP/1.1 GET with Upgrade, or HTTP/2's extended CONNECT), after the app's middleware,
+-- which may refuse it as it would any request. opts: see moonserve/websocket.lua (compile)
+-- and docs/API.md. The handshake does its own origin check, so the route's is off.
+function App:websocket(path, fn, opts)
+    if type(path) ~= "string" then
+        error("bad websocket path (string expected)", 2)
+    end
+    if type(fn) ~= "function" then
+        error("bad handler for websocket " .. path .. " (function expected)", 2)
+    end
+    local websocket = require "moonserve.websocket"
+    local o = websocket.compile(opts, path, 2)
+    local serve = websocket.serve
+    local function handler(req, res)
+        return serve(req, res, fn, o)
+    end
+    local route = { csrf = false }
+    add(self, "GET", nil, path, handler, route)
+    add(self, "CONNECT", nil, path, handler, route)
+    return self
+end
+
 -- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
 -- gets back what the rest returned).
 function App:use(fn)

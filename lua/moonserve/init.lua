@@ -46,6 +46,11 @@ _M.socket = {
     tcp = function() return require("moonserve.socket").tcp() end,
     udp = function() return require("moonserve.socket").udp() end,
 }
+-- WebSocket (moonserve/websocket.lua): broadcast(list, data[, "binary"]) frames a message
+-- once for many sockets; endpoints are app:websocket(path, fn, opts).
+_M.websocket = {
+    broadcast = function(...) return require("moonserve.websocket").broadcast(...) end,
+}
 _M.worker = {
     id = function() return require("moonserve.worker").id() end,
     count = function() return require("moonserve.worker").count() end,

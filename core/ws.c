@@ -1,0 +1,834 @@
+/* ws.c: WebSocket (RFC 6455): the frame parser, the server's frames, and a socket on a tunnel. */
+#include "ws.h"
+
+#include <openssl/evp.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "internal.h"
+
+/* -- The opening handshake --------------------------------------------------------------- */
+
+int ms_ws_accept_key(const char *key, size_t len, char *out)
+{
+    /* A key is 16 random bytes in base64 (RFC 6455 4.1): 22 digits and "==". */
+    if (len != 24 || key[22] != '=' || key[23] != '=')
+        return MS_EBADREQ;
+    for (size_t i = 0; i < 22; i++) {
+        char c = key[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '+' || c == '/'))
+            return MS_EBADREQ;
+    }
+    static const char guid[] = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    uint8_t in[24 + sizeof(guid) - 1], md[EVP_MAX_MD_SIZE];
+    unsigned mdlen = 0;
+    memcpy(in, key, 24);
+    memcpy(in + 24, guid, sizeof(guid) - 1);
+    if (!EVP_Digest(in, sizeof(in), md, &mdlen, EVP_sha1(), NULL) || mdlen != 20)
+        return MS_ESTATE;
+    return EVP_EncodeBlock((unsigned char *)out, md, 20); /* 28 digits and a NUL */
+}
+
+/* -- UTF-8 ------------------------------------------------------------------------------ */
+
+int ms_ws_utf8_step(ms_ws_utf8_t *u, const uint8_t *p, size_t n)
+{
+    const uint8_t *end = p + n;
+    while (p < end) {
+        uint8_t c = *p++;
+        if (u->need == 0) {
+            if (c < 0x80) {
+                /* The common case: a run of ASCII, eight bytes at a time. */
+                while (end - p >= 8) {
+                    uint64_t w;
+                    memcpy(&w, p, 8);
+                    if (w & 0x8080808080808080ull)
+                        break;
+                    p += 8;
+                }
+                continue;
+            }
+            if (c < 0xC2) /* a continuation byte, or an overlong two-byte form */
+                return -1;
+            if (c < 0xE0) {
+                u->need = 1, u->lo = 0x80, u->hi = 0xBF;
+            } else if (c < 0xF0) {
+                u->need = 2;
+                u->lo = c == 0xE0 ? 0xA0 : 0x80; /* overlong */
+                u->hi = c == 0xED ? 0x9F : 0xBF; /* surrogates */
+            } else if (c < 0xF5) {
+                u->need = 3;
+                u->lo = c == 0xF0 ? 0x90 : 0x80; /* overlong */
+                u->hi = c == 0xF4 ? 0x8F : 0xBF; /* past U+10FFFF */
+            } else {
+                return -1;
+            }
+        } else {
+            if (c < u->lo || c > u->hi)
+                return -1;
+            u->need--;
+            u->lo = 0x80, u->hi = 0xBF;
+        }
+    }
+    return 0;
+}
+
+int ms_ws_utf8_ok(const char *p, size_t n)
+{
+    ms_ws_utf8_t u = {0, 0, 0};
+    return ms_ws_utf8_step(&u, (const uint8_t *)p, n) == 0 && u.need == 0;
+}
+
+/* -- Frames the server sends ------------------------------------------------------------- */
+
+size_t ms_ws_frame_head(uint8_t *out, int op, int fin, uint64_t len)
+{
+    out[0] = (uint8_t)((fin ? 0x80 : 0) | (op & 0x0F));
+    if (len < 126) {
+        out[1] = (uint8_t)len;
+        return 2;
+    }
+    if (len <= 0xFFFF) {
+        out[1] = 126;
+        out[2] = (uint8_t)(len >> 8);
+        out[3] = (uint8_t)len;
+        return 4;
+    }
+    out[1] = 127;
+    for (int i = 0; i < 8; i++)
+        out[2 + i] = (uint8_t)(len >> (56 - 8 * i));
+    return 10;
+}
+
+size_t ms_ws_close_frame(uint8_t *out, int code, const char *reason, size_t rlen)
+{
+    if (code == 0)
+        return ms_ws_frame_head(out, MS_WS_CLOSE, 1, 0);
+    if (rlen > MS_WS_CONTROL_MAX - 2) {
+        /* Cut where no code point is split: back over continuation bytes. */
+        rlen = MS_WS_CONTROL_MAX - 2;
+        while (rlen > 0 && ((uint8_t)reason[rlen] & 0xC0) == 0x80)
+            rlen--;
+    }
+    size_t h = ms_ws_frame_head(out, MS_WS_CLOSE, 1, 2 + rlen);
+    out[h] = (uint8_t)(code >> 8);
+    out[h + 1] = (uint8_t)code;
+    if (rlen > 0)
+        memcpy(out + h + 2, reason, rlen);
+    return h + 2 + rlen;
+}
+
+int ms_ws_close_code_ok(int code)
+{
+    return (code >= 1000 && code <= 1003) || (code >= 1007 && code <= 1011) ||
+           (code >= 3000 && code <= 4999);
+}
+
+/* -- The parser -------------------------------------------------------------------------- */
+
+void ms_ws_parser_init(ms_ws_parser_t *p, const ms_ws_parser_ops_t *ops, uint64_t max_message,
+                       uint64_t max_frame)
+{
+    memset(p, 0, sizeof(*p));
+    p->ops = ops;
+    p->max_message = max_message;
+    p->max_frame = max_frame;
+    p->hneed = 2;
+}
+
+static void buf_drop(ms_buf_t *b)
+{
+    ms_mem_free(b->base);
+    b->base = NULL;
+    b->len = b->cap = 0;
+}
+
+void ms_ws_parser_free(ms_ws_parser_t *p)
+{
+    buf_drop(&p->msg);
+    buf_drop(&p->zout);
+}
+
+/* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
+static int fail(ms_ws_parser_t *p, int code, const char *why)
+{
+    p->done = 1;
+    p->fail_code = code;
+    p->why = why;
+    if (!p->close_sent) {
+        uint8_t f[2 + MS_WS_CONTROL_MAX];
+        p->close_sent = 1;
+        p->ops->send(p, (const char *)f, ms_ws_close_frame(f, code, why, strlen(why)));
+    }
+    return MS_EBADREQ;
+}
+
+/* A message buffer larger than this is given back once its message is handed on, so that an
+ * idle socket holds little. */
+#define WS_MSG_KEEP 4096
+
+/* -- permessage-deflate ------------------------------------------------------------------
+ * Without context takeover either way, no socket keeps zlib state: a message is inflated
+ * whole when its last frame is in, and a message sent is deflated whole, each with the one
+ * stream of the process, reset between messages. An idle socket holds nothing of zlib's. */
+
+static z_stream inflater, deflater;
+static uint8_t inflater_ready, deflater_bits;
+
+/* Inflates the reassembled message into p->zout, never past max_message bytes of output (a
+ * decompression bomb stops there). Returns 0 or the close code. */
+static int inflate_message(ms_ws_parser_t *p)
+{
+    static const uint8_t tail[4] = {0x00, 0x00, 0xff, 0xff};
+    if (!inflater_ready) {
+        if (inflateInit2(&inflater, -15) != Z_OK)
+            return MS_WS_INTERNAL;
+        inflater_ready = 1;
+    } else {
+        inflateReset(&inflater);
+    }
+    ms_buf_t *out = &p->zout;
+    out->len = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        inflater.next_in = pass ? (Bytef *)tail : (Bytef *)p->msg.base;
+        inflater.avail_in = pass ? 4 : (uInt)p->msg.len;
+        for (;;) {
+            if (out->len == out->cap) {
+                if (out->cap > p->max_message)
+                    return MS_WS_TOO_BIG;
+                size_t want = out->cap ? out->cap * 2 : 1024;
+                if (want > p->max_message + 1)
+                    want = (size_t)p->max_message + 1; /* one more: what tells "over" */
+                out->base = ms_mem_realloc(out->base, want);
+                out->cap = want;
+            }
+            inflater.next_out = (Bytef *)out->base + out->len;
+            inflater.avail_out = (uInt)(out->cap - out->len);
+            int rc = inflate(&inflater, Z_SYNC_FLUSH);
+            out->len = out->cap - inflater.avail_out;
+            if (out->len > p->max_message)
+                return MS_WS_TOO_BIG;
+            if (rc == Z_STREAM_END)
+                return 0; /* a final block: what follows it is not the message's */
+            if (rc != Z_OK && rc != Z_BUF_ERROR)
+                return MS_WS_BAD_DATA;
+            if (inflater.avail_in == 0 && inflater.avail_out > 0)
+                break;
+        }
+    }
+    return 0;
+}
+
+const char *ms_ws_deflate(const char *p, size_t len, int bits, size_t *out_len)
+{
+    static ms_buf_t out;
+    if (deflater_bits != bits) {
+        if (deflater_bits != 0)
+            deflateEnd(&deflater);
+        deflater_bits = 0;
+        memset(&deflater, 0, sizeof(deflater));
+        if (deflateInit2(&deflater, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -bits, 8,
+                         Z_DEFAULT_STRATEGY) != Z_OK) {
+            *out_len = 0;
+            return NULL;
+        }
+        deflater_bits = (uint8_t)bits;
+    } else {
+        deflateReset(&deflater);
+    }
+    size_t bound = deflateBound(&deflater, (uLong)len) + 16;
+    if (out.cap < bound) {
+        out.base = ms_mem_realloc(out.base, bound);
+        out.cap = bound;
+    }
+    deflater.next_in = (Bytef *)p;
+    deflater.avail_in = (uInt)len;
+    deflater.next_out = (Bytef *)out.base;
+    deflater.avail_out = (uInt)out.cap;
+    deflate(&deflater, Z_SYNC_FLUSH); /* the bound leaves room for all of it */
+    size_t n = out.cap - deflater.avail_out;
+    /* The sync flush ends with an empty stored block, 00 00 ff ff, which RFC 7692 7.2.1
+     * takes off (the receiver puts it back). */
+    *out_len = n >= 4 ? n - 4 : n;
+    return out.base;
+}
+
+static int frame_end(ms_ws_parser_t *p)
+{
+    p->in_payload = 0;
+    p->hlen = 0;
+    p->hneed = 2;
+    if (p->op & 0x8) {
+        const char *d = (const char *)p->ctl;
+        size_t n = (size_t)p->flen;
+        if (p->op == MS_WS_PING) {
+            if (!p->close_sent) {
+                uint8_t f[2 + MS_WS_CONTROL_MAX];
+                size_t h = ms_ws_frame_head(f, MS_WS_PONG, 1, n);
+                memcpy(f + h, d, n);
+                p->ops->send(p, (const char *)f, h + n);
+            }
+            p->ops->message(p, MS_WS_PING, d, n, 0);
+        } else if (p->op == MS_WS_PONG) {
+            p->ops->message(p, MS_WS_PONG, d, n, 0);
+        } else {
+            int code = MS_WS_NO_STATUS;
+            if (n == 1)
+                return fail(p, MS_WS_PROTOCOL, "close frame of one byte");
+            if (n >= 2) {
+                code = (p->ctl[0] << 8) | p->ctl[1];
+                if (!ms_ws_close_code_ok(code))
+                    return fail(p, MS_WS_PROTOCOL, "close code not allowed");
+                if (!ms_ws_utf8_ok(d + 2, n - 2))
+                    return fail(p, MS_WS_BAD_DATA, "close reason not UTF-8");
+                d += 2, n -= 2;
+            }
+            p->close_received = 1;
+            p->done = 1;
+            if (!p->close_sent) {
+                /* The answer echoes the code (RFC 6455 5.5.1). */
+                uint8_t f[4];
+                p->close_sent = 1;
+                p->ops->send(p, (const char *)f,
+                             ms_ws_close_frame(f, code == MS_WS_NO_STATUS ? 0 : code, "", 0));
+            }
+            p->ops->message(p, MS_WS_CLOSE, d, n, code);
+        }
+        return 0;
+    }
+    if (!p->fin)
+        return 0;
+    const char *d = p->msg.base;
+    size_t n = p->msg.len;
+    if (p->msg_compressed) {
+        int code = inflate_message(p);
+        if (code == MS_WS_TOO_BIG)
+            return fail(p, code, "message over the size cap as it inflates");
+        if (code != 0)
+            return fail(p, code, "compressed data that does not inflate");
+        d = p->zout.base, n = p->zout.len;
+        if (p->msg_op == MS_WS_TEXT && !ms_ws_utf8_ok(d, n))
+            return fail(p, MS_WS_BAD_DATA, "text not UTF-8");
+    } else if (p->msg_op == MS_WS_TEXT && p->utf8.need != 0) {
+        return fail(p, MS_WS_BAD_DATA, "text ends inside a code point");
+    }
+    int op = p->msg_op;
+    p->msg_op = 0;
+    p->ops->message(p, op, d, n, 0);
+    p->msg.len = p->zout.len = 0;
+    if (p->msg.cap > WS_MSG_KEEP)
+        buf_drop(&p->msg);
+    if (p->zout.cap > WS_MSG_KEEP)
+        buf_drop(&p->zout);
+    return 0;
+}
+
+/* The head is whole: checks the frame before any of its payload is read. */
+static int frame_begin(ms_ws_parser_t *p)
+{
+    const uint8_t *h = p->head;
+    p->fin = h[0] >> 7;
+    p->op = h[0] & 0x0F;
+    uint64_t len = h[1] & 0x7F;
+    if (len == 126) {
+        len = ((uint64_t)h[2] << 8) | h[3];
+    } else if (len == 127) {
+        len = 0;
+        for (int i = 0; i < 8; i++)
+            len = (len << 8) | h[2 + i];
+        if (len >> 63)
+            return fail(p, MS_WS_PROTOCOL, "frame length with its top bit set");
+    }
+    if (len > p->max_frame)
+        return fail(p, MS_WS_TOO_BIG, "frame over the size cap");
+    if (!(p->op & 0x8)) {
+        if (p->op == MS_WS_CONT) {
+            if (p->msg_op == 0)
+                return fail(p, MS_WS_PROTOCOL, "continuation frame outside a message");
+        } else {
+            if (p->msg_op != 0)
+                return fail(p, MS_WS_PROTOCOL, "new message inside a fragmented one");
+            p->msg_op = p->op;
+            p->msg_compressed = (h[0] & 0x40) != 0;
+            p->utf8.need = 0;
+        }
+        if (p->msg.len + len > p->max_message)
+            return fail(p, MS_WS_TOO_BIG, "message over the size cap");
+        if (p->msg.len + len > p->msg.cap) {
+            /* Grown to what the frames so far announce, never past the cap. */
+            size_t want = p->msg.cap ? p->msg.cap : 256;
+            while (want < p->msg.len + len)
+                want *= 2;
+            if (want > p->max_message)
+                want = (size_t)p->max_message;
+            p->msg.base = ms_mem_realloc(p->msg.base, want);
+            p->msg.cap = want;
+        }
+    }
+    p->flen = len;
+    p->fgot = 0;
+    p->in_payload = 1;
+    if (len == 0)
+        return frame_end(p);
+    return 0;
+}
+
+/* The first two bytes of a head: what can be refused before the rest comes. */
+static int head_start(ms_ws_parser_t *p)
+{
+    uint8_t b0 = p->head[0], b1 = p->head[1];
+    int op = b0 & 0x0F;
+    /* RSV1 marks a compressed message once permessage-deflate is agreed: on its first frame
+     * only, never on a control frame or a continuation (RFC 7692 6). */
+    int rsv1_ok = p->deflate && (op == MS_WS_TEXT || op == MS_WS_BINARY);
+    if (b0 & (rsv1_ok ? 0x30 : 0x70))
+        return fail(p, MS_WS_PROTOCOL, "reserved bits set");
+    if ((op > MS_WS_BINARY && op < MS_WS_CLOSE) || op > MS_WS_PONG)
+        return fail(p, MS_WS_PROTOCOL, "reserved opcode");
+    if (!(b1 & 0x80))
+        return fail(p, MS_WS_PROTOCOL, "unmasked frame from the client");
+    if (op & 0x8) {
+        if (!(b0 & 0x80))
+            return fail(p, MS_WS_PROTOCOL, "fragmented control frame");
+        if ((b1 & 0x7F) > MS_WS_CONTROL_MAX)
+            return fail(p, MS_WS_PROTOCOL, "control frame over 125 bytes");
+    }
+    uint8_t l7 = b1 & 0x7F;
+    p->hneed = (uint8_t)(2 + (l7 == 126 ? 2 : l7 == 127 ? 8 : 0) + 4);
+    return 0;
+}
+
+static int payload(ms_ws_parser_t *p, const uint8_t *in, size_t n)
+{
+    const uint8_t *mask = p->head + p->hneed - 4;
+    uint8_t *to;
+    if (p->op & 0x8) {
+        to = p->ctl + p->fgot;
+    } else {
+        to = (uint8_t *)p->msg.base + p->msg.len;
+    }
+    size_t k = (size_t)(p->fgot & 3);
+    for (size_t i = 0; i < n; i++)
+        to[i] = in[i] ^ mask[(k + i) & 3];
+    p->fgot += n;
+    if (!(p->op & 0x8)) {
+        p->msg.len += n;
+        if (p->msg_op == MS_WS_TEXT && !p->msg_compressed &&
+            ms_ws_utf8_step(&p->utf8, to, n) < 0)
+            return fail(p, MS_WS_BAD_DATA, "text not UTF-8");
+    }
+    return 0;
+}
+
+int ms_ws_parse(ms_ws_parser_t *p, const char *data, size_t n)
+{
+    const uint8_t *in = (const uint8_t *)data, *end = in + n;
+    while (in < end && !p->done) {
+        if (!p->in_payload) {
+            while (p->hlen < p->hneed && in < end)
+                p->head[p->hlen++] = *in++;
+            if (p->hlen < p->hneed)
+                return 0;
+            int rc = p->hlen == 2 ? head_start(p) : frame_begin(p);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        size_t take = (size_t)(end - in);
+        if (take > p->flen - p->fgot)
+            take = (size_t)(p->flen - p->fgot);
+        int rc = payload(p, in, take);
+        in += take;
+        if (rc == 0 && p->fgot == p->flen)
+            rc = frame_end(p);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* -- A WebSocket on a tunnel ------------------------------------------------------------- */
+
+struct ms_ws_s {
+    ms_ws_parser_t p;
+    ms_tunnel_t tunnel;
+    ms_server_t *server;
+    ms_req_t *req;     /* the request taken over; kept by its handler until ms_ws_free */
+    ms_ws_t *next, *prev; /* the server's open sockets (for ms__ws_stop_all) */
+    ms_ws_opts_t o;
+    /* Messages not yet received, each [op: 1][code: 2][len: 4] then its bytes. The first
+     * `taken` bytes were handed out by the last ms_ws_receive. */
+    ms_buf_t inq;
+    size_t taken;
+    int32_t slot;        /* who to wake when something comes; -1: nobody */
+    uint8_t gone;        /* the tunnel ended, or we cut it: no more bytes either way */
+    uint8_t read_off;    /* reading stopped: too much received and not yet taken */
+    uint8_t ping_out;    /* our ping awaits a frame from the peer */
+    uint8_t in_parse;    /* inside ms_ws_parse (the parser's callbacks) */
+    uint64_t last_rx;    /* loop time of the last frame from the peer */
+    uint64_t last_msg;   /* ... and of the last message either way, for idle_ms */
+    ms_timer_t ping_t, idle_t, close_t;
+};
+
+#define WS_REC_HEAD 7
+/* Messages shorter than this go uncompressed even when permessage-deflate is agreed: their
+ * frame would hardly shrink. */
+#define WS_DEFLATE_MIN 64
+/* Received bytes not yet taken past which the peer is no longer read. */
+#define WS_INQ_HIGH (256 * 1024)
+
+static ms_ws_t *ws_of_parser(ms_ws_parser_t *p)
+{
+    return container_of(p, ms_ws_t, p);
+}
+
+static uint64_t now_ms(ms_ws_t *ws)
+{
+    return uv_now(ws->server->loop);
+}
+
+static void wake(ms_ws_t *ws)
+{
+    if (ws->slot >= 0) {
+        int32_t slot = ws->slot;
+        ws->slot = -1;
+        ms_wake(ws->server, slot, 0);
+    }
+}
+
+static void log_close(ms_ws_t *ws, int code, const char *why)
+{
+    char peer[64];
+    ms_conn_peer(ws->req->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: WebSocket closed with %d: %s", peer, code, why);
+}
+
+/* No more bytes either way: what was queued still goes, then the request's handler sees
+ * the end and finishes it. */
+static void cut(ms_ws_t *ws)
+{
+    ws->gone = 1;
+    ms_timer_stop(ws->server, &ws->ping_t);
+    ms_timer_stop(ws->server, &ws->idle_t);
+    ms_timer_stop(ws->server, &ws->close_t);
+    wake(ws);
+}
+
+static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
+{
+    uint8_t h[WS_REC_HEAD] = {(uint8_t)op, (uint8_t)(code >> 8), (uint8_t)code,
+                              (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
+                              (uint8_t)n};
+    ms_buf_t *b = &ws->inq;
+    if (b->cap - b->len < WS_REC_HEAD + n) {
+        size_t want = b->cap ? b->cap : 512;
+        while (want - b->len < WS_REC_HEAD + n)
+            want *= 2;
+        b->base = ms_mem_realloc(b->base, want);
+        b->cap = want;
+    }
+    memcpy(b->base + b->len, h, WS_REC_HEAD);
+    if (n > 0)
+        memcpy(b->base + b->len + WS_REC_HEAD, d, n);
+    b->len += WS_REC_HEAD + n;
+    if (b->len > WS_INQ_HIGH && !ws->read_off && !ws->gone) {
+        ws->read_off = 1;
+        ms_tunnel_read(&ws->tunnel, 0);
+    }
+    wake(ws);
+}
+
+/* FIXME: a message is copied twice, once unmasked into the parser's buffer and once into
+ * the queue Lua takes it from; handing the parser's buffer over would save the second. */
+static void on_message(ms_ws_parser_t *p, int op, const char *d, size_t n, int code)
+{
+    ms_ws_t *ws = ws_of_parser(p);
+    ws->ping_out = 0;
+    if (op == MS_WS_PING || op == MS_WS_PONG) {
+        if (ws->o.deliver_control)
+            queue_record(ws, op, d, n, 0);
+        return;
+    }
+    if (op == MS_WS_CLOSE) {
+        /* The handshake is complete when ours went first; else our answer is queued. */
+        ms_timer_stop(ws->server, &ws->close_t);
+        queue_record(ws, op, d, n, code);
+        cut(ws);
+        return;
+    }
+    ws->last_msg = now_ms(ws);
+    queue_record(ws, op, d, n, 0);
+}
+
+static void on_send(ms_ws_parser_t *p, const char *d, size_t n)
+{
+    ms_ws_t *ws = ws_of_parser(p);
+    if (!ws->gone)
+        ms_tunnel_write(&ws->tunnel, d, n, MS_VEC_OUT, -1);
+}
+
+static const ms_ws_parser_ops_t ws_parser_ops = {.message = on_message, .send = on_send};
+
+static void close_timeout(ms_timer_t *t)
+{
+    ms_ws_t *ws = container_of(t, ms_ws_t, close_t);
+    cut(ws);
+}
+
+/* Sends our close and gives the peer close_ms to answer it. */
+static void send_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
+{
+    if (ws->p.close_sent || ws->gone)
+        return;
+    uint8_t f[2 + MS_WS_CONTROL_MAX];
+    ws->p.close_sent = 1;
+    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_close_frame(f, code, reason, rlen),
+                    MS_VEC_OUT, -1);
+    ms_timer_stop(ws->server, &ws->ping_t);
+    ms_timer_stop(ws->server, &ws->idle_t);
+    ms_timer_start(ws->server, &ws->close_t, ws->o.close_ms, close_timeout);
+}
+
+static void on_data(ms_tunnel_t *t, const char *p, size_t n)
+{
+    ms_ws_t *ws = t->data;
+    if (ws->gone || ws->p.done)
+        return; /* (after a close, what the peer still sends is dropped) */
+    ws->last_rx = now_ms(ws);
+    ws->in_parse = 1;
+    int rc = ms_ws_parse(&ws->p, p, n);
+    ws->in_parse = 0;
+    if (rc < 0) {
+        log_close(ws, ws->p.fail_code, ws->p.why);
+        queue_record(ws, MS_WS_CLOSE, ws->p.why, strlen(ws->p.why), ws->p.fail_code);
+        cut(ws);
+    }
+}
+
+static void on_end(ms_tunnel_t *t, int status)
+{
+    ms_ws_t *ws = t->data;
+    (void)status;
+    cut(ws);
+}
+
+static void ping_timeout(ms_timer_t *t)
+{
+    ms_ws_t *ws = container_of(t, ms_ws_t, ping_t);
+    uint64_t now = now_ms(ws), quiet = now - ws->last_rx;
+    if (ws->ping_out) {
+        log_close(ws, MS_WS_INTERNAL, "no pong before the deadline");
+        send_close(ws, MS_WS_INTERNAL, "no pong", 7);
+        cut(ws);
+        return;
+    }
+    if (quiet < ws->o.ping_ms) {
+        ms_timer_start(ws->server, &ws->ping_t, ws->o.ping_ms - quiet, ping_timeout);
+        return;
+    }
+    uint8_t f[2];
+    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0),
+                    MS_VEC_OUT, -1);
+    ws->ping_out = 1;
+    ms_timer_start(ws->server, &ws->ping_t, ws->o.pong_ms, ping_timeout);
+}
+
+static void idle_timeout(ms_timer_t *t)
+{
+    ms_ws_t *ws = container_of(t, ms_ws_t, idle_t);
+    uint64_t quiet = now_ms(ws) - ws->last_msg;
+    if (quiet < ws->o.idle_ms) {
+        ms_timer_start(ws->server, &ws->idle_t, ws->o.idle_ms - quiet, idle_timeout);
+        return;
+    }
+    send_close(ws, MS_WS_GOING_AWAY, "idle", 4);
+    wake(ws);
+}
+
+ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
+{
+    ms_server_t *s = r->conn->server;
+    if (s->websockets >= s->limits.websockets) {
+        *err = MS_EBUSY;
+        return NULL;
+    }
+    ms_ws_t *ws = ms_mem_alloc(sizeof(*ws));
+    memset(ws, 0, sizeof(*ws));
+    ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
+    ws->p.deflate = o->deflate_bits != 0;
+    ws->o = *o;
+    ws->server = s;
+    ws->req = r;
+    ws->slot = -1;
+    ws->tunnel.on_data = on_data;
+    ws->tunnel.on_end = on_end;
+    ws->tunnel.data = ws;
+    int rc = ms_req_tunnel(r, &ws->tunnel);
+    if (rc < 0) {
+        ms_ws_parser_free(&ws->p);
+        ms_mem_free(ws);
+        *err = rc;
+        return NULL;
+    }
+    /* An open WebSocket is not a request in flight: it has its own cap. */
+    s->stats.in_flight--;
+    s->websockets++;
+    ws->next = s->ws_open;
+    if (ws->next != NULL)
+        ws->next->prev = ws;
+    s->ws_open = ws;
+    ws->last_rx = ws->last_msg = now_ms(ws);
+    if (o->ping_ms > 0)
+        ms_timer_start(s, &ws->ping_t, o->ping_ms, ping_timeout);
+    if (o->idle_ms > 0)
+        ms_timer_start(s, &ws->idle_t, o->idle_ms, idle_timeout);
+    if (s->stopping)
+        send_close(ws, MS_WS_GOING_AWAY, "server stopping", 15);
+    return ws;
+}
+
+void ms_ws_free(ms_ws_t *ws)
+{
+    ms_server_t *s = ws->server;
+    if (!ws->gone && !ws->p.close_sent)
+        send_close(ws, MS_WS_NORMAL, "", 0);
+    ms_timer_stop(s, &ws->ping_t);
+    ms_timer_stop(s, &ws->idle_t);
+    ms_timer_stop(s, &ws->close_t);
+    if (ws->prev != NULL)
+        ws->prev->next = ws->next;
+    else
+        s->ws_open = ws->next;
+    if (ws->next != NULL)
+        ws->next->prev = ws->prev;
+    /* Back to a request in flight, which ms_req_finish counts out. */
+    s->websockets--;
+    s->stats.in_flight++;
+    ms_ws_parser_free(&ws->p);
+    ms_mem_free(ws->inq.base);
+    ms_mem_free(ws);
+}
+
+int ms_ws_receive(ms_ws_t *ws, int *op, const char **data, size_t *len, int *code)
+{
+    ms_buf_t *b = &ws->inq;
+    if (ws->taken > 0) {
+        memmove(b->base, b->base + ws->taken, b->len - ws->taken);
+        b->len -= ws->taken;
+        ws->taken = 0;
+        if (b->len == 0 && b->cap > WS_MSG_KEEP) {
+            ms_mem_free(b->base);
+            b->base = NULL;
+            b->cap = 0;
+        }
+        if (ws->read_off && b->len <= WS_INQ_HIGH / 2 && !ws->gone) {
+            ws->read_off = 0;
+            ms_tunnel_read(&ws->tunnel, 1);
+        }
+    }
+    if (b->len == 0)
+        return ws->gone ? MS_ECLOSED : MS_WS_PENDING;
+    const uint8_t *h = (const uint8_t *)b->base;
+    size_t n = ((size_t)h[3] << 24) | ((size_t)h[4] << 16) | ((size_t)h[5] << 8) | h[6];
+    *op = h[0];
+    *code = (h[1] << 8) | h[2];
+    *data = b->base + WS_REC_HEAD;
+    *len = n;
+    ws->taken = WS_REC_HEAD + n;
+    return MS_WS_GOT;
+}
+
+void ms_ws_wait(ms_ws_t *ws, int32_t slot)
+{
+    ws->slot = slot;
+}
+
+/* A Lua string that will not be written: its slot is released. */
+static void drop(ms_ws_t *ws, int owner, int32_t anchor)
+{
+    if (owner == MS_VEC_LUA && anchor >= 0)
+        ws->server->anchor_released[ws->server->anchor_released_n++] = anchor;
+}
+
+/* Whether `len` more bytes fit the send queue; if not, the socket closes with 1008. */
+static int room(ms_ws_t *ws, size_t len)
+{
+    ms_req_t *r = ws->req;
+    if (r->conn->proto->queued(r) + len <= ws->o.send_queue)
+        return 1;
+    log_close(ws, MS_WS_POLICY, "the peer does not read: send queue over its cap");
+    send_close(ws, MS_WS_POLICY, "send queue full", 15);
+    ms_req_fail(r);
+    cut(ws);
+    return 0;
+}
+
+int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_t anchor)
+{
+    if (ws->gone || ws->p.close_sent || ((op & 0x8) && len > MS_WS_CONTROL_MAX)) {
+        drop(ws, owner, anchor);
+        return (op & 0x8) && len > MS_WS_CONTROL_MAX ? MS_ETOOBIG : MS_ECLOSED;
+    }
+    if (ws->o.deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
+        size_t zn;
+        const char *z = ms_ws_deflate(p, len, ws->o.deflate_bits, &zn);
+        if (z != NULL) {
+            /* Compressed into the process's buffer: copied into the queue, and the string
+             * is not needed. */
+            drop(ws, owner, anchor);
+            uint8_t zh[10];
+            size_t zhl = ms_ws_frame_head(zh, op, 1, zn);
+            zh[0] |= 0x40; /* RSV1: compressed */
+            if (!room(ws, zhl + zn))
+                return MS_ETOOBIG;
+            ws->last_msg = now_ms(ws);
+            ms_tunnel_write(&ws->tunnel, (const char *)zh, zhl, MS_VEC_OUT, -1);
+            return ms_tunnel_write(&ws->tunnel, z, zn, MS_VEC_OUT, -1);
+        }
+    }
+    uint8_t h[10];
+    size_t hl = ms_ws_frame_head(h, op, 1, len);
+    if (!room(ws, hl + len)) {
+        drop(ws, owner, anchor);
+        return MS_ETOOBIG;
+    }
+    if (!(op & 0x8))
+        ws->last_msg = now_ms(ws);
+    ms_tunnel_write(&ws->tunnel, (const char *)h, hl, MS_VEC_OUT, -1);
+    if (len > 0)
+        return ms_tunnel_write(&ws->tunnel, p, len, owner, anchor);
+    drop(ws, owner, anchor);
+    return 0;
+}
+
+int ms_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len, int owner, int32_t anchor)
+{
+    if (ws->gone || ws->p.close_sent || !room(ws, len)) {
+        drop(ws, owner, anchor);
+        return ws->gone || ws->p.close_sent ? MS_ECLOSED : MS_ETOOBIG;
+    }
+    ws->last_msg = now_ms(ws);
+    return ms_tunnel_write(&ws->tunnel, frame, len, owner, anchor);
+}
+
+int ms_ws_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
+{
+    if (ws->gone || ws->p.close_sent)
+        return MS_ECLOSED;
+    send_close(ws, code, reason, rlen);
+    return 0;
+}
+
+int ms_ws_closed(ms_ws_t *ws)
+{
+    return ws->gone || ws->p.close_sent;
+}
+
+void ms__ws_stop_all(ms_server_t *s)
+{
+    for (ms_ws_t *ws = s->ws_open; ws != NULL; ws = ws->next) {
+        send_close(ws, MS_WS_GOING_AWAY, "server stopping", 15);
+        wake(ws);
+    }
+}

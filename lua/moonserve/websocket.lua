@@ -1,0 +1,473 @@
+-- moonserve/websocket.lua: WebSocket endpoints (RFC 6455 over HTTP/1.1, RFC 8441 over HTTP/2)
+-- on the core's framing (core/ws.c): the opening handshake, the socket a handler gets, and
+-- broadcast. A socket's waits park the running code on its slot, as moonserve.socket's do.
+local ffi = require "ffi"
+local base = require "moonserve.base"
+local coro = require "moonserve.coroutine"
+local dispatcher = require "moonserve.dispatcher"
+local response = require "moonserve.response"
+local security = require "moonserve.security"
+
+local C = base.C
+local ffi_str = ffi.string
+local anchors, drain = base.anchors, response.drain
+local waiter, park, owner_now = dispatcher.waiter, dispatcher.park, dispatcher.owner
+local find, gmatch, lower, format = string.find, string.gmatch, string.lower, string.format
+local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
+
+ffi.cdef [[
+typedef struct ms_ws_s ms_ws_t;
+typedef struct ms_ffi_ws_msg_s { const char *data; size_t len; int32_t op, code; } ms_ffi_ws_msg_t;
+int ms_ffi_ws_accept_key(const char *key, size_t len, char *out);
+ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame,
+    double send_queue, double ping, double pong, double idle, double close, int control,
+    int deflate_bits, int *err);
+void ms_ffi_ws_free(ms_ws_t *ws);
+int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
+void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
+int ms_ffi_ws_send(ms_ws_t *ws, ms_server_t *s, int op, const char *p, size_t len);
+int ms_ffi_ws_send_frame(ms_ws_t *ws, ms_server_t *s, const char *frame, size_t len);
+int ms_ffi_ws_frame_head(char *out, int op, double len);
+int ms_ffi_ws_close(ms_ws_t *ws, int code, const char *reason, size_t len);
+int ms_ffi_ws_closed(ms_ws_t *ws);
+int ms_ffi_ws_utf8_ok(const char *p, size_t n);
+int ms_ffi_ws_close_code_ok(int code);
+]]
+
+local TEXT, BINARY, CLOSE, PING, PONG = 1, 2, 8, 9, 10
+local GOT, PENDING = 1, 0
+local KIND = { [TEXT] = "text", [BINARY] = "binary", [CLOSE] = "close", [PING] = "ping",
+    [PONG] = "pong" }
+
+local msg = ffi.new("ms_ffi_ws_msg_t")   -- reused; never held across a yield
+local err_out = ffi.new("int[1]")
+local accept_buf = ffi.new("char[32]")
+local head_buf = ffi.new("char[10]")
+
+local _M = {}
+
+-- -- Options ------------------------------------------------------------------------------
+
+local DEFAULTS = {
+    max_message_bytes = 1048576, -- 1 MiB
+    max_frame_bytes = nil,       -- the message cap
+    send_queue_bytes = 4194304,  -- 4 MiB
+    ping_interval = 30,          -- seconds without a frame from the peer before a ping
+    pong_timeout = 10,           -- seconds the peer has to answer it
+    idle_timeout = 0,            -- seconds without a message: closed (1001); 0 never
+    close_timeout = 5,           -- seconds the peer has to answer our close
+}
+local KNOWN = { protocols = true, origins = true, same_site = true, control_frames = true,
+    deflate = true }
+for k in pairs(DEFAULTS) do
+    KNOWN[k] = true
+end
+
+local function number_opt(opts, k, path, level)
+    local v = opts[k]
+    if v == nil then
+        v = DEFAULTS[k]
+    end
+    if v ~= nil and (type(v) ~= "number" or v < 0) then
+        error(format("bad %s for websocket %s (non-negative number expected)", k, path), level)
+    end
+    return v
+end
+
+-- The endpoint's options, checked once, when the route is added. Misuse raises at the
+-- caller of `level`.
+function _M.compile(opts, path, level)
+    level = (level or 1) + 1
+    opts = opts or {}
+    if type(opts) ~= "table" then
+        error("bad options for websocket " .. path .. " (table expected)", level)
+    end
+    for k in pairs(opts) do
+        if not KNOWN[k] then
+            error("unknown websocket option " .. tostring(k) .. " for " .. path, level)
+        end
+    end
+    local o = {}
+    for k in pairs(DEFAULTS) do
+        o[k] = number_opt(opts, k, path, level + 1)
+    end
+    o.max_frame_bytes = o.max_frame_bytes or o.max_message_bytes
+    local protocols = opts.protocols or {}
+    if type(protocols) ~= "table" then
+        error("bad protocols for websocket " .. path .. " (list of names expected)", level)
+    end
+    o.protocols = {}
+    for i, p in ipairs(protocols) do
+        if type(p) ~= "string" or not find(p, "^[!#$%%&'*+%-.^_`|~%w]+$") then
+            error("bad protocol " .. tostring(p) .. " for websocket " .. path, level)
+        end
+        o.protocols[i] = p
+    end
+    local origins = opts.origins or {}
+    if type(origins) ~= "table" then
+        error("bad origins for websocket " .. path .. " (list of origins expected)", level)
+    end
+    -- Cross-site WebSocket hijacking: the origin rule of unsafe requests (moonserve.security),
+    -- with the endpoint's own list of origins allowed besides the site's.
+    o.origin_check = security.compile({ csrf = { origins = origins,
+        same_site = opts.same_site == true } }).csrf
+    o.control = opts.control_frames == true
+    if opts.deflate ~= nil and type(opts.deflate) ~= "boolean" then
+        error("bad deflate for websocket " .. path .. " (boolean expected)", level)
+    end
+    o.deflate = opts.deflate ~= false
+    return o
+end
+
+-- -- The socket ---------------------------------------------------------------------------
+
+local WebSocket = {}
+WebSocket.__index = WebSocket
+
+-- The core's socket, or nil when it is closed for good.
+local function handle(self)
+    local g = self._g
+    if not g then
+        return nil
+    end
+    return g
+end
+
+-- The next message: data, kind ("text", "binary"; "ping" and "pong" when the endpoint asked
+-- for them), or for the peer's close (or ours, after a protocol error) reason, "close",
+-- code. nil, "closed" once nothing more can come; nil, "timeout" after `timeout` seconds
+-- (nil: no limit) with the socket still open.
+function WebSocket:receive(timeout)
+    if timeout ~= nil and (type(timeout) ~= "number" or timeout < 0) then
+        error("bad timeout (non-negative number expected)", 2)
+    end
+    local g = handle(self)
+    if not g then
+        return nil, "closed"
+    end
+    while true do
+        local rc = C.ms_ffi_ws_receive(g, msg)
+        if rc == GOT then
+            local op = msg.op
+            local data = ffi_str(msg.data, msg.len)
+            if op == CLOSE then
+                return data, "close", msg.code
+            end
+            return data, KIND[op]
+        elseif rc ~= PENDING then
+            return nil, "closed"
+        end
+        coro.check("ws:receive", "wait", 2)
+        local w = waiter("ws:receive")
+        C.ms_ffi_ws_wait(g, w.slot)
+        local ok = park(w, timeout)
+        g = handle(self)
+        if not g then
+            return nil, "closed"
+        end
+        C.ms_ffi_ws_wait(g, -1)
+        if not ok then
+            return nil, "timeout"
+        end
+    end
+end
+
+local function send(self, op, data)
+    local g = handle(self)
+    if not g then
+        return nil, "closed"
+    end
+    local rc = C.ms_ffi_ws_send(g, self._srv, op, data, #data)
+    if rc > 0 then
+        anchors[rc - 1] = data -- the core writes from this string: keep it alive until then
+        drain(self._r)
+        return true
+    elseif rc < 0 then
+        return nil, rc == base.ETOOBIG and "send queue full" or "closed"
+    end
+    return true
+end
+
+-- Sends a message: text (the default) or, with kind "binary", binary. true, or nil and
+-- "closed" (closed or closing), "send queue full" (the peer does not read: it was closed
+-- with 1008), "not UTF-8" (text must be).
+function WebSocket:send(data, kind)
+    if type(data) ~= "string" then
+        error("bad data (string expected)", 2)
+    end
+    local op = TEXT
+    if kind == "binary" then
+        op = BINARY
+    elseif kind ~= nil and kind ~= "text" then
+        error("bad kind (\"text\" or \"binary\" expected)", 2)
+    end
+    if op == TEXT and C.ms_ffi_ws_utf8_ok(data, #data) == 0 then
+        return nil, "not UTF-8"
+    end
+    return send(self, op, data)
+end
+
+-- Sends a ping (at most 125 bytes); the pong comes to receive() when the endpoint asked for
+-- control frames, and counts as the peer's life either way.
+function WebSocket:ping(data)
+    data = data or ""
+    if type(data) ~= "string" or #data > 125 then
+        error("bad ping data (string of at most 125 bytes expected)", 2)
+    end
+    return send(self, PING, data)
+end
+
+-- Starts the close handshake: code (default 1000) and reason (at most 123 bytes, UTF-8).
+-- The peer's answer comes to receive() as "close"; returning from the handler is enough.
+function WebSocket:close(code, reason)
+    code = code or 1000
+    reason = reason or ""
+    if type(code) ~= "number" or C.ms_ffi_ws_close_code_ok(code) == 0 then
+        error("bad close code " .. tostring(code), 2)
+    end
+    if type(reason) ~= "string" or C.ms_ffi_ws_utf8_ok(reason, #reason) == 0 then
+        error("bad close reason (UTF-8 string expected)", 2)
+    end
+    local g = handle(self)
+    if not g then
+        return nil, "closed"
+    end
+    if C.ms_ffi_ws_close(g, code, reason, #reason) < 0 then
+        return nil, "closed"
+    end
+    return true
+end
+
+-- Whether a close was sent or received, or the connection went.
+function WebSocket:closed()
+    local g = handle(self)
+    return not g or C.ms_ffi_ws_closed(g) ~= 0
+end
+
+-- The request is ending: the core's socket goes (a close 1000 goes first if none did).
+function WebSocket:_release()
+    local g = self._g
+    if g then
+        self._g = false
+        C.ms_ffi_ws_free(g)
+        drain(self._r)
+    end
+end
+
+-- -- Broadcast ----------------------------------------------------------------------------
+
+-- Sends `data` (text, or with kind "binary" binary) to every socket of `list`: the frame is
+-- built once and every recipient's write references that one string. Returns how many
+-- took it; sockets that are closed, or whose send queue is full (closed with 1008), are
+-- skipped.
+function _M.broadcast(list, data, kind)
+    if type(list) ~= "table" then
+        error("bad list (table of websockets expected)", 2)
+    end
+    if type(data) ~= "string" then
+        error("bad data (string expected)", 2)
+    end
+    local op = kind == "binary" and BINARY or TEXT
+    if op == TEXT and C.ms_ffi_ws_utf8_ok(data, #data) == 0 then
+        return nil, "not UTF-8"
+    end
+    local frame = ffi_str(head_buf, C.ms_ffi_ws_frame_head(head_buf, op, #data)) .. data
+    local n, r = 0, nil
+    for _, ws in pairs(list) do
+        local g = getmetatable(ws) == WebSocket and handle(ws)
+        if g then
+            local rc = C.ms_ffi_ws_send_frame(g, ws._srv, frame, #frame)
+            if rc > 0 then
+                anchors[rc - 1] = frame
+                n, r = n + 1, ws._r
+            end
+        end
+    end
+    if r then
+        drain(r)
+    end
+    return n
+end
+
+-- -- The opening handshake ----------------------------------------------------------------
+
+-- Whether the comma-separated list field `v` holds `token`, in any case.
+local function has_token(v, token)
+    if not v then
+        return false
+    end
+    for item in gmatch(v, "[^,]+") do
+        if lower((item:gsub("^%s+", ""):gsub("%s+$", ""))) == token then
+            return true
+        end
+    end
+    return false
+end
+
+-- The first of the endpoint's protocols the client offered, or nil.
+local function choose_protocol(offered, mine)
+    if not offered or #mine == 0 then
+        return nil
+    end
+    local set = {}
+    for item in gmatch(offered, "[^,%s]+") do
+        set[item] = true
+    end
+    for _, p in ipairs(mine) do
+        if set[p] then
+            return p
+        end
+    end
+    return nil
+end
+
+-- permessage-deflate (RFC 7692): the first offer of Sec-WebSocket-Extensions we can take.
+-- We always answer with server_no_context_takeover and client_no_context_takeover, so that no
+-- socket keeps zlib state between messages. Returns the response's extension and our window
+-- bits, or nil.
+local function trim(s)
+    return (s:gsub("^%s+", ""):gsub("%s+$", ""))
+end
+
+local function deflate_offer(offer)
+    local params, name = {}, nil
+    for item in gmatch(offer, "[^;]+") do
+        item = trim(item)
+        if not name then
+            name = lower(item)
+            if name ~= "permessage-deflate" then
+                return nil
+            end
+        else
+            local k, v = item:match("^([%w_]+)%s*=%s*\"?([^\"]*)\"?$")
+            k = lower(k or item)
+            if params[k] ~= nil then
+                return nil -- a parameter twice: the offer is refused (RFC 7692 7)
+            end
+            params[k] = v or true
+        end
+    end
+    local bits = 15
+    for k, v in pairs(params) do
+        if k == "server_max_window_bits" then
+            bits = tonumber(v)
+            -- zlib cannot deflate with a window of 256 bytes: an offer that asks for one
+            -- is declined
+            if not bits or bits < 9 or bits > 15 or not find(v, "^%d+$") then
+                return nil
+            end
+        elseif k == "client_max_window_bits" then
+            if v ~= true and not (find(v, "^%d+$") and tonumber(v) >= 8 and tonumber(v) <= 15)
+            then
+                return nil
+            end
+        elseif k ~= "server_no_context_takeover" and k ~= "client_no_context_takeover" then
+            return nil
+        end
+    end
+    local answer = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+    if params.server_max_window_bits then
+        answer = answer .. "; server_max_window_bits=" .. bits
+    end
+    return answer, bits
+end
+
+local function negotiate_deflate(field)
+    if not field then
+        return nil
+    end
+    for offer in gmatch(field, "[^,]+") do
+        local answer, bits = deflate_offer(offer)
+        if answer then
+            return answer, bits
+        end
+    end
+    return nil
+end
+
+local function refuse(res, status, text)
+    return res:status(status):send(text)
+end
+
+-- Answers the upgrade and runs `fn(ws, req)` on the socket; or refuses the request.
+function _M.serve(req, res, fn, o)
+    local r = req.r
+    local h2 = req.method == "CONNECT"
+    if h2 then
+        if req:header(":protocol") ~= "websocket" then
+            return refuse(res, 400, "Bad Request: not a WebSocket CONNECT\n")
+        end
+    elseif req.method ~= "GET" or not has_token(req:header("upgrade"), "websocket")
+        or not has_token(req:header("connection"), "upgrade") then
+        res:header("upgrade", "websocket")
+        res:header("sec-websocket-version", "13")
+        return refuse(res, 426, "Upgrade Required: this is a WebSocket endpoint\n")
+    end
+    if req:header("sec-websocket-version") ~= "13" then
+        res:header("sec-websocket-version", "13")
+        return refuse(res, 426, "Upgrade Required: WebSocket version 13\n")
+    end
+    local accept
+    if not h2 then
+        local key = req:header("sec-websocket-key") or ""
+        local n = C.ms_ffi_ws_accept_key(key, #key, accept_buf)
+        if n < 0 then
+            return refuse(res, 400, "Bad Request: bad Sec-WebSocket-Key\n")
+        end
+        accept = ffi_str(accept_buf, n)
+    end
+    local ok, why = security.same_origin(req, o.origin_check)
+    if not ok then
+        security.log_refusal(req.method, req.path, why)
+        return refuse(res, 403, "Forbidden: cross-origin WebSocket\n")
+    end
+    local protocol = choose_protocol(req:header("sec-websocket-protocol"), o.protocols)
+    if not h2 then
+        res:header("upgrade", "websocket")
+        res:header("sec-websocket-accept", accept)
+    end
+    if protocol then
+        res:header("sec-websocket-protocol", protocol)
+    end
+    local extensions, bits = nil, 0
+    if o.deflate then
+        extensions, bits = negotiate_deflate(req:header("sec-websocket-extensions"))
+        if extensions then
+            res:header("sec-websocket-extensions", extensions)
+        else
+            bits = 0
+        end
+    end
+    local g = C.ms_ffi_ws_accept(r, o.max_message_bytes, o.max_frame_bytes, o.send_queue_bytes,
+        o.ping_interval, o.pong_timeout, o.idle_timeout, o.close_timeout, o.control and 1 or 0,
+        bits, err_out)
+    if g == nil then
+        if err_out[0] == base.EBUSY then
+            res:_reset()
+            res:header("retry-after", "1")
+            return refuse(res, 503, "Service Unavailable: too many WebSockets\n")
+        end
+        return nil
+    end
+    local ws = setmetatable({ _g = g, _r = r, _srv = C.ms_ffi_req_server(r),
+        protocol = protocol or "", extensions = extensions or "" }, WebSocket)
+    local own = owner_now("websocket")
+    local set = own.owned
+    if not set then
+        set = {}
+        own.owned = set
+    end
+    set[ws] = true
+    local ok2, err = xpcall(fn, debug.traceback, ws, req)
+    if not ok2 then
+        base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))
+        local g2 = handle(ws)
+        if g2 and C.ms_ffi_ws_closed(g2) == 0 then
+            C.ms_ffi_ws_close(g2, 1011, "", 0)
+        end
+    end
+    return nil
+end
+
+_M.WebSocket = WebSocket
+return _M

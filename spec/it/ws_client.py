@@ -1,0 +1,304 @@
+"""ws_client.py: the WebSocket conformance client of spec/it/websocket_spec.lua.
+
+Run by Debian's python3 as `ws_client.py PORT CASE`: each case talks to the server with the
+websockets library (RFC 6455 as a browser speaks it) or, over HTTP/2, with the h2 library
+and frames of our own (RFC 8441's extended CONNECT), and prints one line per fact the spec
+checks, as "name=value".
+"""
+import asyncio
+import os
+import socket
+import struct
+import sys
+
+PORT = int(sys.argv[1])
+CASE = sys.argv[2]
+URL = "ws://127.0.0.1:%d" % PORT
+
+
+def say(name, value):
+    print("%s=%s" % (name, value), flush=True)
+
+
+# -- Over HTTP/1.1, with the websockets library -------------------------------------------
+
+async def echo():
+    import websockets
+    async with websockets.connect(URL + "/ws/echo", subprotocols=["chat.v1", "chat.v2"]) as ws:
+        say("protocol", ws.subprotocol)
+        await ws.send("hello \u00e9\U0001F600")
+        say("text", await ws.recv() == "hello \u00e9\U0001F600")
+        await ws.send(b"\x00\x01\xff")
+        say("binary", await ws.recv() == b"\x00\x01\xff")
+        big = os.urandom(60000)
+        await ws.send(big)
+        say("big", await ws.recv() == big)
+        # a fragmented message, as the library sends an iterable
+        await ws.send(["frag", "ment", "ed"])
+        say("fragmented", await ws.recv())
+        pong = await ws.ping(b"are you there")
+        await asyncio.wait_for(pong, 5)
+        say("pong", "yes")
+    say("close_code", ws.close_code)
+
+
+async def no_protocol():
+    import websockets
+    async with websockets.connect(URL + "/ws/echo", subprotocols=["other"]) as ws:
+        say("protocol", ws.subprotocol)
+
+
+async def client_close():
+    import websockets
+    ws = await websockets.connect(URL + "/ws/echo")
+    await ws.close(4000, "bye now")
+    say("close_code", ws.close_code)
+    say("close_reason", ws.close_reason)
+
+
+async def server_close():
+    import websockets
+    async with websockets.connect(URL + "/ws/closer") as ws:
+        await ws.send("3001 going away now")
+        try:
+            await ws.recv()
+        except websockets.ConnectionClosed as e:
+            say("close_code", e.rcvd.code)
+            say("close_reason", e.rcvd.reason)
+
+
+async def too_big():
+    import websockets
+    async with websockets.connect(URL + "/ws/echo", max_size=None) as ws:
+        await ws.send(b"z" * 70000)
+        try:
+            await ws.recv()
+        except websockets.ConnectionClosed as e:
+            say("close_code", e.rcvd.code)
+
+
+async def timeout():
+    import websockets
+    async with websockets.connect(URL + "/ws/timeout") as ws:
+        say("said", await ws.recv())
+
+
+async def room():
+    import websockets
+    a = await websockets.connect(URL + "/ws/room")
+    b = await websockets.connect(URL + "/ws/room")
+    say("a_joined", await a.recv())
+    say("b_joined", await b.recv())
+    await a.send("to everyone")
+    say("a_got", await a.recv())
+    say("b_got", await b.recv())
+    big = "B" * 5000  # over the size copied into the queue: referenced by both writes
+    await b.send(big)
+    say("a_big", await a.recv() == big)
+    say("b_big", await b.recv() == big)
+    await a.close()
+    await b.close()
+
+
+async def wait_stop():
+    import websockets
+    async with websockets.connect(URL + "/ws/wait") as ws:
+        say("said", await ws.recv())
+        try:
+            await asyncio.wait_for(ws.recv(), 10)
+        except websockets.ConnectionClosed as e:
+            say("close_code", e.rcvd.code)
+
+
+async def private():
+    import websockets
+    try:
+        async with websockets.connect(URL + "/ws/private"):
+            say("status", 101)
+    except websockets.InvalidStatusCode as e:
+        say("status", e.status_code)
+    async with websockets.connect(URL + "/ws/private?token=let-me-in") as ws:
+        await ws.send("in")
+        say("echo", await ws.recv())
+
+
+async def deflate():
+    import websockets
+    async with websockets.connect(URL + "/ws/ext") as ws:
+        say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
+        say("agreed", await ws.recv())
+        for i, m in enumerate(["short", "x" * 50000, "\u00e9" * 3000]):
+            await ws.send(m)
+            say("echo%d" % i, await ws.recv() == m)
+        big = bytes(range(256)) * 200
+        await ws.send(big)
+        say("binary", await ws.recv() == big)
+
+
+def deflate_bomb():
+    """Raw frames: 16 MiB of zeros in about 16 KiB, to an endpoint capped at 64 KiB."""
+    import base64
+    import zlib
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n"
+                  "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n" % key).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    head, rest = head.split(b"\r\n\r\n", 1)
+    say("extension", b"permessage-deflate" in head)
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    z = c.compress(b"\0" * (16 << 20)) + c.flush(zlib.Z_SYNC_FLUSH)
+    say("compressed_bytes", len(z) - 4)
+    sock.sendall(mask_frame(0xC2, z[:-4]))
+    buf = rest
+    while True:
+        fs, _ = parse_frames(buf)
+        if fs:
+            break
+        data = sock.recv(65536)
+        if not data:
+            break
+        buf += data
+    say("close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
+
+
+# -- Over HTTP/2, extended CONNECT with the h2 library ------------------------------------
+
+def mask_frame(b0, payload):
+    key = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        head = bytes([b0, 0x80 | n])
+    elif n < 65536:
+        head = bytes([b0, 0x80 | 126]) + struct.pack(">H", n)
+    else:
+        head = bytes([b0, 0x80 | 127]) + struct.pack(">Q", n)
+    return head + key + bytes(c ^ key[i % 4] for i, c in enumerate(payload))
+
+
+def parse_frames(buf):
+    """Server frames (unmasked) in buf: a list of (opcode, payload) and the rest."""
+    out = []
+    while len(buf) >= 2:
+        n = buf[1] & 0x7F
+        h = 2
+        if n == 126:
+            if len(buf) < 4:
+                break
+            n, h = struct.unpack(">H", buf[2:4])[0], 4
+        elif n == 127:
+            if len(buf) < 10:
+                break
+            n, h = struct.unpack(">Q", buf[2:10])[0], 10
+        if len(buf) < h + n:
+            break
+        out.append((buf[0] & 0x0F, buf[h:h + n]))
+        buf = buf[h + n:]
+    return out, buf
+
+
+def h2_case():
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    enabled = None
+    streams = {}
+
+    def pump(until):
+        nonlocal enabled
+        while not until():
+            data = sock.recv(65536)
+            if not data:
+                return False
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.RemoteSettingsChanged):
+                    s = ev.changed_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL)
+                    if s is not None:
+                        enabled = s.new_value
+                elif isinstance(ev, h2.events.ResponseReceived):
+                    streams.setdefault(ev.stream_id, {})["headers"] = dict(ev.headers)
+                elif isinstance(ev, h2.events.DataReceived):
+                    st = streams.setdefault(ev.stream_id, {})
+                    st["data"] = st.get("data", b"") + ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    streams.setdefault(ev.stream_id, {})["ended"] = True
+            sock.sendall(conn.data_to_send())
+        return True
+
+    pump(lambda: enabled is not None)
+    say("enable_connect_protocol", enabled)
+
+    def open_ws(path, extra=()):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "CONNECT"), (":protocol", "websocket"),
+                                (":scheme", "http"), (":path", path),
+                                (":authority", "127.0.0.1:%d" % PORT),
+                                ("sec-websocket-version", "13")] + list(extra))
+        sock.sendall(conn.data_to_send())
+        pump(lambda: "headers" in streams.get(sid, {}))
+        return sid
+
+    def send(sid, frame):
+        conn.send_data(sid, frame)
+        sock.sendall(conn.data_to_send())
+
+    def frames(sid, count):
+        got = []
+        while True:
+            st = streams.setdefault(sid, {})
+            fs, rest = parse_frames(st.get("data", b""))
+            if len(fs) >= count or st.get("ended"):
+                st["data"] = rest
+                return fs
+            had = len(st.get("data", b""))
+            if not pump(lambda: len(st.get("data", b"")) > had or st.get("ended")):
+                return fs
+
+    sid = open_ws("/ws/echo", [("sec-websocket-protocol", "chat.v1")])
+    h = streams[sid]["headers"]
+    say("status", h.get(b":status", b"").decode())
+    say("protocol", h.get(b"sec-websocket-protocol", b"").decode())
+    send(sid, mask_frame(0x81, "über h2".encode()))
+    (op, payload), = frames(sid, 1)
+    say("echo", payload.decode())
+    # a second WebSocket on the same connection, and a bad frame on it: 1002 on that stream
+    other = open_ws("/ws/echo")
+    send(other, mask_frame(0xC1, b"rsv"))
+    fs = frames(other, 1)
+    say("other_close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
+    # the first still works
+    send(sid, mask_frame(0x89, b"hi"))
+    fs = frames(sid, 1)
+    say("pong", fs[0][1].decode() if fs and fs[0][0] == 10 else None)
+    send(sid, mask_frame(0x88, struct.pack(">H", 1000)))
+    fs = frames(sid, 1)
+    say("close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
+    # a cross-site page's CONNECT is refused as the HTTP/1.1 upgrade is
+    bad = open_ws("/ws/echo", [("origin", "https://evil.example")])
+    say("cross_status", streams[bad]["headers"].get(b":status", b"").decode())
+    sock.close()
+
+
+CASES = {
+    "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
+    "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
+    "wait_stop": wait_stop, "private": private, "deflate": deflate,
+}
+
+if CASE == "h2":
+    h2_case()
+elif CASE == "deflate_bomb":
+    deflate_bomb()
+else:
+    asyncio.run(CASES[CASE]())

@@ -672,7 +672,7 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
         return NULL;
     }
     /* An open WebSocket is not a request in flight: it has its own cap. */
-    s->stats.in_flight--;
+    s->stats->in_flight--;
     s->websockets++;
     ws->next = s->ws_open;
     if (ws->next != NULL)
@@ -704,7 +704,7 @@ void ms_ws_free(ms_ws_t *ws)
         ws->next->prev = ws->prev;
     /* Back to a request in flight, which ms_req_finish counts out. */
     s->websockets--;
-    s->stats.in_flight++;
+    s->stats->in_flight++;
     ms_ws_parser_free(&ws->p);
     ms_mem_free(ws->inq.base);
     ms_mem_free(ws);

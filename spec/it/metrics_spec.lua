@@ -261,6 +261,43 @@ describe("metrics in one process", function()
         plain = helper.spawn_server { app = "spec/fixtures/app.lua" }
         assert.equal(404, request(plain.port, "GET", "/metrics").status)
     end)
+
+    it("count open connections by protocol: HTTP/2 ones, and TLS ones besides", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        helper.sh("mkdir -p " .. q(dir))
+        helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+            .. "-keyout %s -out %s -days 2 -subj /CN=localhost 2>&1", helper.tool("openssl"),
+            q(dir .. "/m.key"), q(dir .. "/m.pem")))
+        local srv = helper.spawn_server { app = "spec/fixtures/metrics.lua", args = string.format(
+            "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s", q(dir .. "/m.pem"),
+            q(dir .. "/m.key")) }
+        local h2c, held
+        finally(function()
+            if h2c then h2c:close() end
+            if held then helper.stop_pid(held) end
+            srv:stop()
+            helper.sh("rm -rf " .. q(dir))
+        end)
+        -- An HTTP/2 connection by prior knowledge (the preface and empty SETTINGS), held open.
+        h2c = helper.connect(srv.port)
+        assert(h2c:send("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0"))
+        assert(h2c:receive(9)) -- the server's SETTINGS: the session is made
+        -- A TLS connection that agreed on h2 and sent its preface, held open by a client
+        -- that waits.
+        held = helper.background(string.format("(printf 'PRI * HTTP/2.0\\r\\n\\r\\nSM"
+            .. "\\r\\n\\r\\n\\0\\0\\0\\4\\0\\0\\0\\0\\0'; sleep 5) | %s s_client "
+            .. "-connect 127.0.0.1:%d -alpn h2 -quiet", helper.tool("openssl"), srv.ports[2]))
+        local s
+        assert.truthy(helper.wait_for(function()
+            s = select(2, scrape(srv.port, "/scrape"))
+            return value(s, "moonserve_connections", { protocol = "tls" }) == 1
+                and value(s, "moonserve_connections", { protocol = "h2" }) == 2
+        end, 5), "h2 and tls connections: " .. tostring(s and value(s, "moonserve_connections",
+            { protocol = "h2" })) .. ", " .. tostring(s and value(s, "moonserve_connections",
+            { protocol = "tls" })))
+        assert.equal(1, value(s, "moonserve_connections", { protocol = "http/1.1" })) -- the scrape
+    end)
 end)
 
 local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")

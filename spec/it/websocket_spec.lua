@@ -458,7 +458,38 @@ describe("WebSocket", function()
             assert.equal("1002", t.other_close, t._out)
             assert.equal("hi", t.pong, t._out)
             assert.equal("1000", t.close, t._out)
+            assert.equal("200", t.own_origin_status, t._out)
             assert.equal("403", t.cross_status, t._out)
+        end)
+
+        it("takes it over TLS with h2 chosen by ALPN, as a browser opens one", function()
+            local dir = os.tmpname()
+            os.remove(dir)
+            helper.sh("mkdir -p " .. q(dir))
+            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
+                .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
+                q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
+            local tls = helper.spawn_server { app = "spec/fixtures/websocket.lua",
+                args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
+                    q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
+            local out = helper.run(string.format("WS_TLS_CA=%s %s %s %d h2 2>&1",
+                q(dir .. "/ws.pem"), q(helper.tool("websockets")),
+                q(helper.root .. "/spec/it/ws_client.py"), tls.ports[2]))
+            tls:stop()
+            helper.sh("rm -rf " .. q(dir))
+            local t = {}
+            for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
+                t[k] = v
+            end
+            assert.equal("h2", t.alpn, out)
+            assert.equal("1", t.enable_connect_protocol, out)
+            assert.equal("200", t.status, out)
+            assert.equal("über h2", t.echo, out)
+            assert.equal("1002", t.other_close, out)
+            assert.equal("1000", t.close, out)
+            assert.equal("200", t.own_origin_status, out)
+            assert.equal("403", t.cross_status, out)
         end)
     end)
 

@@ -8,6 +8,7 @@ checks, as "name=value".
 import asyncio
 import os
 import socket
+import ssl
 import struct
 import sys
 
@@ -208,6 +209,15 @@ def h2_case():
     import h2.settings
 
     sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    # WS_TLS_CA: over TLS with h2 by ALPN, as a browser speaks it, trusting that CA.
+    ca = os.environ.get("WS_TLS_CA")
+    scheme, authority = "http", "127.0.0.1:%d" % PORT
+    if ca:
+        ctx = ssl.create_default_context(cafile=ca)
+        ctx.set_alpn_protocols(["h2"])
+        sock = ctx.wrap_socket(sock, server_hostname="localhost")
+        say("alpn", sock.selected_alpn_protocol())
+        scheme, authority = "https", "localhost:%d" % PORT
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
@@ -242,8 +252,8 @@ def h2_case():
     def open_ws(path, extra=()):
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, [(":method", "CONNECT"), (":protocol", "websocket"),
-                                (":scheme", "http"), (":path", path),
-                                (":authority", "127.0.0.1:%d" % PORT),
+                                (":scheme", scheme), (":path", path),
+                                (":authority", authority),
                                 ("sec-websocket-version", "13")] + list(extra))
         sock.sendall(conn.data_to_send())
         pump(lambda: "headers" in streams.get(sid, {}))
@@ -284,7 +294,10 @@ def h2_case():
     send(sid, mask_frame(0x88, struct.pack(">H", 1000)))
     fs = frames(sid, 1)
     say("close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
-    # a cross-site page's CONNECT is refused as the HTTP/1.1 upgrade is
+    # the page's own origin is taken; a cross-site page's CONNECT is refused as the HTTP/1.1
+    # upgrade is
+    own = open_ws("/ws/echo", [("origin", "%s://%s" % (scheme, authority))])
+    say("own_origin_status", streams[own]["headers"].get(b":status", b"").decode())
     bad = open_ws("/ws/echo", [("origin", "https://evil.example")])
     say("cross_status", streams[bad]["headers"].get(b":status", b"").decode())
     sock.close()

@@ -867,10 +867,12 @@ static int on_status(SSL *ssl, void *arg)
             continue;
         if (st->next_update != 0 && time(NULL) > st->next_update) {
             if (!st->stale_logged) {
+                char subject[256];
                 st->stale_logged = 1;
+                X509_NAME_oneline(X509_get_subject_name(leaf), subject, sizeof(subject));
                 ms_log(MS_LOG_WARN, "TLS: the OCSP response for %s is past its next update: "
                                     "not stapled (refresh the file, then reload)",
-                       X509_NAME_oneline(X509_get_subject_name(leaf), NULL, 0) ?: "?");
+                       subject);
             }
             return SSL_TLSEXT_ERR_NOACK;
         }

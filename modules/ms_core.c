@@ -330,20 +330,17 @@ static int server_tls(lua_State *L)
     return 1;
 }
 
-/* server:tls_cert(id, name or nil, cert_pem, key_pem) -> true, or nil and why: a certificate
- * chain and its key for a server name (nil: the default one). */
-static int server_tls_cert(lua_State *L)
+/* The TLS settings `id` at `idx`: raises for none, or one this server has not made. */
+static ms_tls_t *check_tls(lua_State *L, binding_t *b, int idx)
 {
-    binding_t *b = check_server(L);
-    ms_tls_t *t = opt_tls(L, b, 2);
-    if (t == NULL)
-        return luaL_argerror(L, 2, "TLS settings expected");
-    const char *name = luaL_optstring(L, 3, NULL);
-    size_t clen, klen;
-    const char *cert = luaL_checklstring(L, 4, &clen);
-    const char *key = luaL_checklstring(L, 5, &klen);
-    char err[256];
-    if (ms_tls_cert(t, name, cert, clen, key, klen, err, sizeof(err)) < 0) {
+    luaL_checkinteger(L, idx);
+    return opt_tls(L, b, idx);
+}
+
+/* true, or nil and why. */
+static int tls_result(lua_State *L, int rc, const char *err)
+{
+    if (rc < 0) {
         lua_pushnil(L);
         lua_pushstring(L, err);
         return 2;
@@ -352,25 +349,31 @@ static int server_tls_cert(lua_State *L)
     return 1;
 }
 
+/* server:tls_cert(id, name or nil, cert_pem, key_pem) -> true, or nil and why: a certificate
+ * chain and its key for a server name (nil: the default one). */
+static int server_tls_cert(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_tls_t *t = check_tls(L, b, 2);
+    const char *name = luaL_optstring(L, 3, NULL);
+    size_t clen, klen;
+    const char *cert = luaL_checklstring(L, 4, &clen);
+    const char *key = luaL_checklstring(L, 5, &klen);
+    char err[256];
+    return tls_result(L, ms_tls_cert(t, name, cert, clen, key, klen, err, sizeof(err)), err);
+}
+
 /* server:tls_staple(id, cert_pem, ocsp_der) -> true, or nil and why: an OCSP response
  * stapled to the handshakes that send that certificate. */
 static int server_tls_staple(lua_State *L)
 {
     binding_t *b = check_server(L);
-    ms_tls_t *t = opt_tls(L, b, 2);
-    if (t == NULL)
-        return luaL_argerror(L, 2, "TLS settings expected");
+    ms_tls_t *t = check_tls(L, b, 2);
     size_t clen, dlen;
     const char *cert = luaL_checklstring(L, 3, &clen);
     const char *der = luaL_checklstring(L, 4, &dlen);
     char err[256];
-    if (ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)) < 0) {
-        lua_pushnil(L);
-        lua_pushstring(L, err);
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return tls_result(L, ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)), err);
 }
 
 static void stopped(ms_server_t *s)

@@ -376,6 +376,21 @@ function helper.simulate(app, method, path, opts)
     return status, headers, body
 end
 
+-- A RESP command to the Redis at `port` from the spec itself (not through moonserve); the
+-- reply's text, a bulk reply whole.
+function helper.redis_cmd(port, line)
+    local c = assert(socket.connect("127.0.0.1", port))
+    c:settimeout(2)
+    assert(c:send(line .. "\r\n"))
+    local head = assert(c:receive())
+    local out = head
+    if head:sub(1, 1) == "$" then
+        out = assert(c:receive(tonumber(head:sub(2)) + 2))
+    end
+    c:close()
+    return out
+end
+
 -- Runs fn with the JIT's trace log on; returns the log text.
 function helper.jit_log(fn)
     local v = require "jit.v"

@@ -508,6 +508,16 @@ function _M.owner(what, level)
     return o
 end
 
+-- `obj` is the owner's `o` (from _M.owner) until the owner ends, when its _release() runs.
+function _M.adopt(o, obj)
+    local objs = o.owned
+    if not objs then
+        objs = {}
+        o.owned = objs
+    end
+    objs[obj] = true
+end
+
 -- The context the running code is in: for a request's handler, its coroutines and its light
 -- threads, the handler's frame ({ req, res }: "request"); for a timer's run, a hook and
 -- their light threads, the root task ("timer" or "hook", and the hook's name); else nil.

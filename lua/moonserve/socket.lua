@@ -217,12 +217,7 @@ local function new_socket(mt, make, what)
     local o = owner_now(what, 3)
     local g = ffi_gc(make(o.srv), C.ms_ffi_sock_free)
     local self = setmetatable({ g = g, owner = o, reading = false, writing = false }, mt)
-    local objs = o.owned
-    if not objs then
-        objs = {}
-        o.owned = objs
-    end
-    objs[self] = true
+    dispatcher.adopt(o, self)
     return self
 end
 

@@ -451,13 +451,7 @@ function _M.serve(req, res, fn, o)
     end
     local ws = setmetatable({ _g = g, _r = r, _srv = C.ms_ffi_req_server(r),
         protocol = protocol or "", extensions = extensions or "" }, WebSocket)
-    local own = owner_now("websocket")
-    local set = own.owned
-    if not set then
-        set = {}
-        own.owned = set
-    end
-    set[ws] = true
+    dispatcher.adopt(owner_now("websocket"), ws)
     local ok2, err = xpcall(fn, debug.traceback, ws, req)
     if not ok2 then
         base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))

@@ -1,25 +1,12 @@
 -- spec/it/ngx_spec.lua: OpenResty-style handlers (spec/fixtures/ngx.lua) on a real server, with
 -- the real lua-resty drivers from Debian against a real Redis and memcached this spec starts.
 local helper = require "helper"
-local socket = require "socket"
 local cjson = require "cjson"
 
 local free_port, start, stop, wait_port = helper.free_port, helper.background, helper.stop_pid,
     helper.wait_port
 
--- A RESP command from the spec itself; the reply's text (bulk replies whole).
-local function redis_cmd(port, line)
-    local c = assert(socket.connect("127.0.0.1", port))
-    c:settimeout(2)
-    assert(c:send(line .. "\r\n"))
-    local head = assert(c:receive())
-    local out = head
-    if head:sub(1, 1) == "$" then
-        out = assert(c:receive(tonumber(head:sub(2)) + 2))
-    end
-    c:close()
-    return out
-end
+local redis_cmd = helper.redis_cmd
 
 describe("the ngx layer on a real server", function()
     local srv, redis_pid, mc_pid, rport, mport

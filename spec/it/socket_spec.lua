@@ -41,19 +41,7 @@ local function get(srv, path)
     return res.body, res.status
 end
 
--- A RESP command from the spec itself (to count and kill Redis clients).
-local function redis_cmd(port, line)
-    local c = assert(socket.connect("127.0.0.1", port))
-    c:settimeout(2)
-    assert(c:send(line .. "\r\n"))
-    local head = assert(c:receive())
-    local out = head
-    if head:sub(1, 1) == "$" then
-        out = assert(c:receive(tonumber(head:sub(2)) + 2))
-    end
-    c:close()
-    return out
-end
+local redis_cmd = helper.redis_cmd
 
 local function clients(port)
     local n = 0

@@ -1,7 +1,12 @@
--- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
+--- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
 -- It reaches whatever serves it only through moonserve/host.lua (and the request and reply
 -- objects the host hands to app:handle), so that defining an app loads no part of the core.
+--
+-- `App`: An application (moonserve.app()) or a site (app:site(host)): its routes, middleware,
+--   static mounts, error pages and settings.
+-- `Group`: A group of routes under a prefix, with middleware of its own (app:group).
+-- @module moonserve.app
 local canon = require "moonserve.canon"
 local the_host = require "moonserve.host" -- whatever serves the app: its log, its run
 local router = require "moonserve.router"
@@ -36,6 +41,9 @@ local function inherited(app, key, sub_key)
     end
     return v
 end
+--- What a site has of its app: the value of `key` (and `sub_key`) on the app or the
+-- nearest parent that sets it.
+-- @local
 _M.inherited = inherited
 
 -- Drops what was worked out from `app`'s settings (resolved, and the middleware chain),
@@ -75,7 +83,7 @@ local function new(opts, parent, level)
     return app
 end
 
--- moonserve.app(opts): opts.trailing_slash ("strip", the default: "/a/" redirects to
+--- moonserve.app(opts): opts.trailing_slash ("strip", the default: "/a/" redirects to
 -- "/a"; "add"; "keep"), opts.canonical (default true: non-canonical paths redirect with 308),
 -- opts.security (see app:security), opts.dev (error pages show the traceback).
 function _M.new(opts)
@@ -87,7 +95,7 @@ function _M.new(opts)
     return app
 end
 
--- Security headers and the origin check for this app or site: false for no headers, or a
+--- Security headers and the origin check for this app or site: false for no headers, or a
 -- table of nosniff, referrer, frame ("DENY", "SAMEORIGIN" or false), csp, hsts ({ max_age,
 -- include_subdomains, preload } or false; sent only to requests that came over TLS), and
 -- csrf (the origin check of unsafe methods: false turns it off; { origins = { "https://
@@ -125,7 +133,7 @@ local function security_of(app)
     return resolved(app).secure
 end
 
--- Adds the security headers to a reply.
+--- Adds the security headers to a reply.
 function App:secure_reply(req, res)
     local sec = security_of(self)
     if sec.always ~= "" then
@@ -136,7 +144,7 @@ function App:secure_reply(req, res)
     end
 end
 
--- Templates for res:render: opts as moonserve.template.new ({ root = "views", cache =
+--- Templates for res:render: opts as moonserve.template.new ({ root = "views", cache =
 -- true, helpers = {...} }). A site without its own views uses its app's.
 function App:views(opts)
     self.views_engine = require("moonserve.template").new(opts)
@@ -144,7 +152,7 @@ function App:views(opts)
     return self.views_engine
 end
 
--- An error page: fn(req, res, info) answers for `status` (info.status; for 5xx also
+--- An error page: fn(req, res, info) answers for `status` (info.status; for 5xx also
 -- info.ref, the id in the log line). A site without its own page uses its app's.
 function App:error_page(status, fn)
     if type(status) ~= "number" or type(fn) ~= "function" then
@@ -160,7 +168,7 @@ local REASONS = { [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbid
     [429] = "Too Many Requests", [500] = "Internal Server Error", [501] = "Not Implemented",
     [502] = "Bad Gateway", [503] = "Service Unavailable", [504] = "Gateway Timeout" }
 
--- Answers with the error page for info.status.
+--- Answers with the error page for info.status.
 function App:error(req, res, info)
     local page = inherited(self, "error_pages", info.status)
     if page then
@@ -193,7 +201,7 @@ local function reference(req)
     return format("%06x%04x", math.random(0, 0xffffff), (ok and tonumber(id) or 0) % 0x10000)
 end
 
--- What a handler's error means: the host calls it on the app it serves when app:handle
+--- What a handler's error means: the host calls it on the app it serves when app:handle
 -- raised `err` (the message with its traceback). This one logs the error with a reference
 -- id, gives it to the on_error handlers (the site's, then its app's), and unless one of them
 -- answered, answers with the 500 error page (app:error with { status = 500, ref, trace }:
@@ -298,7 +306,7 @@ local function add(self, method, group, ...)
     return self
 end
 
--- app:route(method, [name,] path, [middleware...,] handler[, opts]);
+--- app:route(method, [name,] path, [middleware...,] handler[, opts]);
 -- opts.body_bytes: this route's body limit; opts.csrf = false: no origin check (see
 -- app:security) for this route.
 function App:route(method, ...)
@@ -317,7 +325,7 @@ for _, m in ipairs(METHODS) do
     end
 end
 
--- A route whose handler is OpenResty code, as content_by_lua runs it: fn() takes no
+--- A route whose handler is OpenResty code, as content_by_lua runs it: fn() takes no
 -- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx.lua),
 -- and what it returns is ignored. Like an nginx location, every method reaches it (HEAD
 -- through GET). opts as a route's.
@@ -341,7 +349,7 @@ function App:ngx_content(path, fn, opts)
     return self
 end
 
--- A WebSocket endpoint: fn(ws, req) runs on the socket once the upgrade is accepted
+--- A WebSocket endpoint: fn(ws, req) runs on the socket once the upgrade is accepted
 -- (HTTP/1.1 GET with Upgrade, or HTTP/2's extended CONNECT), after the app's middleware,
 -- which may refuse it as it would any request. opts: see moonserve/websocket.lua (compile)
 -- and docs/API.md. The handshake does its own origin check, so the route's is off.
@@ -364,7 +372,7 @@ function App:websocket(path, fn, opts)
     return self
 end
 
--- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
+--- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
 -- gets back what the rest returned).
 function App:use(fn)
     if type(fn) ~= "function" then
@@ -390,7 +398,7 @@ end
 local Group = {}
 Group.__index = Group
 
--- A group of routes under a path prefix, with middleware of its own that runs after the
+--- A group of routes under a path prefix, with middleware of its own that runs after the
 -- app's and before the route's. app:group("/admin", function(g) g:get(...) end), or use
 -- the group it returns.
 function App:group(prefix, fn)
@@ -402,6 +410,9 @@ function App:group(prefix, fn)
     return g
 end
 
+--- Middleware for the group's routes (after the app's, before the route's own).
+-- @tparam function fn function(req, res, next)
+-- @return the group
 function Group:use(fn)
     if type(fn) ~= "function" then
         error("bad middleware (function expected)", 2)
@@ -410,6 +421,9 @@ function Group:use(fn)
     return self
 end
 
+--- A route under the group's prefix: as App:route. `g:get(...)`, `g:post(...)` and the
+-- other methods are the same with the method named.
+-- @return the group
 function Group:route(method, ...)
     add(self.app, method:upper(), self, ...)
     return self
@@ -423,6 +437,8 @@ for _, m in ipairs(METHODS) do
     end
 end
 
+--- A group inside this one: its prefix appended, its middleware after this one's.
+-- @return the new group
 function Group:group(prefix, fn)
     local g = self.app:group(self.prefix .. prefix)
     for _, mw in ipairs(self.middleware) do
@@ -436,7 +452,7 @@ end
 
 -- -- Sites and mounted apps -------------------------------------------------------------------
 
--- A site for one host ("example.org", "[::1]"; an IPv6 address may come without its
+--- A site for one host ("example.org", "[::1]"; an IPv6 address may come without its
 -- brackets): the same methods, its own routes and middleware (run after the app's). The
 -- app's own routes serve hosts that have no site. opts.base: the site lives under that path
 -- (req.base_path), and requests outside it are 404. What the site does not set it has from
@@ -483,7 +499,7 @@ function App:site(host, opts)
     return s
 end
 
--- An access log setting as { path = FILE or "-", format = "combined" | "json" | template },
+--- An access log setting as { path = FILE or "-", format = "combined" | "json" | template },
 -- from that table, a path alone, or false (no access log).
 function _M.access_log_spec(v, level)
     if v == false then
@@ -520,7 +536,7 @@ local function site_for(self, host)
     return site
 end
 
--- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
+--- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
 -- ("10m", "512k" or bytes). Declared before the server starts; it lives as long as the server
 -- (a reload keeps it and its values), so its size can change only with a restart.
 function App:shared_dict(name, size)
@@ -547,7 +563,7 @@ function App:shared_dict(name, size)
     return self
 end
 
--- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
+--- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
 -- that answers (res:sent()) ends it; a site's run before its app's.
 function App:on_error(fn)
     if type(fn) ~= "function" then
@@ -558,7 +574,7 @@ function App:on_error(fn)
     return self
 end
 
--- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
+--- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
 -- req.base_path holds the prefix.
 function App:mount(prefix, other)
     -- (the mounted app's own canonical-path check sees a path that is canonical already)
@@ -599,7 +615,7 @@ local STATIC_OPTS = { index = "string", listing = "boolean", spa = "boolean",
     compress_max = "number", memory_max = "number", live_reload = "boolean",
     hook = "function" }
 
--- Serves the files of `dir` under `prefix` from the core: a request there never enters Lua,
+--- Serves the files of `dir` under `prefix` from the core: a request there never enters Lua,
 -- unless opts.hook(req, res) is given, which runs first like a handler (it may answer, or
 -- set fields) before the core sends the file. A path with no file behind it goes on to the
 -- app's routes. opts: index ("index.html", or false), listing, spa, dotfiles,
@@ -647,7 +663,7 @@ function App:static(prefix, dir, opts)
     return self
 end
 
--- Every static mount of the app and its sites, with what the core needs to serve it:
+--- Every static mount of the app and its sites, with what the core needs to serve it:
 -- the full prefix (a site's base first), the host, and the security fields.
 function App:static_mounts()
     local all = {}
@@ -670,7 +686,7 @@ function App:static_mounts()
     return all
 end
 
--- The path of the route called `name`, filled from `params`.
+--- The path of the route called `name`, filled from `params`.
 function App:url_for(name, params)
     return self.router:url_for(name, params)
 end
@@ -726,7 +742,7 @@ local function chain(app)
     return c
 end
 
--- Runs the request through sites, middleware and routes; returns what the handler
+--- Runs the request through sites, middleware and routes; returns what the handler
 -- returned (the `return status, body, headers` form). A request through no middleware
 -- makes no closure on the way: the JIT compiles this path whole.
 function App:handle(req, res)
@@ -821,7 +837,7 @@ function App:handle(req, res)
     return run_chain(mw, 1, req, res, handler)
 end
 
--- The largest body any route of the app or its sites allows beyond `default`.
+--- The largest body any route of the app or its sites allows beyond `default`.
 function App:max_body_bytes(default)
     local max = default
     local function visit(app)
@@ -837,7 +853,7 @@ end
 
 -- Serves the app (moonserve/server.lua: run, for the core).
 -- -- Worker hooks -----------------------------------------------------------------------
--- fn() runs in every worker once it starts (not in the master, where an app file's top level
+--- fn() runs in every worker once it starts (not in the master, where an app file's top level
 -- runs too), in a coroutine with the whole non-blocking API; the worker is ready (and a
 -- reload hands over to it) once every start hook has returned.
 function App:on_worker_start(fn)
@@ -850,7 +866,7 @@ function App:on_worker_start(fn)
     return self
 end
 
--- fn() runs in every worker as it stops, after the requests in flight stop being accepted.
+--- fn() runs in every worker as it stops, after the requests in flight stop being accepted.
 function App:on_worker_stop(fn)
     if type(fn) ~= "function" then
         error("bad argument #1 to 'on_worker_stop' (function expected)", 2)
@@ -861,6 +877,11 @@ function App:on_worker_stop(fn)
     return self
 end
 
+--- Serves the app: listens, starts the workers and runs until stopped. `opts` takes the
+-- keys of the command line (listen, workers, limits, log, access_log, metrics, ...), which
+-- the flags and the environment override; an unknown key or a bad value stops the start.
+-- @tparam[opt] table opts
+-- @usage app:run{ listen = "127.0.0.1:9000", workers = 4, limits = { body_bytes = 1e6 } }
 function App:run(opts)
     return the_host.run(self, opts)
 end

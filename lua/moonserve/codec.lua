@@ -1,4 +1,5 @@
--- moonserve/codec.lua: percent-decoding and urlencoded forms (query strings and bodies).
+--- moonserve/codec.lua: percent-decoding and urlencoded forms (query strings and bodies).
+-- @module moonserve.codec
 local byte, char, find, gsub, sub = string.byte, string.char, string.find, string.gsub, string.sub
 local tonumber = tonumber
 
@@ -8,7 +9,7 @@ local function hex_byte(h)
     return char(tonumber(h, 16))
 end
 
--- Decodes %XX escapes; with `plus`, "+" is a space (forms and query strings).
+--- Decodes %XX escapes; with `plus`, "+" is a space (forms and query strings).
 function _M.unescape(s, plus)
     if plus and find(s, "+", 1, true) then
         s = gsub(s, "+", " ")
@@ -23,14 +24,14 @@ local function escape_byte(c)
     return string.format("%%%02X", byte(c))
 end
 
--- Encodes every byte but the unreserved ones (RFC 3986 2.3).
+--- Encodes every byte but the unreserved ones (RFC 3986 2.3).
 function _M.escape(s)
     return (gsub(s, "[^%w%-%._~]", escape_byte))
 end
 
 local unescape = _M.unescape
 
--- Adds value `v` of key `k` to `t`: the value alone the first time, then the list of the
+--- Adds value `v` of key `k` to `t`: the value alone the first time, then the list of the
 -- values in order (what a repeated argument of a query string or form gives).
 function _M.add_value(t, k, v)
     local old = t[k]
@@ -44,7 +45,7 @@ function _M.add_value(t, k, v)
 end
 local add_value = _M.add_value
 
--- Parses "a=1&b=2&a=3" into { a = { "1", "3" }, b = "2" }: a key seen once maps to its
+--- Parses "a=1&b=2&a=3" into { a = { "1", "3" }, b = "2" }: a key seen once maps to its
 -- value, a repeated key to the list of its values in order. A key without "=" maps to "".
 -- At most `max` pairs are read (default 1000): the rest is ignored, not an error.
 function _M.parse_form(s, max)
@@ -72,7 +73,7 @@ function _M.parse_form(s, max)
     return t
 end
 
--- Encodes a table as a form; list values repeat their key. Keys are sorted, so the result
+--- Encodes a table as a form; list values repeat their key. Keys are sorted, so the result
 -- is stable.
 function _M.encode_form(t)
     local keys = {}
@@ -97,6 +98,7 @@ end
 -- Escapes text for HTML element content and attribute values.
 local html_escapes = { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;",
     ["'"] = "&#39;" }
+--- `s` with `& < > " '` escaped for HTML element content and quoted attributes.
 function _M.escape_html(s)
     return (gsub(tostring(s), "[&<>\"']", html_escapes))
 end

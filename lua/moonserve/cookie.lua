@@ -1,4 +1,5 @@
--- moonserve/cookie.lua: parsing Cookie request fields and building Set-Cookie values (RFC 6265).
+--- moonserve/cookie.lua: parsing Cookie request fields and building Set-Cookie values (RFC 6265).
+-- @module moonserve.cookie
 local find, format, lower, sub = string.find, string.format, string.lower, string.sub
 local concat, floor, type, tostring = table.concat, math.floor, type, tostring
 
@@ -14,7 +15,7 @@ local function trim(s)
     return (s:match("^[ \t]*(.-)[ \t]*$"))
 end
 
--- Parses a Cookie field ("a=1; b=2") into { a = "1", b = "2" }. A value in double quotes is
+--- Parses a Cookie field ("a=1; b=2") into { a = "1", b = "2" }. A value in double quotes is
 -- unquoted; values are not percent-decoded. The first pair with a name wins, as browsers
 -- send the most specific cookie first. Pairs without "=" or with a name that is not a token
 -- are skipped. At most `max` pieces are read (default 100): a field stuffed with pairs costs
@@ -56,6 +57,7 @@ local DAYS = { "Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat" }
 local MONTHS = { "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
     "Dec" }
 
+--- `t` (seconds since the epoch) as an HTTP date: `Sun, 06 Nov 1994 08:49:37 GMT`.
 function _M.http_date(t)
     local d = os.date("!*t", t)
     return format("%s, %02d %s %04d %02d:%02d:%02d GMT", DAYS[d.wday], d.day, MONTHS[d.month],
@@ -79,7 +81,7 @@ local function integer(v, what)
     return v
 end
 
--- Builds a Set-Cookie value. `value` is a string or a number, sent as it is: it must be made
+--- Builds a Set-Cookie value. `value` is a string or a number, sent as it is: it must be made
 -- of cookie-octets (encode it first, base64url or percent-encoding). opts: path, domain,
 -- max_age (seconds), expires (a time, seconds since the epoch), secure, http_only, same_site
 -- ("Strict", "Lax" or "None", any case), partitioned. Misuse raises, including SameSite=None

@@ -1,4 +1,5 @@
--- moonserve/crypto.lua: random bytes, HMAC-SHA256, AES-256-GCM and base64url, over libcrypto.
+--- moonserve/crypto.lua: random bytes, HMAC-SHA256, AES-256-GCM and base64url, over libcrypto.
+-- @module moonserve.crypto
 local ffi = require "ffi"
 local bit = require "bit"
 
@@ -60,7 +61,7 @@ local function check_string(x, what, level)
     end
 end
 
--- n bytes from the system's CSPRNG, or nil and an error.
+--- n bytes from the system's CSPRNG, or nil and an error.
 function _M.random(n)
     if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
         error("bad byte count (non-negative integer expected)", 2)
@@ -75,7 +76,7 @@ function _M.random(n)
     return ffi_str(buf, n)
 end
 
--- The 32-byte HMAC-SHA256 of `data` under `key`, as raw bytes.
+--- The 32-byte HMAC-SHA256 of `data` under `key`, as raw bytes.
 function _M.hmac_sha256(key, data)
     check_string(key, "key", 2)
     check_string(data, "data", 2)
@@ -85,7 +86,7 @@ function _M.hmac_sha256(key, data)
     return ffi_str(mac_buf, 32)
 end
 
--- Whether two strings are equal, in a time that depends only on their length, so that an
+--- Whether two strings are equal, in a time that depends only on their length, so that an
 -- attacker cannot learn a MAC byte by byte from how long the comparison takes.
 function _M.equal(a, b)
     check_string(a, "first string", 2)
@@ -115,7 +116,7 @@ local function check_key(key, level)
     end
 end
 
--- Encrypts with a fresh random nonce. Returns nonce .. ciphertext .. tag (12 + #plaintext + 16
+--- Encrypts with a fresh random nonce. Returns nonce .. ciphertext .. tag (12 + #plaintext + 16
 -- bytes), or nil and an error. `aad` is authenticated but not encrypted; it must be given
 -- again, the same, to decrypt.
 function _M.aes256gcm_encrypt(key, plaintext, aad)
@@ -145,7 +146,7 @@ function _M.aes256gcm_encrypt(key, plaintext, aad)
     return nonce .. ffi_str(out, n + TAG_LEN)
 end
 
--- The plaintext of a blob from aes256gcm_encrypt, or nil, "authentication failed" when the
+--- The plaintext of a blob from aes256gcm_encrypt, or nil, "authentication failed" when the
 -- blob, the key or the aad is not the one it was made with.
 function _M.aes256gcm_decrypt(key, blob, aad)
     check_key(key, 2)
@@ -187,6 +188,7 @@ for i = 1, 64 do
     dec[c] = i - 1
 end
 
+--- `s` in base64url (RFC 4648 section 5), without padding.
 function _M.base64url_encode(s)
     check_string(s, "data", 2)
     local out, n, len = {}, 0, #s
@@ -209,7 +211,7 @@ function _M.base64url_encode(s)
     return concat(out)
 end
 
--- Decodes base64url without padding, or returns nil and an error. Strict: padding, other
+--- Decodes base64url without padding, or returns nil and an error. Strict: padding, other
 -- characters, an impossible length and unused bits that are not zero are all refused, so
 -- each byte string has exactly one encoding (a signed token cannot be altered in a way that
 -- still decodes to the same bytes).

@@ -1,4 +1,5 @@
--- moonserve/csrf.lua: refusing cross-site requests, by their origin headers or by form tokens.
+--- moonserve/csrf.lua: refusing cross-site requests, by their origin headers or by form tokens.
+-- @module moonserve.csrf
 local crypto = require "moonserve.crypto"
 local security = require "moonserve.security"
 
@@ -34,7 +35,7 @@ local function check_opts(opts)
     return by_site[opts.allow_same_site == true]
 end
 
--- Whether a request may go on: the origin check of moonserve.security (origin_ok), with a
+--- Whether a request may go on: the origin check of moonserve.security (origin_ok), with a
 -- Referer standing in for a missing Origin. `headers` has lowercase names (as
 -- req:headers() gives them); `host` is the Host field (default: headers.host). opts:
 -- scheme ("http" or "https": how the client reached us, when that is known),
@@ -83,7 +84,7 @@ local function check_id(session_id)
     end
 end
 
--- A token for forms of this session: base64url of a random nonce and the HMAC of the nonce
+--- A token for forms of this session: base64url of a random nonce and the HMAC of the nonce
 -- with the session id. Each call gives another token, so a page never shows the same secret
 -- bytes twice (compression side channels such as BREACH learn nothing); each one verifies
 -- for as long as the session keeps its id.
@@ -94,7 +95,7 @@ function _M.token(secret, session_id)
     return b64enc(nonce .. hmac(key, nonce .. session_id))
 end
 
--- Whether `token` came from token() with this secret and session id. Anything that is not
+--- Whether `token` came from token() with this secret and session id. Anything that is not
 -- such a token (nil from a form without one, garbage) is false.
 function _M.verify(secret, session_id, token)
     local key = key_of(secret)
@@ -112,7 +113,7 @@ end
 
 -- -- The middleware ---------------------------------------------------------------------
 
--- Middleware (moonserve.csrf) against cross-site requests: unsafe methods from another
+--- Middleware (moonserve.csrf) against cross-site requests: unsafe methods from another
 -- origin get 403 (check above: opts.trusted_origins, opts.allow_same_site,
 -- opts.require_origin). With opts.secret, forms must also carry a token: the field _csrf, or the header
 -- X-CSRF-Token; templates get it as csrf_token(). A token is bound to the session (with

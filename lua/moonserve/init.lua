@@ -1,5 +1,6 @@
--- moonserve: a Lua-scriptable HTTP server on a C core. Requiring it loads no part of the
+--- moonserve: a Lua-scriptable HTTP server on a C core. Requiring it loads no part of the
 -- core: that waits for the host's first use (moonserve/host.lua).
+-- @module moonserve
 local host = require "moonserve.host"
 
 local _M = { _VERSION = "0.2.0" }
@@ -8,23 +9,23 @@ local _M = { _VERSION = "0.2.0" }
 -- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.
 require "moonserve.coroutine"
 
--- A new application; see app.lua.
+--- A new application; see app.lua.
 function _M.app(opts)
     return require("moonserve.app").new(opts)
 end
 
--- Middleware: a session per request in req.session (moonserve/session.lua, middleware).
+--- Middleware: a session per request in req.session (moonserve/session.lua, middleware).
 function _M.sessions(opts)
     return require("moonserve.session").middleware(opts)
 end
 
--- Middleware against cross-site requests, by origin and, with opts.secret, by form token
+--- Middleware against cross-site requests, by origin and, with opts.secret, by form token
 -- (moonserve/csrf.lua, middleware).
 function _M.csrf(opts)
     return require("moonserve.csrf").middleware(opts)
 end
 
--- Parks the running handler for `seconds` while the worker serves others; works inside
+--- Parks the running handler for `seconds` while the worker serves others; works inside
 -- pcall and the handler's own coroutines, raises inside a C call (a string.gsub callback...).
 function _M.sleep(seconds)
     return host.sleep(seconds)
@@ -37,9 +38,19 @@ _M.timer = {
     at = function(...) return require("moonserve.timer").at(...) end,
     every = function(...) return require("moonserve.timer").every(...) end,
 }
+--- Starts a light thread running fn(...) at once, until it waits (as ngx.thread.spawn).
+-- @param fn the function; its arguments follow
+-- @return the thread, for moonserve.wait and moonserve.kill
 function _M.spawn(...) return require("moonserve.dispatcher").spawn(...) end
+--- Waits for the first of the threads given to finish (as ngx.thread.wait).
+-- @return true and what it returned, or false and its error ("killed")
 function _M.wait(...) return require("moonserve.dispatcher").wait(...) end
+--- Kills a light thread this coroutine started (as ngx.thread.kill).
+-- @return true, or nil and an error
 function _M.kill(...) return require("moonserve.dispatcher").kill(...) end
+--- A semaphore with `n` resources (as ngx.semaphore.new): see moonserve.semaphore.
+-- @tparam[opt=0] number n
+-- @treturn Semaphore
 function _M.semaphore(n) return require("moonserve.semaphore").new(n) end
 -- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
 _M.socket = {

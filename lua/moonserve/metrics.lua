@@ -1,7 +1,10 @@
--- moonserve/metrics.lua: metrics in Prometheus' text format (0.0.4): the core's counters,
+--- moonserve/metrics.lua: metrics in Prometheus' text format (0.0.4): the core's counters,
 -- which every worker keeps in its slot of a shared-memory zone (core/metrics.h), summed over
 -- the workers by whichever answers the scrape; and the app's own counters, gauges and
 -- histograms, kept in a shared dictionary so that they too are the whole server's.
+--
+-- `Metric`: A counter, gauge or histogram of the app's (metrics.counter, gauge, histogram).
+-- @module moonserve.metrics
 local ffi = require "ffi"
 
 local C -- the core, loaded on first use: the app's metrics are declared before it is needed
@@ -59,6 +62,8 @@ local ESC = { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }
 local function escape(v)
     return (gsub(tostring(v), '[\\"\n]', ESC))
 end
+--- A label value escaped for the text format (`\\`, `\"`, `\n`).
+-- @local
 _M.escape = escape
 
 -- HELP text escapes backslash and line feed only.
@@ -85,6 +90,8 @@ local function num(v)
     end
     return format("%.17g", v)
 end
+--- A sample value as the text format writes it (`+Inf`, `NaN`, integers without `.0`).
+-- @local
 _M.number = num
 
 local function family(out, name, kind, help)
@@ -192,7 +199,7 @@ local function check_value(self, v, level)
     end
 end
 
--- counter:inc([v, ] label values...): adds v (default 1, never negative).
+--- counter:inc([v, ] label values...): adds v (default 1, never negative).
 function Metric:inc(v, ...)
     if self.kind == "histogram" then
         error("a histogram is observed, not incremented: " .. self.name, 2)
@@ -207,7 +214,7 @@ function Metric:inc(v, ...)
     return store_incr(series_key(self, 2, ...), v)
 end
 
--- gauge:dec([v, ] label values...)
+--- gauge:dec([v, ] label values...)
 function Metric:dec(v, ...)
     if self.kind ~= "gauge" then
         error("only a gauge goes down: " .. self.name, 2)
@@ -217,7 +224,7 @@ function Metric:dec(v, ...)
     return store_incr(series_key(self, 2, ...), -v)
 end
 
--- gauge:set(v, label values...): the last set of any worker wins.
+--- gauge:set(v, label values...): the last set of any worker wins.
 function Metric:set(v, ...)
     if self.kind ~= "gauge" then
         error("only a gauge is set: " .. self.name, 2)
@@ -226,7 +233,7 @@ function Metric:set(v, ...)
     return store_set(series_key(self, 2, ...), v)
 end
 
--- histogram:observe(v, label values...)
+--- histogram:observe(v, label values...)
 function Metric:observe(v, ...)
     if self.kind ~= "histogram" then
         error("only a histogram observes: " .. self.name, 2)
@@ -308,28 +315,28 @@ local function declare(kind, name, help, label_names, buckets, level)
     return m
 end
 
--- A counter: name, help, { label names }. Returns the metric: m:inc([v, ] values...).
+--- A counter: name, help, { label names }. Returns the metric: m:inc([v, ] values...).
 function _M.counter(name, help, label_names)
     return declare("counter", name, help, label_names, nil, 2)
 end
 
--- A gauge: m:set(v, values...), m:inc([v, ] values...), m:dec([v, ] values...).
+--- A gauge: m:set(v, values...), m:inc([v, ] values...), m:dec([v, ] values...).
 function _M.gauge(name, help, label_names)
     return declare("gauge", name, help, label_names, nil, 2)
 end
 
--- A histogram with `buckets` (upper bounds, increasing; default from 5 ms to 10 s):
+--- A histogram with `buckets` (upper bounds, increasing; default from 5 ms to 10 s):
 -- m:observe(v, values...).
 function _M.histogram(name, help, label_names, buckets)
     return declare("histogram", name, help, label_names, buckets, 2)
 end
 
--- Whether the app declared any metric of its own.
+--- Whether the app declared any metric of its own.
 function _M.declared()
     return #order > 0
 end
 
--- Forgets every declared metric and value of this process (for tests).
+--- Forgets every declared metric and value of this process (for tests).
 function _M.reset()
     registry, order, local_store = {}, {}, {}
 end
@@ -431,7 +438,7 @@ local function slot_names(z, i)
     return names
 end
 
--- The app's routes, numbered from 1 the same way in every worker of one app: by their
+--- The app's routes, numbered from 1 the same way in every worker of one app: by their
 -- label (name, else path pattern), sorted. Sets each route's metrics_ix; returns the names.
 function _M.number_routes(the_app)
     local labels, routes = {}, {}
@@ -464,7 +471,7 @@ function _M.number_routes(the_app)
     return names
 end
 
--- The server `srv` counts into the zone it was given (srv:metrics): this worker's names go
+--- The server `srv` counts into the zone it was given (srv:metrics): this worker's names go
 -- into its slot. A slot an earlier worker of the same index wrote keeps its counts, moved
 -- to where this worker's routes of the same names are (a reload may add or drop routes).
 function _M.attach(srv, slot, names)
@@ -518,7 +525,7 @@ function _M.attach(srv, slot, names)
     _M.update_lua()
 end
 
--- Writes this worker's Lua heap into its slot (a timer does once a second).
+--- Writes this worker's Lua heap into its slot (a timer does once a second).
 function _M.update_lua()
     if own then
         own.lua_bytes = math.floor(collectgarbage("count") * 1024)
@@ -702,7 +709,7 @@ local function core_text(out)
     end
 end
 
--- The whole scrape, as text.
+--- The whole scrape, as text.
 function _M.text()
     local out = {}
     if zone_of then
@@ -714,7 +721,7 @@ end
 
 _M.CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
--- A handler that answers with the scrape: app:get("/metrics", moonserve.metrics.handler).
+--- A handler that answers with the scrape: app:get("/metrics", moonserve.metrics.handler).
 -- The app's routes that have it turn the core's metrics on.
 function _M.handler(_, res)
     res:header("content-type", _M.CONTENT_TYPE)

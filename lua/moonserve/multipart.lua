@@ -1,4 +1,4 @@
--- moonserve/multipart.lua: a streaming multipart/form-data parser (RFC 7578, RFC 2046 5.1).
+--- moonserve/multipart.lua: a streaming multipart/form-data parser (RFC 7578, RFC 2046 5.1).
 --
 -- Two layers. `parser(boundary, opts)` is fed bytes in pieces of any size and hands out
 -- events through `p:next()`:
@@ -22,6 +22,10 @@
 -- What the caller leaves unread is skipped when the loop moves on. The loop raises
 -- "bad multipart body: ..." for a malformed body and "reading the multipart body failed: ..."
 -- when `req:read()` fails: wrap it in pcall to answer 400 rather than 500.
+--
+-- `Part`: A part of a multipart/form-data body (req:parts()): `name`, `filename`,
+--   `content_type`, `headers`.
+-- @module moonserve.multipart
 local codec = require "moonserve.codec"
 
 local byte, char, find, gsub, lower, match, sub =
@@ -196,7 +200,7 @@ local function valid_boundary(b)
     return #b <= 70 and find(b, "^[%w'()+_,%-./:=? ]+$") ~= nil and byte(b, -1) ~= SP
 end
 
--- The boundary from a Content-Type value, or nil, err when it is not multipart/form-data
+--- The boundary from a Content-Type value, or nil, err when it is not multipart/form-data
 -- with a valid boundary.
 function _M.boundary(content_type)
     if type(content_type) ~= "string" then
@@ -225,6 +229,8 @@ end
 local Parser = {}
 Parser.__index = Parser
 
+--- A push parser for a multipart body with that boundary.
+-- @local
 function _M.parser(boundary, opts)
     if type(boundary) ~= "string" or not valid_boundary(boundary) then
         error("bad boundary (1 to 70 boundary characters expected)", 2)
@@ -248,6 +254,8 @@ function _M.parser(boundary, opts)
     }, Parser)
 end
 
+--- Gives the parser the next piece of the body.
+-- @local
 function Parser:feed(chunk)
     if type(chunk) ~= "string" then
         error("bad chunk (string expected)", 2)
@@ -264,7 +272,7 @@ function Parser:feed(chunk)
     self.pos = 1
 end
 
--- Marks the end of the input.
+--- Marks the end of the input.
 function Parser:finish()
     self.eof = true
 end
@@ -388,7 +396,7 @@ function steps.done(self)
     return nil
 end
 
--- The next event, or nil when more input is needed, or nil, err.
+--- The next event, or nil when more input is needed, or nil, err.
 function Parser:next()
     if self.err then
         return nil, self.err
@@ -416,7 +424,7 @@ end
 local Part = {}
 Part.__index = Part
 
--- The next piece of the part's body, or nil at its end.
+--- The next piece of the part's body, or nil at its end.
 function Part:read()
     if self._done then
         return nil
@@ -429,7 +437,7 @@ function Part:read()
     return nil
 end
 
--- The part's body (what read() has not taken yet) as one string.
+--- The part's body (what read() has not taken yet) as one string.
 function Part:body()
     if self._body then
         return self._body
@@ -462,7 +470,7 @@ local function copy(part, f)
     end
 end
 
--- Streams the part's body (what read() has not taken yet) into a new file at `path`.
+--- Streams the part's body (what read() has not taken yet) into a new file at `path`.
 -- Returns the bytes written, or nil, err when the file cannot be written.
 function Part:save(path)
     local f, err = io.open(path, "wb")
@@ -484,7 +492,7 @@ function Part:save(path)
     return size
 end
 
--- An iterator over the request's parts, or nil, err when the request is not
+--- An iterator over the request's parts, or nil, err when the request is not
 -- multipart/form-data. See the top of this file for what it raises.
 function _M.parts(req, opts)
     local boundary, err = _M.boundary(req:header("content-type"))

@@ -1,4 +1,10 @@
--- moonserve/request.lua: the request a handler gets: lazy fields over the core's FFI view.
+--- moonserve/request.lua: the request a handler gets: lazy fields over the core's FFI view.
+--
+-- `Request`: The request a handler gets. Fields, read lazily from the core: `method`, `path`,
+--   `target`, `query_string`, `query` (a table), `params` (the route's captures), `ctx` (a
+--   table for middleware), `cookies`, `id`, `http_version`, `client_ip`, `scheme`, `tls`,
+--   `trusted_proxy`; `session` and `base_path` when middleware or a mount set them.
+-- @module moonserve.request
 local ffi = require "ffi"
 local bit = require "bit"
 local base = require "moonserve.base"
@@ -125,6 +131,8 @@ local _M = { getters = getters, methods = Request }
 
 local new_tab = base.new_tab
 
+--- The request object over the core's request `r` (the dispatcher makes one per request).
+-- @local
 function _M.new(r)
     -- Room for the fields a handler usually reads, so caching them does not rehash.
     local t = new_tab(0, 6)
@@ -149,7 +157,7 @@ function Request:_static_dir()
     return band(view(self).flags, STATIC_DIR) ~= 0
 end
 
--- The first value of a header field, by name in any case, or nil.
+--- The first value of a header field, by name in any case, or nil.
 function Request:header(name)
     if type(name) ~= "string" then
         error("bad header name (string expected)", 2)
@@ -185,12 +193,12 @@ local function field_table(r, list)
     return t
 end
 
--- All header fields as a table with lowercase names.
+--- All header fields as a table with lowercase names.
 function Request:headers()
     return field_table(view(self), C.ms_ffi_req_headers)
 end
 
--- The trailer fields that ended a chunked (HTTP/1.1) or HTTP/2 body, as a table with lowercase
+--- The trailer fields that ended a chunked (HTTP/1.1) or HTTP/2 body, as a table with lowercase
 -- names; empty until the body has been read whole. Trailers are never headers.
 function Request:trailers()
     return field_table(view(self), C.ms_ffi_req_trailers)
@@ -217,7 +225,7 @@ local function read(self, what)
     end
 end
 
--- The next piece of the body: a string, or nil at its end, or nil and an error. Yields
+--- The next piece of the body: a string, or nil at its end, or nil and an error. Yields
 -- (parks the handler) while the client has not sent more, in the handler's own coroutines
 -- too; raises where it cannot wait (a C call: a string.gsub callback, a table.sort
 -- comparator, an FFI callback, require).
@@ -226,7 +234,7 @@ function Request:read()
     return piece, err, name
 end
 
--- Sets how large this request's body may be (the route's own limit), before reading it.
+--- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. Raises when over the server's body_bytes_max.
 function Request:body_limit(bytes)
     if type(bytes) ~= "number" or bytes < 0 then
@@ -239,7 +247,7 @@ function Request:body_limit(bytes)
     return self
 end
 
--- The whole body (what read() has not taken yet) as one string, or nil and an error.
+--- The whole body (what read() has not taken yet) as one string, or nil and an error.
 function Request:body()
     local cached = rawget(self, "_body")
     if cached then
@@ -271,14 +279,14 @@ local function media_type(self)
     return lower(semi and sub(ct, 1, semi - 1):match("^%s*(.-)%s*$") or ct:match("^%s*(.-)%s*$"))
 end
 
--- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
+--- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
 -- (moonserve.multipart: part.name, part.filename, part:read(), part:body(), part:save(path)).
 -- Returns nil, err when the body is not multipart/form-data.
 function Request:parts(opts)
     return require("moonserve.multipart").parts(self, opts)
 end
 
--- The body as an urlencoded form ({ name = value }), or nil and an error.
+--- The body as an urlencoded form ({ name = value }), or nil and an error.
 function Request:form()
     local mt_ = media_type(self)
     if mt_ ~= "application/x-www-form-urlencoded" then
@@ -296,7 +304,7 @@ local MEDIA = { json = "application/json", html = "text/html", text = "text/plai
     xml = "application/xml", css = "text/css", js = "text/javascript",
     form = "application/x-www-form-urlencoded" }
 
--- Which of the offered types (short names or full types) the client prefers, by its
+--- Which of the offered types (short names or full types) the client prefers, by its
 -- Accept header (RFC 9110 12.5.1: q-values, then specificity, then the order offered).
 -- No Accept header accepts anything: the first offered. Returns nil when none is acceptable.
 function Request:accepts(...)
@@ -334,7 +342,7 @@ function Request:accepts(...)
 end
 
 local cjson_safe
--- The body decoded as JSON, or nil and an error.
+--- The body decoded as JSON, or nil and an error.
 function Request:json()
     local body, err = self:body()
     if not body then

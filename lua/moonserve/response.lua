@@ -1,4 +1,8 @@
--- moonserve/response.lua: the reply a handler builds, written by the core.
+--- moonserve/response.lua: the reply a handler builds, written by the core.
+--
+-- `Response`: The reply a handler builds. Header and status setters chain; the first send or
+--   write sends the head.
+-- @module moonserve.response
 local ffi = require "ffi"
 local bit = require "bit"
 local base = require "moonserve.base"
@@ -20,6 +24,8 @@ Response.__index = Response
 
 local _M = { methods = Response }
 
+--- The reply object over the core's request `r` (the dispatcher makes one per request).
+-- @local
 function _M.new(r)
     return setmetatable({ r = r, has_type = false }, Response)
 end
@@ -32,16 +38,19 @@ local function view(self)
     return r
 end
 
--- Whether the reply head has left (after send, or the first write).
+--- Whether the reply head has left (after send, or the first write).
 function Response:sent()
     return band(view(self).flags, HEAD_SENT) ~= 0
 end
 
--- Whether the client has gone (its connection or stream closed): nothing more reaches it.
+--- Whether the client has gone (its connection or stream closed): nothing more reaches it.
 function Response:gone()
     return band(view(self).flags, ABORTED) ~= 0
 end
 
+--- Sets the status code.
+-- @tparam integer code 100 to 999 (anything else raises)
+-- @return the reply, to chain: `res:status(404):send("no")`
 function Response:status(code)
     if type(code) ~= "number" or code < 100 or code > 999 or code % 1 ~= 0 then
         error("bad status code (integer 100-999 expected, got " .. tostring(code) .. ")", 2)
@@ -50,6 +59,8 @@ function Response:status(code)
     return self
 end
 
+--- The status code set so far (200 unless changed).
+-- @treturn integer
 function Response:get_status()
     return view(self).status
 end
@@ -76,7 +87,7 @@ local function add_fields(self, add, lines)
     return self
 end
 
--- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
+--- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
 function Response:fields(lines)
     return add_fields(self, C.ms_ffi_res_fields, lines)
 end
@@ -98,7 +109,7 @@ function Response:_reset()
     return true
 end
 
--- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
+--- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
 -- given; lowercase is the convention.
 function Response:header(name, value)
     if type(name) ~= "string" then
@@ -131,7 +142,7 @@ local function drain_more(r, n)
     end
 end
 
--- Lets go of the strings whose writes are done. Called per request and per anchored
+--- Lets go of the strings whose writes are done. Called per request and per anchored
 -- write, so a long stream of large pieces does not pile them up. Usually there are none:
 -- the loop lives apart, so the JIT compiles this call into the request's trace.
 function _M.drain(r)
@@ -206,6 +217,10 @@ local function fire(self)
     end
 end
 
+--- Sends the reply: the head, then `body` with its length, and ends it.
+-- @tparam[opt] string|table body a string, or a list of pieces sent without joining them
+-- @return true, or nil and an error (the reply already went out)
+-- @usage res:status(201):header("location", "/items/7"):send("made")
 function Response:send(body)
     local r = view(self)
     fire(self)
@@ -216,7 +231,7 @@ function Response:send(body)
     return anchor(C.ms_ffi_res_send(r, body, #body, self.has_type and 0 or 1), body, r)
 end
 
--- Adds a trailer field, sent after a body streamed with res:write (on HTTP/2 after any
+--- Adds a trailer field, sent after a body streamed with res:write (on HTTP/2 after any
 -- body). Returns res; raises on a bad or framing field, or once the reply is complete.
 function Response:trailer(name, value)
     name, value = tostring(name), tostring(value)
@@ -228,7 +243,7 @@ function Response:trailer(name, value)
     return self
 end
 
--- Sends the file at `path` as the reply, from the core: Content-Type from its name (unless
+--- Sends the file at `path` as the reply, from the core: Content-Type from its name (unless
 -- set), ETag and Last-Modified, 304 and 412 for conditional requests, ranges, and a
 -- precompressed or compressed form when the client takes one. The path is the handler's
 -- own, not confined to a directory. Returns true, or nil and an error ("ENOENT: ...") with
@@ -246,7 +261,7 @@ function Response:file(path)
     return true
 end
 
--- For app:static with a hook: sends the file the request names under mount `id`. Returns
+--- For app:static with a hook: sends the file the request names under mount `id`. Returns
 -- true, or false when there is none (nothing sent).
 function Response:static_mount(id)
     local r = view(self)
@@ -255,7 +270,7 @@ function Response:static_mount(id)
 end
 
 local cjson
--- Sends `value` as JSON.
+--- Sends `value` as JSON.
 function Response:json(value)
     cjson = cjson or require "cjson"
     local body = cjson.encode(value)
@@ -273,7 +288,7 @@ local function escape_byte(c)
     return format("%%%02X", c:byte())
 end
 
--- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
+--- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
 -- percent-encoded; control characters raise.
 function Response:redirect(url, code)
     if type(url) ~= "string" then
@@ -291,7 +306,7 @@ function Response:redirect(url, code)
     return self:send("Redirecting to " .. url .. "\n")
 end
 
--- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1). Waits (parks
+--- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1). Waits (parks
 -- the handler) while the client reads slower than the handler writes.
 function Response:write(chunk)
     local r = view(self)
@@ -314,7 +329,7 @@ function Response:write(chunk)
     return true
 end
 
--- Waits (parks the handler) until everything written so far has left for the client:
+--- Waits (parks the handler) until everything written so far has left for the client:
 -- for event streams and long polls that must not sit in a buffer.
 function Response:flush()
     local r = view(self)
@@ -328,7 +343,7 @@ function Response:flush()
     return true
 end
 
--- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
+--- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
 -- expires, secure, http_only, same_site, partitioned). Misuse raises.
 function Response:cookie(name, value, opts)
     local ok, line = pcall(cookie.serialize, name, value, opts)
@@ -339,7 +354,7 @@ function Response:cookie(name, value, opts)
     return self
 end
 
--- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
+--- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
 function Response:before_send(fn)
     if type(fn) ~= "function" then
         error("bad hook (function expected)", 2)
@@ -353,7 +368,7 @@ function Response:before_send(fn)
     return self
 end
 
--- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
+--- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
 -- its pieces unjoined. A template error raises (a 500 with its reference id).
 function Response:render(name, vars)
     local views = self.views

@@ -1,7 +1,10 @@
--- moonserve/router.lua: method and path to a route, through a trie of path segments.
+--- moonserve/router.lua: method and path to a route, through a trie of path segments.
 -- A lookup walks the path's segments, one hash lookup each, so its cost depends on the
 -- path, not on how many routes there are. At each segment a literal beats ":name", which
 -- beats a trailing "*"; among equals the route added first wins.
+--
+-- `Router`: A router: routes by method and path pattern (`/users/:id`, `/files/*`).
+-- @module moonserve.router
 local codec = require "moonserve.codec"
 
 local byte, find, sub, gsub, concat = string.byte, string.find, string.sub, string.gsub,
@@ -16,6 +19,8 @@ local function new_node()
     return { children = nil, param = nil, splat = nil, routes = nil }
 end
 
+--- An empty router: a trie of path segments per method.
+-- @treturn Router
 function _M.new()
     return setmetatable({ root = new_node(), exact = {}, methods = {}, method_list = {},
         named = {}, all = {}, cache = {}, cache_allow = {}, cached = 0 }, Router)
@@ -35,7 +40,7 @@ local function split(path)
     end
 end
 
--- Adds a route: `value` is what match() returns for it (a handler, or a table).
+--- Adds a route: `value` is what match() returns for it (a handler, or a table).
 -- Returns the route record { method, path, value, names, name }.
 function Router:add(method, path, value, name)
     if type(path) ~= "string" or sub(path, 1, 1) ~= "/" then
@@ -218,7 +223,7 @@ local function lookup(self, method, path)
     return route.value, params_from(hit, route.names, route.splat), route
 end
 
--- The methods that have a route for `path`, sorted and joined for Allow.
+--- The methods that have a route for `path`, sorted and joined for Allow.
 function Router:allowed(path)
     local allow = {}
     local list = self.method_list
@@ -244,7 +249,7 @@ function Router:allowed(path)
     return concat(allow, ", ")
 end
 
--- Returns value, params (nil for a literal route), nil, the route record; or nil, nil,
+--- Returns value, params (nil for a literal route), nil, the route record; or nil, nil,
 -- allow when the path has routes for other methods only (405); or nil (404). HEAD falls
 -- back to GET.
 function Router:match(method, path)
@@ -273,7 +278,7 @@ function Router:match(method, path)
     return nil, nil, allow or nil
 end
 
--- Every route's value: for _, value in router:routes().
+--- Every route's value: for _, value in router:routes().
 function Router:routes()
     local values = {}
     for i, route in ipairs(self.all) do
@@ -282,7 +287,7 @@ function Router:routes()
     return ipairs(values)
 end
 
--- The path of the route called `name`, with its ":name" segments and "*" filled from
+--- The path of the route called `name`, with its ":name" segments and "*" filled from
 -- `params` (escaped). Raises on an unknown name or a missing parameter.
 function Router:url_for(name, params)
     local route = self.named[name]

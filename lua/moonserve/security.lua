@@ -1,6 +1,7 @@
--- moonserve/security.lua: what every request and reply gets unless a site says otherwise:
+--- moonserve/security.lua: what every request and reply gets unless a site says otherwise:
 -- the security headers, built once into field lines the core adds in one call, and the
 -- origin check that refuses cross-site requests that would change something.
+-- @module moonserve.security
 local byte, format, gsub, lower, match, sub = string.byte, string.format, string.gsub,
     string.lower, string.match, string.sub
 local ipairs, pairs, tonumber, tostring, type = ipairs, pairs, tonumber, tostring, type
@@ -27,7 +28,7 @@ end
 
 local DEFAULT_PORT = { http = "80", https = "443" }
 
--- The host and port of an authority ("Example.org:8080", "[::1]:8080", "[::1]", "a.test"):
+--- The host and port of an authority ("Example.org:8080", "[::1]:8080", "[::1]", "a.test"):
 -- the host in lower case (an IPv6 literal keeps its brackets), and the port as digits
 -- without leading zeros, nil when there is none, or what follows the host when that is no
 -- port (it then equals no real port). This is the one rule for where a Host field's port
@@ -79,7 +80,7 @@ end
 -- ones this table does not know, is checked.
 _M.SAFE = { GET = true, HEAD = true, OPTIONS = true, TRACE = true }
 
--- Whether a request's origin fields let it through. f: fetch_site (Sec-Fetch-Site), origin
+--- Whether a request's origin fields let it through. f: fetch_site (Sec-Fetch-Site), origin
 -- (Origin), host (the authority the client asked for: Host, or X-Forwarded-Host from a
 -- trusted proxy), scheme ("http" or "https" when it is known, from TLS or a trusted proxy;
 -- nil when not). opts: origins (allowed origins, as compiled by compile), same_site (accept
@@ -149,7 +150,7 @@ end
 
 local DEFAULT_CHECK = { origins = nil, same_site = false }
 
--- The authority a request's client asked for, and its scheme when that is known: Host, or
+--- The authority a request's client asked for, and its scheme when that is known: Host, or
 -- from a trusted proxy its X-Forwarded-Host and X-Forwarded-Proto; "https" on a TLS
 -- connection. Over plain TCP without a proxy the scheme is not known (a proxy in front may
 -- have ended TLS).
@@ -170,7 +171,7 @@ function _M.authority(req)
 end
 local authority = _M.authority
 
--- The origin check on a request: origin_ok with the request's fields (see authority).
+--- The origin check on a request: origin_ok with the request's fields (see authority).
 -- opts as origin_ok's (the app's compiled `csrf` option); nil: the defaults. The rule for
 -- every unsafe request, and for anything else that must come from the site's own pages.
 function _M.same_origin(req, opts)
@@ -185,6 +186,8 @@ end
 -- (The host is reached only here and in compile, so that the checks above run without it.)
 local refused, logged_at, last_why = 0, nil, nil
 
+--- Counts a refusal by the origin check for the once-a-second log line.
+-- @local
 function _M.log_refusal(method, path, why)
     refused = refused + 1
     last_why = sub(method .. " " .. path .. ": " .. why, 1, 200)
@@ -229,7 +232,7 @@ local function compile_csrf(opt)
     return c
 end
 
--- Compiles options into { always = "lines", https = "lines", csrf = the origin check's
+--- Compiles options into { always = "lines", https = "lines", csrf = the origin check's
 -- options or false } (https: only for requests that came over TLS). opts == false: no
 -- headers at all (the origin check stays). Keys set to false turn one off; csrf = false
 -- turns off the origin check.

@@ -1,5 +1,8 @@
--- moonserve/semaphore.lua: semaphores, as OpenResty's ngx.semaphore, between the handlers,
+--- moonserve/semaphore.lua: semaphores, as OpenResty's ngx.semaphore, between the handlers,
 -- light threads, timers and hooks of one worker.
+--
+-- `Semaphore`: A semaphore (moonserve.semaphore(n)).
+-- @module moonserve.semaphore
 local dispatcher = require "moonserve.dispatcher"
 
 local waiter, park, wake = dispatcher.waiter, dispatcher.park, dispatcher.wake
@@ -10,7 +13,7 @@ Semaphore.__index = Semaphore
 
 local _M = {}
 
--- A semaphore holding `n` resources (default 0).
+--- A semaphore holding `n` resources (default 0).
 function _M.new(n)
     n = n or 0
     if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
@@ -19,7 +22,7 @@ function _M.new(n)
     return setmetatable({ n = n, queue = {}, head = 1, tail = 0 }, Semaphore)
 end
 
--- Adds `n` resources (default 1); each wakes one waiter, first come first served, on the
+--- Adds `n` resources (default 1); each wakes one waiter, first come first served, on the
 -- next turn of the loop.
 function Semaphore:post(n)
     n = n or 1
@@ -39,7 +42,7 @@ function Semaphore:post(n)
     end
 end
 
--- Takes a resource, waiting up to `timeout` seconds (default 0: no wait) for one. Returns
+--- Takes a resource, waiting up to `timeout` seconds (default 0: no wait) for one. Returns
 -- true, or nil and "timeout".
 function Semaphore:wait(timeout)
     timeout = timeout or 0
@@ -64,7 +67,7 @@ function Semaphore:wait(timeout)
     return nil, "timeout"
 end
 
--- Resources held now; negative: that many waiters.
+--- Resources held now; negative: that many waiters.
 function Semaphore:count()
     if self.n > 0 then
         return self.n

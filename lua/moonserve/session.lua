@@ -1,10 +1,14 @@
--- moonserve/session.lua: sessions in a signed, optionally encrypted cookie, or in a store.
+--- moonserve/session.lua: sessions in a signed, optionally encrypted cookie, or in a store.
 --
 -- A cookie session's value is `token.mac`: token is the base64url of the JSON payload
 -- { i = id, e = expiry, d = data } (with `encrypt`, of its AES-256-GCM blob instead) and mac
 -- the base64url of HMAC-SHA256 over "name=token". With a store, token is the session id
 -- alone and the data stays on the server. The MAC covers the cookie's name, so a value
 -- cannot be moved into another cookie signed with the same secret.
+--
+-- `Session`: A session (req.session with moonserve.sessions): a table of JSON values in a
+--   cookie or a store.
+-- @module moonserve.session
 local cjson = require "cjson"
 local crypto = require "moonserve.crypto"
 local cookie = require "moonserve.cookie"
@@ -42,11 +46,12 @@ local function new_session(id, data, is_new)
     }, Session)
 end
 
+--- The value stored under `key`, or nil.
 function Session:get(key)
     return self._data[key]
 end
 
--- Sets a value (nil removes it). Values must be what JSON can hold. A table changed in
+--- Sets a value (nil removes it). Values must be what JSON can hold. A table changed in
 -- place after set() is not noticed: set it again.
 function Session:set(key, value)
     if type(key) ~= "string" then
@@ -57,7 +62,7 @@ function Session:set(key, value)
     return self
 end
 
--- Gives the session a new id, keeping its data. Call it when privileges change (at login):
+--- Gives the session a new id, keeping its data. Call it when privileges change (at login):
 -- an id planted by an attacker before then is worth nothing after.
 function Session:regenerate()
     self._old_id = self._old_id or self.id
@@ -66,7 +71,7 @@ function Session:regenerate()
     return self
 end
 
--- Makes save() set the cookie even when the session holds nothing, so that its id lasts
+--- Makes save() set the cookie even when the session holds nothing, so that its id lasts
 -- into the next request: what a CSRF token bound to the id of a new session needs. A
 -- session that came with its cookie is not saved again for it.
 function Session:keep()
@@ -79,7 +84,7 @@ function Session:keep()
     return self
 end
 
--- Empties the session under a new id; save() then clears the cookie (and the stored record),
+--- Empties the session under a new id; save() then clears the cookie (and the stored record),
 -- unless keep() is called after this.
 function Session:destroy()
     self._data = {}
@@ -102,7 +107,7 @@ end
 
 local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secure = false }
 
--- opts: secret, or secrets = { newest, older... } (the first signs and encrypts, any of them
+--- opts: secret, or secrets = { newest, older... } (the first signs and encrypts, any of them
 -- is accepted); name ("session"); encrypt (true); max_age (86400 seconds); cookie
 -- (attributes for cookie.serialize: path "/", http_only, same_site "Lax", and secure when
 -- the request came over https, unless `secure` is given); store
@@ -234,7 +239,7 @@ local function open(self, token, key)
     return p, err
 end
 
--- The session of a request: `from` is the request, or the Cookie field's value, or nil.
+--- The session of a request: `from` is the request, or the Cookie field's value, or nil.
 -- Returns the session, and when a cookie came but was refused, why (it never raises on a bad
 -- cookie: tampered, truncated, expired or signed with an unknown key, the session is new
 -- and empty).
@@ -268,7 +273,7 @@ function Manager:load(from)
     return s
 end
 
--- The Set-Cookie value that stores the session, or nil when nothing changed (or nil and an
+--- The Set-Cookie value that stores the session, or nil when nothing changed (or nil and an
 -- error when the store failed). Raises when the data cannot be JSON, or is too big for a
 -- cookie. With `req`, a request that came over https, the cookie is Secure (unless the
 -- cookie options set `secure` themselves).
@@ -330,7 +335,7 @@ end
 
 -- -- A store in this process --------------------------------------------------------------
 
--- Keeps sessions in a table of this process, each until its ttl runs out. Each worker has its
+--- Keeps sessions in a table of this process, each until its ttl runs out. Each worker has its
 -- own, so it suits one worker (workers = 0) and tests; several workers need a shared store.
 -- opts: max (10000 sessions; then expired ones are swept out, and if none are, set fails),
 -- now (the clock).
@@ -390,7 +395,7 @@ end
 
 -- -- The middleware ---------------------------------------------------------------------
 
--- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
+--- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
 -- new() takes them. It is saved, and its cookie set, just before the reply's head leaves.
 function _M.middleware(opts)
     local manager = _M.new(opts)

@@ -1,10 +1,13 @@
--- moonserve/shared.lua: dictionaries shared by the workers of one server, OpenResty's
+--- moonserve/shared.lua: dictionaries shared by the workers of one server, OpenResty's
 -- ngx.shared.DICT: `moonserve.shared.NAME` once the app declared it with
 -- app:shared_dict(NAME, SIZE). Each is a zone of shared memory made when the server starts
 -- (by the master, which hands it to every worker and keeps it across a reload; in a single
 -- process, by that process); the core does every operation atomically across the workers
 -- (core/shdict.c, docs/shared-dicts.md). Values are strings, numbers, booleans and tables
 -- (tables are encoded with LuaJIT's string.buffer, so they come back as copies).
+--
+-- `Dict`: A shared dictionary (moonserve.shared.NAME), as OpenResty's ngx.shared.DICT.
+-- @module moonserve.shared
 local ffi = require "ffi"
 local buffer = require "string.buffer"
 
@@ -138,12 +141,12 @@ local function read(self, key, stale)
     return decode_value(tonumber(rc))
 end
 
--- value, flags | nil | nil, err
+--- value, flags | nil | nil, err
 function Dict:get(key)
     return read(self, key, 0)
 end
 
--- value, flags, stale | nil | nil, err: an expired value not yet freed, too.
+--- value, flags, stale | nil | nil, err: an expired value not yet freed, too.
 function Dict:get_stale(key)
     local v, flags = read(self, key, 1)
     if v == nil then
@@ -178,7 +181,7 @@ for name, op in pairs({ set = SET, safe_set = SAFE_SET, add = ADD, safe_add = SA
     end
 end
 
--- newval, err, forcible: `init` makes a missing key (with `init_ttl`), else "not found".
+--- newval, err, forcible: `init` makes a missing key (with `init_ttl`), else "not found".
 function Dict:incr(key, n, init, init_ttl)
     key = check_key(key)
     if type(n) ~= "number" then
@@ -197,13 +200,15 @@ function Dict:incr(key, n, init, init_ttl)
     return num_out[0], nil, forcible_out[0] ~= 0
 end
 
+--- Removes `key`.
+-- @return true
 function Dict:delete(key)
     key = check_key(key)
     C.ms_shdict_delete(self.d, key, #key)
     return true
 end
 
--- seconds left (0: never expires) | nil, "not found"
+--- seconds left (0: never expires) | nil, "not found"
 function Dict:ttl(key)
     key = check_key(key)
     local rc = C.ms_shdict_ttl(self.d, key, #key, num_out)
@@ -213,6 +218,8 @@ function Dict:ttl(key)
     return num_out[0]
 end
 
+--- Gives `key` a new time to live, in seconds (0: none).
+-- @return true, or nil and "not found"
 function Dict:expire(key, exptime)
     key = check_key(key)
     exptime = check_time(exptime, "exptime")
@@ -223,15 +230,18 @@ function Dict:expire(key, exptime)
     return true
 end
 
+--- Marks every entry expired (flush_expired frees them).
 function Dict:flush_all()
     C.ms_shdict_flush_all(self.d)
 end
 
+--- Frees expired entries, at most `max` of them (0 or nil: all).
+-- @return how many were freed
 function Dict:flush_expired(max)
     return C.ms_shdict_flush_expired(self.d, max or 0)
 end
 
--- Up to `max` live keys (default 1024, as OpenResty; 0: all).
+--- Up to `max` live keys (default 1024, as OpenResty; 0: all).
 function Dict:get_keys(max)
     max = max or 1024
     local n = C.ms_shdict_get_keys(self.d, max, buf, buf_cap, needed_out)
@@ -280,23 +290,28 @@ local function pop(self, left, key)
     return (decode_value(tonumber(rc)))
 end
 
--- length | nil, err
+--- length | nil, err
 function Dict:lpush(key, value)
     return push(self, 1, key, value)
 end
 
+--- Appends `value` to the list at `key`.
+-- @return the list's length, or nil and an error
 function Dict:rpush(key, value)
     return push(self, 0, key, value)
 end
 
+--- Removes and returns the first value of the list at `key` (nil when empty).
 function Dict:lpop(key)
     return pop(self, 1, key)
 end
 
+--- Removes and returns the last value of the list at `key` (nil when empty).
 function Dict:rpop(key)
     return pop(self, 0, key)
 end
 
+--- The length of the list at `key` (0 when missing).
 function Dict:llen(key)
     key = check_key(key)
     local rc = C.ms_shdict_llen(self.d, key, #key)
@@ -306,10 +321,12 @@ function Dict:llen(key)
     return tonumber(rc)
 end
 
+--- The dictionary's size in bytes, as declared.
 function Dict:capacity()
     return tonumber(C.ms_shdict_capacity(self.d))
 end
 
+--- The bytes of free pages left.
 function Dict:free_space()
     return tonumber(C.ms_shdict_free_space(self.d))
 end
@@ -318,7 +335,7 @@ end
 
 local _M = {}
 
--- A size as an app writes it: bytes, or "512k", "10m", "1g". Returns bytes, or nil, err.
+--- A size as an app writes it: bytes, or "512k", "10m", "1g". Returns bytes, or nil, err.
 function _M.parse_size(size)
     local n, unit
     if type(size) == "number" then
@@ -338,7 +355,7 @@ function _M.parse_size(size)
     return n
 end
 
--- Checks a dictionary's name as app:shared_dict takes it. Returns the name, or nil, err.
+--- Checks a dictionary's name as app:shared_dict takes it. Returns the name, or nil, err.
 function _M.check_name(name)
     if type(name) ~= "string" or not name:match("^[%w_-]+$") or #name > NAME_MAX then
         return nil, "bad shared dictionary name (1 to 63 letters, digits, '_' or '-')"
@@ -363,7 +380,7 @@ local function load_core()
     end
 end
 
--- Maps the zone of `fd` as dictionary `name` of `size` bytes. Returns the dictionary, or
+--- Maps the zone of `fd` as dictionary `name` of `size` bytes. Returns the dictionary, or
 -- nil, err (a size or name other than the zone's: a reload cannot change them).
 function _M.attach(fd, name, size)
     load_core()
@@ -380,7 +397,7 @@ function _M.attach(fd, name, size)
     return d
 end
 
--- Makes the zone of dictionary `name` (`size` bytes). Returns its fd, or nil, err.
+--- Makes the zone of dictionary `name` (`size` bytes). Returns its fd, or nil, err.
 function _M.create(name, size)
     load_core()
     local fd = C.ms_shdict_create(name, size)
@@ -390,7 +407,7 @@ function _M.create(name, size)
     return fd
 end
 
--- Makes and maps, in this process, every dictionary of `decl` ({ name = bytes }) that it
+--- Makes and maps, in this process, every dictionary of `decl` ({ name = bytes }) that it
 -- has not got: a server with no master. Returns true, or nil, err.
 function _M.open(decl)
     for name, size in pairs(decl) do

@@ -1,10 +1,13 @@
--- moonserve/socket.lua: moonserve.socket.tcp() and udp(), OpenResty's cosockets over the
+--- moonserve/socket.lua: moonserve.socket.tcp() and udp(), OpenResty's cosockets over the
 -- core's socket engine (core/sock.h). Reading, matching and buffering are in C; a call that
 -- must wait parks the calling coroutine on its slot (dispatcher.waiter) and the engine's
 -- completion wakes it (modules/ms_sock_ffi.c), so every wait works inside pcall, xpcall,
 -- coroutine.wrap and iterators. A socket belongs to the request, timer or hook that made
 -- it (dispatcher.owner), is usable from any of its light threads, and is closed when that
 -- owner ends.
+--
+-- `Tcp`: A TCP socket (moonserve.socket.tcp()), as OpenResty's cosocket.
+-- @module moonserve.socket
 local ffi = require "ffi"
 local base = require "moonserve.base"
 local dispatcher = require "moonserve.dispatcher"
@@ -241,11 +244,16 @@ end
 
 -- -- TCP ------------------------------------------------------------------------------------
 
+--- A TCP socket, as OpenResty's ngx.socket.tcp(): connect it, then send and receive.
+-- Its waits park the calling coroutine; it belongs to the request, timer or hook that made it.
+-- @treturn Tcp
+-- @usage local sock = moonserve.socket.tcp()
+-- assert(sock:connect("127.0.0.1", 6379))
 function _M.tcp()
     return new_socket(Tcp, C.ms_ffi_sock_new, "moonserve.socket.tcp")
 end
 
--- ngx.socket.tcp() of the ngx layer: the same socket, with OpenResty's default of no
+--- ngx.socket.tcp() of the ngx layer: the same socket, with OpenResty's default of no
 -- certificate verification unless sslhandshake asks for it.
 function _M.ngx_tcp()
     local self = new_socket(Tcp, C.ms_ffi_sock_new, "ngx.socket.tcp")
@@ -253,6 +261,12 @@ function _M.ngx_tcp()
     return self
 end
 
+--- Connects to `host` and `port` (a name is resolved without blocking), or to "unix:PATH",
+-- taking an idle connection from the pool when there is one.
+-- @tparam string host
+-- @tparam[opt] number port
+-- @tparam[opt] table opts pool, pool_size, backlog
+-- @return 1, or nil and an error ("connection refused", "timeout", ...)
 function Tcp:connect(host, port, opts)
     local g = check(self, Tcp, "connect")
     if type(host) ~= "string" then
@@ -298,6 +312,8 @@ function Tcp:connect(host, port, opts)
     return nil, errmsg(g, rc)
 end
 
+--- Sends a string, a number or a nested table of them (gathered, not joined).
+-- @return the bytes sent, or nil and an error ("timeout" closes the socket)
 function Tcp:send(data)
     local g = check(self, Tcp, "send")
     local parts, n, total = gather(data)
@@ -330,6 +346,9 @@ local function receive_with(self, g, kind, n, what)
     return read_result(g, rc)
 end
 
+--- Receives a line ("*l", the default, without its CR LF), everything until the peer
+-- closes ("*a"), or a number of bytes.
+-- @return the data, or nil, an error and the partial data ("timeout" keeps the socket)
 function Tcp:receive(pattern)
     local g = check(self, Tcp, "receive")
     local kind, n = LINE, 0
@@ -349,6 +368,8 @@ function Tcp:receive(pattern)
     return receive_with(self, g, kind, n, "socket:receive")
 end
 
+--- Receives whatever has arrived, at most `max` bytes, waiting until something has.
+-- @return the data, or nil and an error
 function Tcp:receiveany(max)
     local g = check(self, Tcp, "receiveany")
     if type(max) ~= "number" or max < 1 then
@@ -357,6 +378,8 @@ function Tcp:receiveany(max)
     return receive_with(self, g, ANY, floor(max), "socket:receiveany")
 end
 
+--- An iterator that reads until `pattern` (not included unless opts.inclusive):
+-- it([size]) returns the data, or nil, an error and the partial data.
 function Tcp:receiveuntil(pattern, opts)
     check(self, Tcp, "receiveuntil")
     if type(pattern) ~= "string" or #pattern == 0 then
@@ -391,8 +414,11 @@ local function settimeout_of(class)
     end
 end
 
+--- Sets the connect, send and read timeouts at once, in milliseconds.
+-- @function Tcp:settimeout
 Tcp.settimeout = settimeout_of(Tcp)
 
+--- Sets the connect, send and read timeouts, in milliseconds.
 function Tcp:settimeouts(connect, send, read)
     local g = check(self, Tcp, "settimeouts")
     connect = timeout_arg(connect, 1, "settimeouts")
@@ -404,6 +430,9 @@ function Tcp:settimeouts(connect, send, read)
     return 1
 end
 
+--- Puts the connection back in its pool, kept at most `idle_ms` (0: forever), the pool
+-- holding at most `pool_size` idle ones.
+-- @return 1, or nil and an error (unread data, a read in progress)
 function Tcp:setkeepalive(idle_ms, pool_size)
     local g = check(self, Tcp, "setkeepalive")
     if idle_ms ~= nil and (type(idle_ms) ~= "number" or idle_ms < 0) then
@@ -428,7 +457,7 @@ function Tcp:setkeepalive(idle_ms, pool_size)
     return nil, errmsg(g, rc)
 end
 
--- sslhandshake(reused_session, server_name, verify, send_status_req), as OpenResty's: the
+--- sslhandshake(reused_session, server_name, verify, send_status_req), as OpenResty's: the
 -- session (to pass to a later handshake with the same server), or true when reused_session is
 -- false; nil and "handshake failed", "certificate host mismatch", "20: unable to get local
 -- issuer certificate", "timeout" (the connect timeout) otherwise, the socket then closed.
@@ -478,7 +507,7 @@ function Tcp:sslhandshake(reused_session, server_name, verify, send_status_req)
     return ffi_gc(out, C.ms_ffi_tls_session_free)
 end
 
--- A moonserve addition: what the TLS of the connection is, { protocol = "TLSv1.3", cipher =
+--- A moonserve addition: what the TLS of the connection is, { protocol = "TLSv1.3", cipher =
 -- "TLS_AES_256_GCM_SHA384", session_reused = bool }, or nil and "closed" (no TLS).
 function Tcp:sslinfo()
     local g = check(self, Tcp, "sslinfo")
@@ -493,7 +522,7 @@ function Tcp:sslinfo()
         session_reused = r == 1 }
 end
 
--- setclientcert(cert, key): the chain (PEM text, leaf first) and its key (PEM), presented by
+--- setclientcert(cert, key): the chain (PEM text, leaf first) and its key (PEM), presented by
 -- the next handshakes when the server asks; (nil, nil) stops. OpenResty takes ngx.ssl's
 -- parsed objects; moonserve takes the PEM text they are parsed from.
 function Tcp:setclientcert(cert, key)
@@ -521,7 +550,7 @@ function Tcp:setclientcert(cert, key)
     return 1
 end
 
--- The worker trusts the CA certificates of a PEM file too, besides the system's store
+--- The worker trusts the CA certificates of a PEM file too, besides the system's store
 -- (app:run{ ssl_trusted_certificate = FILE }). srv: the worker's ms_server_t *.
 function _M.trust(srv, file)
     msgbuf[0] = 0
@@ -531,6 +560,7 @@ function _M.trust(srv, file)
     return true
 end
 
+--- How many times the connection came from the pool (0: a new one).
 function Tcp:getreusedtimes()
     local g = check(self, Tcp, "getreusedtimes")
     if g == nil or g.view.connected == 0 then
@@ -541,6 +571,8 @@ end
 
 local OPTIONS = { keepalive = true, ["tcp-nodelay"] = true, sndbuf = true, rcvbuf = true }
 
+--- Sets "keepalive", "tcp-nodelay", "sndbuf" or "rcvbuf" on the connection.
+-- @return true, or nil and "unsupported option NAME"
 function Tcp:setoption(name, value)
     local g = check(self, Tcp, "setoption")
     if type(name) ~= "string" then
@@ -567,6 +599,8 @@ function Tcp:setoption(name, value)
     return nil, errmsg(g, rc)
 end
 
+--- Closes the connection (it does not go to the pool).
+-- @return 1, or nil and "closed"
 function Tcp:close()
     local g = check(self, Tcp, "close")
     if g == nil or close_deferred(self, g) ~= DONE then
@@ -577,10 +611,14 @@ end
 
 -- -- UDP ------------------------------------------------------------------------------------
 
+--- A UDP socket, as OpenResty's ngx.socket.udp(): setpeername, then send and receive.
+-- @treturn Udp
 function _M.udp()
     return new_socket(Udp, C.ms_ffi_udp_new, "moonserve.socket.udp")
 end
 
+--- Sets the peer all datagrams go to and come from (a name is resolved without blocking).
+-- @return 1, or nil and an error
 function Udp:setpeername(host, port)
     local g = check(self, Udp, "setpeername")
     if type(host) ~= "string" then
@@ -602,6 +640,8 @@ function Udp:setpeername(host, port)
     return nil, errmsg(g, rc)
 end
 
+--- Sends one datagram.
+-- @return 1, or nil and an error
 function Udp:send(data)
     local g = check(self, Udp, "send")
     local _, n = gather(data)
@@ -615,6 +655,8 @@ function Udp:send(data)
     return nil, errmsg(g, rc)
 end
 
+--- Receives one datagram of at most `size` bytes (default 8192).
+-- @return the data, or nil and an error ("timeout")
 function Udp:receive(size)
     local g = check(self, Udp, "receive")
     if size ~= nil and (type(size) ~= "number" or size < 1) then
@@ -633,8 +675,11 @@ function Udp:receive(size)
     return nil, errmsg(g, rc)
 end
 
+--- Sets the receive timeout, in milliseconds.
+-- @function Udp:settimeout
 Udp.settimeout = settimeout_of(Udp)
 
+--- Closes the socket.
 function Udp:close()
     local g = check(self, Udp, "close")
     if g == nil then

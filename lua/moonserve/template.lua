@@ -1,4 +1,4 @@
--- moonserve/template.lua: HTML templates, compiled once to Lua, rendered into string pieces.
+--- moonserve/template.lua: HTML templates, compiled once to Lua, rendered into string pieces.
 --
 --   {{ expr }}      the value, HTML-escaped (& < > " '); nil prints nothing, numbers and
 --                   booleans print through tostring. Safe in element content and in
@@ -40,6 +40,10 @@
 -- Compiling reads the file with io.open, which blocks the worker. With cache = true (the
 -- default) each file is read and compiled once per engine; cache = false recompiles on
 -- every render, which is for development only.
+--
+-- `Ctx`: What a template's code sees as `self`: include and layout.
+-- `Engine`: A template engine over a directory of templates (app:views), each compiled once.
+-- @module moonserve.template
 local codec = require "moonserve.codec"
 
 local byte, find, format, gsub, lower, match, rep, sub = string.byte, string.find,
@@ -382,6 +386,7 @@ local function check_call(self, what, name)
     end
 end
 
+--- In a template: renders the partial `name` here, with `vars` added to the current ones.
 function Ctx:include(name, vars)
     check_call(self, "include", name)
     local buf = run(self.engine, name, load_template(self.engine, name), self.env, vars,
@@ -389,12 +394,14 @@ function Ctx:include(name, vars)
     return setmetatable(buf, Safe)
 end
 
+--- In a template: renders this one inside the layout `name`, which prints it with
+-- `{{! content }}`.
 function Ctx:layout(name, vars)
     check_call(self, "layout", name)
     self.layout_name, self.layout_vars = name, vars
 end
 
--- Compiles template source. Returns render(vars), or nil and an error naming the template
+--- Compiles template source. Returns render(vars), or nil and an error naming the template
 -- (`name`, default "template") and line. render returns the output as a table of string
 -- pieces and raises what the template raises. Such a template has no engine, so its
 -- include() and layout() raise.
@@ -449,7 +456,7 @@ function load_template(engine, name)
     return factory
 end
 
--- opts: root (default "views"), cache (default true), helpers (a table of extra helpers),
+--- opts: root (default "views"), cache (default true), helpers (a table of extra helpers),
 -- globals (a table consulted after the helpers, e.g. _G), csrf_token (a string, or a
 -- function given the render's variables).
 function _M.new(opts)
@@ -479,7 +486,7 @@ local function render_name(engine, name, vars)
     return run(engine, name, load_template(engine, name), nil, vars, 0)
 end
 
--- Renders the template `name` with `vars`. Returns the output as a table of string pieces,
+--- Renders the template `name` with `vars`. Returns the output as a table of string pieces,
 -- or nil and an error: a missing or broken template, or an error raised while rendering,
 -- each naming the template and, where there is one, the line.
 function Engine:render(name, vars)
@@ -493,7 +500,7 @@ function Engine:render(name, vars)
     return res
 end
 
--- The same, as one string.
+--- The same, as one string.
 function Engine:render_string(name, vars)
     local buf, err = self:render(name, vars)
     if not buf then

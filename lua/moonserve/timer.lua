@@ -1,18 +1,19 @@
--- moonserve/timer.lua: timers, as OpenResty's ngx.timer: each run in a coroutine of its own
+--- moonserve/timer.lua: timers, as OpenResty's ngx.timer: each run in a coroutine of its own
 -- with the whole non-blocking API, fn(premature, ...), premature = true when the worker
 -- stops. The machinery (slots, caps, the stop) is the dispatcher's.
+-- @module moonserve.timer
 local dispatcher = require "moonserve.dispatcher"
 
 local _M = {}
 
--- Runs fn(false, ...) in `delay` seconds. Returns a handle (handle:cancel()), or nil and
+--- Runs fn(false, ...) in `delay` seconds. Returns a handle (handle:cancel()), or nil and
 -- "too many pending timers" (the timers_pending limit) or "process exiting".
 _M.at = dispatcher.timer_at
 
--- Runs fn(false, ...) every `interval` seconds until cancelled or the worker stops.
+--- Runs fn(false, ...) every `interval` seconds until cancelled or the worker stops.
 _M.every = dispatcher.timer_every
 
--- How many timers wait to run, and how many runs are under way, in this worker.
+--- How many timers wait to run, and how many runs are under way, in this worker.
 function _M.counts()
     return dispatcher.timer_counts()
 end

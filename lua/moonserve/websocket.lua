@@ -1,6 +1,10 @@
--- moonserve/websocket.lua: WebSocket endpoints (RFC 6455 over HTTP/1.1, RFC 8441 over HTTP/2)
+--- moonserve/websocket.lua: WebSocket endpoints (RFC 6455 over HTTP/1.1, RFC 8441 over HTTP/2)
 -- on the core's framing (core/ws.c): the opening handshake, the socket a handler gets, and
 -- broadcast. A socket's waits park the running code on its slot, as moonserve.socket's do.
+--
+-- `WebSocket`: The socket a WebSocket handler gets (app:websocket(path, function(ws, req) ...
+--   end)).
+-- @module moonserve.websocket
 local ffi = require "ffi"
 local base = require "moonserve.base"
 local coro = require "moonserve.coroutine"
@@ -74,7 +78,7 @@ local function number_opt(opts, k, path, level)
     return v
 end
 
--- The endpoint's options, checked once, when the route is added. Misuse raises at the
+--- The endpoint's options, checked once, when the route is added. Misuse raises at the
 -- caller of `level`.
 function _M.compile(opts, path, level)
     level = (level or 1) + 1
@@ -133,7 +137,7 @@ local function handle(self)
     return g
 end
 
--- The next message: data, kind ("text", "binary"; "ping" and "pong" when the endpoint asked
+--- The next message: data, kind ("text", "binary"; "ping" and "pong" when the endpoint asked
 -- for them), or for the peer's close (or ours, after a protocol error) reason, "close",
 -- code. nil, "closed" once nothing more can come; nil, "timeout" after `timeout` seconds
 -- (nil: no limit) with the socket still open.
@@ -188,7 +192,7 @@ local function send(self, op, data)
     return true
 end
 
--- Sends a message: text (the default) or, with kind "binary", binary. true, or nil and
+--- Sends a message: text (the default) or, with kind "binary", binary. true, or nil and
 -- "closed" (closed or closing), "send queue full" (the peer does not read: it was closed
 -- with 1008), "not UTF-8" (text must be).
 function WebSocket:send(data, kind)
@@ -207,7 +211,7 @@ function WebSocket:send(data, kind)
     return send(self, op, data)
 end
 
--- Sends a ping (at most 125 bytes); the pong comes to receive() when the endpoint asked for
+--- Sends a ping (at most 125 bytes); the pong comes to receive() when the endpoint asked for
 -- control frames, and counts as the peer's life either way.
 function WebSocket:ping(data)
     data = data or ""
@@ -217,7 +221,7 @@ function WebSocket:ping(data)
     return send(self, PING, data)
 end
 
--- Starts the close handshake: code (default 1000) and reason (at most 123 bytes, UTF-8).
+--- Starts the close handshake: code (default 1000) and reason (at most 123 bytes, UTF-8).
 -- The peer's answer comes to receive() as "close"; returning from the handler is enough.
 function WebSocket:close(code, reason)
     code = code or 1000
@@ -238,7 +242,7 @@ function WebSocket:close(code, reason)
     return true
 end
 
--- Whether a close was sent or received, or the connection went.
+--- Whether a close was sent or received, or the connection went.
 function WebSocket:closed()
     local g = handle(self)
     return not g or C.ms_ffi_ws_closed(g) ~= 0
@@ -256,7 +260,7 @@ end
 
 -- -- Broadcast ----------------------------------------------------------------------------
 
--- Sends `data` (text, or with kind "binary" binary) to every socket of `list`: the frame is
+--- Sends `data` (text, or with kind "binary" binary) to every socket of `list`: the frame is
 -- built once and every recipient's write references that one string. Returns how many
 -- took it; sockets that are closed, or whose send queue is full (closed with 1008), are
 -- skipped.
@@ -389,7 +393,7 @@ local function refuse(res, status, text)
     return res:status(status):send(text)
 end
 
--- Answers the upgrade and runs `fn(ws, req)` on the socket; or refuses the request.
+--- Answers the upgrade and runs `fn(ws, req)` on the socket; or refuses the request.
 function _M.serve(req, res, fn, o)
     local r = req.r
     local h2 = req.method == "CONNECT"

@@ -1,7 +1,8 @@
--- moonserve/worker.lua: which worker this is (OpenResty's ngx.worker.id and count).
+--- moonserve/worker.lua: which worker this is (OpenResty's ngx.worker.id and count).
+-- @module moonserve.worker
 local _M = {}
 
--- This worker's number, 0 to count() - 1; 0 in a single process; nil in the master (an
+--- This worker's number, 0 to count() - 1; 0 in a single process; nil in the master (an
 -- app file's top level runs there too) or before the app serves.
 function _M.id()
     local worker = os.getenv("MOONSERVE_WORKER")
@@ -12,7 +13,7 @@ function _M.id()
     return loaded and loaded.attached() and 0 or nil
 end
 
--- The number of workers the master runs (1 in a single process).
+--- The number of workers the master runs (1 in a single process).
 function _M.count()
     return tonumber(os.getenv("MOONSERVE_WORKER_COUNT")) or 1
 end

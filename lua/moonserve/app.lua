@@ -317,6 +317,28 @@ function App:route(method, ...)
     return self
 end
 
+--- A GET route: `app:get([name,] path, [middleware...,] handler[, opts])`, as App:route with
+-- the method named. A HEAD request is served by the GET route, without the body.
+-- @function App:get
+-- @usage app:get("user", "/users/:id", function(req, res) return res:json{ id = req.params.id } end)
+
+--- A POST route, as App:get.
+-- @function App:post
+
+--- A PUT route, as App:get.
+-- @function App:put
+
+--- A PATCH route, as App:get.
+-- @function App:patch
+
+--- A DELETE route, as App:get.
+-- @function App:delete
+
+--- A OPTIONS route, as App:get.
+-- @function App:options
+
+--- A HEAD route, as App:get.
+-- @function App:head
 for _, m in ipairs(METHODS) do
     local M = m:upper()
     App[m] = function(self, ...)
@@ -429,6 +451,27 @@ function Group:route(method, ...)
     return self
 end
 
+--- A GET route: `g:get([name,] path, [middleware...,] handler[, opts])`, as Group:route with
+-- the method named. A HEAD request is served by the GET route, without the body.
+-- @function Group:get
+
+--- A POST route, as Group:get.
+-- @function Group:post
+
+--- A PUT route, as Group:get.
+-- @function Group:put
+
+--- A PATCH route, as Group:get.
+-- @function Group:patch
+
+--- A DELETE route, as Group:get.
+-- @function Group:delete
+
+--- A OPTIONS route, as Group:get.
+-- @function Group:options
+
+--- A HEAD route, as Group:get.
+-- @function Group:head
 for _, m in ipairs(METHODS) do
     local M = m:upper()
     Group[m] = function(self, ...)

@@ -172,6 +172,23 @@ local function store(self, op, key, value, exptime, flags)
     return true, nil, forcible
 end
 
+--- Stores `value` under `key` for `exptime` seconds (0 or nil: no expiry), with `flags`.
+-- Evicts the least recently used entries when the dictionary is full.
+-- @function Dict:set
+-- @return ok, err, forcible (forcible: live entries were evicted to make room)
+
+--- As set, but fails with "no memory" instead of evicting live entries.
+-- @function Dict:safe_set
+
+--- As set, only when `key` is not there (else false, "exists").
+-- @function Dict:add
+
+--- As add, but fails with "no memory" instead of evicting live entries.
+-- @function Dict:safe_add
+
+--- As set, only when `key` is there (else false, "not found").
+-- @function Dict:replace
+
 -- set, safe_set, add, safe_add, replace: ok, err, forcible (forcible: live entries were
 -- evicted to make room; the safe_ ones never do, and fail with "no memory" instead).
 for name, op in pairs({ set = SET, safe_set = SAFE_SET, add = ADD, safe_add = SAFE_ADD,

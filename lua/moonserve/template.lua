@@ -41,7 +41,7 @@
 -- default) each file is read and compiled once per engine; cache = false recompiles on
 -- every render, which is for development only.
 --
--- `Ctx`: What a template's code sees as `self`: include and layout.
+-- `Ctx`: A render in progress: what include() and layout() in a template call.
 -- `Engine`: A template engine over a directory of templates (app:views), each compiled once.
 -- @module moonserve.template
 local codec = require "moonserve.codec"

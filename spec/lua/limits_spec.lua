@@ -1,16 +1,17 @@
 -- The table of limits (MS_LIMITS in core/settings.h) and what is made from it: the keys the
--- module takes, its defaults, `moonserve --help`, and README.md's table, which is checked here.
+-- module takes, its defaults, `moonserve --help`, and the guide's table (docs/guide/limits.md),
+-- which is checked here.
 describe("limits", function()
     local core = require("moonserve.base").core
     local root = os.getenv("MOONSERVE_SRC") or "."
 
-    -- The rows of README.md's table of limits: { key = default } and the keys in order.
-    local function readme_rows()
-        local f = assert(io.open(root .. "/README.md", "rb"))
+    -- The rows of the guide's table of limits: { key = default } and the keys in order.
+    local function guide_rows()
+        local f = assert(io.open(root .. "/docs/guide/limits.md", "rb"))
         local text = f:read("*a")
         f:close()
         local start = assert(text:find("\n| key | default | answer when exceeded |\n", 1, true),
-            "README.md has no table of limits")
+            "docs/guide/limits.md has no table of limits")
         local rows, order = {}, {}
         local pos = text:find("\n", start + 1, true) + 1
         for line in text:sub(pos):gmatch("([^\n]*)\n") do
@@ -19,7 +20,7 @@ describe("limits", function()
             end
             local key, default = line:match("^| `([%w_]+)` | ([^|]-) |")
             if key then
-                assert.is_nil(rows[key], "README.md lists " .. key .. " twice")
+                assert.is_nil(rows[key], "docs/guide/limits.md lists " .. key .. " twice")
                 rows[key] = default
                 order[#order + 1] = key
             else
@@ -67,15 +68,15 @@ describe("limits", function()
         assert.equal(0, defaults.body_bytes_max)
     end)
 
-    it("are each a row of README.md's table, with the default the core has", function()
-        local rows = readme_rows()
+    it("are each a row of the guide's table, with the default the core has", function()
+        local rows = guide_rows()
         for _, l in ipairs(core.limits()) do
-            assert.is_not_nil(rows[l.key], "README.md's table of limits has no row for " .. l.key)
+            assert.is_not_nil(rows[l.key], "docs/guide/limits.md's table has no row for " .. l.key)
             assert.equal(string.format("%.14g", l.default), rows[l.key],
-                "README.md's default of " .. l.key)
+                "docs/guide/limits.md's default of " .. l.key)
             rows[l.key] = nil
         end
-        assert.is_nil(next(rows), "README.md lists a limit the core does not have: "
+        assert.is_nil(next(rows), "docs/guide/limits.md lists a limit the core does not have: "
             .. tostring(next(rows)))
     end)
 
@@ -118,14 +119,17 @@ describe("limits", function()
         assert.equal(1024, d.static_cache_files)
         assert.equal(64 * 1024 * 1024, d.static_cache_bytes)
         assert.equal(30, d.stop_timeout)
-        -- and README.md says what they are
-        local f = assert(io.open(root .. "/README.md", "rb"))
-        local text = f:read("*a")
-        f:close()
+        -- and the guide says what they are
+        local text = ""
+        for _, page in ipairs({ "operations", "static-files" }) do
+            local f = assert(io.open(root .. "/docs/guide/" .. page .. ".md", "rb"))
+            text = text .. f:read("*a")
+            f:close()
+        end
         assert.truthy(text:find("`--stop-timeout`, " .. d.stop_timeout .. " s", 1, true),
-            "README.md's stop timeout")
+            "docs/guide/operations.md's stop timeout")
         assert.truthy(text:find("static_cache = { files%s+=%s+" .. d.static_cache_files
             .. ", bytes = " .. d.static_cache_bytes / 1048576 .. " %* 1024 %* 1024 }"),
-            "README.md's static cache")
+            "docs/guide/static-files.md's static cache")
     end)
 end)

@@ -86,6 +86,9 @@ end
 --- moonserve.app(opts): opts.trailing_slash ("strip", the default: "/a/" redirects to
 -- "/a"; "add"; "keep"), opts.canonical (default true: non-canonical paths redirect with 308),
 -- opts.security (see app:security), opts.dev (error pages show the traceback).
+-- @tparam[opt] table opts
+-- @treturn App
+-- @usage local app = require("moonserve").app{ trailing_slash = "add" }
 function _M.new(opts)
     opts = opts or {}
     local app = new(opts, nil, 2)
@@ -134,6 +137,7 @@ local function security_of(app)
 end
 
 --- Adds the security headers to a reply.
+-- @local
 function App:secure_reply(req, res)
     local sec = security_of(self)
     if sec.always ~= "" then
@@ -146,6 +150,8 @@ end
 
 --- Templates for res:render: opts as moonserve.template.new ({ root = "views", cache =
 -- true, helpers = {...} }). A site without its own views uses its app's.
+-- @tparam table opts
+-- @return the template engine (its helpers table extends the templates' helpers)
 function App:views(opts)
     self.views_engine = require("moonserve.template").new(opts)
     forget(self)
@@ -154,6 +160,9 @@ end
 
 --- An error page: fn(req, res, info) answers for `status` (info.status; for 5xx also
 -- info.ref, the id in the log line). A site without its own page uses its app's.
+-- @tparam integer status
+-- @tparam function fn
+-- @return the app
 function App:error_page(status, fn)
     if type(status) ~= "number" or type(fn) ~= "function" then
         error("bad error page (status and function expected)", 2)
@@ -320,7 +329,7 @@ end
 --- A GET route: `app:get([name,] path, [middleware...,] handler[, opts])`, as App:route with
 -- the method named. A HEAD request is served by the GET route, without the body.
 -- @function App:get
--- @usage app:get("user", "/users/:id", function(req, res) return res:json{ id = req.params.id } end)
+-- @usage app:get("user", "/users/:id", function(req, res) res:json{ id = req.params.id } end)
 
 --- A POST route, as App:get.
 -- @function App:post
@@ -396,6 +405,12 @@ end
 
 --- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
 -- gets back what the rest returned).
+-- @tparam function fn function(req, res, next)
+-- @return the app
+-- @usage app:use(function(req, res, next)
+--     res:header("x-request-id", req.id)
+--     return next()
+-- end)
 function App:use(fn)
     if type(fn) ~= "function" then
         error("bad middleware (function expected)", 2)
@@ -423,6 +438,9 @@ Group.__index = Group
 --- A group of routes under a path prefix, with middleware of its own that runs after the
 -- app's and before the route's. app:group("/admin", function(g) g:get(...) end), or use
 -- the group it returns.
+-- @tparam string prefix
+-- @tparam function fn fn(group), which adds the routes
+-- @treturn Group
 function App:group(prefix, fn)
     prefix = prefix_of(prefix, "group prefix", true)
     local g = setmetatable({ app = self, prefix = prefix, middleware = {} }, Group)
@@ -504,6 +522,9 @@ end
 -- FILE }: the certificate a TLS listener answers this name with (SNI; lists of paths for an
 -- RSA and an ECDSA one). A host "*.example.org" is the site of every name one label under
 -- example.org that has no site of its own.
+-- @tparam string host
+-- @tparam[opt] table opts
+-- @treturn App the site
 function App:site(host, opts)
     if type(host) ~= "string" or host == "" then
         error("bad host (string expected)", 2)
@@ -544,6 +565,7 @@ end
 
 --- An access log setting as { path = FILE or "-", format = "combined" | "json" | template },
 -- from that table, a path alone, or false (no access log).
+-- @local
 function _M.access_log_spec(v, level)
     if v == false then
         return false
@@ -582,6 +604,9 @@ end
 --- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
 -- ("10m", "512k" or bytes). Declared before the server starts; it lives as long as the server
 -- (a reload keeps it and its values), so its size can change only with a restart.
+-- @tparam string name
+-- @tparam string|number size
+-- @return the app
 function App:shared_dict(name, size)
     local shared = require "moonserve.shared"
     local ok, err = shared.check_name(name)
@@ -608,6 +633,8 @@ end
 
 --- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
 -- that answers (res:sent()) ends it; a site's run before its app's.
+-- @tparam function fn
+-- @return the app
 function App:on_error(fn)
     if type(fn) ~= "function" then
         error("bad error handler (function expected)", 2)
@@ -619,6 +646,9 @@ end
 
 --- Serves another app under `prefix`: it sees paths without the prefix (req.path), and
 -- req.base_path holds the prefix.
+-- @tparam string prefix
+-- @tparam App other
+-- @return the app
 function App:mount(prefix, other)
     -- (the mounted app's own canonical-path check sees a path that is canonical already)
     prefix = prefix_of(prefix, "mount prefix", false)
@@ -664,6 +694,12 @@ local STATIC_OPTS = { index = "string", listing = "boolean", spa = "boolean",
 -- app's routes. opts: index ("index.html", or false), listing, spa, dotfiles,
 -- cache_control, immutable, precompressed, compress, compress_min, compress_max,
 -- memory_max, live_reload (see the API page). A site's mounts serve its host alone.
+-- @tparam string prefix
+-- @tparam string dir
+-- @tparam[opt] table opts index, listing, spa, dotfiles, cache_control, immutable,
+--   precompressed, compress, memory_max, live_reload, hook
+-- @return the app
+-- @usage app:static("/assets", "./public")
 function App:static(prefix, dir, opts)
     prefix = prefix_of(prefix, "static prefix", true)
     if type(dir) ~= "string" or dir == "" then
@@ -708,6 +744,7 @@ end
 
 --- Every static mount of the app and its sites, with what the core needs to serve it:
 -- the full prefix (a site's base first), the host, and the security fields.
+-- @local
 function App:static_mounts()
     local all = {}
     local function visit(app)
@@ -730,6 +767,9 @@ function App:static_mounts()
 end
 
 --- The path of the route called `name`, filled from `params`.
+-- @tparam string name
+-- @tparam[opt] table params
+-- @treturn string the path
 function App:url_for(name, params)
     return self.router:url_for(name, params)
 end
@@ -881,6 +921,7 @@ function App:handle(req, res)
 end
 
 --- The largest body any route of the app or its sites allows beyond `default`.
+-- @local
 function App:max_body_bytes(default)
     local max = default
     local function visit(app)
@@ -899,6 +940,8 @@ end
 --- fn() runs in every worker once it starts (not in the master, where an app file's top level
 -- runs too), in a coroutine with the whole non-blocking API; the worker is ready (and a
 -- reload hands over to it) once every start hook has returned.
+-- @tparam function fn
+-- @return the app
 function App:on_worker_start(fn)
     if type(fn) ~= "function" then
         error("bad argument #1 to 'on_worker_start' (function expected)", 2)
@@ -910,6 +953,8 @@ function App:on_worker_start(fn)
 end
 
 --- fn() runs in every worker as it stops, after the requests in flight stop being accepted.
+-- @tparam function fn
+-- @return the app
 function App:on_worker_stop(fn)
     if type(fn) ~= "function" then
         error("bad argument #1 to 'on_worker_stop' (function expected)", 2)

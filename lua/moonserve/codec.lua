@@ -48,6 +48,7 @@ local add_value = _M.add_value
 --- Parses "a=1&b=2&a=3" into { a = { "1", "3" }, b = "2" }: a key seen once maps to its
 -- value, a repeated key to the list of its values in order. A key without "=" maps to "".
 -- At most `max` pairs are read (default 1000): the rest is ignored, not an error.
+-- @usage codec.parse_form("a=1&b=2&a=3")   -- { a = { "1", "3" }, b = "2" }
 function _M.parse_form(s, max)
     local t = {}
     if s == nil or s == "" then

@@ -86,6 +86,7 @@ end
 -- max_age (seconds), expires (a time, seconds since the epoch), secure, http_only, same_site
 -- ("Strict", "Lax" or "None", any case), partitioned. Misuse raises, including SameSite=None
 -- or Partitioned without Secure, which browsers would drop.
+-- @usage cookie.serialize("sid", "abc", { path = "/", http_only = true, same_site = "Lax" })
 function _M.serialize(name, value, opts)
     if type(name) ~= "string" or not find(name, TOKEN) then
         error("bad cookie name (token expected)", 2)

@@ -62,6 +62,7 @@ local function check_string(x, what, level)
 end
 
 --- n bytes from the system's CSPRNG, or nil and an error.
+-- @usage local id = crypto.base64url_encode(assert(crypto.random(16)))
 function _M.random(n)
     if type(n) ~= "number" or n < 0 or n % 1 ~= 0 then
         error("bad byte count (non-negative integer expected)", 2)

@@ -31,15 +31,17 @@ function _M.sleep(seconds)
     return host.sleep(seconds)
 end
 
--- Timers (moonserve/timer.lua), light threads and semaphores (moonserve/dispatcher.lua,
+--- Timers (moonserve/timer.lua), light threads and semaphores (moonserve/dispatcher.lua,
 -- moonserve/semaphore.lua), which worker this is (moonserve/worker.lua), as OpenResty's
 -- ngx.timer, ngx.thread, ngx.semaphore and ngx.worker. Loaded at the first call.
+-- @table timer
 _M.timer = {
     at = function(...) return require("moonserve.timer").at(...) end,
     every = function(...) return require("moonserve.timer").every(...) end,
 }
 --- Starts a light thread running fn(...) at once, until it waits (as ngx.thread.spawn).
--- @param fn the function; its arguments follow
+-- @tparam function fn
+-- @param ... its arguments
 -- @return the thread, for moonserve.wait and moonserve.kill
 function _M.spawn(...) return require("moonserve.dispatcher").spawn(...) end
 --- Waits for the first of the threads given to finish (as ngx.thread.wait).
@@ -52,27 +54,35 @@ function _M.kill(...) return require("moonserve.dispatcher").kill(...) end
 -- @tparam[opt=0] number n
 -- @treturn Semaphore
 function _M.semaphore(n) return require("moonserve.semaphore").new(n) end
--- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
+--- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
+-- @table socket
 _M.socket = {
     tcp = function() return require("moonserve.socket").tcp() end,
     udp = function() return require("moonserve.socket").udp() end,
 }
--- WebSocket (moonserve/websocket.lua): broadcast(list, data[, "binary"]) frames a message
+--- WebSocket (moonserve/websocket.lua): broadcast(list, data[, "binary"]) frames a message
 -- once for many sockets; endpoints are app:websocket(path, fn, opts).
+-- @table websocket
 _M.websocket = {
     broadcast = function(...) return require("moonserve.websocket").broadcast(...) end,
 }
+--- Which worker this is: id() and count() (moonserve/worker.lua).
+-- @table worker
 _M.worker = {
     id = function() return require("moonserve.worker").id() end,
     count = function() return require("moonserve.worker").count() end,
 }
 
--- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
+--- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
 -- once the app declared app:shared_dict("cache", "10m") (moonserve/shared.lua).
+-- @table shared
 _M.shared = require("moonserve.shared").dicts
 
--- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
+--- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
+-- @table log
 _M.log = require "moonserve.log"
+--- Metrics: the app's own counters, gauges and histograms, and the scrape (moonserve/metrics.lua).
+-- @table metrics
 _M.metrics = require "moonserve.metrics"
 
 return _M

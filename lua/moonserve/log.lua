@@ -33,6 +33,7 @@ function _M.warn(...)
 end
 
 --- Logs at level info: the arguments joined with tostring.
+-- @usage moonserve.log.info("user ", id, " signed in")
 function _M.info(...)
     host.log("info", line(...))
 end

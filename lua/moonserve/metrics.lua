@@ -316,6 +316,8 @@ local function declare(kind, name, help, label_names, buckets, level)
 end
 
 --- A counter: name, help, { label names }. Returns the metric: m:inc([v, ] values...).
+-- @usage local signups = moonserve.metrics.counter("app_signups_total", "Sign-ups.", { "plan" })
+-- signups:inc(1, "free")
 function _M.counter(name, help, label_names)
     return declare("counter", name, help, label_names, nil, 2)
 end
@@ -327,16 +329,20 @@ end
 
 --- A histogram with `buckets` (upper bounds, increasing; default from 5 ms to 10 s):
 -- m:observe(v, values...).
+-- @usage local h = moonserve.metrics.histogram("app_query_seconds", "Query time.", { "table" })
+-- h:observe(0.012, "users")
 function _M.histogram(name, help, label_names, buckets)
     return declare("histogram", name, help, label_names, buckets, 2)
 end
 
 --- Whether the app declared any metric of its own.
+-- @local
 function _M.declared()
     return #order > 0
 end
 
 --- Forgets every declared metric and value of this process (for tests).
+-- @local
 function _M.reset()
     registry, order, local_store = {}, {}, {}
 end
@@ -440,6 +446,7 @@ end
 
 --- The app's routes, numbered from 1 the same way in every worker of one app: by their
 -- label (name, else path pattern), sorted. Sets each route's metrics_ix; returns the names.
+-- @local
 function _M.number_routes(the_app)
     local labels, routes = {}, {}
     local function walk(a)
@@ -474,6 +481,7 @@ end
 --- The server `srv` counts into the zone it was given (srv:metrics): this worker's names go
 -- into its slot. A slot an earlier worker of the same index wrote keeps its counts, moved
 -- to where this worker's routes of the same names are (a reload may add or drop routes).
+-- @local
 function _M.attach(srv, slot, names)
     load_core()
     local home = ffi.cast("ms_server_t *", srv:pointer())
@@ -526,6 +534,7 @@ function _M.attach(srv, slot, names)
 end
 
 --- Writes this worker's Lua heap into its slot (a timer does once a second).
+-- @local
 function _M.update_lua()
     if own then
         own.lua_bytes = math.floor(collectgarbage("count") * 1024)
@@ -723,6 +732,7 @@ _M.CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 --- A handler that answers with the scrape: app:get("/metrics", moonserve.metrics.handler).
 -- The app's routes that have it turn the core's metrics on.
+-- @usage app:get("/metrics", moonserve.metrics.handler)
 function _M.handler(_, res)
     res:header("content-type", _M.CONTENT_TYPE)
     res:header("cache-control", "no-store")

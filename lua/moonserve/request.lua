@@ -158,6 +158,9 @@ function Request:_static_dir()
 end
 
 --- The first value of a header field, by name in any case, or nil.
+-- @tparam string name a field name, in any case
+-- @treturn ?string the first value
+-- @usage local ua = req:header("user-agent")
 function Request:header(name)
     if type(name) ~= "string" then
         error("bad header name (string expected)", 2)
@@ -194,12 +197,14 @@ local function field_table(r, list)
 end
 
 --- All header fields as a table with lowercase names.
+-- @treturn table { name = value }, lowercase names, repeats joined with ", "
 function Request:headers()
     return field_table(view(self), C.ms_ffi_req_headers)
 end
 
 --- The trailer fields that ended a chunked (HTTP/1.1) or HTTP/2 body, as a table with lowercase
 -- names; empty until the body has been read whole. Trailers are never headers.
+-- @treturn table { name = value }
 function Request:trailers()
     return field_table(view(self), C.ms_ffi_req_trailers)
 end
@@ -229,6 +234,7 @@ end
 -- (parks the handler) while the client has not sent more, in the handler's own coroutines
 -- too; raises where it cannot wait (a C call: a string.gsub callback, a table.sort
 -- comparator, an FFI callback, require).
+-- @treturn ?string the next piece; nil at the end, or nil and an error
 function Request:read()
     local piece, err, name = read(self, "req:read")
     return piece, err, name
@@ -236,6 +242,8 @@ end
 
 --- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. Raises when over the server's body_bytes_max.
+-- @tparam number bytes
+-- @return the request
 function Request:body_limit(bytes)
     if type(bytes) ~= "number" or bytes < 0 then
         error("bad body limit (bytes expected)", 2)
@@ -248,6 +256,9 @@ function Request:body_limit(bytes)
 end
 
 --- The whole body (what read() has not taken yet) as one string, or nil and an error.
+-- @treturn ?string the body, or nil and an error
+-- @usage local body, err = req:body()
+-- if not body then return res:status(400):send(err) end
 function Request:body()
     local cached = rawget(self, "_body")
     if cached then
@@ -282,11 +293,14 @@ end
 --- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
 -- (moonserve.multipart: part.name, part.filename, part:read(), part:body(), part:save(path)).
 -- Returns nil, err when the body is not multipart/form-data.
+-- @tparam[opt] table opts the parser's limits (moonserve.multipart)
+-- @return an iterator of Part, or nil and an error
 function Request:parts(opts)
     return require("moonserve.multipart").parts(self, opts)
 end
 
 --- The body as an urlencoded form ({ name = value }), or nil and an error.
+-- @treturn ?table the form, or nil and an error
 function Request:form()
     local mt_ = media_type(self)
     if mt_ ~= "application/x-www-form-urlencoded" then
@@ -307,6 +321,9 @@ local MEDIA = { json = "application/json", html = "text/html", text = "text/plai
 --- Which of the offered types (short names or full types) the client prefers, by its
 -- Accept header (RFC 9110 12.5.1: q-values, then specificity, then the order offered).
 -- No Accept header accepts anything: the first offered. Returns nil when none is acceptable.
+-- @param ... offered types: "json", "html", "text", ... or full media types
+-- @treturn ?string the offer preferred
+-- @usage if req:accepts("json", "html") == "json" then return res:json(data) end
 function Request:accepts(...)
     local accept = self:header("accept")
     if not accept or accept == "" then
@@ -343,6 +360,7 @@ end
 
 local cjson_safe
 --- The body decoded as JSON, or nil and an error.
+-- @return the decoded value, or nil and an error
 function Request:json()
     local body, err = self:body()
     if not body then

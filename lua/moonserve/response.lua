@@ -39,11 +39,13 @@ local function view(self)
 end
 
 --- Whether the reply head has left (after send, or the first write).
+-- @treturn boolean
 function Response:sent()
     return band(view(self).flags, HEAD_SENT) ~= 0
 end
 
 --- Whether the client has gone (its connection or stream closed): nothing more reaches it.
+-- @treturn boolean
 function Response:gone()
     return band(view(self).flags, ABORTED) ~= 0
 end
@@ -111,6 +113,9 @@ end
 
 --- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
 -- given; lowercase is the convention.
+-- @tparam string name a lowercase field name
+-- @tparam string value
+-- @return the reply, to chain
 function Response:header(name, value)
     if type(name) ~= "string" then
         error("bad header name (string expected)", 2)
@@ -145,6 +150,7 @@ end
 --- Lets go of the strings whose writes are done. Called per request and per anchored
 -- write, so a long stream of large pieces does not pile them up. Usually there are none:
 -- the loop lives apart, so the JIT compiles this call into the request's trace.
+-- @local
 function _M.drain(r)
     local n = C.ms_ffi_anchor_drain(r, released, 256)
     if n > 0 then
@@ -233,6 +239,9 @@ end
 
 --- Adds a trailer field, sent after a body streamed with res:write (on HTTP/2 after any
 -- body). Returns res; raises on a bad or framing field, or once the reply is complete.
+-- @tparam string name
+-- @tparam string value
+-- @return the reply
 function Response:trailer(name, value)
     name, value = tostring(name), tostring(value)
     local rc = C.ms_ffi_res_trailer(view(self), name, #name, value, #value)
@@ -248,6 +257,9 @@ end
 -- precompressed or compressed form when the client takes one. The path is the handler's
 -- own, not confined to a directory. Returns true, or nil and an error ("ENOENT: ...") with
 -- nothing sent.
+-- @tparam string path
+-- @return true, or nil and an error
+-- @usage app:get("/report", function(req, res) return res:file("/srv/reports/latest.pdf") end)
 function Response:file(path)
     local r = view(self)
     if type(path) ~= "string" then
@@ -263,6 +275,7 @@ end
 
 --- For app:static with a hook: sends the file the request names under mount `id`. Returns
 -- true, or false when there is none (nothing sent).
+-- @local
 function Response:static_mount(id)
     local r = view(self)
     fire(self)
@@ -271,6 +284,8 @@ end
 
 local cjson
 --- Sends `value` as JSON.
+-- @param value a table (or any value lua-cjson encodes)
+-- @return true, or nil and an error
 function Response:json(value)
     cjson = cjson or require "cjson"
     local body = cjson.encode(value)
@@ -290,6 +305,9 @@ end
 
 --- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
 -- percent-encoded; control characters raise.
+-- @tparam string url
+-- @tparam[opt=302] integer code 300 to 399
+-- @return true, or nil and an error
 function Response:redirect(url, code)
     if type(url) ~= "string" then
         error("bad redirect url (string expected)", 2)
@@ -308,6 +326,8 @@ end
 
 --- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1). Waits (parks
 -- the handler) while the client reads slower than the handler writes.
+-- @tparam string chunk
+-- @return true, or nil and an error (the client has gone)
 function Response:write(chunk)
     local r = view(self)
     chunk = text(chunk, "chunk")
@@ -331,6 +351,7 @@ end
 
 --- Waits (parks the handler) until everything written so far has left for the client:
 -- for event streams and long polls that must not sit in a buffer.
+-- @return true, or nil and an error
 function Response:flush()
     local r = view(self)
     check("res:flush", "wait", 2)
@@ -345,6 +366,11 @@ end
 
 --- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
 -- expires, secure, http_only, same_site, partitioned). Misuse raises.
+-- @tparam string name
+-- @tparam string value
+-- @tparam[opt] table opts
+-- @return the reply
+-- @usage res:cookie("theme", "dark", { path = "/", max_age = 3600, http_only = true })
 function Response:cookie(name, value, opts)
     local ok, line = pcall(cookie.serialize, name, value, opts)
     if not ok then
@@ -355,6 +381,8 @@ function Response:cookie(name, value, opts)
 end
 
 --- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
+-- @tparam function fn fn(res)
+-- @return the reply
 function Response:before_send(fn)
     if type(fn) ~= "function" then
         error("bad hook (function expected)", 2)
@@ -370,6 +398,9 @@ end
 
 --- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
 -- its pieces unjoined. A template error raises (a 500 with its reference id).
+-- @tparam string name the template, under the views' root
+-- @tparam[opt] table vars
+-- @return true, or nil and an error
 function Response:render(name, vars)
     local views = self.views
     if not views then

@@ -90,6 +90,7 @@ _M.SAFE = { GET = true, HEAD = true, OPTIONS = true, TRACE = true }
 -- Browsers send Sec-Fetch-Site and Origin themselves; no page can set either. A request with
 -- neither comes from a program (curl, another server), which could send any value it liked:
 -- there is nothing to check, and it passes.
+-- @local
 function _M.origin_ok(f, opts)
     local o = f.origin
     if o then
@@ -154,6 +155,7 @@ local DEFAULT_CHECK = { origins = nil, same_site = false }
 -- from a trusted proxy its X-Forwarded-Host and X-Forwarded-Proto; "https" on a TLS
 -- connection. Over plain TCP without a proxy the scheme is not known (a proxy in front may
 -- have ended TLS).
+-- @local
 function _M.authority(req)
     local host, scheme = req:header("host"), nil
     if req.tls then
@@ -236,6 +238,7 @@ end
 -- options or false } (https: only for requests that came over TLS). opts == false: no
 -- headers at all (the origin check stays). Keys set to false turn one off; csrf = false
 -- turns off the origin check.
+-- @local
 function _M.compile(opts)
     if opts == false then
         return { always = "", https = "", csrf = DEFAULT_CHECK }

@@ -44,6 +44,8 @@ end
 
 --- Takes a resource, waiting up to `timeout` seconds (default 0: no wait) for one. Returns
 -- true, or nil and "timeout".
+-- @usage local sema = moonserve.semaphore(0)
+-- local ok, err = sema:wait(5)      -- another coroutine calls sema:post()
 function Semaphore:wait(timeout)
     timeout = timeout or 0
     if type(timeout) ~= "number" or timeout < 0 then

@@ -53,6 +53,7 @@ end
 
 --- Sets a value (nil removes it). Values must be what JSON can hold. A table changed in
 -- place after set() is not noticed: set it again.
+-- @usage req.session:set("user", { id = 7, name = "ada" })
 function Session:set(key, value)
     if type(key) ~= "string" then
         error("bad session key (string expected, got " .. type(key) .. ")", 2)
@@ -243,6 +244,7 @@ end
 -- Returns the session, and when a cookie came but was refused, why (it never raises on a bad
 -- cookie: tampered, truncated, expired or signed with an unknown key, the session is new
 -- and empty).
+-- @local
 function Manager:load(from)
     local header = from
     if type(from) == "table" then
@@ -277,6 +279,7 @@ end
 -- error when the store failed). Raises when the data cannot be JSON, or is too big for a
 -- cookie. With `req`, a request that came over https, the cookie is Secure (unless the
 -- cookie options set `secure` themselves).
+-- @local
 function Manager:save(s, req)
     if getmetatable(s) ~= Session then
         error("bad session (from load() expected)", 2)
@@ -397,6 +400,7 @@ end
 
 --- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
 -- new() takes them. It is saved, and its cookie set, just before the reply's head leaves.
+-- @usage app:use(moonserve.sessions{ secret = os.getenv("SESSION_SECRET") })
 function _M.middleware(opts)
     local manager = _M.new(opts)
     return function(req, res, pass)

@@ -142,6 +142,7 @@ local function read(self, key, stale)
 end
 
 --- value, flags | nil | nil, err
+-- @usage local v, flags = moonserve.shared.cache:get("k")
 function Dict:get(key)
     return read(self, key, 0)
 end
@@ -175,6 +176,10 @@ end
 --- Stores `value` under `key` for `exptime` seconds (0 or nil: no expiry), with `flags`.
 -- Evicts the least recently used entries when the dictionary is full.
 -- @function Dict:set
+-- @tparam string key
+-- @param value a string, number, boolean or table
+-- @tparam[opt] number exptime
+-- @tparam[opt] integer flags
 -- @return ok, err, forcible (forcible: live entries were evicted to make room)
 
 --- As set, but fails with "no memory" instead of evicting live entries.
@@ -199,6 +204,7 @@ for name, op in pairs({ set = SET, safe_set = SAFE_SET, add = ADD, safe_add = SA
 end
 
 --- newval, err, forcible: `init` makes a missing key (with `init_ttl`), else "not found".
+-- @usage local hits = moonserve.shared.stats:incr("hits", 1, 0)
 function Dict:incr(key, n, init, init_ttl)
     key = check_key(key)
     if type(n) ~= "number" then
@@ -373,6 +379,7 @@ function _M.parse_size(size)
 end
 
 --- Checks a dictionary's name as app:shared_dict takes it. Returns the name, or nil, err.
+-- @local
 function _M.check_name(name)
     if type(name) ~= "string" or not name:match("^[%w_-]+$") or #name > NAME_MAX then
         return nil, "bad shared dictionary name (1 to 63 letters, digits, '_' or '-')"
@@ -399,6 +406,7 @@ end
 
 --- Maps the zone of `fd` as dictionary `name` of `size` bytes. Returns the dictionary, or
 -- nil, err (a size or name other than the zone's: a reload cannot change them).
+-- @local
 function _M.attach(fd, name, size)
     load_core()
     local out = ffi_new("ms_shdict_t *[1]")
@@ -415,6 +423,7 @@ function _M.attach(fd, name, size)
 end
 
 --- Makes the zone of dictionary `name` (`size` bytes). Returns its fd, or nil, err.
+-- @local
 function _M.create(name, size)
     load_core()
     local fd = C.ms_shdict_create(name, size)
@@ -426,6 +435,7 @@ end
 
 --- Makes and maps, in this process, every dictionary of `decl` ({ name = bytes }) that it
 -- has not got: a server with no master. Returns true, or nil, err.
+-- @local
 function _M.open(decl)
     for name, size in pairs(decl) do
         if not dicts[name] then

@@ -552,6 +552,7 @@ end
 
 --- The worker trusts the CA certificates of a PEM file too, besides the system's store
 -- (app:run{ ssl_trusted_certificate = FILE }). srv: the worker's ms_server_t *.
+-- @local
 function _M.trust(srv, file)
     msgbuf[0] = 0
     if C.ms_ffi_tls_trust(srv, file, msgbuf, 512) ~= 0 then

@@ -80,6 +80,7 @@ end
 
 --- The endpoint's options, checked once, when the route is added. Misuse raises at the
 -- caller of `level`.
+-- @local
 function _M.compile(opts, path, level)
     level = (level or 1) + 1
     opts = opts or {}
@@ -141,6 +142,8 @@ end
 -- for them), or for the peer's close (or ours, after a protocol error) reason, "close",
 -- code. nil, "closed" once nothing more can come; nil, "timeout" after `timeout` seconds
 -- (nil: no limit) with the socket still open.
+-- @usage local data, kind, code = ws:receive()
+-- if not data or kind == "close" then return end
 function WebSocket:receive(timeout)
     if timeout ~= nil and (type(timeout) ~= "number" or timeout < 0) then
         error("bad timeout (non-negative number expected)", 2)
@@ -264,6 +267,7 @@ end
 -- built once and every recipient's write references that one string. Returns how many
 -- took it; sockets that are closed, or whose send queue is full (closed with 1008), are
 -- skipped.
+-- @usage moonserve.websocket.broadcast(room, "hello, all")
 function _M.broadcast(list, data, kind)
     if type(list) ~= "table" then
         error("bad list (table of websockets expected)", 2)
@@ -394,6 +398,7 @@ local function refuse(res, status, text)
 end
 
 --- Answers the upgrade and runs `fn(ws, req)` on the socket; or refuses the request.
+-- @local
 function _M.serve(req, res, fn, o)
     local r = req.r
     local h2 = req.method == "CONNECT"

@@ -116,6 +116,13 @@ end
 
 describe("the guide's examples", function()
     local all = examples()
+    -- A server takes a second or two to stop: each is told to at once, and waited for here.
+    local stopping = {}
+    teardown(function()
+        for _, srv in ipairs(stopping) do
+            srv:stop()
+        end
+    end)
 
     it("are there, and marked", function()
         local apps = 0
@@ -163,7 +170,8 @@ describe("the guide's examples", function()
                         end
                     end
                 end)
-                srv:stop()
+                os.execute("kill -TERM " .. srv.pid .. " 2>/dev/null")
+                stopping[#stopping + 1] = srv
                 os.remove(file)
                 assert(ok, err)
             end)

@@ -847,9 +847,10 @@ ms_sock_view_t *ms_sock_view(ms_sock_t *s)
 
 void ms_sock_settimeouts(ms_sock_t *s, uint32_t connect_ms, uint32_t send_ms, uint32_t read_ms)
 {
-    s->connect_ms = connect_ms;
-    s->send_ms = send_ms;
-    s->read_ms = read_ms;
+    const ms_sockets_t *sk = s->sk;
+    s->connect_ms = connect_ms == MS_SOCK_TIMEOUT_DEFAULT ? sk->cfg.connect_timeout : connect_ms;
+    s->send_ms = send_ms == MS_SOCK_TIMEOUT_DEFAULT ? sk->cfg.send_timeout : send_ms;
+    s->read_ms = read_ms == MS_SOCK_TIMEOUT_DEFAULT ? sk->cfg.read_timeout : read_ms;
 }
 
 /* -- Connecting -------------------------------------------------------------------------- */

@@ -84,7 +84,9 @@ ms_sock_t *ms_sock_new(ms_server_t *srv);
 void ms_sock_free(ms_sock_t *s);
 ms_sock_view_t *ms_sock_view(ms_sock_t *s);
 
-/* settimeouts(connect, send, read), in ms; 0: no deadline. settimeout(ms) sets all three. */
+/* settimeouts(connect, send, read), in ms; 0: no deadline; MS_SOCK_TIMEOUT_DEFAULT: the
+ * worker's configured one (socket_*_timeout). settimeout(ms) sets all three. */
+#define MS_SOCK_TIMEOUT_DEFAULT UINT32_MAX
 void ms_sock_settimeouts(ms_sock_t *s, uint32_t connect_ms, uint32_t send_ms, uint32_t read_ms);
 
 typedef struct ms_sock_opts_s {
@@ -220,6 +222,7 @@ typedef void (*ms_udp_cb)(ms_udp_t *u, int status);
 ms_udp_t *ms_udp_new(ms_server_t *srv);
 void ms_udp_free(ms_udp_t *u);
 ms_sock_view_t *ms_udp_view(ms_udp_t *u);
+/* The timeout of a send or receive, in ms, as ms_sock_settimeouts takes it. */
 void ms_udp_settimeout(ms_udp_t *u, uint32_t ms);
 /* Binds the socket to one peer (a name is resolved, within the timeout). */
 int ms_udp_setpeername(ms_udp_t *u, const char *host, size_t host_len, int port, ms_udp_cb cb);

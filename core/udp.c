@@ -48,7 +48,7 @@ ms_sock_view_t *ms_udp_view(ms_udp_t *u)
 
 void ms_udp_settimeout(ms_udp_t *u, uint32_t ms)
 {
-    u->timeout_ms = ms;
+    u->timeout_ms = ms == MS_SOCK_TIMEOUT_DEFAULT ? u->sk->cfg.read_timeout : ms;
 }
 
 static void handle_closed(uv_handle_t *h)

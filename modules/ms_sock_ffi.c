@@ -132,12 +132,18 @@ MS_FFI void ms_ffi_sock_free(ms_ffi_sock_t *g)
     ms_mem_free(g);
 }
 
+/* A timeout from Lua in ms: a negative one is the worker's configured default. */
+static uint32_t timeout_ms(double ms)
+{
+    return ms < 0 ? MS_SOCK_TIMEOUT_DEFAULT : (uint32_t)ms;
+}
+
 MS_FFI void ms_ffi_sock_settimeouts(ms_ffi_sock_t *g, double c, double s, double r)
 {
     if (g->s != NULL)
-        ms_sock_settimeouts(g->s, (uint32_t)c, (uint32_t)s, (uint32_t)r);
+        ms_sock_settimeouts(g->s, timeout_ms(c), timeout_ms(s), timeout_ms(r));
     else if (g->u != NULL)
-        ms_udp_settimeout(g->u, (uint32_t)r);
+        ms_udp_settimeout(g->u, timeout_ms(r));
 }
 
 MS_FFI int ms_ffi_sock_connect(ms_ffi_sock_t *g, const char *host, size_t len, int port,

@@ -313,6 +313,52 @@ function helper.stop_pid(pid)
     end
 end
 
+-- Starts Debian's nginx with the lua module in a temporary directory: one worker, no master,
+-- on a free loopback port, with spec/fixtures on its Lua path and `http_extra` inside its http
+-- block (a server with `listen 127.0.0.1:%d;` for the port). Returns { port, work, stop }.
+function helper.nginx_lua(http_extra)
+    local nginx = helper.tool("nginx")
+    local lua_mod = helper.tool("ngx_http_lua_module")
+    local ndk = helper.tool("ndk_http_module")
+    local port = helper.free_port()
+    local work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
+    helper.write_file(work .. "/nginx.conf", string.format([[
+load_module %s;
+load_module %s;
+worker_processes 1;
+master_process off;
+daemon off;
+pid %s/nginx.pid;
+error_log %s/error.log;
+events { worker_connections 64; }
+http {
+    access_log off;
+    default_type text/plain;
+    lua_package_path "%s/spec/fixtures/?.lua;/usr/share/lua/5.1/?.lua;;";
+]], ndk, lua_mod, work, work, ROOT) .. string.format(http_extra, port) .. "\n}\n")
+    local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
+        nginx, work, work, work))
+    local pid = p:read("*l")
+    p:close()
+    local ngx = { port = port, work = work }
+    function ngx.stop()
+        os.execute("kill " .. pid .. " 2>/dev/null")
+        os.execute("rm -rf " .. sh_quote(work))
+    end
+    if not helper.wait_for(function()
+        local c = socket.connect("127.0.0.1", port)
+        if c then
+            c:close()
+            return true
+        end
+    end) then
+        local log = read_file(work .. "/error.log")
+        ngx.stop()
+        error("nginx did not start: " .. log, 2)
+    end
+    return ngx
+end
+
 -- Waits up to 5 s for something to listen on loopback `port`; raises if nothing does.
 function helper.wait_port(port)
     for _ = 1, 100 do

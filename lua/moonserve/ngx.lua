@@ -68,7 +68,7 @@ local ngx = {
     -- sockets, shared dictionaries, timers, threads
     socket = {
         tcp = lazy("moonserve.socket", "ngx_tcp"),
-        udp = lazy("moonserve.socket", "udp"),
+        udp = lazy("moonserve.socket", "ngx_udp"),
         stream = lazy("moonserve.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,

@@ -18,6 +18,7 @@ local ffi_str, ffi_gc = ffi.string, ffi.gc
 local type, error, tostring, tonumber, setmetatable, getmetatable = type, error, tostring,
     tonumber, setmetatable, getmetatable
 local floor = math.floor
+local ceil, min = math.ceil, math.min
 local owner_now, waiter, coro_check, coro_park = dispatcher.owner, dispatcher.waiter, coro.check,
     coro.park
 
@@ -231,7 +232,23 @@ local function release(self)
 end
 Tcp._release, Udp._release = release, release
 
-local function timeout_arg(ms, i, what)
+-- OpenResty's sockets (ngx.socket.*) take a timeout as nginx's C does: lua_tonumber's number
+-- (anything else is 0), truncated, and 0 is the configured default (socket_*_timeout; -1 for
+-- the core). A TCP socket's must fit 31 bits; a UDP socket's is not checked (a negative one is
+-- the default here).
+local function ngx_timeout_arg(ms, class)
+    ms = tonumber(ms) or 0
+    ms = ms < 0 and ceil(ms) or floor(ms)
+    if class == Tcp and (ms < 0 or ms >= 2147483648) then
+        error("bad timeout value", 0) -- (as nginx's C raises it: with no position)
+    end
+    return ms <= 0 and -1 or min(ms, 4294967294)
+end
+
+local function timeout_arg(ms, i, what, self, class)
+    if self.openresty then
+        return ngx_timeout_arg(ms, class)
+    end
     if ms == nil then
         return 0
     end
@@ -402,15 +419,18 @@ function Tcp:receiveuntil(pattern, opts)
     end
 end
 
--- settimeout(ms): one timeout for every wait of a socket of `class` (Tcp, Udp).
+-- settimeout(ms): one timeout for every wait of a socket of `class` (Tcp, Udp). It returns 1;
+-- OpenResty's return nothing.
 local function settimeout_of(class)
     return function(self, ms)
         local g = check(self, class, "settimeout")
-        ms = timeout_arg(ms, 1, "settimeout")
+        ms = timeout_arg(ms, 1, "settimeout", self, class)
         if g then
             C.ms_ffi_sock_settimeouts(g, ms, ms, ms)
         end
-        return 1
+        if not self.openresty then
+            return 1
+        end
     end
 end
 
@@ -421,13 +441,15 @@ Tcp.settimeout = settimeout_of(Tcp)
 --- Sets the connect, send and read timeouts, in milliseconds.
 function Tcp:settimeouts(connect, send, read)
     local g = check(self, Tcp, "settimeouts")
-    connect = timeout_arg(connect, 1, "settimeouts")
-    send = timeout_arg(send, 2, "settimeouts")
-    read = timeout_arg(read, 3, "settimeouts")
+    connect = timeout_arg(connect, 1, "settimeouts", self, Tcp)
+    send = timeout_arg(send, 2, "settimeouts", self, Tcp)
+    read = timeout_arg(read, 3, "settimeouts", self, Tcp)
     if g then
         C.ms_ffi_sock_settimeouts(g, connect, send, read)
     end
-    return 1
+    if not self.openresty then
+        return 1
+    end
 end
 
 --- Puts the connection back in its pool, kept at most `idle_ms` (0: forever), the pool
@@ -616,6 +638,13 @@ end
 -- @treturn Udp
 function _M.udp()
     return new_socket(Udp, C.ms_ffi_udp_new, "moonserve.socket.udp")
+end
+
+--- ngx.socket.udp() of the ngx layer: the same socket, taking timeouts as OpenResty does.
+function _M.ngx_udp()
+    local self = new_socket(Udp, C.ms_ffi_udp_new, "ngx.socket.udp")
+    self.openresty = true
+    return self
 end
 
 --- Sets the peer all datagrams go to and come from (a name is resolved without blocking).

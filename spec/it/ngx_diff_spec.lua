@@ -3,9 +3,6 @@
 -- each case names must be the same (not Server, Date, framing, or moonserve's security
 -- fields).
 local helper = require "helper"
-local socket = require "socket"
-
-local free_port = helper.free_port
 
 local CASES = {
     { path = "/say" }, -- (no type set: nginx's default_type against moonserve's text/plain; charset=utf-8)
@@ -21,58 +18,22 @@ local CASES = {
 }
 
 describe("OpenResty handlers on moonserve and on nginx with the lua module", function()
-    local srv, nginx_pid, nport, work
+    local srv, nginx
 
     setup(function()
-        local nginx = helper.tool("nginx")
-        local lua_mod = helper.tool("ngx_http_lua_module")
-        local ndk = helper.tool("ndk_http_module")
         srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua" }
-        nport = free_port()
-        work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
-        local conf = string.format([[
-load_module %s;
-load_module %s;
-worker_processes 1;
-master_process off;
-daemon off;
-pid %s/nginx.pid;
-error_log %s/error.log;
-events { worker_connections 64; }
-http {
-    access_log off;
-    default_type text/plain;
-    lua_package_path "%s/spec/fixtures/?.lua;/usr/share/lua/5.1/?.lua;;";
+        nginx = helper.nginx_lua [[
     server {
         listen 127.0.0.1:%d;
         location / {
             content_by_lua_block { require("ngx_cases")[ngx.var.uri:sub(2)]() }
         }
-    }
-}
-]], ndk, lua_mod, work, work, helper.root, nport)
-        helper.write_file(work .. "/nginx.conf", conf)
-        local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
-            nginx, work, work, work))
-        nginx_pid = p:read("*l")
-        p:close()
-        assert(helper.wait_for(function()
-            local c = socket.connect("127.0.0.1", nport)
-            if c then
-                c:close()
-                return true
-            end
-        end), "nginx did not start: " .. helper.read_file(work .. "/error.log"))
+    }]]
     end)
 
     teardown(function()
         if srv then srv:stop() end
-        if nginx_pid then
-            os.execute("kill " .. nginx_pid .. " 2>/dev/null")
-        end
-        if work then
-            os.execute("rm -rf " .. helper.sh_quote(work))
-        end
+        if nginx then nginx.stop() end
     end)
 
     local function fetch(port, case)
@@ -83,7 +44,7 @@ http {
 
     for _, case in ipairs(CASES) do
         it("answers " .. case.path .. " as nginx does", function()
-            local want = fetch(nport, case)
+            local want = fetch(nginx.port, case)
             local got = fetch(srv.port, case)
             assert.equal(want.status, got.status)
             if case.body ~= false then

@@ -18,6 +18,18 @@ local CASES = {
     { path = "/exit_ok" },
     { path = "/redirect", fields = { "location" }, body = false },
     { path = "/ctx" },
+    { path = "/capture" },
+    -- the phases (spec/fixtures/ngx_phase_cases.lua): access, header and body filters
+    { path = "/phase/ok", fields = { "x-filtered" } },
+    { path = "/phase/printed", fields = { "x-filtered" } },
+    { path = "/phase/exit200" },
+    { path = "/phase/deny", fields = { "x-kept", "x-filtered" }, body = false },
+    { path = "/phase/status", fields = { "x-filtered" } },
+    { path = "/phase/disabled", fields = { "x-sleep", "x-say", "x-sock", "x-cap", "x-arg" } },
+    { path = "/phase/upper" },
+    { path = "/phase/trunc" },
+    { path = "/phase/static/public.txt" },
+    { path = "/phase/static/secret.txt", fields = { "x-kept" }, body = false },
 }
 
 describe("OpenResty handlers on moonserve and on nginx with the lua module", function()
@@ -27,9 +39,13 @@ describe("OpenResty handlers on moonserve and on nginx with the lua module", fun
         local nginx = helper.tool("nginx")
         local lua_mod = helper.tool("ngx_http_lua_module")
         local ndk = helper.tool("ndk_http_module")
-        srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua" }
         nport = free_port()
         work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
+        helper.sh(helper.tool("mkdir") .. " " .. helper.sh_quote(work .. "/static"))
+        helper.write_file(work .. "/static/public.txt", "public\n")
+        helper.write_file(work .. "/static/secret.txt", "secret\n")
+        srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua",
+            env = { STATIC_DIR = work .. "/static" } }
         local conf = string.format([[
 load_module %s;
 load_module %s;
@@ -48,9 +64,19 @@ http {
         location / {
             content_by_lua_block { require("ngx_cases")[ngx.var.uri:sub(2)]() }
         }
+        location /phase/ {
+            access_by_lua_block { require("ngx_phase_cases").access() }
+            header_filter_by_lua_block { require("ngx_phase_cases").header_filter() }
+            body_filter_by_lua_block { require("ngx_phase_cases").body_filter() }
+            content_by_lua_block { require("ngx_phase_cases").content() }
+        }
+        location /phase/static/ {
+            access_by_lua_block { require("ngx_phase_cases").access() }
+            alias %s/static/;
+        }
     }
 }
-]], ndk, lua_mod, work, work, helper.root, nport)
+]], ndk, lua_mod, work, work, helper.root, nport, work)
         helper.write_file(work .. "/nginx.conf", conf)
         local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
             nginx, work, work, work))

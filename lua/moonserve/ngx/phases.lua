@@ -238,6 +238,7 @@ function Filtered:write(chunk)
     elseif st.bf_done then
         return true -- the filter ended the body: the rest is dropped
     end
+    st.bf_open = true -- a stream through the filter: its end gets the last call
     local out, last = body_filter(st, tostring(chunk), false)
     local ok, err, name = Response.write(self, out)
     if ok and last then
@@ -322,7 +323,7 @@ local function finish(frame)
     if st.hf or st.bf then
         if band(flags, HEAD_SENT) == 0 then
             res:send("")
-        elseif band(flags, DONE) == 0 and st.bf and not st.bf_done then
+        elseif band(flags, DONE) == 0 and st.bf_open and not st.bf_done then
             res:_close()
         end
     end

@@ -299,10 +299,6 @@ function _M.get_post_args(max)
 end
 
 function _M.socket()
-    local st = request_state(2)
-    if context.LATE[st.phase] then
-        context.disabled(st, 2)
-    end
     error("ngx.req.socket: not supported yet", 2)
 end
 

@@ -176,6 +176,11 @@ describe("OpenResty's phases and subrequests", function()
                 .. disabled .. "|" .. disabled .. "\n", logged("/deny"))
         end)
 
+        twice("runs after a handler that ended with ngx.exit", function()
+            get("/gone", "X-Mark: m5\r\n")
+            assert.matches("^log|410|true|%-|m5|header_filter 410|access|", logged("/gone"))
+        end)
+
         twice("runs for the static files an access hook guards", function()
             get("/static/public.txt", "X-Mark: m3\r\n")
             assert.matches("^log|200|true|%-|m3|nil|access|", logged("/static/public.txt"))

@@ -49,6 +49,8 @@ static void mem_end(ms_conn_t *c, int graceful)
     ms_memio_t *m = memio_of(c);
     m->closed = graceful ? 1 : 2;
     m->conn = NULL;
+    if (m->wake > 0) /* the opener hears of it once the calls under way have returned */
+        ms_wake(ms_conn_server(c), m->wake - 1, 0);
     if (m->held.len > 0 && m->held.base != NULL) {
         m->held.len = 0;
         ms__io_write_done(c, UV_ECANCELED);
@@ -144,6 +146,11 @@ void ms_memio_peer_close(ms_memio_t *m, int err)
 {
     if (m->conn != NULL)
         ms__io_eof(m->conn, err);
+}
+
+uint32_t ms_memio_tag(ms_conn_t *c)
+{
+    return c->io == &mem_io ? memio_of(c)->tag : 0;
 }
 
 void *ms_memio_extra(ms_conn_t *c)

@@ -13,6 +13,10 @@ typedef struct ms_memio_s {
     int reading;      /* 0 while the engine asked to stop reading */
     int congested;    /* try_write takes nothing; writes wait for ms_memio_drain() */
     const char *alpn; /* the protocol the transport says it agreed, as TLS's ALPN would */
+    uint32_t tag;     /* the opener's mark, which the connection's requests report
+                       * (ms_memio_tag): 0 for none */
+    int32_t wake;     /* slot + 1 to wake (ms_wake, status 0) once the engine ends the
+                       * connection; 0: none */
 } ms_memio_t;
 
 /* Opens a connection whose output goes to `m`. `m` must outlive the connection. */
@@ -32,6 +36,9 @@ size_t ms_memio_read(ms_memio_t *m, const char *p, size_t n);
 void ms_memio_drain(ms_memio_t *m);
 /* The peer closes its side (EOF) or resets (err < 0). */
 void ms_memio_peer_close(ms_memio_t *m, int err);
+/* The tag of the memory transport `c` runs on (ms_memio_t.tag), or 0: another transport,
+ * or none set. What a request asks to learn whether it came from an in-process caller. */
+uint32_t ms_memio_tag(ms_conn_t *c);
 /* Frees `m`'s buffers; the connection must be closed. */
 void ms_memio_free(ms_memio_t *m);
 

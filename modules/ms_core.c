@@ -704,8 +704,10 @@ static int server_gc(lua_State *L)
 }
 
 /* -- In-process connections ---------------------------------------------------------------
- * server:memconn() -> conn; conn:feed(bytes) -> what the server wrote since the last call.
- * Requests go through the same engine and dispatch as over a socket, without one. */
+ * server:memconn([tag[, slot]]) -> conn; conn:feed(bytes) -> what the server wrote since the
+ * last call. Requests go through the same engine and dispatch as over a socket, without one;
+ * they report `tag` (ms_ffi_req_memtag), and `slot` is woken when the engine ends the
+ * connection. */
 
 typedef struct memconn_s {
     ms_memio_t io;
@@ -715,10 +717,15 @@ typedef struct memconn_s {
 static int memconn_new(lua_State *L)
 {
     binding_t *b = check_server(L);
+    lua_Integer tag = luaL_optinteger(L, 2, 0), slot = luaL_optinteger(L, 3, -1);
+    luaL_argcheck(L, tag >= 0 && tag <= UINT32_MAX, 2, "tag out of range");
+    luaL_argcheck(L, slot >= -1 && slot < MS_WAKE_SLOT_MAX, 3, "slot out of range");
     memconn_t *m = lua_newuserdata(L, sizeof(*m));
     luaL_getmetatable(L, MEMCONN_MT);
     lua_setmetatable(L, -2);
     ms_memio_open(b->server, &m->io);
+    m->io.tag = (uint32_t)tag;
+    m->io.wake = (int32_t)(slot + 1);
     m->open = 1;
     b->L = L;
     return 1;
@@ -757,6 +764,7 @@ static int memconn_close(lua_State *L)
     memconn_t *m = luaL_checkudata(L, 1, MEMCONN_MT);
     if (m->open) {
         m->open = 0;
+        m->io.wake = 0; /* the opener closes it: no news for it */
         ms_memio_peer_close(&m->io, UV_EOF);
         /* A connection a handler still holds would write into what is freed below (and the
          * userdata goes with the collector): the peer is gone for good. */

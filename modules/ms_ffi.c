@@ -4,6 +4,7 @@
 
 #include "moonserve.h"
 #include "accesslog.h"
+#include "memio.h"
 #include "static.h"
 
 #define MS_FFI MS_EXPORT
@@ -151,6 +152,14 @@ MS_FFI int ms_ffi_res_trailer(ms_req_t *r, const char *name, size_t nlen, const 
                               size_t vlen)
 {
     return ms_reply_trailer(r, name, nlen, value, vlen);
+}
+
+/* The reply's fields so far as lines ("name: value\r\n"...): returns their length and points
+ * *out at them, valid until a field is added or the request is finished. */
+MS_FFI int64_t ms_ffi_res_fields_get(ms_req_t *r, const char **out)
+{
+    *out = r->res_headers.base;
+    return (int64_t)r->res_headers.len;
 }
 
 MS_FFI int ms_ffi_res_reset(ms_req_t *r)
@@ -311,6 +320,12 @@ MS_FFI int ms_ffi_wake_after(ms_server_t *s, int32_t slot, double seconds, int s
 MS_FFI void ms_ffi_wake_cancel(ms_server_t *s, int32_t slot)
 {
     ms_wake_cancel(s, slot);
+}
+
+/* The tag of the in-process connection `r` came over (server:memconn), or 0. */
+MS_FFI uint32_t ms_ffi_req_memtag(ms_req_t *r)
+{
+    return ms_memio_tag(r->conn);
 }
 
 MS_FFI ms_server_t *ms_ffi_req_server(ms_req_t *r)

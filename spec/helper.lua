@@ -315,8 +315,9 @@ end
 
 -- Starts Debian's nginx with the lua module in a temporary directory: one worker, no master,
 -- on a free loopback port, with spec/fixtures on its Lua path and `http_extra` inside its http
--- block (a server with `listen 127.0.0.1:%d;` for the port). Returns { port, work, stop }.
-function helper.nginx_lua(http_extra)
+-- block (a server with `listen 127.0.0.1:%d;` for the port, and `...` for the format's other
+-- places). Returns { port, work, stop }.
+function helper.nginx_lua(http_extra, ...)
     local nginx = helper.tool("nginx")
     local lua_mod = helper.tool("ngx_http_lua_module")
     local ndk = helper.tool("ndk_http_module")
@@ -335,7 +336,7 @@ http {
     access_log off;
     default_type text/plain;
     lua_package_path "%s/spec/fixtures/?.lua;/usr/share/lua/5.1/?.lua;;";
-]], ndk, lua_mod, work, work, ROOT) .. string.format(http_extra, port) .. "\n}\n")
+]], ndk, lua_mod, work, work, ROOT) .. string.format(http_extra, port, ...) .. "\n}\n")
     local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
         nginx, work, work, work))
     local pid = p:read("*l")

@@ -119,6 +119,32 @@ local function defaults()
     return default_security
 end
 
+-- The ngx phases a request through `app` meets (moonserve/ngx/phases.lua): its hooks after
+-- those of the app it is a site of, and the static mounts they guard; false for none.
+local function phases_of(app)
+    local chain, a = {}, app
+    while a do
+        table.insert(chain, 1, a)
+        a = rawget(a, "parent")
+    end
+    local hooks, any = {}, false
+    for _, x in ipairs(chain) do
+        for phase, fns in pairs(rawget(x, "ngx_hooks") or {}) do
+            local list = hooks[phase] or {}
+            hooks[phase] = list
+            for i = 1, #fns do
+                list[#list + 1] = fns[i]
+            end
+            any = true
+        end
+    end
+    local statics = rawget(app, "ngx_statics")
+    if not any and not statics then
+        return false
+    end
+    return require("moonserve.ngx.phases").new(hooks, statics)
+end
+
 -- What a request through `app` needs of the settings a site inherits, looked up once (at
 -- its first request, and again after a setting changes: forget) instead of per request.
 local function resolved(app)
@@ -126,7 +152,7 @@ local function resolved(app)
     if r == nil then
         r = { secure = inherited(app, "secure") or default_security or defaults(),
             canonical = inherited(app, "canonical"), trailing = inherited(app, "trailing"),
-            views = inherited(app, "views_engine") or false }
+            views = inherited(app, "views_engine") or false, phases = phases_of(app) }
         app.resolved = r
     end
     return r
@@ -378,6 +404,56 @@ function App:ngx_content(path, fn, opts)
         end
     end
     return self
+end
+
+-- OpenResty's other phases as hooks (moonserve/ngx/phases.lua), each fn() in the ngx API.
+-- A site's run after its app's.
+local function ngx_hook(self, phase, name, fn)
+    if type(fn) ~= "function" then
+        error("bad argument #1 to '" .. name .. "' (function expected, got " .. type(fn) .. ")", 3)
+    end
+    require "moonserve.ngx"
+    local hooks = rawget(self, "ngx_hooks") or {}
+    self.ngx_hooks = hooks
+    local list = hooks[phase] or {}
+    hooks[phase] = list
+    list[#list + 1] = fn
+    forget(self)
+    return self
+end
+
+--- OpenResty's access phase: fn() runs before the routes for every request through the app
+-- (and its sites), the core's static mounts included, which then enter Lua first.
+-- `ngx.exit(ngx.OK)` goes on to the content; 2xx or output ends the request; 300 or more
+-- sends the error page.
+-- @param fn the hook, in the ngx API
+-- @return the app
+function App:ngx_access(fn)
+    return ngx_hook(self, "access", "ngx_access", fn)
+end
+
+--- OpenResty's header filter: fn() sees and changes the reply's fields (`ngx.header`,
+-- `ngx.status`) just before the head of a reply made in Lua leaves.
+-- @param fn the hook, in the ngx API
+-- @return the app
+function App:ngx_header_filter(fn)
+    return ngx_hook(self, "header_filter", "ngx_header_filter", fn)
+end
+
+--- OpenResty's body filter: fn() changes each piece of a reply made in Lua as `ngx.arg[1]`,
+-- `ngx.arg[2]` true on the last.
+-- @param fn the hook, in the ngx API
+-- @return the app
+function App:ngx_body_filter(fn)
+    return ngx_hook(self, "body_filter", "ngx_body_filter", fn)
+end
+
+--- OpenResty's log phase: fn() runs after the reply has left, with `ngx.var.status` and
+-- `request_time`.
+-- @param fn the hook, in the ngx API
+-- @return the app
+function App:ngx_log(fn)
+    return ngx_hook(self, "log", "ngx_log", fn)
 end
 
 --- A WebSocket endpoint: fn(ws, req) runs on the socket once the upgrade is accepted
@@ -742,12 +818,26 @@ function App:static(prefix, dir, opts)
     return self
 end
 
+-- An access hook (app:ngx_access) of the app or of a mount's site guards the mount: its
+-- requests enter Lua, and the file is served after the hook (moonserve/ngx/phases.lua).
+-- A mount of the app serves every site, so a site's hook guards the app's mounts too.
+local function guards(app)
+    local h = rawget(app, "ngx_hooks")
+    return h ~= nil and h.access ~= nil
+end
+
 --- Every static mount of the app and its sites, with what the core needs to serve it:
 -- the full prefix (a site's base first), the host, and the security fields.
 -- @local
 function App:static_mounts()
     local all = {}
+    local any_site = false
+    for _, site in pairs(self.sites or {}) do
+        any_site = any_site or guards(site)
+    end
+    local guarded_any = false
     local function visit(app)
+        local guarded = guards(app) or guards(self) or (app == self and any_site)
         for _, m in ipairs(app.statics or {}) do
             local o = {}
             for k, v in pairs(m.opts) do
@@ -755,7 +845,8 @@ function App:static_mounts()
                     o[k] = v
                 end
             end
-            o.hooked = m.opts.hook ~= nil
+            o.hooked = m.opts.hook ~= nil or guarded
+            guarded_any = guarded_any or guarded
             o.host = app.host
             o.fields = security_of(app).always
             all[#all + 1] = { mount = m, prefix = (app.base or "") .. m.prefix, dir = m.dir,
@@ -763,6 +854,24 @@ function App:static_mounts()
         end
     end
     each_app(self, visit)
+    -- What a request through each app (the app, a site) may be served from in Lua: the
+    -- mounts of its own and the app's, the longest prefix first, as the core chooses.
+    each_app(self, function(app)
+        app.ngx_statics = nil
+        if guarded_any then
+            local list = {}
+            for _, e in ipairs(all) do
+                local owner = e.mount.app
+                if owner == app or owner == self then
+                    list[#list + 1] = { prefix = e.prefix, mount = e.mount,
+                        hooked = e.mount.opts.hook ~= nil }
+                end
+            end
+            table.sort(list, function(x, y) return #x.prefix > #y.prefix end)
+            app.ngx_statics = list[1] and list or nil
+        end
+    end)
+    forget(self)
     return all
 end
 
@@ -868,6 +977,10 @@ function App:handle(req, res)
     local views = settings_of.views
     if views then
         res.views = views
+    end
+    local phases = settings_of.phases -- OpenResty's access phase, filters, log
+    if phases and phases:enter(req, res, path) then
+        return
     end
     local method = req.method
     local handler, params, allow, route = app.router:match(method, path)

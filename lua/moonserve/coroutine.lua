@@ -182,6 +182,52 @@ end
 
 _M.resume, _M.status, _M.wrap = resume, status, wrap
 
+-- -- A phase: where an exit stops ----------------------------------------------------------
+
+local phase_step
+
+local function phase_continue(co, ...)
+    held[co] = nil
+    return phase_step(co, co_resume(co, ...))
+end
+
+function phase_step(co, ok, sig, ...)
+    if ok and sig == PARK then
+        held[co] = true
+        return phase_continue(co, co_yield(PARK))
+    elseif ok and sig == EXIT then
+        held[co], up[co] = true, nil -- dropped: nobody resumes it again
+        return false
+    end
+    if not ok then
+        up[co] = nil
+        error(sig, 0)
+    end
+    if co_status(co) == "dead" then -- fn came back: sig is xpcall's verdict
+        up[co] = nil
+        if sig then
+            return true, ...
+        end
+        error((...), 0)
+    end
+    -- a plain yield at fn's own level goes up as the handler's own would
+    return phase_continue(co, co_yield(sig, ...))
+end
+
+local traceback = debug.traceback
+
+-- Runs fn(...) in a coroutine of its own, through which waits pass up to the dispatcher as
+-- they do through the handler's own coroutines, but where an exit (_M.exit) ends fn alone:
+-- returns true and fn's results, or false when fn exited. An error in fn raises here again,
+-- with fn's traceback. Call it only where check() passes (in a handler or task).
+function _M.phase(fn, ...)
+    local co = co_create(function(...)
+        return xpcall(fn, traceback, ...)
+    end)
+    up[co] = co_running()
+    return phase_step(co, co_resume(co, ...))
+end
+
 -- Handler code uses the global table: the one every module sees, from here on. A module
 -- that keeps its own copy of coroutine.resume from before cannot wait in what it resumes.
 coroutine.resume, coroutine.status, coroutine.wrap = resume, status, wrap -- luacheck: ignore 122

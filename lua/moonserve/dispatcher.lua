@@ -46,6 +46,7 @@ local parked, owners, free_slots, nfree = {}, {}, {}, 0
 local roots = {}   -- by a handler's slot: what its light threads are, once it spawned one
 local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
+local home_obj     -- the same, as the core's server object (its in-process connections)
 local limits = { timers_pending = 1024, timers_running = 256 }
 local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
 -- By handler coroutine: its frame, { req, res } of the request it runs now, where a layer
@@ -191,6 +192,14 @@ local function worker(r)
             roots[r.handler] = nil
             nroots = nroots - 1
         end
+        local finish = frame.finish -- a layer's last word on the request (the ngx phases)
+        if finish then
+            frame.finish = nil
+            local fok, ferr = pcall(finish, frame, ok)
+            if not fok then
+                base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
+            end
+        end
         if nowned > 0 and r.handler >= 0 then
             release_request(r.handler)
         end
@@ -256,6 +265,15 @@ local function settle(co, r, ok, sig)
             kill_all(root)
             roots[r.handler] = nil
             nroots = nroots - 1
+        end
+        local frame = frames[co]
+        local finish = frame and frame.finish
+        if finish then
+            frame.finish = nil
+            local fok, ferr = pcall(finish, frame, true)
+            if not fok then
+                base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
+            end
         end
         if nowned > 0 and r.handler >= 0 then
             release_request(r.handler)
@@ -856,10 +874,52 @@ local function on_event(slot, status)
     end
     if who.kind == "timer" then
         return fire(who)
+    elseif who.kind == "call" then
+        slot_free(slot)
+        local ok, err = xpcall(who.fn, traceback, status)
+        if not ok then
+            log_error(who.what, err)
+        end
+        return
     end
     if not who.dead then
         run_task(who, status)
     end
+end
+
+-- -- Calls from the loop -------------------------------------------------------------------
+-- Work that must not run inside the code that asks for it (feeding an in-process request to
+-- the engine, which dispatches it; the log phase, once the reply has left) runs from the
+-- loop, with no handler or task of Lua's under way.
+
+-- A slot whose wake (by the core, or _M.soon) calls fn(status) from the loop, once; `what`
+-- names it in the log if fn raises.
+function _M.on_wake(what, fn)
+    return slot_new(nil, { kind = "call", what = what, fn = fn })
+end
+
+-- Calls fn() from the loop at its next turn.
+function _M.soon(what, fn)
+    local srv = server_now(what)
+    wake_slot(srv, _M.on_wake(what, fn))
+end
+
+-- Runs fn() now in a task of its own (a hook's: waits work, errors are logged), whose
+-- context (_M.context) is a table with `ngx` = st: the state a layer above made for it.
+function _M.run_as(what, st, fn)
+    local t = new_task("hook", server_now(what), nil, nil)
+    t.what, t.ngx = what, st
+    run_task(t, t, fn)
+end
+
+-- An in-process connection to the server this process serves (core server:memconn): its
+-- requests report `tag`, and slot `slot` is woken once the engine ends it. From the loop
+-- only (_M.on_wake, _M.soon): not from a handler's coroutine.
+function _M.memconn(tag, slot)
+    if home_obj == nil then
+        error("no server runs in this process", 2)
+    end
+    return home_obj:memconn(tag, slot)
 end
 
 -- Whether a metrics listener is on (its requests are answered with the scrape).
@@ -877,6 +937,7 @@ end
 -- table given to it; the core's defaults for the keys it lacks).
 function _M.attach(srv, lims)
     home = ffi.cast("ms_server_t *", srv:pointer())
+    home_obj = srv
     local defaults = base.core.default_limits()
     limits.timers_pending = lims and lims.timers_pending or defaults.timers_pending
     limits.timers_running = lims and lims.timers_running or defaults.timers_running

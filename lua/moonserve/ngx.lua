@@ -31,6 +31,15 @@ local function lazy(mod, fn)
     end
 end
 
+-- The same, for what waits or makes what waits: disabled in the filter and log phases.
+local check_yield = context.check_yield
+local function waits(mod, fn)
+    return function(...)
+        check_yield(2)
+        return require(mod)[fn](...)
+    end
+end
+
 local ngx = {
     null = null,
     -- nginx's return codes
@@ -67,9 +76,9 @@ local ngx = {
     log = errlog.log,
     -- sockets, shared dictionaries, timers, threads
     socket = {
-        tcp = lazy("moonserve.socket", "ngx_tcp"),
-        udp = lazy("moonserve.socket", "ngx_udp"),
-        stream = lazy("moonserve.socket", "ngx_tcp"),
+        tcp = waits("moonserve.socket", "ngx_tcp"),
+        udp = waits("moonserve.socket", "ngx_udp"),
+        stream = waits("moonserve.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,
     timer = {
@@ -84,11 +93,11 @@ local ngx = {
         end,
     },
     thread = {
-        spawn = lazy("moonserve.dispatcher", "spawn"),
+        spawn = waits("moonserve.dispatcher", "spawn"),
         wait = lazy("moonserve.dispatcher", "wait"),
         kill = lazy("moonserve.dispatcher", "kill"),
     },
-    sleep = lazy("moonserve.dispatcher", "sleep"),
+    sleep = waits("moonserve.dispatcher", "sleep"),
     worker = {
         id = lazy("moonserve.worker", "id"),
         count = lazy("moonserve.worker", "count"),
@@ -108,8 +117,8 @@ local ngx = {
         nginx_configure = function() return "" end,
     },
     location = {
-        capture = function() error("ngx.location.capture: not supported yet", 2) end,
-        capture_multi = function() error("ngx.location.capture_multi: not supported yet", 2) end,
+        capture = lazy("moonserve.ngx.capture", "capture"),
+        capture_multi = lazy("moonserve.ngx.capture", "capture_multi"),
     },
 }
 
@@ -163,10 +172,6 @@ end
 
 -- -- The fields that resolve per context ---------------------------------------------------
 
-local EMPTY_ARG = setmetatable({}, { __newindex = function()
-    error("ngx.arg: not in a filter (only header and body filters have arguments)", 2)
-end })
-
 local getters = {
     ctx = function()
         local st = state()
@@ -183,8 +188,12 @@ local getters = {
     headers_sent = function()
         return output.headers_sent(request_state(3))
     end,
-    arg = function()
-        return state().arg or EMPTY_ARG
+    arg = function() -- the body filter's chunk and eof flag (moonserve/ngx/phases.lua)
+        local arg = state().arg
+        if arg == nil then
+            error("API disabled in the current context", 3)
+        end
+        return arg
     end,
     re = function()
         local ok, re = pcall(require, "moonserve.ngx.re")

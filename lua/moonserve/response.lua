@@ -223,6 +223,21 @@ local function fire(self)
     end
 end
 
+-- For the layers above (the ngx phases): the before_send hooks now; the end of a streamed
+-- reply; a streamed piece that never waits (from outside the handler's coroutine).
+function Response:_fire()
+    fire(self)
+end
+
+function Response:_close()
+    return C.ms_ffi_res_close(view(self))
+end
+
+function Response:_put(chunk)
+    local r = view(self)
+    return anchor(C.ms_ffi_res_write(r, chunk, #chunk, self.has_type and 0 or 1), chunk, r)
+end
+
 --- Sends the reply: the head, then `body` with its length, and ends it.
 -- @tparam[opt] string|table body a string, or a list of pieces sent without joining them
 -- @return true, or nil and an error (the reply already went out)

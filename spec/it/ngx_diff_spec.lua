@@ -15,25 +15,56 @@ local CASES = {
     { path = "/exit_ok" },
     { path = "/redirect", fields = { "location" }, body = false },
     { path = "/ctx" },
+    { path = "/capture" },
+    -- the phases (spec/fixtures/ngx_phase_cases.lua): access, header and body filters
+    { path = "/phase/ok", fields = { "x-filtered" } },
+    { path = "/phase/printed", fields = { "x-filtered" } },
+    { path = "/phase/exit200" },
+    { path = "/phase/deny", fields = { "x-kept", "x-filtered" }, body = false },
+    { path = "/phase/status", fields = { "x-filtered" } },
+    { path = "/phase/disabled", fields = { "x-sleep", "x-say", "x-sock", "x-cap", "x-arg" } },
+    { path = "/phase/upper" },
+    { path = "/phase/trunc" },
+    { path = "/phase/static/public.txt" },
+    { path = "/phase/static/secret.txt", fields = { "x-kept" }, body = false },
 }
 
 describe("OpenResty handlers on moonserve and on nginx with the lua module", function()
-    local srv, nginx
+    local srv, nginx, static
 
     setup(function()
-        srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua" }
-        nginx = helper.nginx_lua [[
+        local work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
+        static = work .. "/static"
+        helper.sh(helper.tool("mkdir") .. " " .. helper.sh_quote(static))
+        helper.write_file(static .. "/public.txt", "public\n")
+        helper.write_file(static .. "/secret.txt", "secret\n")
+        srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua",
+            env = { STATIC_DIR = static } }
+        nginx = helper.nginx_lua([[
     server {
         listen 127.0.0.1:%d;
         location / {
             content_by_lua_block { require("ngx_cases")[ngx.var.uri:sub(2)]() }
         }
-    }]]
+        location /phase/ {
+            access_by_lua_block { require("ngx_phase_cases").access() }
+            header_filter_by_lua_block { require("ngx_phase_cases").header_filter() }
+            body_filter_by_lua_block { require("ngx_phase_cases").body_filter() }
+            content_by_lua_block { require("ngx_phase_cases").content() }
+        }
+        location /phase/static/ {
+            access_by_lua_block { require("ngx_phase_cases").access() }
+            alias %s/;
+        }
+    }]], static)
     end)
 
     teardown(function()
         if srv then srv:stop() end
         if nginx then nginx.stop() end
+        if static then
+            os.execute("rm -rf " .. helper.sh_quote(static:match("^(.*)/static$")))
+        end
     end)
 
     local function fetch(port, case)

@@ -65,6 +65,35 @@ function _M.request(level)
     return st
 end
 
+-- The phases after the reply's head is made (moonserve/ngx/phases.lua): there, as in
+-- OpenResty, what writes the reply or waits is disabled.
+local LATE = { header_filter = true, body_filter = true, log = true }
+_M.LATE = LATE
+
+-- Raises OpenResty's error for an API the phase of `st` disables.
+function _M.disabled(st, level)
+    error("API disabled in the context of " .. st.phase .. "_by_lua*", (level or 2) + 1)
+end
+
+-- The running request's state for an API that writes the reply (ngx.say, print, flush, eof,
+-- send_headers, redirect): raises where the phase disables it.
+function _M.output(level)
+    local st = _M.request((level or 2) + 1)
+    if LATE[st.phase] then
+        _M.disabled(st, (level or 2) + 1)
+    end
+    return st
+end
+
+-- For an API that waits or makes what waits (ngx.sleep, sockets, light threads, captures):
+-- raises where the running phase disables it; elsewhere nothing (its own checks follow).
+function _M.check_yield(level)
+    local st = _M.state()
+    if LATE[st.phase] then
+        _M.disabled(st, (level or 2) + 1)
+    end
+end
+
 -- A field's value as ngx.header and ngx.req.set_header take it: a string, a list of strings
 -- (a table; its items made strings), or nil for nil or an empty table (the field goes).
 function _M.field_value(value)

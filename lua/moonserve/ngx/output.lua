@@ -14,7 +14,7 @@ local log = require "moonserve.log"
 local concat, lower, gsub, find = table.concat, string.lower, string.gsub, string.find
 local type, tostring, pairs, error, select, floor = type, tostring, pairs, error, select,
     math.floor
-local request_state = context.request
+local request_state, output_state = context.request, context.output
 
 local _M = {}
 
@@ -132,9 +132,53 @@ function _M.get_headers(st)
     return t
 end
 
+-- For the header filter (moonserve/ngx/phases.lua): ngx.header becomes the reply's fields as
+-- they stand (`list`: name, value, name, value... in order), open to change again ...
+function _M.reopen(st, list)
+    local vals, names, hkeys = {}, {}, {}
+    for i = 1, #list, 2 do
+        local name, v = list[i], list[i + 1]
+        local k = key_of(name)
+        local old = vals[k]
+        if old == nil then
+            hkeys[#hkeys + 1] = k
+            names[k] = name
+            vals[k] = v
+        elseif type(old) == "table" then
+            old[#old + 1] = v
+        else
+            vals[k] = { old, v }
+        end
+    end
+    st.hvals, st.hnames, st.hkeys = vals, names, hkeys
+    st.head = false
+end
+
+-- ... and the field lines it holds once the filter is done (framing fields left out).
+function _M.lines(st)
+    local out, n = {}, 0
+    local vals, names = st.hvals, st.hnames
+    for _, k in ipairs(st.hkeys or {}) do
+        local v = vals[k]
+        if v ~= nil and not FRAMING[k] then
+            if type(v) ~= "table" then
+                v = { v }
+            end
+            for i = 1, #v do
+                n = n + 1
+                out[n] = names[k] .. ": " .. v[i] .. "\r\n"
+            end
+        end
+    end
+    return concat(out, "", 1, n)
+end
+
 -- -- Status and whether the head is out -----------------------------------------------------
 
 function _M.get_status(st)
+    if st.status then -- the log phase's copy (moonserve/ngx/phases.lua)
+        return st.status
+    end
     local r = st.res.r
     return r and r.status or 0
 end
@@ -273,20 +317,20 @@ local function emit(st, s)
 end
 
 function _M.print(...)
-    return emit(request_state(2), text("print", false, ...))
+    return emit(output_state(2), text("print", false, ...))
 end
 
 function _M.say(...)
-    return emit(request_state(2), text("say", true, ...))
+    return emit(output_state(2), text("say", true, ...))
 end
 
 function _M.send_headers()
-    freeze(request_state(2))
+    freeze(output_state(2))
     return 1
 end
 
 function _M.flush(wait)
-    local st = request_state(2)
+    local st = output_state(2)
     if wait ~= nil and type(wait) ~= "boolean" then
         error("bad argument #1 to 'flush' (boolean expected, got " .. type(wait) .. ")", 2)
     end
@@ -326,7 +370,7 @@ local function finish(st)
         if st.nb > 0 then
             push(st)
         end
-        core().ms_ffi_res_close(res.r)
+        res:_close()
     elseif not res:sent() then
         local s = st.nb > 0 and concat(st.buf, "", 1, st.nb) or ""
         st.nb, st.buf = 0, nil
@@ -339,7 +383,7 @@ function _M.eof(...)
     if select("#", ...) ~= 0 then
         error("no argument is expected", 2)
     end
-    local st = request_state(2)
+    local st = output_state(2)
     if st.eof then
         return nil, "seen eof"
     end
@@ -365,7 +409,9 @@ local function error_page(st, status)
     st.eof = true
     local req, res = st.req, st.res
     local app = rawget(req, "_app")
-    if app then
+    if st.sub then
+        res:status(status):send("") -- nginx makes no error page for a subrequest
+    elseif app then
         app:error(req, res, { status = status })
     else
         res:status(status):send(status .. " Error\n")
@@ -384,6 +430,16 @@ function _M.exit(status)
     if st.kind ~= "request" then
         error("ngx.exit: not supported in a " .. (st.kind == "main" and "module's top level"
             or st.kind) .. " (return from the function instead)", 2)
+    end
+    local phase = st.phase
+    if phase == "body_filter" or phase == "log" then
+        context.disabled(st, 2)
+    elseif phase == "header_filter" then
+        -- ends the filter; a status of 300 or more replaces the reply (moonserve/ngx/phases)
+        st.filter_exit = code
+        leave()
+    elseif phase == "access" and code == OK then
+        leave() -- ends the access phase: the request goes on (unless it printed)
     end
     local sent = st.head or st.res:sent()
     if code == ERROR or code == 444 then
@@ -412,7 +468,7 @@ function _M.redirect(uri, status)
             .. "ngx.HTTP_PERMANENT_REDIRECT, ngx.HTTP_SEE_OTHER, and "
             .. "ngx.HTTP_TEMPORARY_REDIRECT are allowed", 2)
     end
-    local st = request_state(2)
+    local st = output_state(2)
     if st.head or st.res:sent() then
         error("attempt to call ngx.redirect after sending out the headers", 2)
     end

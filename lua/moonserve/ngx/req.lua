@@ -26,6 +26,13 @@ end
 -- Each field of the request as received: fn(name, value) in order, the handler's own changes
 -- (set_header, clear_header) in place of the fields they name.
 local function each_field(st, fn)
+    local saved = st.fields -- the log phase's copy (moonserve/ngx/phases.lua)
+    if saved then
+        for i = 1, #saved, 2 do
+            fn(saved[i], saved[i + 1])
+        end
+        return
+    end
     local r = st.req.r
     if not r then
         error("request is finished: its fields can no longer be read", 3)
@@ -191,8 +198,7 @@ function _M.start_time()
 end
 
 function _M.is_internal()
-    request_state(2)
-    return false
+    return request_state(2).sub ~= nil
 end
 
 -- The query string as the handler has it now (set_uri_args), or nil when there is none.
@@ -248,6 +254,9 @@ end
 -- Reads the whole body into memory (moonserve never spills a body to a file).
 function _M.read_body()
     local st = request_state(2)
+    if context.LATE[st.phase] then
+        context.disabled(st, 2)
+    end
     local body, err = st.req:body()
     if not body and err then
         error("ngx.req.read_body: " .. tostring(err), 2)

@@ -16,6 +16,14 @@ local _M = {}
 
 local C, addr_buf
 local function address(st, is_local)
+    local saved = st.addrs -- the log phase's copy (moonserve/ngx/phases.lua)
+    if saved then
+        local a = saved[is_local and 2 or 1]
+        return a[1], a[2]
+    end
+    if st.parent then -- a subrequest: the connection is its parent's, as in nginx
+        return address(st.parent, is_local)
+    end
     if not C then
         C = require("moonserve.base").C
         addr_buf = ffi.new("char[64]")
@@ -42,6 +50,8 @@ local function host(st)
     return colon and sub(h, 1, colon - 1) or h
 end
 
+_M.address = address
+
 local VERSIONS = { [1] = "HTTP/1.0", [2] = "HTTP/2.0" }
 
 local builtin = {
@@ -57,7 +67,7 @@ local builtin = {
     is_args = function(st) return req_api.args(st) and "?" or "" end,
     host = host,
     request_method = function(st) return st.req.method end,
-    scheme = function(st) return st.req.scheme end,
+    scheme = function(st) return (st.parent or st).req.scheme end,
     https = function(st) return st.req.scheme == "https" and "on" or "" end,
     server_protocol = function(st) return VERSIONS[st.req.http_version] or "HTTP/1.1" end,
     remote_addr = function(st) return (address(st, false)) end,
@@ -72,7 +82,10 @@ local builtin = {
     content_type = function(st) return req_api.field(st, "content-type") end,
     content_length = function(st) return req_api.field(st, "content-length") end,
     request_id = function(st) return st.req.id end,
-    status = function(st) local r = st.res.r return r and tostring(r.status) or nil end,
+    status = function(st)
+        local r = st.status or st.res.r -- (the log phase's copy)
+        return r and tostring(type(r) == "number" and r or r.status) or nil
+    end,
     request_body = function(st) return rawget(st.req, "_body") end,
     pid = function() return tostring(require("moonserve.ngx.process").pid()) end,
     hostname = function() return require("moonserve.ngx.process").hostname() end,

@@ -60,8 +60,12 @@ static void on_end(ms_tunnel_t *tn, int status)
 {
     ms_raw_t *t = tn->data;
     t->gone = 1;
-    if (status < 0)
+    if (status < 0) {
         t->cut = 1;
+        /* A handler waiting for its sends to drain hears the end too: nothing will drain. */
+        if (t->req->v.wait == MS_WAIT_DRAIN)
+            ms__req_wake(t->req, MS_WAIT_DRAIN);
+    }
     wake(t);
 }
 
@@ -145,7 +149,8 @@ int ms_raw_send(ms_raw_t *t, const char *p, size_t len, int owner, int32_t ancho
             s->anchor_released[s->anchor_released_n++] = anchor;
         return MS_ECLOSED;
     }
-    if (r->conn->proto->queued(r) + len > t->send_queue) {
+    size_t queued = r->conn->proto->queued(r);
+    if (queued > 0 && queued + len > t->send_queue) {
         /* The peer does not read: the connection is cut rather than buffered without bound. */
         char peer[64];
         ms_conn_peer(r->conn, peer, sizeof(peer));
@@ -167,4 +172,9 @@ int ms_raw_send(ms_raw_t *t, const char *p, size_t len, int owner, int32_t ancho
 uint32_t ms_raw_timeout_ms(ms_server_t *s, int send)
 {
     return send ? s->limits.socket_send_timeout_ms : s->limits.socket_read_timeout_ms;
+}
+
+int ms_raw_closed(ms_raw_t *t)
+{
+    return t->cut;
 }

@@ -26,9 +26,13 @@ void ms_raw_consume(ms_raw_t *t, size_t n);
 /* Wakes `slot` of the server when bytes come or the peer ends (-1: nobody waits). */
 void ms_raw_wait(ms_raw_t *t, int32_t slot);
 /* Queues bytes to the peer; `owner` and `anchor` as for ms_tunnel_write. Returns 0,
- * MS_ECLOSED once the connection is gone, or MS_ETOOBIG past the send queue's cap (the
- * connection is then cut). */
+ * MS_ECLOSED once the connection is gone, or MS_ETOOBIG when bytes are queued already and
+ * these would take the queue past its cap (the connection is then cut). A caller that may
+ * wait waits for the queue to drain (ms_reply_congested, ms_req_wait_drain) between sends:
+ * a handler waiting so is woken when the connection goes. */
 int ms_raw_send(ms_raw_t *t, const char *p, size_t len, int owner, int32_t anchor);
+/* 1 once nothing more goes to the peer (the connection went, or was cut). */
+int ms_raw_closed(ms_raw_t *t);
 /* The server's socket_read_timeout (send: socket_send_timeout) in ms: the request sockets'
  * default, as OpenResty's lua_socket_read_timeout is theirs. */
 uint32_t ms_raw_timeout_ms(ms_server_t *s, int send);

@@ -46,6 +46,15 @@ MS_FFI int ms_ffi_raw_send(ms_raw_t *t, ms_server_t *s, const char *p, size_t le
     return rc < 0 ? rc : slot + 1;
 }
 
+/* 1 when the connection is congested (the sender should wait for it to drain), -1 when
+ * nothing more goes to the peer, else 0. */
+MS_FFI int ms_ffi_raw_congested(ms_raw_t *t, ms_req_t *r)
+{
+    if (ms_raw_closed(t))
+        return -1;
+    return ms_reply_congested(r) ? 1 : 0;
+}
+
 /* ms_req_wait_body with a limit in seconds (0: none). */
 MS_FFI int ms_ffi_req_wait_body_for(ms_req_t *r, double seconds)
 {

@@ -111,6 +111,27 @@ describe("ngx.req.socket", function()
             }, "\n"), got)
         end)
 
+        it("waits in send while the connection is congested, as OpenResty's send does: a "
+            .. "tight loop of sends reaches a client that reads", function()
+            local s = helper.connect(srv.port)
+            assert(s:send("GET /raw_flood?mib=16 HTTP/1.1\r\nHost: sock.test\r\n\r\n"))
+            assert.equal(101, assert(helper.read_response(s, true)).status)
+            local got = 0
+            while true do
+                local data, err, partial = s:receive(65536)
+                data = data or partial
+                got = got + #data
+                if err then
+                    break
+                end
+            end
+            s:close()
+            assert.equal(16 * 1048576, got)
+            assert(helper.wait_for(function()
+                return srv:log():find("raw_flood: sent 16777216", 1, true) ~= nil
+            end), srv:log())
+        end)
+
         it("hears the client hang up as closed, and the connection ends with the handler",
             function()
                 local s = helper.connect(srv.port)
@@ -185,7 +206,7 @@ describe("ngx.req.socket(true) and the caps", function()
 
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/ngx_socket.lua",
-            args = "--limit websockets=1 --limit in_flight=1" }
+            args = "--limit websockets=1 --limit in_flight=1 --limit send_timeout=1" }
     end)
 
     teardown(function()
@@ -227,5 +248,22 @@ describe("ngx.req.socket(true) and the caps", function()
         local d, head3 = hold()
         assert.equal(101, head3.status)
         d:close()
+    end)
+
+    it("cuts a raw connection whose client does not read after send_timeout: the waiting "
+        .. "send returns closed", function()
+        assert(helper.wait_for(function()
+            return srv:log():find("raw_hold: closed\n.*raw_hold: closed") ~= nil
+        end)) -- (the last test's raw connection is gone: the cap has room)
+        local s = helper.connect(srv.port)
+        assert(s:send("GET /raw_flood?mib=64 HTTP/1.1\r\nHost: sock.test\r\n\r\n"))
+        assert.equal(101, assert(helper.read_response(s, true)).status)
+        local line
+        assert(helper.wait_for(function()
+            line = srv:log():match("raw_flood: closed after (%d+)")
+            return line ~= nil
+        end, 10), srv:log())
+        assert.is_true(tonumber(line) < 64 * 1048576, line)
+        s:close()
     end)
 end)

@@ -27,6 +27,7 @@ int64_t ms_ffi_raw_peek(ms_raw_t *t, const char **p);
 void ms_ffi_raw_consume(ms_raw_t *t, double n);
 void ms_ffi_raw_wait(ms_raw_t *t, int32_t slot);
 int ms_ffi_raw_send(ms_raw_t *t, ms_server_t *s, const char *p, size_t len);
+int ms_ffi_raw_congested(ms_raw_t *t, ms_req_view_t *r);
 int ms_ffi_req_wait_body_for(ms_req_view_t *r, double seconds);
 double ms_ffi_raw_default_timeout(ms_server_t *s, int send);
 ]]
@@ -344,6 +345,27 @@ local function flatten(data, out)
     end
 end
 
+-- After a send: OpenResty's returns once the kernel has the bytes, so the handler waits
+-- here while the connection is congested (a light thread, which cannot wait for the request,
+-- goes on; the queue's cap bounds it). Returns true, or false once the connection is gone.
+local function drained(self, t)
+    local rc = C.ms_ffi_raw_congested(t, self._r)
+    if rc == 0 then
+        return true
+    elseif rc < 0 then
+        return false
+    end
+    local ok, kind = pcall(coro.check, "sock:send", "wait", 3)
+    if not ok or kind == "task" then
+        return true
+    end
+    if C.ms_ffi_req_wait_drain(self._r, 0) == 0 then
+        coro.park()
+    end
+    t = self._t
+    return t and C.ms_ffi_raw_congested(t, self._r) >= 0
+end
+
 -- Sends bytes to the peer: their count, or nil and "closed" (the connection is gone, or was
 -- cut because the peer did not read what was queued).
 function Raw.__index:send(data)
@@ -366,6 +388,9 @@ function Raw.__index:send(data)
         anchors[rc - 1] = s -- the core writes from this string: keep it alive until then
         drain(self._r)
     elseif rc < 0 then
+        return nil, "closed"
+    end
+    if not drained(self, t) then
         return nil, "closed"
     end
     return #s

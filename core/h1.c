@@ -786,8 +786,10 @@ static void h1_resume(ms_conn_t *c)
         h1_feed(c, NULL, 0); /* serve what came in behind it */
         return;
     }
+    ms__conn_hold(c); /* the flush may close it: a tunnel whose peer half-closed ends here */
     ms__conn_flush(c);
     maybe_idle(c);
+    ms__conn_release(c);
 }
 
 /* A deadline passed: the head or the body did not come in time (408), or the client stopped

@@ -786,8 +786,10 @@ static void h1_resume(ms_conn_t *c)
         h1_feed(c, NULL, 0); /* serve what came in behind it */
         return;
     }
+    ms__conn_hold(c); /* the flush may close it: a tunnel whose peer half-closed ends here */
     ms__conn_flush(c);
     maybe_idle(c);
+    ms__conn_release(c);
 }
 
 /* A deadline passed: the head or the body did not come in time (408), or the client stopped
@@ -854,13 +856,15 @@ static void h1_eof(ms_conn_t *c)
     if (h != NULL && (h->req.v.flags & MS_REQ_IN_HANDLER)) {
         /* The client may have only shut its sending side: the reply can still go out. */
         ms_req_t *r = &h->req;
-        c->flags |= MS_CONN_CLOSING;
         if (r->tunnel != NULL) {
+            /* A tunnel's taker may still write (a raw socket answers a half-close); the
+             * connection closes when it finishes the request. */
             ms__conn_hold(c); /* the taker may let go of the request, and close */
             ms__req_tunnel_end(r, 0);
             ms__conn_release(c);
             return;
         }
+        c->flags |= MS_CONN_CLOSING;
         if (!h->msg_done) {
             r->v.flags |= MS_REQ_BODY_ERROR;
             if (r->v.wait == MS_WAIT_BODY)

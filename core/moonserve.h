@@ -158,6 +158,7 @@ struct ms_req_s {
     uint64_t body_limit;        /* body_bytes, or what the handler's route allows */
     uint64_t chain_left;        /* bytes a reply sent in pieces still owes (ms_reply_begin) */
     uint8_t drain_all;          /* MS_WAIT_DRAIN until nothing is queued, not just below the mark */
+    uint8_t body_wait_timed;    /* MS_WAIT_BODY holds `timer` (ms_req_wait_body_for) */
     uint16_t refused;           /* the status the core answered with in the handler's place */
     struct ms_tunnel_s *tunnel; /* who took the request over (ms_req_tunnel), until it ends */
     ms_timer_t timer;           /* moonserve.sleep() */
@@ -284,6 +285,10 @@ int64_t ms_req_body_take(ms_req_t *r, const char **out);
 /* Asks for the handler to be resumed when more body bytes arrive; sends 100 Continue if the
  * client waits for it. Returns 0 (park now) or a negative code. */
 int ms_req_wait_body(ms_req_t *r);
+/* As ms_req_wait_body, and resumes the handler after `ms` milliseconds if nothing came
+ * (ms_req_body_take then still says UV_EAGAIN). On HTTP/2 the stream's own body deadline
+ * holds the request's timer: the wait is not timed there. */
+int ms_req_wait_body_for(ms_req_t *r, uint64_t ms);
 
 /* Sets how large this request's body may be (the route's limit), up to body_bytes_max.
  * Call it before reading the body. Returns 0 or MS_ETOOBIG (over body_bytes_max). */

@@ -309,6 +309,10 @@ void ms__req_wake(ms_req_t *r, int wait)
     assert((r->v.flags & MS_REQ_IN_HANDLER) && r->conn->refs > 0);
     r->v.wait = MS_WAIT_NONE;
     ms_server_t *s = r->conn->server;
+    if (r->body_wait_timed) {
+        r->body_wait_timed = 0;
+        ms_timer_stop(s, &r->timer);
+    }
     ms__server_call(s, s->on_resume, r);
 }
 
@@ -787,6 +791,7 @@ void ms_req_finish(ms_req_t *r)
     c->server->stats->in_flight--;
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;
+    r->body_wait_timed = 0;
     ms_timer_stop(c->server, &r->timer);
     if (MS_UNLIKELY(c->server->alog_any))
         ms__alog_req(r);
@@ -862,6 +867,22 @@ int ms_req_wait_body(ms_req_t *r)
     r->v.wait = MS_WAIT_BODY;
     c->proto->body_wait(r); /* (an HTTP/2 stream's body has its own deadline) */
     return 0;
+}
+
+static void body_wait_expired(ms_timer_t *t)
+{
+    ms_req_t *r = container_of(t, ms_req_t, timer);
+    ms__req_wake(r, MS_WAIT_BODY);
+}
+
+int ms_req_wait_body_for(ms_req_t *r, uint64_t ms)
+{
+    int rc = ms_req_wait_body(r);
+    if (rc == 0 && ms > 0 && r->timer.index == 0) {
+        r->body_wait_timed = 1;
+        ms_timer_start(r->conn->server, &r->timer, ms, body_wait_expired);
+    }
+    return rc;
 }
 
 static void sleep_done(ms_timer_t *t)

@@ -75,6 +75,7 @@ build = {
          ["moonserve.ngx.process"] = "lua/moonserve/ngx/process.lua",
          ["moonserve.ngx.re"] = "lua/moonserve/ngx/re.lua",
          ["moonserve.ngx.req"] = "lua/moonserve/ngx/req.lua",
+         ["moonserve.ngx.reqsock"] = "lua/moonserve/ngx/reqsock.lua",
          ["moonserve.ngx.time"] = "lua/moonserve/ngx/time.lua",
          ["moonserve.ngx.var"] = "lua/moonserve/ngx/var.lua",
          ["moonserve.request"] = "lua/moonserve/request.lua",

@@ -3,6 +3,7 @@
 
 #include "../../core/h1.c"
 #include "../../core/memio.h"
+#include "../../core/rawsock.h"
 #include "fields.h"
 #include "tunnel.h"
 
@@ -21,6 +22,8 @@ static int requests_seen;
 static int chain_overflow, chain_short;
 static echo_tunnel_t tunnel; /* /tunnel's taker */
 static int tunnel_rc;
+static ms_raw_t *raw; /* /raw's socket, and its request */
+static ms_req_t *raw_req;
 
 static void reply_text(ms_req_t *r, const char *s)
 {
@@ -74,6 +77,13 @@ static void on_request(ms_req_t *r, void *data)
     if (path_is(r, "/echo")) {
         echoed.len = 0;
         echo_step(r);
+        return;
+    }
+    if (path_is(r, "/raw")) {
+        int err = 0;
+        ms_reply_header(r, S("upgrade"), S("x-raw"));
+        raw_req = r;
+        raw = ms_raw_accept(r, 1 << 20, &err);
         return;
     }
     if (path_is(r, "/tunnel")) {
@@ -992,6 +1002,44 @@ TEST(h1_gives_a_tunnel_taken_later_the_bytes_kept_behind_a_parked_head)
     ms_memio_peer_close(&m, UV_ECONNRESET);
     ASSERT_EQ(1, tunnel.ended);
     ASSERT_EQ(MS_ECLOSED, tunnel.end_status);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_raw_socket_reads_after_its_101_and_still_sends_after_the_peer_half_closes)
+{
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /raw HTTP/1.1\r\nHost: h\r\nUpgrade: x-raw\r\n"
+                        "Connection: upgrade\r\n\r\nab"));
+    ASSERT(raw != NULL);
+    ASSERT_HAS(output(&m), "HTTP/1.1 101 Switching Protocols\r\n");
+    /* A raw connection counts as a WebSocket does, not as a request in flight. */
+    ASSERT_EQ(1, (int)srv->websockets);
+    ASSERT_EQ(0, (int)srv->stats->in_flight);
+    ms_memio_feed(&m, S("c"));
+    const char *p;
+    ASSERT_EQ(3, (int)ms_raw_peek(raw, &p));
+    ASSERT(memcmp(p, "abc", 3) == 0);
+    ms_raw_consume(raw, 2);
+    ASSERT_EQ(1, (int)ms_raw_peek(raw, &p));
+    ms_raw_consume(raw, 1);
+    ASSERT_EQ(0, (int)ms_raw_peek(raw, &p));
+    /* The peer ends its side: nothing more comes, and what the handler sends still goes. */
+    ms_memio_peer_close(&m, UV_EOF);
+    ASSERT_EQ(MS_ECLOSED, (int)ms_raw_peek(raw, &p));
+    ASSERT_EQ(0, ms_raw_send(raw, S("late"), MS_VEC_STATIC, -1));
+    ASSERT_EQ(0, ms_raw_send(raw, S("r"), MS_VEC_STATIC, -1));
+    ASSERT_HAS(output(&m), "\r\n\r\nlater");
+    ASSERT_EQ(0, m.closed);
+    /* The handler lets go: the connection closes, and the counts are back. */
+    ms_raw_free(raw);
+    ms_req_finish(raw_req);
+    raw = NULL;
+    ASSERT(m.closed != 0);
+    ASSERT_EQ(0, (int)srv->websockets);
+    ASSERT_EQ(0, (int)srv->stats->in_flight);
     ms_memio_free(&m);
     teardown();
 }

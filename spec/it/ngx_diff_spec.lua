@@ -3,6 +3,9 @@
 -- each case names must be the same (not Server, Date, framing, or moonserve's security
 -- fields).
 local helper = require "helper"
+local raw_client = require "ngx_raw_client"
+
+local q = helper.sh_quote
 
 local CASES = {
     { path = "/say" }, -- (no type set: nginx's default_type against moonserve's text/plain; charset=utf-8)
@@ -27,12 +30,22 @@ local CASES = {
     { path = "/phase/trunc" },
     { path = "/phase/static/public.txt" },
     { path = "/phase/static/secret.txt", fields = { "x-kept" }, body = false },
+    -- ngx.req.socket (spec/fixtures/ngx_socket_cases.lua)
+    { path = "/sock_body", send = "hello world\nline2\r\nrest" },
+    { path = "/sock_body", name = "a chunked body", head = "Transfer-Encoding: chunked\r\n",
+      raw_body = "5\r\nhello\r\n0\r\n\r\n" },
+    { path = "/sock_body", name = "no body", method = "POST" },
+    { path = "/sock_until", send = "abc--defgh--tail" },
+    { path = "/sock_until", name = "a pattern at the end", send = "abc--defgh--tail--" },
+    { path = "/sock_slow", head = "Content-Length: 6\r\n", raw_body = "x" },
+    { path = "/sock_read_first", send = "x" },
 }
 
 describe("OpenResty handlers on moonserve and on nginx with the lua module", function()
     local srv, nginx, static
 
     setup(function()
+        helper.tool("nginx.websocket.server") -- (lua-nginx-websocket, for resty_echo)
         local work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
         static = work .. "/static"
         helper.sh(helper.tool("mkdir") .. " " .. helper.sh_quote(static))
@@ -44,7 +57,11 @@ describe("OpenResty handlers on moonserve and on nginx with the lua module", fun
     server {
         listen 127.0.0.1:%d;
         location / {
-            content_by_lua_block { require("ngx_cases")[ngx.var.uri:sub(2)]() }
+            content_by_lua_block {
+                local name = ngx.var.uri:sub(2)
+                local fn = require("ngx_cases")[name] or require("ngx_socket_cases")[name]
+                fn()
+            }
         }
         location /phase/ {
             access_by_lua_block { require("ngx_phase_cases").access() }
@@ -68,13 +85,20 @@ describe("OpenResty handlers on moonserve and on nginx with the lua module", fun
     end)
 
     local function fetch(port, case)
-        local raw = "GET " .. case.path .. " HTTP/1.1\r\nHost: diff.test\r\n" .. (case.head or "")
-            .. "\r\n"
+        local method = case.method or (case.send or case.raw_body) and "POST" or "GET"
+        local raw = method .. " " .. case.path .. " HTTP/1.1\r\nHost: diff.test\r\n"
+            .. (case.head or "")
+        if case.send then
+            raw = raw .. "Content-Length: " .. #case.send .. "\r\n\r\n" .. case.send
+        else
+            raw = raw .. "\r\n" .. (case.raw_body or "")
+        end
         return assert(helper.request(port, raw))
     end
 
     for _, case in ipairs(CASES) do
-        it("answers " .. case.path .. " as nginx does", function()
+        it("answers " .. case.path .. (case.name and " (" .. case.name .. ")" or "")
+            .. " as nginx does", function()
             local want = fetch(nginx.port, case)
             local got = fetch(srv.port, case)
             assert.equal(want.status, got.status)
@@ -86,4 +110,27 @@ describe("OpenResty handlers on moonserve and on nginx with the lua module", fun
             end
         end)
     end
+
+    it("hands the same raw connection after a 101 (ngx.req.socket(true)) as nginx does",
+        function()
+            local want, want_head = raw_client.exchange(nginx.port)
+            local got, got_head = raw_client.exchange(srv.port)
+            assert.equal(101, want_head.status)
+            assert.equal(want_head.status, got_head.status)
+            assert.equal(want_head.headers.upgrade, got_head.headers.upgrade)
+            assert.equal(want_head.headers.connection:lower(), got_head.headers.connection)
+            assert.equal(want, got)
+        end)
+
+    it("echoes python3-websockets' messages through resty.websocket.server as nginx does",
+        function()
+            local function run(port)
+                return (helper.run(q(helper.tool("websockets")) .. " "
+                    .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. port
+                    .. " resty_echo 2>&1"))
+            end
+            local want = run(nginx.port)
+            assert.matches("close_code=4000", want, 1, true)
+            assert.equal(want, run(srv.port))
+        end)
 end)

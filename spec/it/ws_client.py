@@ -303,7 +303,30 @@ def h2_case():
     sock.close()
 
 
+async def resty_echo():
+    """resty.websocket.server's echo on the ngx layer (spec/fixtures/ngx_socket_cases.lua),
+    and the same handler on nginx: each frame comes back as it went."""
+    import websockets
+    async with websockets.connect(URL + "/resty_echo", compression=None) as ws:
+        await ws.send("hello \u00e9")
+        say("text", await ws.recv())
+        await ws.send(b"\x00\x01\xff")
+        say("binary", (await ws.recv()).hex())
+        big = bytes(range(256)) * 250
+        await ws.send(big)
+        say("big", await ws.recv() == big)
+        await ws.send(["frag", "ment", "ed"])
+        say("fragmented", await ws.recv())
+        pong = await ws.ping(b"are you there")
+        await asyncio.wait_for(pong, 5)
+        say("pong", "yes")
+        await ws.close(4000, "done")
+    say("close_code", ws.close_code)
+    say("close_reason", ws.close_reason)
+
+
 CASES = {
+    "resty_echo": resty_echo,
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
     "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
     "wait_stop": wait_stop, "private": private, "deflate": deflate,

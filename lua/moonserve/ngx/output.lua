@@ -199,6 +199,28 @@ function _M.headers_sent(st)
     return st.head == true or st.res:sent()
 end
 
+-- -- A 101: the connection switches protocols -----------------------------------------------
+
+-- With ngx.status 101 on HTTP/1.x, sending the head (ngx.send_headers, ngx.flush, the first
+-- output) takes the connection over as resty.websocket.server expects: the 101 goes with
+-- ngx.header's fields, and the bytes both ways are ngx.req.socket(true)'s from then on.
+-- Returns true when the connection was taken (now or before), nil and an error when it
+-- could not be, false when this is no 101.
+local function upgrade(st)
+    if st.raw ~= nil then
+        return st.raw and true or nil, "failed to switch protocols"
+    end
+    local res = st.res
+    if not res.r or res.r.status ~= 101 or st.req.http_version == 2 or res:sent()
+            or st.nb > 0 then
+        return false
+    end
+    freeze(st)
+    st.eof = true -- nothing more goes as a reply: the handler's return ends the connection
+    return require("moonserve.ngx.reqsock").upgrade(st)
+end
+_M.upgrade = upgrade
+
 -- -- What is printed ------------------------------------------------------------------------
 
 
@@ -287,6 +309,24 @@ local function push(st)
 end
 
 local function emit(st, s)
+    if st.raw == nil and not st.eof then
+        local up, err = upgrade(st)
+        if up == nil then
+            return nil, err
+        end
+    end
+    if st.raw then
+        -- After a 101, what is printed goes to the connection as it is, until the handler
+        -- takes the raw socket.
+        if st.raw_taken then
+            return nil, "raw request socket acquired"
+        end
+        local ok, err = st.raw:send(s)
+        if not ok then
+            return nil, err
+        end
+        return 1
+    end
     if st.eof then
         return nil, "seen eof"
     end
@@ -325,7 +365,12 @@ function _M.say(...)
 end
 
 function _M.send_headers()
-    freeze(output_state(2))
+    local st = output_state(2)
+    local up, err = upgrade(st)
+    if up == nil then
+        return nil, err
+    end
+    freeze(st)
     return 1
 end
 
@@ -333,6 +378,15 @@ function _M.flush(wait)
     local st = output_state(2)
     if wait ~= nil and type(wait) ~= "boolean" then
         error("bad argument #1 to 'flush' (boolean expected, got " .. type(wait) .. ")", 2)
+    end
+    if st.raw == nil and not st.eof then
+        local up, err = upgrade(st)
+        if up == nil then
+            return nil, err
+        end
+    end
+    if st.raw then
+        return 1 -- the 101 went when it was sent; the raw socket's bytes go as it sends them
     end
     if st.eof then
         return nil, "seen eof"

@@ -257,6 +257,9 @@ function _M.read_body()
     if context.LATE[st.phase] then
         context.disabled(st, 2)
     end
+    if st.body_sock or st.raw ~= nil then
+        return -- ngx.req.socket has the body, or the connection (as OpenResty: nothing read)
+    end
     local body, err = st.req:body()
     if not body and err then
         error("ngx.req.read_body: " .. tostring(err), 2)
@@ -298,8 +301,15 @@ function _M.get_post_args(max)
     return t
 end
 
-function _M.socket()
-    error("ngx.req.socket: not supported yet", 2)
+-- ngx.req.socket([raw]): moonserve/ngx/reqsock.lua.
+local reqsock
+function _M.socket(raw, ...)
+    if select("#", ...) > 0 then
+        error("expecting zero arguments, but got " .. (select("#", ...) + 1), 2)
+    end
+    local st = request_state(2)
+    reqsock = reqsock or require "moonserve.ngx.reqsock"
+    return reqsock.socket(st, raw)
 end
 
 context.on_request(function(st)

@@ -52,6 +52,7 @@ build = {
          ["moonserve.app"] = "lua/moonserve/app.lua",
          ["moonserve.base"] = "lua/moonserve/base.lua",
          ["moonserve.canon"] = "lua/moonserve/canon.lua",
+         ["moonserve.channel"] = "lua/moonserve/channel.lua",
          ["moonserve.cli"] = "lua/moonserve/cli.lua",
          ["moonserve.codec"] = "lua/moonserve/codec.lua",
          ["moonserve.coroutine"] = "lua/moonserve/coroutine.lua",

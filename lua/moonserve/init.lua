@@ -50,6 +50,8 @@ _M.socket = {
 -- once for many sockets; endpoints are app:websocket(path, fn, opts).
 _M.websocket = {
     broadcast = function(...) return require("moonserve.websocket").broadcast(...) end,
+    -- The channel app:channel(name) declared (moonserve/channel.lua), or nil.
+    channel = function(name) return require("moonserve.channel").get(name) end,
 }
 _M.worker = {
     id = function() return require("moonserve.worker").id() end,

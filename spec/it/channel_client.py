@@ -7,6 +7,7 @@ one publishes reaches both, in one order, and prints one line per fact as "name=
 import asyncio
 import json
 import sys
+import time
 
 import websockets
 
@@ -92,6 +93,16 @@ async def main():
     say("published", stats["published"])
     say("lost_total", stats["lost"])
     say("subscribers_b", stats["subscribers"])
+    # Latency from a publish on one worker to the other worker's subscriber, one at a time.
+    times = []
+    for i in range(40):
+        t0 = time.monotonic()
+        await a.send("t%d" % i)
+        await until(b, lambda m, i=i: m == "t%d" % i)
+        times.append((time.monotonic() - t0) * 1000)
+    times.sort()
+    say("latency_ms_median", "%.1f" % times[len(times) // 2])
+    say("latency_ms_max", "%.1f" % times[-1])
     await a.close()
     await b.close()
 

@@ -1,21 +1,61 @@
--- The demo site `moonserve` serves when given no app: a page, a JSON endpoint, a form that
--- posts back, and a slow route that shows one waiting handler does not hold up the others.
+-- The demo site `moonserve` serves when given no app: one page that shows what moonserve
+-- does. Its stylesheet and script are static files the core serves (demo/static), the page
+-- is a template with a layout (demo/views), a session remembers the visitor, the guestbook
+-- is a form with a CSRF token, /api/status is JSON with live numbers from the metrics, and
+-- a WebSocket carries a shared counter and a chat to every tab on every worker (a channel).
+local ffi = require "ffi"
+local cjson = require "cjson.safe"
 local moonserve = require "moonserve"
-local codec = require "moonserve.codec"
+local crypto = require "moonserve.crypto"
+
+-- Next to this file (examples/ in the source tree, moonserve/ where the rock installs it).
+local here = (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$") or "./") .. "demo/"
+
+-- Sessions and form tokens are signed with a secret every worker must share: the one in
+-- MOONSERVE_DEMO_SECRET, or one drawn by the first process that loads this file (the master,
+-- whose environment its workers get, so a reload keeps it too).
+ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
+local secret = os.getenv("MOONSERVE_DEMO_SECRET")
+if not secret or #secret < 32 then
+    secret = crypto.base64url_encode(assert(crypto.random(32)))
+    ffi.C.setenv("MOONSERVE_DEMO_SECRET", secret, 1)
+end
 
 local app = moonserve.app()
--- The guestbook takes posts from this site's own pages only: cross-site POSTs get 403 from
--- every app's default origin check.
-local esc = codec.escape_html
+-- Everything the page uses comes from this server: scripts, styles, images and the
+-- WebSocket from its own origin, nothing else (no inline script or style).
+app:security {
+    csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        .. "connect-src 'self'; form-action 'self'; base-uri 'none'",
+}
+app:use(moonserve.sessions { secret = secret })
+app:use(moonserve.csrf { secret = secret })
+app:views { root = here .. "views" }
+app:static("/static", here .. "static", { cache_control = "public, max-age=300" })
+app:get("metrics", "/metrics", moonserve.metrics.handler)
+
 local started = os.time()
 
--- The guestbook lives in a dictionary every worker shares: post N under "post:N", the
--- number from one atomic incr, so two workers posting at once never take the same slot.
-app:shared_dict("guestbook", "1m")
-local KEEP = 10 -- posts shown, newest first
+-- The guestbook and the counter live in a dictionary every worker shares: post N under
+-- "post:N", the number from one atomic incr, so two workers posting at once never take the
+-- same slot.
+app:shared_dict("demo", "1m")
+local KEEP = 8 -- posts shown, newest first
+
+-- The live page's channel: what one tab sends reaches every tab, whichever worker holds it.
+local live = app:channel("live", { history = 256, size = "512k" })
+
+-- `s` cut to at most `n` bytes, never inside a UTF-8 sequence.
+local function cut(s, n)
+    local i = math.min(#s, n)
+    while i > 0 and i < #s and s:byte(i + 1) >= 0x80 and s:byte(i + 1) < 0xC0 do
+        i = i - 1
+    end
+    return s:sub(1, i)
+end
 
 local function guestbook()
-    local book = moonserve.shared.guestbook
+    local book = moonserve.shared.demo
     local last = book:get("seq") or 0
     local posts = {}
     for n = last, math.max(1, last - KEEP + 1), -1 do
@@ -24,108 +64,98 @@ local function guestbook()
     return posts, last
 end
 
-local STYLE = [[
-:root { color-scheme: light dark; --accent: #6b5bd6; --muted: #8a8a99; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 16px/1.55 system-ui, -apple-system, "Segoe UI", sans-serif;
-  background: Canvas; color: CanvasText; }
-header { padding: 3rem max(1.5rem, calc((100% - 52rem) / 2 + 1.5rem)) 2rem;
-  background: linear-gradient(135deg, #2b2350, #6b5bd6); color: #fff; }
-header h1 { margin: 0; font-size: 2.4rem; letter-spacing: -0.02em; }
-header p { margin: .4rem 0 0; opacity: .85; }
-main { max-width: 52rem; margin: 0 auto; padding: 1.5rem; display: grid; gap: 1.2rem;
-  grid-template-columns: repeat(auto-fit, minmax(15rem, 1fr)); }
-section { border: 1px solid color-mix(in srgb, CanvasText 15%, transparent);
-  border-radius: .8rem; padding: 1.1rem 1.3rem; }
-h2 { margin: 0 0 .5rem; font-size: 1.1rem; }
-code, pre { font: .9em ui-monospace, "SFMono-Regular", Menlo, monospace; }
-pre { margin: .6rem 0 0; padding: .7rem; border-radius: .5rem; white-space: pre-wrap;
-  overflow-wrap: break-word; font-size: .82em;
-  background: color-mix(in srgb, CanvasText 7%, transparent); }
-a { color: var(--accent); }
-form { display: flex; gap: .5rem; }
-input, button { font: inherit; padding: .45rem .6rem; border-radius: .45rem;
-  border: 1px solid var(--muted); }
-input { flex: 1; min-width: 0; }
-button { background: var(--accent); color: #fff; border: 0; cursor: pointer; }
-ul { padding-left: 1.1rem; margin: .6rem 0 0; }
-.muted { color: var(--muted); font-size: .9rem; }
-footer { text-align: center; padding: 1rem; color: var(--muted); font-size: .85rem; }
-]]
-
-local function page(title, body)
-    return ([[<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>%s</title><style>%s</style></head>
-<body>%s<footer>moonserve %s &middot; C core, Lua site</footer></body></html>
-]]):format(esc(title), STYLE, body, moonserve._VERSION)
-end
-
-app:get("/", function(req, res)
-    local items = {}
-    for i, entry in ipairs((guestbook())) do
-        items[i] = "<li>" .. esc(entry) .. "</li>"
-    end
-    local book = #items > 0 and ("<ul>" .. table.concat(items) .. "</ul>")
-        or '<p class="muted">Nobody has signed yet.</p>'
-    res:header("content-type", "text/html; charset=utf-8")
-    res:send(page("moonserve", ([[
-<header><h1>moonserve</h1>
-<p>A Lua-scriptable web server: the hot path in C, your site in Lua.</p></header>
-<main>
-<section><h2>Hello, %s</h2>
-<p>This page came from a Lua handler. Request <code>%s</code>.</p>
-<pre>app:get("/", function(req, res)
-  res:send("hello world")
-end)</pre></section>
-<section><h2>JSON</h2>
-<p><a href="/api/status">/api/status</a> answers with <code>res:json{...}</code>.</p>
-<pre>curl localhost:8080/api/status</pre></section>
-<section><h2>Sign the guestbook</h2>
-<form method="post" action="/guestbook">
-<input name="name" placeholder="your name" maxlength="60" required>
-<button>Sign</button></form>%s</section>
-<section><h2>A slow route</h2>
-<p><a href="/slow">/slow</a> sleeps one second with <code>moonserve.sleep(1)</code>.
-Open it and reload this page meanwhile: the worker keeps serving.</p></section>
-</main>]]):format(esc(req.client_ip), esc(req.id), book)))
+app:get("home", "/", function(req, res)
+    local s = req.session
+    local visits = (s:get("visits") or 0) + 1
+    s:set("visits", visits)
+    local posts, signatures = guestbook()
+    return res:render("index.html", {
+        title = "moonserve",
+        version = moonserve._VERSION,
+        client = req.client_ip,
+        request = req.id,
+        worker = moonserve.worker.id(),
+        workers = moonserve.worker.count(),
+        visits = visits,
+        name = s:get("name"),
+        posts = posts,
+        signatures = signatures,
+        count = moonserve.shared.demo:get("count") or 0,
+        error = req.query.error,
+    })
 end)
 
-app:get("/api/status", function(req, res)
-    res:json {
+app:get("status", "/api/status", function(req, res)
+    local totals = moonserve.metrics.totals() or {}
+    local ch = live:stats()
+    res:header("cache-control", "no-store")
+    return res:json {
         server = "moonserve",
         version = moonserve._VERSION,
         uptime = os.time() - started,
         request = req.id,
+        worker = moonserve.worker.id(),
+        workers = moonserve.worker.count(),
+        requests = totals.requests,
+        connections = totals.connections,
+        in_flight = totals.in_flight,
+        bytes_out = totals.bytes_out,
+        live = { published = ch.published, lost = ch.lost, here = ch.subscribers },
         signatures = select(2, guestbook()),
+        count = moonserve.shared.demo:get("count") or 0,
     }
 end)
 
-app:post("/guestbook", function(req, res)
+app:post("sign", "/guestbook", function(req, res)
     local form, err = req:form()
     if not form then
         return res:status(400):send(err)
     end
-    local name = type(form.name) == "string" and form.name:gsub("%s+", " "):sub(1, 60) or ""
-    if name == "" or name == " " then
-        return res:status(422):send("A name, please.\n")
+    local name = type(form.name) == "string" and cut((form.name:gsub("%s+", " ")), 60) or ""
+    if name:match("^ ?$") then
+        return res:redirect("/?error=name#guestbook", 303)
     end
-    local book = moonserve.shared.guestbook
+    local book = moonserve.shared.demo
     local n = assert(book:incr("seq", 1, 0))
     book:set("post:" .. n, name)
     book:delete("post:" .. (n - KEEP))
+    req.session:set("name", name)
     -- Post/redirect/get: a reload does not post twice.
-    res:redirect("/", 303)
+    return res:redirect("/#guestbook", 303)
 end)
 
-app:get("/slow", function(_, res)
+-- The live socket: {"op":"inc"} adds one to the shared counter, {"op":"say","text":...}
+-- says something in the chat; both go to everyone as {"count":N} or {"say":...,"from":...}.
+-- The first message tells the tab its worker and the counter.
+app:websocket("/live", function(ws, req)
+    local worker = moonserve.worker.id()
+    local who = req.session:get("name") or "guest"
+    ws:send(cjson.encode { hello = true, worker = worker,
+        count = moonserve.shared.demo:get("count") or 0 })
+    live:subscribe(ws)
+    while true do
+        local data, kind = ws:receive()
+        if not data or kind == "close" then
+            return
+        end
+        local m = cjson.decode(data)
+        if type(m) == "table" and m.op == "inc" then
+            local n = moonserve.shared.demo:incr("count", 1, 0)
+            live:publish(cjson.encode { count = n, worker = worker })
+        elseif type(m) == "table" and m.op == "say" and type(m.text) == "string" then
+            local text = cut((m.text:gsub("%s+", " ")), 200)
+            if not text:match("^ ?$") then
+                live:publish(cjson.encode { say = text, from = who, worker = worker })
+            end
+        end
+    end
+end, { max_message_bytes = 4096 })
+
+app:get("slow", "/slow", function(_, res)
     local t0 = os.clock()
     moonserve.sleep(1)
-    res:header("content-type", "text/html; charset=utf-8")
-    res:send(page("slow", ([[<header><h1>That took a second</h1>
-<p>This handler slept for one second; it used %.1f ms of CPU.</p></header>
-<main><section><p><a href="/">Back</a></p></section></main>]]):format((os.clock() - t0) * 1000)))
+    return res:render("slow.html", { title = "slow", version = moonserve._VERSION,
+        cpu_ms = ("%.1f"):format((os.clock() - t0) * 1000) })
 end)
 
 app:get("/hello", function()

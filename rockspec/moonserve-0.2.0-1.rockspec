@@ -52,6 +52,7 @@ build = {
          ["moonserve.app"] = "lua/moonserve/app.lua",
          ["moonserve.base"] = "lua/moonserve/base.lua",
          ["moonserve.canon"] = "lua/moonserve/canon.lua",
+         ["moonserve.channel"] = "lua/moonserve/channel.lua",
          ["moonserve.cli"] = "lua/moonserve/cli.lua",
          ["moonserve.codec"] = "lua/moonserve/codec.lua",
          ["moonserve.coroutine"] = "lua/moonserve/coroutine.lua",
@@ -92,6 +93,14 @@ build = {
          ["moonserve.websocket"] = "lua/moonserve/websocket.lua",
          ["moonserve.worker"] = "lua/moonserve/worker.lua",
          ["moonserve.demo"] = "examples/demo.lua",
+         -- The demo's files, beside it (moonserve/demo/): LuaRocks keeps the name of a file
+         -- that is not Lua and puts it in the directory of the module name's prefix.
+         ["moonserve.demo.static.css"] = "examples/demo/static/demo.css",
+         ["moonserve.demo.static.js"] = "examples/demo/static/demo.js",
+         ["moonserve.demo.static.svg"] = "examples/demo/static/moon.svg",
+         ["moonserve.demo.views.index"] = "examples/demo/views/index.html",
+         ["moonserve.demo.views.layout"] = "examples/demo/views/layout.html",
+         ["moonserve.demo.views.slow"] = "examples/demo/views/slow.html",
       },
       lib = {
          ["moonserve.core"] = "build-rock/modules/core.so",

@@ -479,6 +479,14 @@ function App:websocket(path, fn, opts)
     return self
 end
 
+--- A channel that carries WebSocket messages to the subscribers of every worker
+-- (moonserve/channel.lua): ch:subscribe(ws), ch:publish(data[, "binary"]). It keeps its ring
+-- in a shared dictionary of its own, declared here. opts: history, size, poll, hole_wait,
+-- max_message_bytes.
+function App:channel(name, opts)
+    return require("moonserve.channel").declare(self, name, opts, 2)
+end
+
 --- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
 -- gets back what the rest returned).
 -- @tparam function fn function(req, res, next)

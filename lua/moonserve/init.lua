@@ -65,6 +65,8 @@ _M.socket = {
 -- @table websocket
 _M.websocket = {
     broadcast = function(...) return require("moonserve.websocket").broadcast(...) end,
+    -- The channel app:channel(name) declared (moonserve/channel.lua), or nil.
+    channel = function(name) return require("moonserve.channel").get(name) end,
 }
 --- Which worker this is: id() and count() (moonserve/worker.lua).
 -- @table worker

@@ -718,6 +718,33 @@ local function core_text(out)
     end
 end
 
+--- The core's main numbers summed over the workers, for a page to show: requests (total),
+-- in_flight, connections (open), accepted (total), bytes_in, bytes_out, workers (the
+-- slots in use). nil while metrics are off.
+function _M.totals()
+    local z = zone_of
+    if not z then
+        return nil
+    end
+    local t = { requests = 0, in_flight = 0, connections = 0, accepted = 0, bytes_in = 0,
+        bytes_out = 0, workers = 0 }
+    for i = 0, tonumber(z.nslots) - 1 do
+        local b = C.ms_metrics_slot(z, i)
+        if b.pid ~= 0 or b.accepted ~= 0 or b.requests ~= 0 then
+            t.requests = t.requests + u(b.requests)
+            t.in_flight = t.in_flight + u(b.in_flight)
+            t.connections = t.connections + u(b.conns)
+            t.accepted = t.accepted + u(b.accepted)
+            t.bytes_in = t.bytes_in + u(b.bytes_in)
+            t.bytes_out = t.bytes_out + u(b.bytes_out)
+            if b.pid ~= 0 then
+                t.workers = t.workers + 1
+            end
+        end
+    end
+    return t
+end
+
 --- The whole scrape, as text.
 function _M.text()
     local out = {}

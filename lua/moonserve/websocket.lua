@@ -263,6 +263,11 @@ end
 
 -- -- Broadcast ----------------------------------------------------------------------------
 
+--- Whether `s` is UTF-8 as a text message must be.
+function _M.utf8_ok(s)
+    return C.ms_ffi_ws_utf8_ok(s, #s) ~= 0
+end
+
 --- Sends `data` (text, or with kind "binary" binary) to every socket of `list`: the frame is
 -- built once and every recipient's write references that one string. Returns how many
 -- took it; sockets that are closed, or whose send queue is full (closed with 1008), are

@@ -125,6 +125,23 @@ describe("metrics", function()
             { dict = "moonserve_metrics" }) > 0)
     end)
 
+    it("give a page their main numbers, summed over the workers (metrics.totals)", function()
+        local _, before = scrape(mport)
+        local res = request(srv.port, "GET", "/totals")
+        assert.equal(200, res.status)
+        local t = cjson.decode(res.body)
+        local _, after = scrape(mport)
+        for name, key in pairs { moonserve_requests_total = "requests",
+            moonserve_connections_accepted_total = "accepted",
+            moonserve_http_response_bytes_total = "bytes_out" } do
+            assert.is_true(value(before, name) <= t[key] and t[key] <= value(after, name),
+                key .. " " .. t[key] .. " is not between two scrapes")
+        end
+        assert.equal(2, t.workers)
+        assert.is_true(t.connections >= 1)      -- its own
+        assert.is_true(t.in_flight >= 1)
+    end)
+
     it("have cumulative latency buckets whose count is the requests'", function()
         for _ = 1, 10 do
             request(srv.port, "GET", "/hello")

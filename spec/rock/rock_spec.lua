@@ -63,6 +63,11 @@ describe("the rock", function()
                 .. " --deps-mode=none " .. q(rock))
             assert.truthy(io.open(tree .. "/lib/lua/5.1/moonserve/core.so"))
             assert.truthy(io.open(tree .. "/share/lua/5.1/moonserve/cli.lua"))
+            -- the demo's template and static files, beside it
+            for _, file in ipairs { "static/demo.css", "static/demo.js", "static/moon.svg",
+                "views/index.html", "views/layout.html", "views/slow.html" } do
+                assert.truthy(io.open(tree .. "/share/lua/5.1/moonserve/demo/" .. file), file)
+            end
         end)
 
     it("runs moonserve --check from the tree, on its own modules and core", function()

@@ -190,6 +190,10 @@ static int ktls_bio_write(BIO *b, const char *p, int n)
         BIO_set_retry_write(b);
         return -1;
     }
+    /* FIXME: a full socket here (it holds at most the handshake's own flight: only with a
+     * very large certificate chain) leaves a session ticket to the client's next bytes, or
+     * the handshake to handshake_timeout: libuv says nothing of room on a socket it is not
+     * writing to. */
     int k = BIO_write(sock, p, n);
     BIO_copy_next_retry(b);
     return k;

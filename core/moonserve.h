@@ -401,6 +401,7 @@ typedef struct ms_tls_opts_s {
     const char *groups;       /* key exchange groups; NULL: MS_TLS_GROUPS */
     int refuse_unknown;       /* a server name no certificate has: 1 refuses the handshake
                                * (unrecognized_name), 0 answers with the default certificate */
+    int no_ktls;              /* 1: no kernel TLS on this listener even where it is offered */
 } ms_tls_opts_t;
 
 /* The defaults: Mozilla's "intermediate" profile (TLS 1.2 with ECDHE and DHE AEAD ciphers,
@@ -419,6 +420,13 @@ typedef struct ms_tls_opts_s {
  * newest still resume. Returns 0 or a negative code. */
 int ms_tls_tickets(int fd);
 void ms_tls_ticket_rotate(double seconds);
+
+/* Whether the kernel and OpenSSL offer kernel TLS (the kernel encrypts what is written to a
+ * TLS connection's socket once the handshake is done, so that files go out with sendfile):
+ * 1, or 0 with why not in `*why` (static text; may be NULL). Tried once per process, on a
+ * loopback TCP connection of its own (TCP_ULP "tls", which also loads the kernel's module
+ * for a process that may). */
+int ms_tls_kernel(const char **why);
 #define MS_TLS_TICKET_ROTATE 3600
 
 /* Makes TLS settings for listeners of `s`, which owns them (freed with the server). Returns
@@ -525,6 +533,9 @@ typedef struct ms_io_s {
     /* The TLS version the connection speaks ("TLSv1.3"), which makes its requests https;
      * NULL, or a NULL function, for a transport that is not TLS. */
     const char *(*tls)(ms_conn_t *c);
+    /* The descriptor of the socket under the transport (kernel TLS takes it over), or -1.
+     * May be NULL: it has none. */
+    int (*fd)(ms_conn_t *c);
 } ms_io_t;
 
 /* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */

@@ -172,6 +172,12 @@ static int tcp_address(ms_conn_t *c, int local, char *buf, size_t len)
     return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 }
 
+static int tcp_fd(ms_conn_t *c)
+{
+    uv_os_fd_t sock;
+    return uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) == 0 ? sock : -1;
+}
+
 static const ms_io_t tcp_io = {
     .try_write = tcp_try_write,
     .write = tcp_write,
@@ -183,6 +189,7 @@ static const ms_io_t tcp_io = {
     .close = tcp_close,
     .peer = tcp_peer,
     .address = tcp_address,
+    .fd = tcp_fd,
 };
 
 /* The bytes of the transport's own part, where a stacked transport's extra bytes begin. */

@@ -2,7 +2,10 @@
  * memory in the tests and fuzzers): the handshake and its deadline, ALPN, SNI, then records
  * both ways. Nothing blocks the loop: a BIO of our own hands OpenSSL the bytes the lower
  * transport read and takes what OpenSSL writes into one buffer of the worker's, from which
- * the lower transport writes at once what the socket takes; only the rest is copied. */
+ * the lower transport writes at once what the socket takes; only the rest is copied.
+ * Where the kernel offers TLS (ms_tls_kernel), the write BIO sits on a socket BIO of the TCP
+ * descriptor, which OpenSSL hands the keys once the handshake is done; from then on the
+ * kernel encrypts, and writes and files go to the lower transport as they are (ktls_io). */
 #include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/ocsp.h>
@@ -11,7 +14,10 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -57,6 +63,7 @@ struct ms_tls_s {
     SSL_CTX *ctx;   /* the default certificates; its settings are every name's */
     int has_default;
     int refuse_unknown;
+    int ktls;          /* kernel TLS is offered and not turned off: SSL_OP_ENABLE_KTLS */
     tls_name_t *names; /* owned */
     uint32_t nnames, cap;
     char *ciphers, *ciphersuites, *groups; /* owned copies, for each name's context */
@@ -103,6 +110,7 @@ typedef struct tls_conn_s {
     uint8_t shutdown;      /* a graceful close waits for `sending` */
     uint8_t closing;       /* the lower transport is told to close: nothing more goes out */
     uint8_t fail;          /* FAIL_* + 1 set by a callback during the handshake */
+    uint8_t ksock;         /* the write BIO is on the socket's: the kernel may take the keys */
 } tls_conn_t;
 
 const size_t ms__tls_size = sizeof(tls_conn_t);
@@ -160,17 +168,72 @@ static int bio_create(BIO *b)
     return 1;
 }
 
+/* The write BIO of a listener that may use kernel TLS: the same as the one above, pushed on
+ * a socket BIO of the TCP descriptor (BIO_NOCLOSE), to which the controls it does not know
+ * pass, so that OpenSSL finds the socket to hand the keys to (and later its descriptor, for
+ * SSL_sendfile). The read BIO stays the one above: records are read and decrypted here, and
+ * refusing the kernel the read keys keeps it so. */
+static BIO_METHOD *ktls_bio_method;
+static int send_out(ms_conn_t *c);
+static void process(ms_conn_t *c, const char *p, size_t n);
+
+static int ktls_bio_write(BIO *b, const char *p, int n)
+{
+    BIO *sock = BIO_next(b);
+    if (!BIO_get_ktls_send(sock))
+        return bio_write(b, p, n);
+    /* The kernel encrypts: OpenSSL's own records (a session ticket, an alert, each with its
+     * type) go to the socket directly, once none of the connection's bytes waits to go
+     * before them. */
+    BIO_clear_retry_flags(b);
+    if (tls_of(BIO_get_data(b))->flight) {
+        BIO_set_retry_write(b);
+        return -1;
+    }
+    /* FIXME: a full socket here (it holds at most the handshake's own flight: only with a
+     * very large certificate chain) leaves a session ticket to the client's next bytes, or
+     * the handshake to handshake_timeout: libuv says nothing of room on a socket it is not
+     * writing to. */
+    int k = BIO_write(sock, p, n);
+    BIO_copy_next_retry(b);
+    return k;
+}
+
+static long ktls_bio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    if (cmd != BIO_CTRL_FLUSH)
+        return BIO_ctrl(BIO_next(b), cmd, num, ptr);
+    /* OpenSSL flushes before the kernel takes the keys, and takes them only if the flush
+     * succeeds: every byte written before must then be in the socket, or the kernel would
+     * encrypt it again. What the socket does not take now is written in the background,
+     * and the flush is to be tried again (tls_written goes on with the handshake). */
+    ms_conn_t *c = BIO_get_data(b);
+    tls_conn_t *t = tls_of(c);
+    BIO_clear_retry_flags(b);
+    if (!t->flight && c->server->tls->out.len > 0)
+        (void)send_out(c); /* (a failure shows on the next read, as it would after) */
+    if (t->flight) {
+        BIO_set_retry_write(b);
+        return -1;
+    }
+    return 1;
+}
+
 static int bio_setup(void)
 {
     if (bio_method != NULL)
         return 0;
     bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "moonserve");
-    if (bio_method == NULL)
+    ktls_bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_FILTER, "moonserve ktls");
+    if (bio_method == NULL || ktls_bio_method == NULL)
         return UV_ENOMEM;
     BIO_meth_set_write(bio_method, bio_write);
     BIO_meth_set_read(bio_method, bio_read);
     BIO_meth_set_ctrl(bio_method, bio_ctrl);
     BIO_meth_set_create(bio_method, bio_create);
+    BIO_meth_set_write(ktls_bio_method, ktls_bio_write);
+    BIO_meth_set_ctrl(ktls_bio_method, ktls_bio_ctrl);
+    BIO_meth_set_create(ktls_bio_method, bio_create);
     return 0;
 }
 
@@ -328,8 +391,8 @@ static int tls_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 
 /* A part of a file: read into the worker's buffer and encrypted from there, up to
  * MS_TLS_BURST bytes, what the socket does not take now written in the background like any
- * other bytes. The connection's "sendfile" (with kernel TLS it would be the real one): parts
- * four times the size of its own fallback's, and no buffer of the connection's. */
+ * other bytes. The connection's "sendfile" (with kernel TLS, ktls_sendfile is the real one):
+ * parts four times the size of its own fallback's, and no buffer of the connection's. */
 static ssize_t tls_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
 {
     tls_conn_t *t = tls_of(c);
@@ -428,6 +491,8 @@ static void tls_written(ms_conn_t *c, int status)
         pump(c);
     else if (t->shutdown)
         lower_close(c, 1); /* the last bytes and close_notify have gone: FIN */
+    else if (t->ksock && t->state == TLS_HANDSHAKE)
+        process(c, NULL, 0); /* its flush waited for this (ktls_bio_ctrl) */
 }
 
 /* -- Failed handshakes ------------------------------------------------------------------- */
@@ -571,6 +636,9 @@ static int on_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
     return SSL_TLSEXT_ERR_OK;
 }
 
+static const ms_io_t ktls_io;
+static const ms_io_up_t ktls_up;
+
 static void handshake_done(ms_conn_t *c)
 {
     tls_conn_t *t = tls_of(c);
@@ -584,6 +652,11 @@ static void handshake_done(ms_conn_t *c)
         t->alpn = "h2";
     else if (len == 8 && memcmp(p, "http/1.1", 8) == 0)
         t->alpn = "http/1.1";
+    if (t->ksock && BIO_get_ktls_send(SSL_get_wbio(t->ssl))) {
+        /* The kernel took the keys: what the connection writes goes to the socket as it is. */
+        c->io = &ktls_io;
+        t->upper.up = &ktls_up;
+    }
     ms__conn_start(c); /* the first request's head_timeout starts now */
 }
 
@@ -594,14 +667,29 @@ static int handshake(ms_conn_t *c)
     tls_conn_t *t = tls_of(c);
     if (t->ssl == NULL) {
         t->ssl = SSL_new(t->tls->ctx);
-        BIO *b = t->ssl != NULL ? BIO_new(bio_method) : NULL;
+        BIO *b = t->ssl != NULL ? BIO_new(bio_method) : NULL, *w = b;
+        int fd = t->tls->ktls && t->lower->fd != NULL ? t->lower->fd(c) : -1;
+        if (b != NULL && fd >= 0) {
+            /* (BIO_new_socket attaches the kernel's tls ULP to the socket) */
+            BIO *sock = BIO_new_socket(fd, BIO_NOCLOSE);
+            w = sock != NULL ? BIO_new(ktls_bio_method) : NULL;
+            if (w != NULL) {
+                BIO_set_data(w, c);
+                BIO_push(w, sock);
+                t->ksock = 1;
+            } else {
+                BIO_free(sock);
+                BIO_free(b);
+                b = NULL;
+            }
+        }
         if (b == NULL) {
             ms_log(MS_LOG_ERR, "TLS: out of memory for a connection");
             ms__conn_close(c, 0);
             return -1;
         }
         BIO_set_data(b, c);
-        SSL_set_bio(t->ssl, b, b);
+        SSL_set_bio(t->ssl, b, w);
         SSL_set_app_data(t->ssl, c);
         SSL_set_accept_state(t->ssl);
     }
@@ -812,6 +900,130 @@ static const char *tls_version(ms_conn_t *c)
     return tls_of(c)->version != NULL ? tls_of(c)->version : "TLS";
 }
 
+/* -- Kernel TLS ------------------------------------------------------------------------ */
+
+/* Once the kernel has the keys, it encrypts what is written to the socket: the connection's
+ * writes and files go to the lower transport as they are (`flight` says one of its writes is
+ * under way, before which OpenSSL's own records may not go), and reading stays the above. */
+static int ktls_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    return tls_of(c)->lower->try_write(c, bufs, n);
+}
+
+static int ktls_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    tls_conn_t *t = tls_of(c);
+    int rc = t->lower->write(c, bufs, n);
+    if (rc == 0)
+        t->flight = 1;
+    return rc;
+}
+
+static ssize_t ktls_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
+{
+    tls_conn_t *t = tls_of(c);
+    if (t->flight)
+        return UV_EAGAIN;
+    err_reset();
+    ossl_ssize_t n = SSL_sendfile(t->ssl, fd, (off_t)off, len, 0);
+    if (n >= 0)
+        return n;
+    int e = errno;
+    if (SSL_get_error(t->ssl, -1) == SSL_ERROR_WANT_WRITE)
+        return UV_EAGAIN;
+    ERR_clear_error();
+    return e > 0 ? -e : UV_EPROTO;
+}
+
+static void ktls_cork(ms_conn_t *c, int on)
+{
+    tls_conn_t *t = tls_of(c);
+    if (t->lower->cork != NULL)
+        t->lower->cork(c, on);
+}
+
+static void ktls_written(ms_conn_t *c, int status)
+{
+    tls_conn_t *t = tls_of(c);
+    t->flight = 0;
+    ms_conn_write_done(c, status);
+    if (t->shutdown && !t->flight && !t->closing) {
+        /* tls_shutdown's close_notify waited for this write (ktls_bio_write). */
+        if (status == 0) {
+            ERR_clear_error();
+            SSL_shutdown(t->ssl);
+            ERR_clear_error();
+        }
+        lower_close(c, status == 0);
+    }
+}
+
+static const ms_io_up_t ktls_up = {
+    .read_buf = tls_read_buf,
+    .feed = tls_feed,
+    .eof = tls_eof,
+    .write_done = ktls_written,
+    .closed = tls_closed,
+};
+
+static const ms_io_t ktls_io = {
+    .try_write = ktls_try_write,
+    .write = ktls_write,
+    .sendfile = ktls_sendfile,
+    .cork = ktls_cork,
+    .read_stop = tls_read_stop,
+    .read_start = tls_read_start,
+    .shutdown = tls_shutdown,
+    .close = tls_close,
+    .peer = tls_peer,
+    .alpn = tls_alpn,
+    .tls = tls_version,
+};
+
+/* 1 when the kernel has a tls ULP, tried on a loopback TCP connection of the process's own:
+ * setting it also loads the module where it is not loaded yet (for a process that may). */
+static int kernel_probe(const char **why)
+{
+#ifdef OPENSSL_NO_KTLS
+    *why = "OpenSSL is built without it";
+    return 0;
+#else
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), s = -1, ok = 0;
+    *why = "no loopback TCP connection to try it on";
+    if (l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0 &&
+        getsockname(l, (struct sockaddr *)&sa, &sl) == 0 &&
+        (s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0 &&
+        connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        if (setsockopt(s, IPPROTO_TCP, TCP_ULP, "tls", sizeof("tls")) == 0) {
+            ok = 1;
+            *why = NULL;
+        } else if (errno == ENOENT) {
+            *why = "not offered by the kernel (no tls ULP)";
+        } else {
+            *why = "the kernel refused its tls ULP";
+        }
+    }
+    if (s >= 0)
+        close(s);
+    if (l >= 0)
+        close(l);
+    return ok;
+#endif
+}
+
+int ms_tls_kernel(const char **why)
+{
+    static int known = -1;
+    static const char *known_why;
+    if (known < 0)
+        known = kernel_probe(&known_why);
+    if (why != NULL)
+        *why = known_why;
+    return known;
+}
+
 static const ms_io_up_t tls_up = {
     .read_buf = tls_read_buf,
     .feed = tls_feed,
@@ -820,7 +1032,7 @@ static const ms_io_up_t tls_up = {
     .closed = tls_closed,
 };
 
-/* No kernel TLS yet (see PERFORMANCE.md): files pass through OpenSSL (tls_sendfile). */
+/* Records made here: files pass through OpenSSL (tls_sendfile). */
 static const ms_io_t tls_io = {
     .try_write = tls_try_write,
     .write = tls_write,
@@ -999,6 +1211,10 @@ static SSL_CTX *make_ctx(ms_tls_t *t, char *err, size_t errlen)
     SSL_CTX_clear_options(ctx, SSL_OP_CIPHER_SERVER_PREFERENCE);
     /* An idle connection holds no record buffers. */
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    /* The kernel may take the keys once the handshake is done (only those for writing: see
+     * ktls_bio_method). */
+    if (t->ktls)
+        SSL_CTX_set_options(ctx, SSL_OP_ENABLE_KTLS);
     /* No 0-RTT: early data can be replayed. */
     SSL_CTX_set_max_early_data(ctx, 0);
     SSL_CTX_set_recv_max_early_data(ctx, 0);
@@ -1066,6 +1282,7 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
     ms_tls_t *t = ms_mem_alloc(sizeof(*t));
     memset(t, 0, sizeof(*t));
     t->refuse_unknown = o->refuse_unknown != 0;
+    t->ktls = !o->no_ktls && ms_tls_kernel(NULL);
     t->ciphers = dup_or(o->ciphers, MS_TLS_CIPHERS);
     t->ciphersuites = dup_or(o->ciphersuites, MS_TLS_CIPHERSUITES);
     t->groups = dup_or(o->groups, MS_TLS_GROUPS);

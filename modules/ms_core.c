@@ -304,8 +304,8 @@ static const char *opt_field(lua_State *L, int t, const char *k)
     return v;
 }
 
-/* server:tls{ ciphers =, ciphersuites =, groups =, refuse_unknown = bool } -> id, or nil and
- * why. */
+/* server:tls{ ciphers =, ciphersuites =, groups =, refuse_unknown = bool, no_ktls = bool }
+ * -> id, or nil and why. */
 static int server_tls(lua_State *L)
 {
     binding_t *b = check_server(L);
@@ -317,6 +317,9 @@ static int server_tls(lua_State *L)
                        .groups = opt_field(L, 2, "groups")};
     lua_getfield(L, 2, "refuse_unknown");
     o.refuse_unknown = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, 2, "no_ktls");
+    o.no_ktls = lua_toboolean(L, -1);
     lua_pop(L, 1);
     char err[256];
     ms_tls_t *t = ms_tls_new(b->server, &o, err, sizeof(err));
@@ -971,6 +974,18 @@ static int core_master_tickets(lua_State *L)
     return 1;
 }
 
+/* core.tls_kernel() -> true | false, why: whether the kernel and OpenSSL offer kernel TLS. */
+static int core_tls_kernel(lua_State *L)
+{
+    const char *why;
+    int on = ms_tls_kernel(&why);
+    lua_pushboolean(L, on);
+    if (on)
+        return 1;
+    lua_pushstring(L, why);
+    return 2;
+}
+
 /* core.tls_ticket_rotate(seconds): how often a process without a master makes a new TLS
  * ticket key. */
 static int core_tls_ticket_rotate(lua_State *L)
@@ -1193,6 +1208,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"master_zone", core_master_zone},
                                      {"master_tickets", core_master_tickets},
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},
+                                     {"tls_kernel", core_tls_kernel},
                                      {"master_file", core_master_file},
                                      {"master_metrics", core_master_metrics},
                                      {"metrics_create", core_metrics_create},

@@ -28,6 +28,8 @@ options:
   --tls-unknown-name POLICY
                        a server name (SNI) no certificate is for: default (answer with the
                        listener's certificate, the default) or refuse (fail the handshake)
+  --tls-no-ktls        no kernel TLS on the --listen before it, where the kernel offers it
+                       (the start's log line says whether it does)
   --tls-ticket-rotate S
                        seconds between new TLS session ticket keys (default 3600); the
                        two keys before the newest still resume a session
@@ -161,6 +163,13 @@ function _M.main(args)
                 end
                 l.tls.unknown_name = v
             end
+        elseif a == "--tls-no-ktls" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            end
+            l.tls = l.tls or { cert = {}, key = {} }
+            l.tls.ktls = false
         elseif a == "--redirect-https" then
             local l = opts.listen and opts.listen[#opts.listen]
             local port = tonumber(value())
@@ -308,12 +317,15 @@ function _M.main(args)
     flags.log_level = flags.log_level or flags.quiet
     require("moonserve.server").given(opts, flags)
     if check then
-        local ok, err, env = pcall(require("moonserve.server").check, app, opts)
+        local ok, err, env, ktls = pcall(require("moonserve.server").check, app, opts)
         if not ok then
             return die(tostring(err))
         end
         if env then
             io.stdout:write("moonserve: from the environment: ", env, "\n")
+        end
+        if ktls then
+            io.stdout:write("moonserve: ", ktls, "\n")
         end
         io.stdout:write("moonserve: ", app_file or static_dir or "the demo site",
             ": the app and its options are valid\n")

@@ -74,7 +74,8 @@ end
 -- A listener's or a site's tls table, checked: cert and key (paths, or lists of paths of the
 -- same length: an RSA and an ECDSA certificate side by side), ocsp (the path of an OCSP
 -- response to staple, or a list of them beside cert, false for none), ciphers,
--- ciphersuites, groups, unknown_name ("default" or "refuse"). Returns the list of
+-- ciphersuites, groups, unknown_name ("default" or "refuse"), ktls (false: no kernel TLS on
+-- this listener where the kernel offers it). Returns the list of
 -- { cert, key, ocsp } pairs.
 local function tls_pairs(t, what, level)
     if type(t) ~= "table" then
@@ -98,6 +99,9 @@ local function tls_pairs(t, what, level)
     end
     if t.unknown_name ~= nil and t.unknown_name ~= "default" and t.unknown_name ~= "refuse" then
         error("bad " .. what .. ".unknown_name (\"default\" or \"refuse\" expected)", level + 1)
+    end
+    if t.ktls ~= nil and type(t.ktls) ~= "boolean" then
+        error("bad " .. what .. ".ktls (a boolean expected)", level + 1)
     end
     return out
 end
@@ -211,7 +215,7 @@ end
 -- ones, and each site's own (app:site(host, { tls = ... })) answer for its name (SNI).
 local function make_tls(srv, the_app, t)
     local id, err = srv:tls { ciphers = t.ciphers, ciphersuites = t.ciphersuites,
-        groups = t.groups, refuse_unknown = t.unknown_name == "refuse" }
+        groups = t.groups, refuse_unknown = t.unknown_name == "refuse", no_ktls = t.ktls == false }
     if not id then
         error("bad tls settings: " .. err, 0)
     end
@@ -246,6 +250,32 @@ local function tls_ids(srv, the_app, listen, opts)
         end
     end
     return ids
+end
+
+-- The line a start logs about kernel TLS, and --check prints: whether the kernel encrypts
+-- for the TLS listeners (core.tls_kernel: tried once per process, and not at all when every
+-- listener has it off), or nil for none.
+function _M.kernel_tls(listen)
+    local on, off = 0, {}
+    for _, l in ipairs(listen) do
+        if l.tls and l.tls.ktls == false then
+            off[#off + 1] = l.addr
+        elseif l.tls then
+            on = on + 1
+        end
+    end
+    if on + #off == 0 then
+        return nil
+    elseif on == 0 then
+        return "kernel TLS: off (tls.ktls = false); TLS records are written by moonserve"
+    end
+    local offered, why = core.tls_kernel()
+    if not offered then
+        return "kernel TLS: " .. why .. "; TLS records are written by moonserve"
+    end
+    return "kernel TLS: on: the kernel encrypts TLS records once a handshake is done, and "
+        .. "static files go out with sendfile" .. (#off > 0 and " (off on " .. table.concat(off, ", ")
+        .. ": tls.ktls = false)" or "")
 end
 
 local function addresses(listen)
@@ -698,7 +728,7 @@ function _M.check(the_app, opts)
     end
     metrics_spec(opts, the_app)
     make(the_app, opts, parse_limits(opts.limits, the_app)):close()
-    return true, from_environment(opts)
+    return true, from_environment(opts), _M.kernel_tls(listen_list(opts.listen))
 end
 
 -- Serves `the_app`. opts.listen: "HOST:PORT", { "HOST:PORT", proxy_protocol = true }, or
@@ -769,6 +799,10 @@ function _M.run(the_app, opts)
         return serve(srv)
     end
 
+    local ktls = _M.kernel_tls(listen)
+    if ktls then
+        base.log(base.LOG_INFO, ktls)
+    end
     local workers = opts.workers or core.cpus()
     if workers > 0 then
         local https, metrics_at = {}, nil

@@ -545,4 +545,58 @@ describe("TLS listeners", function()
         os.remove(log)
         assert(ok, err)
     end)
+
+    -- Kernel TLS: where the kernel has its tls module, the kernel encrypts once a handshake is
+    -- done (spec/vm/ktls runs that in a machine of its own); elsewhere, as here, the records
+    -- are moonserve's, which every other case of this file runs.
+    it("says at start whether the kernel encrypts, as the kernel's tls ULP decides", function()
+        -- The start tried TCP_ULP "tls" on a loopback connection (which loads the module for
+        -- a process that may): the kernel lists the ULP now exactly when it has it.
+        local ulps = helper.read_file("/proc/sys/net/ipv4/tcp_available_ulp") or ""
+        local has = ulps:match("%f[%w]tls%f[%W]") ~= nil
+        local want = has and "kernel TLS: on: the kernel encrypts TLS records once a "
+            .. "handshake is done, and static files go out with sendfile"
+            or "kernel TLS: not offered by the kernel (no tls ULP); TLS records are written "
+            .. "by moonserve"
+        assert.matches("info: " .. want, srv:log(), 1, true)
+        local out, status = helper.run(string.format("%s --static %s --listen 127.0.0.1:1 "
+            .. "--tls-cert %s --tls-key %s --check 2>&1", q(helper.root .. "/lua/bin/moonserve"),
+            q(dir .. "/files"), q(dir .. "/ec.pem"), q(dir .. "/ec.key")))
+        assert.equal(0, status, out)
+        assert.matches("moonserve: " .. want .. "\n", out, 1, true)
+        -- No TLS listener: nothing said.
+        out = helper.run(string.format("%s --static %s --listen 127.0.0.1:1 --check 2>&1",
+            q(helper.root .. "/lua/bin/moonserve"), q(dir .. "/files")))
+        assert.not_matches("kernel TLS", out, 1, true)
+    end)
+
+    it("turns kernel TLS off with --tls-no-ktls (tls = { ktls = false }), and says so",
+        function()
+        local bin = q(helper.root .. "/lua/bin/moonserve")
+        local certs = string.format("--tls-cert %s --tls-key %s", q(dir .. "/ec.pem"),
+            q(dir .. "/ec.key"))
+        local out, status = helper.run(string.format("%s --static %s --listen 127.0.0.1:1 %s "
+            .. "--tls-no-ktls --check 2>&1", bin, q(dir .. "/files"), certs))
+        assert.equal(0, status, out)
+        assert.matches("moonserve: kernel TLS: off (tls.ktls = false); TLS records are "
+            .. "written by moonserve\n", out, 1, true)
+        out, status = helper.run(string.format("%s --tls-no-ktls --check 2>&1", bin))
+        assert.equal(2, status, out)
+        assert.matches("--tls-no-ktls goes after the --listen it is for", out, 1, true)
+        -- The listener serves as ever, a static file byte for byte on HTTP/1.1 and h2.
+        local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
+            env = { MOONSERVE_TLS_DIR = dir },
+            args = "--listen 127.0.0.1:0 " .. certs .. " --tls-no-ktls" }
+        local ok, err = pcall(function()
+            assert.matches("info: kernel TLS: off (tls.ktls = false)", m:log(), 1, true)
+            for _, v in ipairs({ "--http1.1", "--http2" }) do
+                local file = dir .. "/got-noktls" .. v
+                curl(v .. " -o " .. q(file) .. " " .. url("/files/blob.bin", m.ports[2]),
+                    m.ports[2])
+                assert.is_true(helper.read_file(file) == blob, v)
+            end
+        end)
+        m:stop()
+        assert(ok, err)
+    end)
 end)

@@ -944,6 +944,8 @@ static void h1_drain_check(ms_conn_t *c)
         ms__req_wake(&h->req, MS_WAIT_DRAIN);
     else if (h != NULL && h->out_paused)
         h1_out_drained(c);
+    else if (h != NULL && h->state == MS_H1_TUNNEL)
+        ms__conn_idle(c); /* what a tunnel wrote in the background has gone */
 }
 
 /* The server stops: a connection waiting for its next request gets the short grace. */

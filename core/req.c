@@ -726,6 +726,7 @@ int ms_req_tunnel(ms_req_t *r, ms_tunnel_t *t)
     r->tunnel = t;
     c->proto->tunnel(r);
     flush(c);
+    ms__conn_idle(c); /* a tunnel idles between writes: its written queue goes back */
     return 0;
 }
 
@@ -748,6 +749,7 @@ int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_
     r->bytes_out += len;
     c->proto->body_piece(r, p, len, owner, anchor);
     flush(c);
+    ms__conn_idle(c);
     return 0;
 }
 

@@ -137,17 +137,49 @@ void ms_ws_parser_init(ms_ws_parser_t *p, const ms_ws_parser_ops_t *ops, uint64_
     p->hneed = 2;
 }
 
-static void buf_drop(ms_buf_t *b)
+/* -- Message buffers ---------------------------------------------------------------------
+ * A socket holds a buffer only while a message is on its way: the frames of one being
+ * reassembled, its inflated form, messages the handler has not taken yet. Buffers of up to
+ * WS_BUF bytes are all that size and come from the process's recycle list, so that a warm
+ * socket does not allocate and an idle one, whatever it exchanged before, holds none; larger
+ * ones come from the allocator and go back to it with their message. */
+#define WS_BUF 4096
+static ms_recycle_t ws_bufs;
+
+/* Room for `need` bytes in all; a buffer that grows doubles, up to `limit` (which is at
+ * least `need`). */
+static void buf_reserve(ms_buf_t *b, size_t need, size_t limit)
 {
-    ms_mem_free(b->base);
+    if (need <= b->cap)
+        return;
+    if (b->cap == 0 && need <= WS_BUF) {
+        b->base = ms__recycle_get(&ws_bufs);
+        if (b->base == NULL)
+            b->base = ms_mem_alloc(WS_BUF);
+        b->cap = WS_BUF;
+        return;
+    }
+    size_t want = b->cap ? b->cap : WS_BUF;
+    while (want < need)
+        want *= 2;
+    if (want > limit)
+        want = limit;
+    b->base = ms_mem_realloc(b->base, want);
+    b->cap = want;
+}
+
+static void buf_release(ms_buf_t *b)
+{
+    if (b->base != NULL && !(b->cap == WS_BUF && ms__recycle_put(&ws_bufs, b->base)))
+        ms_mem_free(b->base);
     b->base = NULL;
     b->len = b->cap = 0;
 }
 
 void ms_ws_parser_free(ms_ws_parser_t *p)
 {
-    buf_drop(&p->msg);
-    buf_drop(&p->zout);
+    buf_release(&p->msg);
+    buf_release(&p->zout);
 }
 
 /* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
@@ -163,10 +195,6 @@ static int fail(ms_ws_parser_t *p, int code, const char *why)
     }
     return MS_EBADREQ;
 }
-
-/* A message buffer larger than this is given back once its message is handed on, so that an
- * idle socket holds little. */
-#define WS_MSG_KEEP 4096
 
 /* -- permessage-deflate ------------------------------------------------------------------
  * Without context takeover either way, no socket keeps zlib state: a message is inflated
@@ -197,11 +225,8 @@ static int inflate_message(ms_ws_parser_t *p)
             if (out->len == out->cap) {
                 if (out->cap > p->max_message)
                     return MS_WS_TOO_BIG;
-                size_t want = out->cap ? out->cap * 2 : 1024;
-                if (want > p->max_message + 1)
-                    want = (size_t)p->max_message + 1; /* one more: what tells "over" */
-                out->base = ms_mem_realloc(out->base, want);
-                out->cap = want;
+                /* (one more than the cap: what tells "over") */
+                buf_reserve(out, out->cap + 1, (size_t)p->max_message + 1);
             }
             inflater.next_out = (Bytef *)out->base + out->len;
             inflater.avail_out = (uInt)(out->cap - out->len);
@@ -316,11 +341,8 @@ static int frame_end(ms_ws_parser_t *p)
     int op = p->msg_op;
     p->msg_op = 0;
     p->ops->message(p, op, d, n, 0);
-    p->msg.len = p->zout.len = 0;
-    if (p->msg.cap > WS_MSG_KEEP)
-        buf_drop(&p->msg);
-    if (p->zout.cap > WS_MSG_KEEP)
-        buf_drop(&p->zout);
+    buf_release(&p->msg);
+    buf_release(&p->zout);
     return 0;
 }
 
@@ -355,16 +377,8 @@ static int frame_begin(ms_ws_parser_t *p)
         }
         if (p->msg.len + len > p->max_message)
             return fail(p, MS_WS_TOO_BIG, "message over the size cap");
-        if (p->msg.len + len > p->msg.cap) {
-            /* Grown to what the frames so far announce, never past the cap. */
-            size_t want = p->msg.cap ? p->msg.cap : 256;
-            while (want < p->msg.len + len)
-                want *= 2;
-            if (want > p->max_message)
-                want = (size_t)p->max_message;
-            p->msg.base = ms_mem_realloc(p->msg.base, want);
-            p->msg.cap = want;
-        }
+        /* Grown to what the frames so far announce, never past the cap. */
+        buf_reserve(&p->msg, (size_t)(p->msg.len + len), (size_t)p->max_message);
     }
     p->flen = len;
     p->fgot = 0;
@@ -521,13 +535,7 @@ static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
                               (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
                               (uint8_t)n};
     ms_buf_t *b = &ws->inq;
-    if (b->cap - b->len < WS_REC_HEAD + n) {
-        size_t want = b->cap ? b->cap : 512;
-        while (want - b->len < WS_REC_HEAD + n)
-            want *= 2;
-        b->base = ms_mem_realloc(b->base, want);
-        b->cap = want;
-    }
+    buf_reserve(b, b->len + WS_REC_HEAD + n, SIZE_MAX);
     memcpy(b->base + b->len, h, WS_REC_HEAD);
     if (n > 0)
         memcpy(b->base + b->len + WS_REC_HEAD, d, n);
@@ -706,7 +714,7 @@ void ms_ws_free(ms_ws_t *ws)
     s->websockets--;
     s->stats->in_flight++;
     ms_ws_parser_free(&ws->p);
-    ms_mem_free(ws->inq.base);
+    buf_release(&ws->inq);
     ms_mem_free(ws);
 }
 
@@ -717,11 +725,8 @@ int ms_ws_receive(ms_ws_t *ws, int *op, const char **data, size_t *len, int *cod
         memmove(b->base, b->base + ws->taken, b->len - ws->taken);
         b->len -= ws->taken;
         ws->taken = 0;
-        if (b->len == 0 && b->cap > WS_MSG_KEEP) {
-            ms_mem_free(b->base);
-            b->base = NULL;
-            b->cap = 0;
-        }
+        if (b->len == 0)
+            buf_release(b); /* an idle socket holds no queue */
         if (ws->read_off && b->len <= WS_INQ_HIGH / 2 && !ws->gone) {
             ws->read_off = 0;
             ms_tunnel_read(&ws->tunnel, 1);

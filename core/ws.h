@@ -65,12 +65,12 @@ struct ms_ws_parser_s {
     /* the message being reassembled */
     uint8_t msg_op; /* MS_WS_TEXT or MS_WS_BINARY while one is open, else 0 */
     ms_ws_utf8_t utf8;
-    ms_buf_t msg; /* owned; freed when large once its message is handed on */
+    ms_buf_t msg; /* owned while a message is on its way; given back once it is handed on */
     uint8_t ctl[MS_WS_CONTROL_MAX];
     /* permessage-deflate (RFC 7692), without context takeover either way */
     uint8_t deflate;        /* agreed: RSV1 marks a compressed message */
     uint8_t msg_compressed; /* the message being reassembled is */
-    ms_buf_t zout;          /* owned: the last message inflated; freed when large */
+    ms_buf_t zout;          /* owned: the message being inflated; given back with it */
     /* the close handshake */
     uint8_t close_sent, close_received;
     uint8_t done;    /* a close came or a protocol error happened: nothing more is read */

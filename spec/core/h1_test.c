@@ -958,6 +958,31 @@ TEST(h1_hands_a_request_to_a_tunnel_after_101)
     teardown();
 }
 
+TEST(h1_a_tunnel_between_writes_holds_no_reply_queue)
+{
+    /* An open WebSocket idles most of its life: once what it wrote has gone, the queue and
+     * its buffers (4 KiB of text, the vectors) go back to the worker, whether the write went
+     * at once or in the background. */
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, tunnel_head, sizeof(tunnel_head) - 1);
+    ASSERT(m.conn != NULL && m.conn->pend == NULL && m.conn->flight == NULL);
+    ms_memio_feed(&m, S("hi"));
+    ASSERT_HAS(output(&m), "<hi>");
+    ASSERT(m.conn->pend == NULL && m.conn->flight == NULL);
+    m.congested = 1;
+    ms_memio_feed(&m, S("slow"));
+    ASSERT(m.conn->flight != NULL); /* under way */
+    m.congested = 0;
+    ms_memio_drain(&m);
+    ASSERT_HAS(output(&m), "<slow>");
+    ASSERT(m.conn->pend == NULL && m.conn->flight == NULL);
+    ms_memio_feed(&m, S("quit"));
+    ms_memio_free(&m);
+    teardown();
+}
+
 TEST(h1_gives_a_tunnel_the_bytes_that_came_behind_its_head_in_one_read)
 {
     setup();

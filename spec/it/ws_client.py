@@ -325,6 +325,38 @@ async def resty_echo():
     say("close_reason", ws.close_reason)
 
 
+def raw_close():
+    """Raw frames: a close with a code and a reason, then one with no code; what the server's
+    close frame says to each."""
+    import base64
+    for name, payload in (("coded", struct.pack(">H", 4001) + "raw bye \u00e9".encode()),
+                          ("empty", b"")):
+        sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(("GET /ws/closing HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                      "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                      "Sec-WebSocket-Version: 13\r\n\r\n" % key).encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += sock.recv(4096)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        say(name + "_status", head.split(b" ")[1].decode())
+        sock.sendall(mask_frame(0x88, payload))
+        while True:
+            fs, _ = parse_frames(buf)
+            if fs:
+                break
+            data = sock.recv(65536)
+            if not data:
+                break
+            buf += data
+        op, body = fs[0] if fs else (None, b"")
+        say(name + "_op", op)
+        say(name + "_code", struct.unpack(">H", body[:2])[0] if len(body) >= 2 else "none")
+        say(name + "_eof", sock.recv(16) == b"")  # and the server ends the connection
+        sock.close()
+
+
 CASES = {
     "resty_echo": resty_echo,
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
@@ -336,5 +368,7 @@ if CASE == "h2":
     h2_case()
 elif CASE == "deflate_bomb":
     deflate_bomb()
+elif CASE == "raw_close":
+    raw_close()
 else:
     asyncio.run(CASES[CASE]())

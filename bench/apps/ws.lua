@@ -1,0 +1,36 @@
+-- ws.lua: the app bench/ws_compare runs on moonserve. /echo sends every message back;
+-- /broadcast keeps its sockets in one table, and a message from any of them sends a 1 KiB
+-- text to all (moonserve.websocket.broadcast: one frame for every recipient).
+local moonserve = require "moonserve"
+local websocket = require "moonserve.websocket"
+local app = moonserve.app()
+
+app:get("/", function(req, res)
+    res:send("hello world")
+end)
+
+app:websocket("/echo", function(ws)
+    while true do
+        local data, kind = ws:receive()
+        if not data or kind == "close" then
+            return
+        end
+        ws:send(data, kind)
+    end
+end)
+
+local payload = string.rep("x", 1024)
+local all = {}
+app:websocket("/broadcast", function(ws)
+    all[ws] = ws
+    while true do
+        local data, kind = ws:receive()
+        if not data or kind == "close" then
+            break
+        end
+        websocket.broadcast(all, payload)
+    end
+    all[ws] = nil
+end)
+
+return app

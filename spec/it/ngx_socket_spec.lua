@@ -77,11 +77,12 @@ describe("ngx.req.socket", function()
 
         it("raises \"http v2 not supported yet\" on HTTP/2, as lua-nginx-module 0.10.23 does",
             function()
+                -- (A GET: a body still on its way when the 500 has gone is reset with
+                -- NO_ERROR, RFC 9113 8.1, which curl may report as a framing error.)
                 local out = helper.curl("--http2-prior-knowledge -o /dev/null -w '%{http_code} "
-                    .. "%{http_version}' --data-binary hi http://127.0.0.1:" .. srv.port
-                    .. "/sock_body")
+                    .. "%{http_version}' http://127.0.0.1:" .. srv.port .. "/sock_body")
                 assert.equal("500 2", out)
-                assert.matches("POST /sock_body: http v2 not supported yet", srv:log(), 1, true)
+                assert.matches("GET /sock_body: http v2 not supported yet", srv:log(), 1, true)
             end)
     end)
 

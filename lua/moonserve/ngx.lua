@@ -25,9 +25,26 @@ local null = require("cjson").null
 output.init(null)
 errlog.init(null)
 
+-- mod's fn, loaded at the first call (an app file's top level needs no core).
 local function lazy(mod, fn)
+    local f
     return function(...)
-        return require(mod)[fn](...)
+        if not f then
+            f = require(mod)[fn]
+        end
+        return f(...)
+    end
+end
+
+-- The same for a function of no arguments, called once a request by the drivers
+-- (ngx.socket.tcp): a vararg call made where a trace starts is not compiled.
+local function lazy0(mod, fn)
+    local f
+    return function()
+        if not f then
+            f = require(mod)[fn]
+        end
+        return f()
     end
 end
 
@@ -67,9 +84,9 @@ local ngx = {
     log = errlog.log,
     -- sockets, shared dictionaries, timers, threads
     socket = {
-        tcp = lazy("moonserve.socket", "ngx_tcp"),
-        udp = lazy("moonserve.socket", "udp"),
-        stream = lazy("moonserve.socket", "ngx_tcp"),
+        tcp = lazy0("moonserve.socket", "ngx_tcp"),
+        udp = lazy0("moonserve.socket", "udp"),
+        stream = lazy0("moonserve.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,
     timer = {

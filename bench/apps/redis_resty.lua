@@ -9,7 +9,7 @@ local port = tonumber(os.getenv("REDIS_PORT"))
 app:ngx_content("/redis", function()
     local redis = require "nginx.redis"
     local red = redis:new()
-    red:set_timeouts(1000, 1000, 1000)
+    red:set_timeout(1000)
     assert(red:connect("127.0.0.1", port))
     local value = assert(red:get("key"))
     red:set_keepalive(10000, 32)

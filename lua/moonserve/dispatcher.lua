@@ -148,8 +148,15 @@ local function handle(req, res, frame)
 end
 
 -- What an owner (a request's table in `owned`, or a root task) made is done with when it
--- ends: each object's _release() closes it.
+-- ends: each object's _release() closes it. The first is held apart from the rest, so that
+-- the common owner of one socket needs no loop (a loop here would keep the request's trace
+-- from being compiled) and no set.
 local function release(o)
+    local first = o.owned1
+    if first then
+        o.owned1 = nil
+        first:_release()
+    end
     local objs = o.owned
     if objs then
         o.owned = nil
@@ -425,7 +432,7 @@ local function finish(t, res)
         t.cancel = nil
         cancel()
     end
-    if t.owned and not t.root then
+    if (t.owned1 or t.owned) and not t.root then
         release(t)
     end
     C.ms_ffi_wake_cancel(t.srv, t.slot)
@@ -528,6 +535,10 @@ end
 
 -- `obj` is the owner's `o` (from _M.owner) until the owner ends, when its _release() runs.
 function _M.adopt(o, obj)
+    if not o.owned1 then
+        o.owned1 = obj
+        return
+    end
     local objs = o.owned
     if not objs then
         objs = {}

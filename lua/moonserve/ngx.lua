@@ -25,18 +25,40 @@ local null = require("cjson").null
 output.init(null)
 errlog.init(null)
 
+-- mod's fn, loaded at the first call (an app file's top level needs no core).
 local function lazy(mod, fn)
+    local f
     return function(...)
-        return require(mod)[fn](...)
+        if not f then
+            f = require(mod)[fn]
+        end
+        return f(...)
     end
 end
 
 -- The same, for what waits or makes what waits: disabled in the filter and log phases.
 local check_yield = context.check_yield
 local function waits(mod, fn)
+    local f
     return function(...)
         check_yield(2)
-        return require(mod)[fn](...)
+        if not f then
+            f = require(mod)[fn]
+        end
+        return f(...)
+    end
+end
+
+-- The same for a function of no arguments, called once a request by the drivers
+-- (ngx.socket.tcp): a vararg call made where a trace starts is not compiled.
+local function waits0(mod, fn)
+    local f
+    return function()
+        check_yield(2)
+        if not f then
+            f = require(mod)[fn]
+        end
+        return f()
     end
 end
 
@@ -76,9 +98,9 @@ local ngx = {
     log = errlog.log,
     -- sockets, shared dictionaries, timers, threads
     socket = {
-        tcp = waits("moonserve.socket", "ngx_tcp"),
-        udp = waits("moonserve.socket", "ngx_udp"),
-        stream = waits("moonserve.socket", "ngx_tcp"),
+        tcp = waits0("moonserve.socket", "ngx_tcp"),
+        udp = waits0("moonserve.socket", "ngx_udp"),
+        stream = waits0("moonserve.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,
     timer = {

@@ -19,6 +19,7 @@ local type, error, tostring, tonumber, setmetatable, getmetatable = type, error,
     tonumber, setmetatable, getmetatable
 local floor = math.floor
 local ceil, min = math.ceil, math.min
+local concat = table.concat
 local owner_now, waiter, coro_check, coro_park = dispatcher.owner, dispatcher.waiter, coro.check,
     coro.park
 
@@ -127,6 +128,17 @@ local function close_deferred(self, g)
     return rc
 end
 
+-- A killed light thread's wait is void: the socket closes (the engine cannot take back a
+-- read or write half done), and whoever else waits on it hears "closed". (Made apart from
+-- await: a closure there would leave upvalues for every return of await to close, which
+-- LuaJIT does not compile.)
+local function canceller(self, g, side)
+    return function()
+        if side == READ then g.rslot = -1 else g.wslot = -1 end
+        close_deferred(self, g)
+    end
+end
+
 -- After a call that returned `rc`: parks the running code until the engine's completion
 -- when it is PENDING. Returns the final status.
 local function await(self, g, rc, side, what)
@@ -143,12 +155,7 @@ local function await(self, g, rc, side, what)
     end
     local t = w.task
     if t then
-        -- A killed light thread's wait is void: the socket closes (the engine cannot take
-        -- back a read or write half done), and whoever else waits on it hears "closed".
-        t.cancel = function()
-            if side == READ then g.rslot = -1 else g.wslot = -1 end
-            close_deferred(self, g)
-        end
+        t.cancel = canceller(self, g, side)
     end
     local status = coro_park()
     if t then
@@ -201,7 +208,30 @@ local function flatten(data, parts, n, total)
         .. t .. ")", 4)
 end
 
+-- Data to send into `bufs`: the count of buffers, the bytes, and what keeps them alive. A
+-- string is one buffer; so is a flat table of strings and numbers (a driver's command:
+-- lua-resty-redis sends { "*2\r\n", "$", 3, "\r\n", "GET", ... }), joined in C, which
+-- costs less than a buffer per piece; nested tables are flattened.
 local function gather(data)
+    local t = type(data)
+    if t == "table" then
+        local flat = true
+        for i = 1, #data do
+            local ti = type(data[i])
+            if ti ~= "string" and ti ~= "number" then
+                flat = false
+                break
+            end
+        end
+        if flat then
+            data, t = concat(data), "string"
+        end
+    end
+    if t == "string" then
+        local len = #data
+        bufs[0].base, bufs[0].len = data, len
+        return data, 1, len
+    end
     local parts = {}
     local n, total = flatten(data, parts, 0, 0)
     if n > bufs_cap then

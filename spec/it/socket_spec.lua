@@ -102,6 +102,12 @@ describe("moonserve.socket from handlers of a real server", function()
         assert.equal("OK 42 42", get(srv, q("/redis/pipeline")))
     end)
 
+    it("returns the bytes sent of flat, nested and large tables", function()
+        local n = 4 * 1024 * 1024
+        assert.equal(table.concat({ 29, "OK", 8, "42", 27 + #tostring(n) + n, "OK", n }, " "),
+            get(srv, q("/redis/send_counts")))
+    end)
+
     it("runs a pub/sub loop on read timeouts, which leave the socket usable", function()
         assert.equal("m1,m2,m3 true", get(srv, q("/redis/pubsub")))
     end)

@@ -16,11 +16,17 @@ _M.main = main
 -- The phase a hook runs in, by its name.
 local HOOK_PHASE = { on_worker_start = "init_worker", on_worker_stop = "exit_worker" }
 
--- Called with a request's new state, to set it up (its reply: moonserve.ngx.output).
-local on_request = {}
+-- Called with a request's new state, to set it up (its reply: moonserve.ngx.output). One
+-- function that calls each in turn, not a loop: a loop where a request's trace runs through
+-- is not compiled into it.
+local function on_request() end
 
 function _M.on_request(fn)
-    on_request[#on_request + 1] = fn
+    local before = on_request
+    on_request = function(st)
+        before(st)
+        fn(st)
+    end
 end
 
 -- The running context's state: a table with `kind` ("request", "timer", "hook" or "main")
@@ -45,9 +51,7 @@ function _M.state()
         st = { kind = kind, phase = "content", req = frame.req, res = frame.res,
             frame = frame }
         frame.ngx = st
-        for i = 1, #on_request do
-            on_request[i](st)
-        end
+        on_request(st)
     else
         st = { kind = kind, phase = kind == "timer" and "timer" or HOOK_PHASE[what] or "init_worker" }
         frame.ngx = st

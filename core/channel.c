@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -150,9 +151,16 @@ void ms_chan_worker(void)
 int ms_chan_open(const char *path, int append, char *why, size_t why_len)
 {
     why[0] = '\0';
+    /* (O_NONBLOCK: a FIFO named as a TLS file must not hang the worker; it is refused.) */
     int flags = append ? O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY
-                       : O_RDONLY | O_CLOEXEC | O_NOCTTY;
+                       : O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
     int fd = open(path, flags, 0644);
+    struct stat st;
+    if (fd >= 0 && !append && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        snprintf(why, why_len, "cannot open %.400s: not a regular file", path);
+        return -EINVAL;
+    }
     if (fd >= 0)
         return fd;
     int err = errno;

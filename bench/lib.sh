@@ -13,8 +13,12 @@ MOONSERVE=${MOONSERVE:-moonserve}
 ALL_SERVERS=(moonserve nginx-lua nginx h2o node)   # what the scripts run when not told
 # Run only when named: nginx with open_file_cache, a variant that matters for files alone;
 # moonserve with its metrics on (--metrics on a listener of their own), to set beside
-# moonserve.
-KNOWN_SERVERS=("${ALL_SERVERS[@]}" nginx-ofc moonserve-metrics)
+# moonserve; the access log on (the combined format, to a file in the server's directory):
+# moonserve-alog (--access-log FILE), nginx-alog and nginx-lua-alog (access_log FILE
+# combined: nginx's default, a write(2) a request), nginx-lua-alogbuf (the same with
+# buffer=32k flush=1s, which gathers lines as moonserve does).
+KNOWN_SERVERS=("${ALL_SERVERS[@]}" nginx-ofc moonserve-metrics moonserve-alog nginx-alog
+    nginx-lua-alog nginx-lua-alogbuf)
 WORKERS=1          # workers per server; only compare changes it (set_workers)
 SERVER_NCPU=1      # CPUs the server's CPU share is a percentage of
 # nginx corks a reply's head and its sendfile body into full segments (tcp_nopush); "off"
@@ -327,10 +331,15 @@ cpu_stat() {
 # another one is spared.
 
 write_nginx_conf() {
-    local name=$1 dir=$2 port=$3 h2port=$4 hello json=""
+    local name=$1 dir=$2 port=$3 h2port=$4 hello json="" alog=off
     local nofile
     nofile=$(ulimit -Hn)
     [ "$nofile" = unlimited ] && nofile=65536
+    case $name in
+    *-alog) alog="$dir/access.log combined" ;;
+    *-alogbuf) alog="$dir/access.log combined buffer=32k flush=1s" ;;
+    esac
+    name=${name%-alog*} # (the variant's base: nginx or nginx-lua)
     if [ "$name" = nginx-lua ]; then
         # The explicit length keeps the reply identical to the other servers' (ngx.print
         # alone would answer chunked).
@@ -376,7 +385,7 @@ events {
     worker_connections 20000;
 }
 http {
-    access_log off;
+    access_log $alog;
     default_type application/octet-stream;
     sendfile on;
     tcp_nopush $NGINX_NOPUSH;
@@ -512,12 +521,12 @@ start_server() {
     chmod 755 "$dir"
     port=$(free_port)
     case $name in
-    nginx | nginx-lua | nginx-ofc)
+    nginx | nginx-lua | nginx-ofc | nginx-alog | nginx-lua-alog | nginx-lua-alogbuf)
         if ! command -v nginx >/dev/null; then
             skip "$name" "nginx is not installed"
             return 1
         fi
-        if [ "$name" = nginx-lua ] && [ -z "$NGINX_MODULES" ]; then
+        if [ "${name%-alog*}" = nginx-lua ] && [ -z "$NGINX_MODULES" ]; then
             skip "$name" "the ndk and lua modules (libnginx-mod-http-lua) are not installed"
             return 1
         fi
@@ -546,7 +555,7 @@ start_server() {
         write_node_app "$dir"
         cmd=(node "$dir/hello.js" "$port")
         ;;
-    moonserve | moonserve-metrics)
+    moonserve | moonserve-metrics | moonserve-alog)
         read -r -a cmd <<<"$MOONSERVE"
         if [ ${#cmd[@]} -eq 0 ] || ! command -v "${cmd[0]}" >/dev/null; then
             skip "$name" "command '$MOONSERVE' not found (set MOONSERVE to run it)"
@@ -557,6 +566,7 @@ start_server() {
         [ "$WORKERS" -gt 1 ] && w=$WORKERS
         cmd+=("$BENCH_DIR/apps/hello.lua" --listen "127.0.0.1:$port" --workers "$w")
         [ "$name" = moonserve-metrics ] && cmd+=(--metrics "127.0.0.1:$(free_port)")
+        [ "$name" = moonserve-alog ] && cmd+=(--access-log "$dir/access.log")
         # The peers' keep-alive rules: 300 s idle, and no cap that matters on requests per
         # connection (moonserve's default closes a connection after 1000).
         # The defaults cap connections from one address at 256 (the peers have no such cap;

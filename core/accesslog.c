@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "internal.h"
 
 /* -- Times ------------------------------------------------------------------------------- */
@@ -530,10 +531,11 @@ static void reopen_now(ms_alog_t *l)
     l->reopen = 0;
     if (l->path == NULL)
         return;
-    int fd = open(l->path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    char why[512];
+    int fd = ms_chan_open(l->path, 1, why, sizeof(why)); /* (a worker's: through its master) */
     if (fd < 0) {
-        ms_log(MS_LOG_WARN, "access log %s: cannot reopen (%s); writing to the old file",
-               l->path, strerror(errno));
+        ms_log(MS_LOG_WARN, "access log %s: cannot reopen (%s); writing to the old file", l->path,
+               why[0] != '\0' ? why : strerror(-fd));
         return;
     }
     close(l->fd);
@@ -690,11 +692,14 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
         }
     }
     if (path != NULL && strcmp(path, "-") != 0) {
-        l->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        char msg[512];
+        l->fd = ms_chan_open(path, 1, msg, sizeof(msg)); /* (a worker's: through its master) */
         if (l->fd < 0) {
-            int err = -errno;
+            int err = -l->fd;
+            if (msg[0] != '\0')
+                ms_log(MS_LOG_ERR, "%s", msg);
             alog_free(l);
-            return uv_translate_sys_error(-err);
+            return uv_translate_sys_error(err);
         }
         size_t n = strlen(path);
         l->path = ms_mem_alloc(n + 1);

@@ -3,10 +3,12 @@
 #include "channel.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,4 +137,41 @@ int ms_chan_ask(uint32_t type, const void *body, size_t len, int timeout_ms, int
     }
     snprintf(why, why_len, "%.*s", (int)m.len, m.body);
     return -EINVAL;
+}
+
+/* -- Files through the master ----------------------------------------------------------- */
+
+static int is_worker;
+
+void ms_chan_worker(void)
+{
+    is_worker = 1;
+}
+
+int ms_chan_open(const char *path, int append, char *why, size_t why_len)
+{
+    why[0] = '\0';
+    /* (O_NONBLOCK: a FIFO named as a TLS file must not hang the worker; it is refused.) */
+    int flags = append ? O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY
+                       : O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+    int fd = open(path, flags, 0644);
+    struct stat st;
+    if (fd >= 0 && !append && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        snprintf(why, why_len, "cannot open %.400s: not a regular file", path);
+        return -EINVAL;
+    }
+    if (fd >= 0)
+        return fd;
+    int err = errno;
+    size_t len = strlen(path);
+    if (!is_worker || (err != EACCES && err != EPERM) || len > MS_CHAN_MAX)
+        return -err;
+    /* A worker that runs as another user than its master: the master opens the file, if the
+     * operator named it, with its own rights. */
+    int rc =
+        ms_chan_ask(append ? MS_CHAN_APPEND : MS_CHAN_OPEN, path, len, 10000, &fd, why, why_len);
+    if (rc < 0 || fd < 0)
+        return rc < 0 ? rc : -EPROTO;
+    return fd;
 }

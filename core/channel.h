@@ -23,6 +23,7 @@ enum {
     MS_CHAN_OK,        /* the answer: the descriptor beside it, if the ask wants one */
     MS_CHAN_ERROR,     /* the answer: why not, a sentence for the log */
     MS_CHAN_TICKETS,   /* the zone of the TLS session ticket keys (tickets.h) */
+    MS_CHAN_APPEND,    /* a log file opened by the master for appending: the path */
 };
 
 /* One message: a header, then `len` bytes of body. One message is one packet of the
@@ -52,5 +53,16 @@ int ms_chan_recv(int chan, ms_chan_msg_t *m, int *fd);
  * refuses, another code when the channel fails. */
 int ms_chan_ask(uint32_t type, const void *body, size_t len, int timeout_ms, int *fd, char *why,
                 size_t why_len);
+
+/* Marks this process as a worker with a channel at MS_CHAN_WORKER_FD: ms_chan_open may then
+ * ask the master. */
+void ms_chan_worker(void);
+
+/* Opens `path` for reading (append 0) or for appending, creating it (append 1), close-on-exec.
+ * When this process may not (EACCES, EPERM: a worker that runs as another user than its
+ * master) and it is a worker, the master opens it, if it is a file the operator named, and
+ * hands the descriptor over. Returns the descriptor, or -errno with, when the master
+ * refused, its sentence in `why` (otherwise `why` is ""). */
+int ms_chan_open(const char *path, int append, char *why, size_t why_len);
 
 #endif

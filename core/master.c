@@ -1,9 +1,14 @@
 /* master.c: the master process: owns the listening sockets, runs N workers, replaces one
  * that dies, reloads on SIGHUP without losing a connection, stops gracefully on SIGTERM. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* getresuid, getresgid */
+#endif
 #include "master.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -438,17 +443,35 @@ static int ask_metrics(worker_t *w, const ms_chan_msg_t *m, char *why, size_t wh
     return M.metrics_fd;
 }
 
-/* OPEN: a file the worker may not be able to open itself (a TLS key readable by the
- * master's user alone), opened with the master's rights and handed over. The workers run
- * as the master's user today, so this opens nothing they could not; once they may run as
- * another, it must open only the files the operator named. */
-static int ask_open(const ms_chan_msg_t *m, char *why, size_t why_len)
+/* Whether `path` is one of the `n` in `list`: the operator named it. */
+static int named(const char *path, const char **list, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i], path) == 0)
+            return 1;
+    return 0;
+}
+
+/* OPEN and APPEND: a file the worker cannot open itself (a TLS key readable by the master's
+ * user alone, a log in a directory only it may write), opened with the master's rights and
+ * handed over: only a file the operator named, never any path a worker asks for. OPEN reads
+ * a regular file; APPEND appends to a log, made if need be. */
+static int ask_open(const ms_chan_msg_t *m, int append, char *why, size_t why_len)
 {
     char path[MS_CHAN_MAX + 1];
     snprintf(path, sizeof(path), "%.*s", (int)m->len, m->body);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (append ? !named(path, M.o->logs, M.o->nlogs) : !named(path, M.o->files, M.o->nfiles)) {
+        snprintf(why, why_len,
+                 "cannot open %.300s: not a %s the server was started with, and the workers' "
+                 "user may not open it (a restart opens a new one)",
+                 path, append ? "log file" : "TLS file");
+        return -1;
+    }
+    int fd = append ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644)
+                    : open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+    if (fd >= 0 &&
+        (fstat(fd, &st) < 0 || S_ISDIR(st.st_mode) || (!append && !S_ISREG(st.st_mode)))) {
         close(fd);
         fd = -1;
         errno = EINVAL;
@@ -497,7 +520,8 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
         fd = ask_zone(m, why, sizeof(why));
         keep = 1; /* the master's own, for every later worker */
         break;
-    case MS_CHAN_OPEN: fd = ask_open(m, why, sizeof(why)); break;
+    case MS_CHAN_OPEN: fd = ask_open(m, 0, why, sizeof(why)); break;
+    case MS_CHAN_APPEND: fd = ask_open(m, 1, why, sizeof(why)); break;
     case MS_CHAN_TICKETS:
         fd = ask_tickets(why, sizeof(why));
         keep = 1;
@@ -601,13 +625,14 @@ static void spawn_into(slot_t *s, worker_t **where)
     int n = 0;
     while (environ[n] != NULL)
         n++;
-    char **env = calloc((size_t)n + 4, sizeof(char *)); /* (the three below, and NULL) */
-    char id[64], fds[64], count[64];
+    char **env = calloc((size_t)n + 5, sizeof(char *)); /* (the four below, and NULL) */
+    char id[64], fds[64], count[64], ids[64];
     int k = 0;
     for (int i = 0; i < n; i++)
         if (strncmp(environ[i], "MOONSERVE_WORKER=", 17) != 0 &&
             strncmp(environ[i], "MOONSERVE_LISTEN_FDS=", 21) != 0 &&
-            strncmp(environ[i], "MOONSERVE_WORKER_COUNT=", 23) != 0)
+            strncmp(environ[i], "MOONSERVE_WORKER_COUNT=", 23) != 0 &&
+            strncmp(environ[i], "MOONSERVE_WORKER_IDS=", 21) != 0)
             env[k++] = environ[i];
     snprintf(id, sizeof(id), "MOONSERVE_WORKER=%d", s->index);
     snprintf(fds, sizeof(fds), "MOONSERVE_LISTEN_FDS=%d", o->nlisten);
@@ -615,6 +640,10 @@ static void spawn_into(slot_t *s, worker_t **where)
     env[k++] = id;
     env[k++] = fds;
     env[k++] = count;
+    if (o->uid >= 0) { /* the ids it runs as, which it checks (ms_user_check) */
+        snprintf(ids, sizeof(ids), "MOONSERVE_WORKER_IDS=%d:%d", o->uid, o->gid);
+        env[k++] = ids;
+    }
     env[k] = NULL;
 
     uv_process_options_t po;
@@ -625,6 +654,14 @@ static void spawn_into(slot_t *s, worker_t **where)
     po.exit_cb = exit_cb;
     po.stdio = stdio;
     po.stdio_count = nstdio;
+    if (o->uid >= 0) {
+        /* libuv's child drops the supplementary groups (setgroups to none), then calls setgid
+         * and setuid, in that order, before it execs: no code of the worker's runs as root.
+         * The worker checks the result (ms_user_check) before it serves. */
+        po.flags |= UV_PROCESS_SETUID | UV_PROCESS_SETGID;
+        po.uid = (uv_uid_t)o->uid;
+        po.gid = (uv_gid_t)o->gid;
+    }
     int rc = uv_spawn(M.loop, &w->proc, &po);
     free(env);
     free(stdio);
@@ -725,6 +762,17 @@ int ms_master_run(const ms_master_opts_t *o)
         uv_timer_init(M.loop, &s->respawn);
         s->respawn.data = s;
     }
+    for (int i = 0; i < o->nlogs; i++) {
+        /* Each log the workers will ask for, opened (made) once here: a bad path stops the
+         * start, not every worker in turn. */
+        int fd = open(o->logs[i], O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+        if (fd < 0) {
+            int err = errno;
+            ms_log(MS_LOG_ERR, "cannot open the log %s: %s", o->logs[i], strerror(err));
+            return uv_translate_sys_error(err);
+        }
+        close(fd);
+    }
     int rc = activated_sockets(o);
     if (rc < 0)
         return rc;
@@ -776,5 +824,62 @@ int ms_master_run(const ms_master_opts_t *o)
         close(M.metrics_fd);
     }
     free(M.metrics_writer);
+    return 0;
+}
+
+/* -- Users ---------------------------------------------------------------------------------- */
+
+int ms_user_ids(const char *user, const char *group, int *uid, int *gid, char *why, size_t why_len)
+{
+    errno = 0;
+    struct passwd *pw = getpwnam(user);
+    if (pw == NULL) {
+        snprintf(why, why_len, "unknown user %.200s (%s)", user,
+                 errno ? strerror(errno) : "not in the system's user database");
+        return -1;
+    }
+    *uid = (int)pw->pw_uid;
+    *gid = (int)pw->pw_gid;
+    if (group != NULL) {
+        errno = 0;
+        struct group *gr = getgrnam(group);
+        if (gr == NULL) {
+            snprintf(why, why_len, "unknown group %.200s (%s)", group,
+                     errno ? strerror(errno) : "not in the system's group database");
+            return -1;
+        }
+        *gid = (int)gr->gr_gid;
+    }
+    return 0;
+}
+
+int ms_user_check(int uid, int gid, char *why, size_t why_len)
+{
+    uid_t ruid, euid, suid;
+    gid_t rgid, egid, sgid;
+    gid_t groups[2];
+    if (getresuid(&ruid, &euid, &suid) < 0 || getresgid(&rgid, &egid, &sgid) < 0) {
+        snprintf(why, why_len, "cannot read this process's ids: %s", strerror(errno));
+        return -1;
+    }
+    if (ruid != (uid_t)uid || euid != (uid_t)uid || suid != (uid_t)uid) {
+        snprintf(why, why_len, "runs as user %d (effective %d, saved %d), not %d", (int)ruid,
+                 (int)euid, (int)suid, uid);
+        return -1;
+    }
+    if (rgid != (gid_t)gid || egid != (gid_t)gid || sgid != (gid_t)gid) {
+        snprintf(why, why_len, "runs as group %d (effective %d, saved %d), not %d", (int)rgid,
+                 (int)egid, (int)sgid, gid);
+        return -1;
+    }
+    int n = getgroups(2, groups);
+    if (n < 0 || n > 1 || (n == 1 && groups[0] != (gid_t)gid)) {
+        snprintf(why, why_len, "keeps supplementary groups");
+        return -1;
+    }
+    if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0)) {
+        snprintf(why, why_len, "could become root again");
+        return -1;
+    }
     return 0;
 }

@@ -15,6 +15,17 @@ struct ms_master_opts_s {
     double stop_timeout; /* seconds a stopping worker gets before SIGKILL */
     double start_timeout; /* seconds a starting worker gets to be ready before SIGKILL */
     double ticket_rotate; /* seconds between new TLS ticket keys (0: MS_TLS_TICKET_ROTATE) */
+    /* The user and group the workers run as (ms_user_ids), or -1 and -1: the master's. Each
+     * worker drops to them before it runs any of its code: no supplementary groups, then
+     * setgid, then setuid. */
+    int uid, gid;
+    /* The files the operator named, by path: the only ones the master opens for a worker
+     * that cannot open them itself. `files` are read (TLS certificates, keys and OCSP
+     * responses: MS_CHAN_OPEN), `logs` appended to (the log, the access logs:
+     * MS_CHAN_APPEND); the master opens each log once before the workers start, so that a
+     * bad one stops it there. */
+    const char **files, **logs;
+    int nfiles, nlogs;
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
 };
@@ -32,11 +43,20 @@ int ms__cpus_of_quota(long long quota, long long period);
  * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
  * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), its number and the
  * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKER_COUNT (MOONSERVE_WORKERS is
- * the operator's setting, passed on as it is), and its channel to the master at fd 3
- * (channel.h): it asks there for its shared dictionaries' zones, the TLS ticket keys and the
- * files only the master may open, and says there that it is ready, within start_timeout
- * seconds or it is killed (a reload then fails and the old worker keeps serving). Returns 0
- * or a negative code. */
+ * the operator's setting, passed on as it is), the user and group ids it was started as from
+ * MOONSERVE_WORKER_IDS ("UID:GID", when the master's opts give them), and its channel to
+ * the master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the TLS ticket
+ * keys and the files only the master may open, and says there that it is ready, within
+ * start_timeout seconds or it is killed (a reload then fails and the old worker keeps serving).
+ * Returns 0 or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
+
+/* The ids of `user` and of `group` (NULL: the user's own group) from the system's user and
+ * group databases. Returns 0, or -1 with a sentence naming what is wrong in `why`. */
+int ms_user_ids(const char *user, const char *group, int *uid, int *gid, char *why, size_t why_len);
+
+/* Whether this process runs as `uid` and `gid`, really and effectively, with no supplementary
+ * group but `gid`, and cannot become root again. Returns 0, or -1 with why not in `why`. */
+int ms_user_check(int uid, int gid, char *why, size_t why_len);
 
 #endif

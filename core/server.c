@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "accesslog.h"
+#include "channel.h"
 #include "internal.h"
 #include "ws.h"
 #include "sock.h"
@@ -97,9 +98,13 @@ int ms_log_open(const char *path)
 {
     int fd = 2;
     if (path != NULL) {
-        fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0)
-            return -errno;
+        char why[512];
+        fd = ms_chan_open(path, 1, why, sizeof(why)); /* (a worker's: through its master) */
+        if (fd < 0) {
+            if (why[0] != '\0')
+                ms_log(MS_LOG_ERR, "%s", why);
+            return fd;
+        }
     }
     if (log_fd != 2)
         close(log_fd);

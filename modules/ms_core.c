@@ -837,10 +837,27 @@ static void master_listening(const ms_master_opts_t *o)
     }
 }
 
+/* The strings of the list at t[key] (none when it is nil), in an array that lives on the
+ * stack as a userdata until the caller returns; the table keeps the strings alive. */
+static const char **string_list(lua_State *L, int t, const char *key, int *n)
+{
+    lua_getfield(L, t, key);
+    *n = lua_istable(L, -1) ? (int)lua_objlen(L, -1) : 0;
+    const char **list = lua_newuserdata(L, sizeof(char *) * ((size_t)*n + 1));
+    for (int i = 0; i < *n; i++) {
+        lua_rawgeti(L, -2, i + 1);
+        list[i] = luaL_checkstring(L, -1);
+        lua_pop(L, 1);
+    }
+    return list;
+}
+
 /* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
- * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n, metrics = i }:
- * runs the master until it is stopped. (`https`: which listeners the workers serve TLS on;
- * `metrics`: which one, from 1, is the metrics listener, for the log.) */
+ * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n, metrics = i,
+ * uid = n, gid = n, files = { path, ... }, logs = { path, ... } }: runs the master until it
+ * is stopped. (`https`: which listeners the workers serve TLS on; `metrics`: which one, from
+ * 1, is the metrics listener, for the log; uid and gid: who the workers run as; files and
+ * logs: ms_master_opts_t's.) */
 static int core_master(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -893,6 +910,14 @@ static int core_master(lua_State *L)
     o.backlog = (int)luaL_optinteger(L, -1, MS_LISTEN_BACKLOG);
     lua_getfield(L, 1, "metrics");
     master_metrics_at = (int)luaL_optinteger(L, -1, 0);
+    lua_getfield(L, 1, "uid");
+    o.uid = (int)luaL_optinteger(L, -1, -1);
+    lua_getfield(L, 1, "gid");
+    o.gid = (int)luaL_optinteger(L, -1, -1);
+    if ((o.uid < 0) != (o.gid < 0))
+        return luaL_error(L, "uid and gid go together");
+    o.files = string_list(L, 1, "files", &o.nfiles);
+    o.logs = string_list(L, 1, "logs", &o.nlogs);
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
     if (rc < 0)
@@ -908,6 +933,7 @@ static int core_worker_init(lua_State *L)
     int flags = fcntl(MS_CHAN_WORKER_FD, F_GETFD);
     if (flags < 0 || fcntl(MS_CHAN_WORKER_FD, F_SETFD, flags | FD_CLOEXEC) < 0)
         return ms_lua_fail(L, uv_translate_sys_error(errno));
+    ms_chan_worker();
     lua_pushboolean(L, 1);
     return 1;
 }
@@ -1027,18 +1053,20 @@ static int core_master_metrics(lua_State *L)
 /* The largest file a worker reads through its master: certificates and keys are a few KB. */
 #define MASTER_FILE_MAX (1024 * 1024)
 
-/* core.master_file(path) -> contents | nil, why: a file opened by the master, with its rights
- * (a private key the workers' user may not read), and read here. */
+/* core.master_file(path) -> contents | nil, why: a file read by this worker, or, when its
+ * user may not (a private key readable by the master's user alone), opened by the master
+ * with its rights and read here. */
 static int core_master_file(lua_State *L)
 {
-    size_t plen;
-    const char *path = luaL_checklstring(L, 1, &plen);
+    const char *path = luaL_checkstring(L, 1);
     char why[512] = "";
-    int fd;
-    if (ms_chan_ask(MS_CHAN_OPEN, path, plen, MASTER_ASK_MS, &fd, why, sizeof(why)) < 0 ||
-        fd < 0) {
+    int fd = ms_chan_open(path, 0, why, sizeof(why));
+    if (fd < 0) {
         lua_pushnil(L);
-        lua_pushstring(L, why[0] != '\0' ? why : "no file in the master's answer");
+        if (why[0] != '\0')
+            lua_pushstring(L, why);
+        else
+            lua_pushfstring(L, "cannot open %s: %s", path, strerror(-fd));
         return 2;
     }
     luaL_Buffer b;
@@ -1061,6 +1089,44 @@ static int core_master_file(lua_State *L)
         luaL_addsize(&b, (size_t)n);
     }
     luaL_pushresult(&b);
+    return 1;
+}
+
+/* core.user_ids(user, group) -> uid, gid | nil, why: from the system's databases; group nil:
+ * the user's own. */
+static int core_user_ids(lua_State *L)
+{
+    int uid, gid;
+    char why[512];
+    if (ms_user_ids(luaL_checkstring(L, 1), luaL_optstring(L, 2, NULL), &uid, &gid, why,
+                    sizeof(why)) < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushinteger(L, uid);
+    lua_pushinteger(L, gid);
+    return 2;
+}
+
+/* core.user_check(uid, gid) -> true | nil, why: whether this process runs as them alone
+ * (ms_user_check). core.uid() -> the real user id. */
+static int core_user_check(lua_State *L)
+{
+    char why[512];
+    if (ms_user_check((int)luaL_checkinteger(L, 1), (int)luaL_checkinteger(L, 2), why,
+                      sizeof(why)) < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+static int core_uid(lua_State *L)
+{
+    lua_pushinteger(L, (lua_Integer)getuid());
     return 1;
 }
 
@@ -1210,6 +1276,9 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},
                                      {"tls_kernel", core_tls_kernel},
                                      {"master_file", core_master_file},
+                                     {"user_ids", core_user_ids},
+                                     {"user_check", core_user_check},
+                                     {"uid", core_uid},
                                      {"master_metrics", core_master_metrics},
                                      {"metrics_create", core_metrics_create},
                                      {"fd_close", core_fd_close},

@@ -42,6 +42,9 @@ options:
   --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
   --workers N          worker processes under a master (default: one per CPU);
                        0 runs a single process with no master
+  --user NAME          the workers run as this user (the master starts as root: it binds,
+                       reads the TLS keys and opens the logs, and hands them over)
+  --group NAME         with --user: the workers' group (default: the user's own)
   --limit KEY=VALUE    set a limit; repeatable (sizes in bytes, times in seconds). The keys,
                        with their defaults:
 $limits
@@ -80,6 +83,8 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
                        as --access-log and --access-log-format
   MOONSERVE_LIVEZ, MOONSERVE_READYZ, MOONSERVE_STOP_TIMEOUT, MOONSERVE_START_TIMEOUT
                        as --livez, --readyz, --stop-timeout and --start-timeout
+  MOONSERVE_USER, MOONSERVE_GROUP
+                       as --user and --group
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
@@ -190,6 +195,8 @@ function _M.main(args)
                 return die("--workers needs a whole number")
             end
             opts.workers = n
+        elseif a == "--user" or a == "--group" then
+            opts[a:sub(3)] = value()
         elseif a == "--limit" then
             local k, v = value():match("^([%w_]+)=(.+)$")
             if not k or not tonumber(v) then

@@ -380,6 +380,8 @@ local ENV = {
     { "MOONSERVE_READYZ", "readyz", env_path },
     { "MOONSERVE_STOP_TIMEOUT", "stop_timeout", env_seconds },
     { "MOONSERVE_START_TIMEOUT", "start_timeout", env_seconds },
+    { "MOONSERVE_USER", "user", env_string },
+    { "MOONSERVE_GROUP", "group", env_string },
 }
 _M.ENV = ENV
 
@@ -676,10 +678,10 @@ end
 
 -- What app:run{} takes (the command line's flags set the same keys): any other key is a
 -- mistake, named at start with the accepted ones.
-local OPTIONS = { "access_log", "access_log_format", "limits", "listen", "livez", "log",
-    "log_format", "log_level", "metrics", "on_listen", "quiet", "readyz", "request_id_header",
-    "ssl_trusted_certificate", "start_timeout", "static_cache", "stop_timeout",
-    "tls_ticket_rotate", "trusted_proxies", "workers" }
+local OPTIONS = { "access_log", "access_log_format", "group", "limits", "listen", "livez",
+    "log", "log_format", "log_level", "metrics", "on_listen", "quiet", "readyz",
+    "request_id_header", "ssl_trusted_certificate", "start_timeout", "static_cache",
+    "stop_timeout", "tls_ticket_rotate", "trusted_proxies", "user", "workers" }
 local OPTION_SET = {}
 for _, k in ipairs(OPTIONS) do
     OPTION_SET[k] = true
@@ -705,6 +707,87 @@ local function check_options(opts)
             error("bad " .. key .. " (seconds, above 0, expected)", 3)
         end
     end
+    for _, key in ipairs({ "user", "group" }) do
+        local v = opts[key]
+        if v ~= nil and (type(v) ~= "string" or v == "") then
+            error("bad " .. label(opts, key) .. " (a name expected)", 3)
+        end
+    end
+    if opts.group and not opts.user then
+        error(label(opts, "group") .. " goes with user: the group the workers' user runs in", 3)
+    end
+end
+
+-- -- The workers' user ------------------------------------------------------------------
+-- opts.user and opts.group: the master starts as root, binds, reads the TLS files and opens
+-- the logs; its workers run as the user, in the group (default: the user's own).
+
+-- The ids of opts.user and opts.group, or nil when no user is given; an unknown one raises.
+local function user_ids(opts)
+    if not opts.user then
+        return nil
+    end
+    local uid, gid = core.user_ids(opts.user, opts.group)
+    if not uid then
+        error("bad " .. label(opts, opts.group and gid:match("^unknown group") and "group"
+            or "user") .. ": " .. gid, 0)
+    end
+    if uid == 0 then
+        error("bad " .. label(opts, "user") .. " " .. opts.user .. ": the workers would run as "
+            .. "root (leave user out, or name an unprivileged one)", 0)
+    end
+    return uid, gid
+end
+
+-- The files the operator named that a worker may not be able to open as its user, which the
+-- master then opens for it: the TLS files (read) and the logs (appended to).
+local function named_files(the_app, opts, listen)
+    local files, logs = {}, {}
+    local function tls(t)
+        for _, p in ipairs(tls_pairs(t, "tls", 4)) do
+            files[#files + 1] = p.cert
+            files[#files + 1] = p.key
+            files[#files + 1] = p.ocsp
+        end
+    end
+    local function log(spec)
+        local path = type(spec) == "table" and spec.path or spec
+        if type(path) == "string" and path ~= "-" then
+            logs[#logs + 1] = path
+        end
+    end
+    for _, l in ipairs(listen) do
+        if l.tls then
+            tls(l.tls)
+        end
+    end
+    log(opts.log)
+    log(opts.access_log)
+    for _, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
+        if rawget(site, "tls") then
+            tls(rawget(site, "tls"))
+        end
+        log(rawget(site, "access_log"))
+    end
+    return files, logs
+end
+
+-- A worker started with a user: it must run as that user and group alone, never as root.
+local function check_worker_user(opts)
+    if not opts.user then
+        return
+    end
+    local uid, gid = user_ids(opts)
+    if core.uid() == 0 then
+        error("refusing to serve as root: the worker did not become user " .. opts.user, 0)
+    end
+    if os.getenv("MOONSERVE_WORKER_IDS") then -- the master dropped its privileges for it
+        local ok, err = core.user_check(uid, gid)
+        if not ok then
+            error("refusing to serve: the worker should run as user " .. opts.user .. " but "
+                .. err, 0)
+        end
+    end
 end
 
 -- Checks everything `run` would, as `moonserve --check` does: the options, the limits, the
@@ -727,6 +810,7 @@ function _M.check(the_app, opts)
         end
     end
     metrics_spec(opts, the_app)
+    user_ids(opts)
     make(the_app, opts, parse_limits(opts.limits, the_app)):close()
     return true, from_environment(opts), _M.kernel_tls(listen_list(opts.listen))
 end
@@ -748,6 +832,8 @@ end
 -- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
 -- besides the system's store;
 -- opts.metrics: "HOST:PORT", true or { listen =, app_bytes = } (metrics_spec);
+-- opts.user, opts.group: the workers run as this user, in this group (default: the user's
+-- own), the master as root (it binds, reads the TLS files and opens the logs for them);
 -- opts.on_listen(port) in
 -- single-process mode. The environment's settings (ENV) go over opts, except the keys the
 -- command line gave (_M.given). The defaults are the core's: core.defaults().
@@ -755,6 +841,12 @@ function _M.run(the_app, opts)
     opts = environment(opts or {})
     check_options(opts)
     log_options(opts)
+    if os.getenv("MOONSERVE_WORKER") then
+        -- (First: a worker's files, the log's too, may need its master; and a worker that
+        -- should have dropped its privileges and has not runs nothing.)
+        assert(core.worker_init())
+        check_worker_user(opts)
+    end
     if opts.log then
         local ok, err = core.log_open(opts.log)
         if not ok then
@@ -773,7 +865,6 @@ function _M.run(the_app, opts)
         -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.
         -- It listens and says it is ready once the app's on_worker_start hooks have
         -- returned.
-        assert(core.worker_init())
         local nlisten = tonumber(os.getenv("MOONSERVE_LISTEN_FDS")) or 1
         local ok, err = attach_shared(the_app)
         if not ok then
@@ -804,7 +895,20 @@ function _M.run(the_app, opts)
         base.log(base.LOG_INFO, ktls)
     end
     local workers = opts.workers or core.cpus()
+    local uid, gid = user_ids(opts)
+    if uid and workers == 0 then
+        error(label(opts, "user") .. " needs workers under a master (a single process runs as "
+            .. "the user that starts it)", 2)
+    end
+    if uid and core.uid() ~= 0 then
+        if uid ~= core.uid() then
+            error(label(opts, "user") .. " " .. opts.user .. ": the master must start as root to "
+                .. "run its workers as another user", 2)
+        end
+        uid, gid = nil, nil -- (it runs as that user already)
+    end
     if workers > 0 then
+        local files, logs = named_files(the_app, opts, listen)
         local https, metrics_at = {}, nil
         for i, l in ipairs(listen) do
             https[i] = l.tls ~= nil
@@ -813,7 +917,8 @@ function _M.run(the_app, opts)
         local ok, err = core.master { argv = command_line(), listen = addresses(listen),
             https = https, metrics = metrics_at, workers = workers,
             stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
-            ticket_rotate = opts.tls_ticket_rotate }
+            ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,
+            logs = logs }
         if not ok then
             error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end

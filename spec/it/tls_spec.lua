@@ -478,8 +478,9 @@ describe("TLS listeners", function()
         assert(ok, err)
     end)
 
-    it("has the master open the certificate and key files for its workers", function()
-        -- A key that is not a file: only the master's side of the channel says it so.
+    it("refuses, in a worker, a key that is not a regular file", function()
+        -- (A worker reads what its user may; the master opens for it the rest, which
+        -- spec/it/user_spec.lua covers.)
         local m = helper.spawn_server { app = "spec/fixtures/tls.lua",
             env = { MOONSERVE_TLS_DIR = dir }, args = string.format(
                 "--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 1",

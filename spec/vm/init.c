@@ -12,6 +12,7 @@
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -54,6 +55,19 @@ static void lo_up(void)
         close(s);
 }
 
+/* Makes the directories of `path` that do not exist (they may be in the fresh /tmp). */
+static void mkdir_p(char *path)
+{
+    for (char *p = path + 1; *p != '\0'; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(path, 0755);
+            *p = '/';
+        }
+    }
+    mkdir(path, 0755);
+}
+
 int main(void)
 {
     const char *guest = getenv("MS_GUEST");
@@ -66,6 +80,16 @@ int main(void)
     must_mount("devtmpfs", "/root/dev", "devtmpfs", 0, NULL);
     must_mount("tmpfs", "/root/tmp", "tmpfs", 0, "size=512m");
     must_mount("tmpfs", "/root/run", "tmpfs", 0, NULL);
+    /* The tree is shared on its own too: it may sit under a directory the guest has fresh
+     * (a checkout in /tmp). */
+    const char *tree = getenv("MS_TREE");
+    if (tree != NULL && tree[0] == '/' && strlen(tree) < 4000) {
+        char at[4096];
+        snprintf(at, sizeof(at), "/root%s", tree);
+        mkdir_p(at);
+        must_mount("tree", at, "9p", MS_RDONLY,
+                   "trans=virtio,version=9p2000.L,msize=524288,cache=loose");
+    }
     if (chroot("/root") != 0 || chdir("/") != 0)
         perror("chroot");
     lo_up();

@@ -15,6 +15,7 @@ local dispatcher = require "moonserve.dispatcher"
 local base = require "moonserve.base"
 
 local C = base.C
+local add_value = require("moonserve.codec").add_value
 local concat, find, sub, lower, gsub, format, tonumber, tostring, type, pairs, error,
     ipairs = table.concat, string.find, string.sub, string.lower, string.gsub, string.format,
     tonumber, tostring, type, pairs, error, ipairs
@@ -154,15 +155,7 @@ local function result(raw, head_only)
             chunked = find(lower(value), "chunked", 1, true) ~= nil
         end
         if not NOT_SHOWN[k] then
-            local h = res.header
-            local old = h[name]
-            if old == nil then
-                h[name] = value
-            elseif type(old) == "table" then
-                old[#old + 1] = value
-            else
-                h[name] = { old, value }
-            end
+            add_value(res.header, name, value)
         end
     end
     local status = res.status

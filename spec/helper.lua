@@ -329,19 +329,23 @@ load_module %s;
 worker_processes 1;
 master_process off;
 daemon off;
+env MOONSERVE_SRC;
 pid %s/nginx.pid;
-error_log %s/error.log;
+error_log %s/error.log warn;
 events { worker_connections 64; }
 http {
     access_log off;
     default_type text/plain;
-    lua_package_path "%s/spec/fixtures/?.lua;/usr/share/lua/5.1/?.lua;;";
-]], ndk, lua_mod, work, work, ROOT) .. string.format(http_extra, port, ...) .. "\n}\n")
+    lua_package_path "%s/spec/fixtures/?.lua;%s/lua/?.lua;%s/lua/?/init.lua;/usr/share/lua/5.1/?.lua;;";
+]], ndk, lua_mod, work, work, ROOT, ROOT, ROOT) .. string.format(http_extra, port, ...) .. "\n}\n")
     local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
         nginx, work, work, work))
     local pid = p:read("*l")
     p:close()
-    local ngx = { port = port, work = work }
+    local ngx = { port = port, work = work, pid = pid }
+    function ngx.log()
+        return read_file(work .. "/error.log")
+    end
     function ngx.stop()
         os.execute("kill " .. pid .. " 2>/dev/null")
         os.execute("rm -rf " .. sh_quote(work))
@@ -358,6 +362,32 @@ http {
         error("nginx did not start: " .. log, 2)
     end
     return ngx
+end
+
+-- Serves the moonserve app file `opts.app` (absolute, or relative to the source root) from
+-- Debian's nginx with its Lua module, through moonserve.openresty, as the guide shows:
+-- opts.http for more of the http block (lua_shared_dict ...), opts.locations for more of the
+-- server block, opts.init for init_worker's options (Lua source). Returns what
+-- helper.nginx_lua does, with .port and :stop() as helper.spawn_server's server.
+function helper.nginx_app(opts)
+    local app = opts.app:sub(1, 1) == "/" and opts.app or ROOT .. "/" .. opts.app
+    local conf = (opts.http or "") .. string.format([[
+    init_by_lua_block { moonserve_app = dofile(%q) }
+    init_worker_by_lua_block {
+        require("moonserve.openresty").init_worker(moonserve_app, %s)
+    }
+    exit_worker_by_lua_block { require("moonserve.openresty").exit_worker(moonserve_app) }
+    server {
+        listen 127.0.0.1:@PORT@;
+        client_max_body_size 64m;
+        %s
+        location / {
+            content_by_lua_block { require("moonserve.openresty").run(moonserve_app) }
+        }
+    }]], app, opts.init or "nil", opts.locations or "")
+    local n = helper.nginx_lua((conf:gsub("%%", "%%%%"):gsub("@PORT@", "%%d")))
+    -- (log and stop take no argument: srv:stop() and srv.stop() both do)
+    return { port = n.port, pid = n.pid, work = n.work, log = n.log, stop = n.stop }
 end
 
 -- Waits up to 5 s for something to listen on loopback `port`; raises if nothing does.

@@ -1056,6 +1056,30 @@ function App:max_body_bytes(default)
     return max
 end
 
+--- Applies the `return status, body, headers` form of a handler to `res` (the host calls it
+-- with what app:handle returned, when not nil): a status and a body, or a text alone for 200,
+-- and a table body is sent as JSON.
+-- @local
+function _M.reply_with(res, status, body, headers)
+    if res:sent() then
+        return
+    end
+    if type(status) == "number" then
+        res:status(status)
+    elseif body == nil then
+        body = status -- return "text" means 200 "text"
+    end
+    if headers then
+        for k, v in pairs(headers) do
+            res:header(k, v)
+        end
+    end
+    if type(body) == "table" then
+        return res:json(body)
+    end
+    return res:send(body)
+end
+
 -- Serves the app (moonserve/server.lua: run, for the core).
 -- -- Worker hooks -----------------------------------------------------------------------
 --- fn() runs in every worker once it starts (not in the master, where an app file's top level

@@ -99,26 +99,8 @@ local function fail(r, req, res, err)
     end
 end
 
--- Applies the `return status, body, headers` form of a handler.
-local function reply_with(res, status, body, headers)
-    if res:sent() then
-        return
-    end
-    if type(status) == "number" then
-        res:status(status)
-    elseif body == nil then
-        body = status -- return "text" means 200 "text"
-    end
-    if headers then
-        for k, v in pairs(headers) do
-            res:header(k, v)
-        end
-    end
-    if type(body) == "table" then
-        return res:json(body)
-    end
-    return res:send(body)
-end
+-- The `return status, body, headers` form of a handler (the framework's, for every host).
+local reply_with = require("moonserve.app").reply_with
 
 local scrape_listener = false -- a metrics listener is on: its requests get the scrape
 local REQ_METRICS = base.REQ_METRICS
@@ -667,6 +649,7 @@ function _M.spawn(fn, ...)
 end
 
 local function results(t)
+    t.waited = true
     local res = t.results
     if res[1] then
         return true, unpack(res, 2, res.n)
@@ -693,10 +676,16 @@ function _M.wait(...)
             error("moonserve.wait: a thread cannot wait for itself", 2)
         end
     end
+    -- As OpenResty's: a finished thread gives its results to one wait; one already waited
+    -- for is passed over, but errors when it is the last argument.
     for i = 1, n do
         local t = select(i, ...)
         if t.dead then
-            return results(t)
+            if not t.waited then
+                return results(t)
+            elseif i == n then
+                return nil, "already waited or killed"
+            end
         end
     end
     local w = waiter("moonserve.wait")

@@ -12,9 +12,13 @@
 --   now()               the time in seconds, as the host's clock has it
 --   sleep(seconds)      parks the running handler (moonserve.sleep)
 --   run(app, opts)      serves `app` (app:run)
+--   module(name)        the host's "timer", "dispatcher" (spawn, wait, kill), "semaphore",
+--                       "socket" or "worker" module, behind moonserve.timer, moonserve.spawn...
+-- Inside nginx (its Lua module's own `ngx`, not moonserve's ngx layer) the default host is
+-- OpenResty's (moonserve/openresty.lua), so that the core's shared object is never loaded there.
 local _M = {}
 
-local NAMES = { "path_plain", "fields_ok", "log", "now", "sleep", "run" }
+local NAMES = { "path_plain", "fields_ok", "log", "now", "sleep", "run", "module" }
 
 -- Installs `host`, a table with every function above, in place of the one in use.
 function _M.use(host)
@@ -55,7 +59,25 @@ local function core_host()
         now = base.core.now,
         sleep = dispatcher.sleep,
         run = require("moonserve.server").run,
+        module = function(name)
+            return require("moonserve." .. name)
+        end,
     }
+end
+
+--- Whether this Lua runs inside nginx with its Lua module: a global `ngx` that is nginx's,
+-- not the one moonserve's ngx layer (moonserve.ngx) installs.
+function _M.under_nginx()
+    local n = rawget(_G, "ngx")
+    return type(n) == "table" and package.loaded["moonserve.ngx"] == nil and
+        type(rawget(n, "config")) == "table" and n.config.ngx_lua_version ~= nil
+end
+
+local function default_host()
+    if _M.under_nginx() then
+        return require("moonserve.openresty").host
+    end
+    return core_host()
 end
 
 -- Until a host is installed, the first look-up of a function installs the core's.
@@ -66,7 +88,7 @@ setmetatable(_M, {
         end
         for _, name in ipairs(NAMES) do
             if k == name then
-                _M.use(core_host())
+                _M.use(default_host())
                 return rawget(_M, k)
             end
         end

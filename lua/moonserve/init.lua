@@ -7,7 +7,10 @@ local _M = { _VERSION = "0.2.0" }
 
 -- Handler code sees coroutine.resume, wrap and status that let waits through the
 -- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.
-require "moonserve.coroutine"
+-- nginx's Lua module lets waits through coroutines itself.
+if not host.under_nginx() then
+    require "moonserve.coroutine"
+end
 
 --- A new application; see app.lua.
 function _M.app(opts)
@@ -36,29 +39,31 @@ end
 -- ngx.timer, ngx.thread, ngx.semaphore and ngx.worker. Loaded at the first call.
 -- @table timer
 _M.timer = {
-    at = function(...) return require("moonserve.timer").at(...) end,
-    every = function(...) return require("moonserve.timer").every(...) end,
+    at = function(...) return host.module("timer").at(...) end,
+    every = function(...) return host.module("timer").every(...) end,
 }
 --- Starts a light thread running fn(...) at once, until it waits (as ngx.thread.spawn).
 -- @tparam function fn
 -- @param ... its arguments
 -- @return the thread, for moonserve.wait and moonserve.kill
-function _M.spawn(...) return require("moonserve.dispatcher").spawn(...) end
---- Waits for the first of the threads given to finish (as ngx.thread.wait).
+function _M.spawn(...) return host.module("dispatcher").spawn(...) end
+--- Waits for the first of the threads given to finish (as ngx.thread.wait). A thread's
+-- results go to one wait: one already waited for is passed over, or, as the last argument,
+-- gives nil and "already waited or killed".
 -- @return true and what it returned, or false and its error ("killed")
-function _M.wait(...) return require("moonserve.dispatcher").wait(...) end
+function _M.wait(...) return host.module("dispatcher").wait(...) end
 --- Kills a light thread this coroutine started (as ngx.thread.kill).
 -- @return true, or nil and an error
-function _M.kill(...) return require("moonserve.dispatcher").kill(...) end
+function _M.kill(...) return host.module("dispatcher").kill(...) end
 --- A semaphore with `n` resources (as ngx.semaphore.new): see moonserve.semaphore.
 -- @tparam[opt=0] number n
 -- @treturn Semaphore
-function _M.semaphore(n) return require("moonserve.semaphore").new(n) end
+function _M.semaphore(n) return host.module("semaphore").new(n) end
 --- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
 -- @table socket
 _M.socket = {
-    tcp = function() return require("moonserve.socket").tcp() end,
-    udp = function() return require("moonserve.socket").udp() end,
+    tcp = function() return host.module("socket").tcp() end,
+    udp = function() return host.module("socket").udp() end,
 }
 --- WebSocket (moonserve/websocket.lua): broadcast(list, data[, "binary"]) frames a message
 -- once for many sockets; endpoints are app:websocket(path, fn, opts).
@@ -71,8 +76,8 @@ _M.websocket = {
 --- Which worker this is: id() and count() (moonserve/worker.lua).
 -- @table worker
 _M.worker = {
-    id = function() return require("moonserve.worker").id() end,
-    count = function() return require("moonserve.worker").count() end,
+    id = function() return host.module("worker").id() end,
+    count = function() return host.module("worker").count() end,
 }
 
 --- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache

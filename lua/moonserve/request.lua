@@ -13,7 +13,7 @@ local coro = require "moonserve.coroutine"
 
 local C = base.C
 local ffi_str = ffi.string
-local concat, lower, sub, find = table.concat, string.lower, string.sub, string.find
+local concat, lower = table.concat, string.lower
 local EAGAIN, STATIC_DIR = base.EAGAIN, base.REQ_STATIC_DIR
 local band = bit.band
 local check, park = coro.check_request, coro.park
@@ -281,97 +281,9 @@ function Request:body()
     return body
 end
 
-local function media_type(self)
-    local ct = self:header("content-type")
-    if not ct then
-        return nil
-    end
-    local semi = find(ct, ";", 1, true)
-    return lower(semi and sub(ct, 1, semi - 1):match("^%s*(.-)%s*$") or ct:match("^%s*(.-)%s*$"))
-end
-
---- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
--- (moonserve.multipart: part.name, part.filename, part:read(), part:body(), part:save(path)).
--- Returns nil, err when the body is not multipart/form-data.
--- @tparam[opt] table opts the parser's limits (moonserve.multipart)
--- @return an iterator of Part, or nil and an error
-function Request:parts(opts)
-    return require("moonserve.multipart").parts(self, opts)
-end
-
---- The body as an urlencoded form ({ name = value }), or nil and an error.
--- @treturn ?table the form, or nil and an error
-function Request:form()
-    local mt_ = media_type(self)
-    if mt_ ~= "application/x-www-form-urlencoded" then
-        return nil, "not an urlencoded form (content-type is " .. tostring(mt_) .. ")"
-    end
-    local body, err = self:body()
-    if not body then
-        return nil, err
-    end
-    return codec.parse_form(body)
-end
-
--- Short names for the media types handlers usually offer.
-local MEDIA = { json = "application/json", html = "text/html", text = "text/plain",
-    xml = "application/xml", css = "text/css", js = "text/javascript",
-    form = "application/x-www-form-urlencoded" }
-
---- Which of the offered types (short names or full types) the client prefers, by its
--- Accept header (RFC 9110 12.5.1: q-values, then specificity, then the order offered).
--- No Accept header accepts anything: the first offered. Returns nil when none is acceptable.
--- @param ... offered types: "json", "html", "text", ... or full media types
--- @treturn ?string the offer preferred
--- @usage if req:accepts("json", "html") == "json" then return res:json(data) end
-function Request:accepts(...)
-    local accept = self:header("accept")
-    if not accept or accept == "" then
-        return (...)
-    end
-    local ranges = {}
-    for item in accept:gmatch("[^,]+") do
-        local mtype = item:match("^%s*([^;%s]+)")
-        if mtype then
-            local q = tonumber(item:match(";%s*[qQ]%s*=%s*([%d.]+)")) or 1
-            ranges[#ranges + 1] = { lower(mtype), q }
-        end
-    end
-    local best, best_q = nil, 0
-    for i = 1, select("#", ...) do
-        local offer = select(i, ...)
-        local full = lower(MEDIA[offer] or offer)
-        local major = full:match("^([^/]+)/") or full
-        -- the most specific range that covers this offer decides its q
-        local q, spec = 0, -1
-        for _, r in ipairs(ranges) do
-            local s = r[1] == full and 2 or (r[1] == major .. "/*" and 1) or
-                (r[1] == "*/*" and 0) or -1
-            if s > spec then
-                q, spec = r[2], s
-            end
-        end
-        if q > best_q then
-            best, best_q = offer, q
-        end
-    end
-    return best
-end
-
-local cjson_safe
---- The body decoded as JSON, or nil and an error.
--- @return the decoded value, or nil and an error
-function Request:json()
-    local body, err = self:body()
-    if not body then
-        return nil, err
-    end
-    cjson_safe = cjson_safe or require "cjson.safe"
-    local v, jerr = cjson_safe.decode(body)
-    if v == nil and jerr then
-        return nil, "invalid JSON: " .. jerr
-    end
-    return v
+-- form, parts, accepts and json: over header() and body(), the same for every host.
+for name, fn in pairs(require("moonserve.request_methods").methods) do
+    Request[name] = fn
 end
 
 return _M

@@ -15,8 +15,6 @@ local lower, format, gsub, type, tostring = string.lower, string.format, string.
 local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
 local check, park = coro.check_request, coro.park
 
-local cookie = require "moonserve.cookie"
-
 local anchors = base.anchors -- Lua strings the core still writes from, by slot
 
 local Response = {}
@@ -379,60 +377,9 @@ function Response:flush()
     return true
 end
 
---- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
--- expires, secure, http_only, same_site, partitioned). Misuse raises.
--- @tparam string name
--- @tparam string value
--- @tparam[opt] table opts
--- @return the reply
--- @usage res:cookie("theme", "dark", { path = "/", max_age = 3600, http_only = true })
-function Response:cookie(name, value, opts)
-    local ok, line = pcall(cookie.serialize, name, value, opts)
-    if not ok then
-        error(line, 2)
-    end
-    add_header(self, "set-cookie", line, 1)
-    return self
-end
-
---- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
--- @tparam function fn fn(res)
--- @return the reply
-function Response:before_send(fn)
-    if type(fn) ~= "function" then
-        error("bad hook (function expected)", 2)
-    end
-    local hooks = rawget(self, "hooks")
-    if not hooks then
-        hooks = {}
-        self.hooks = hooks
-    end
-    hooks[#hooks + 1] = fn
-    return self
-end
-
---- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
--- its pieces unjoined. A template error raises (a 500 with its reference id).
--- @tparam string name the template, under the views' root
--- @tparam[opt] table vars
--- @return true, or nil and an error
-function Response:render(name, vars)
-    local views = self.views
-    if not views then
-        error("no views: call app:views{ root = ... } first", 2)
-    end
-    vars = vars or {}
-    if vars.csrf_token == nil and self.csrf_token then
-        vars.csrf_token = self.csrf_token
-    end
-    local pieces, err = views:render(name, vars)
-    if not pieces then
-        error(err, 2)
-    end
-    if not self.has_type then
-        add_header(self, "content-type", "text/html; charset=utf-8", 1)
-    end
-    return self:send(pieces)
+-- cookie, before_send and render: over header() and send(), the same for every host.
+for name, fn in pairs(require("moonserve.response_methods").methods) do
+    Response[name] = fn
 end
 
 return _M

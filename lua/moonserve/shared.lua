@@ -387,16 +387,29 @@ function _M.check_name(name)
     return name
 end
 
--- The dictionaries of this process, by name (what moonserve.shared shows).
+-- The dictionaries of this process, by name (what moonserve.shared shows); a host other
+-- than the core provides its own (moonserve/openresty/services.lua).
 local dicts = {}
+local provider
 _M.dicts = setmetatable({}, {
     __index = function(_, name)
-        return dicts[name]
+        local d = dicts[name]
+        if d == nil and provider then
+            return provider(name)
+        end
+        return d
     end,
     __newindex = function()
         error("moonserve.shared is read-only: declare a dictionary with app:shared_dict", 2)
     end,
 })
+
+--- Makes fn(name) the source of the dictionaries this process has not attached: another
+-- host's.
+-- @local
+function _M.provide(fn)
+    provider = fn
+end
 
 local function load_core()
     if not C then

@@ -1,11 +1,24 @@
--- spec/it/framework_spec.lua: the framework through a real server, with curl as the client.
+-- spec/it/framework_spec.lua: the framework through a real server, with curl as the client:
+-- the moonserve server, and nginx with its Lua module through moonserve.openresty, the same
+-- app files and the same answers from both.
 local helper = require "helper"
 
-describe("the framework over a real server", function()
+-- Starts `app` on `server`; `trust` names 127.0.0.1 a trusted proxy.
+local function start(server, app, trust)
+    if server == "nginx" then
+        return helper.nginx_app { app = app, http = trust and
+            "geo $moonserve_trusted_proxy { default 0; 127.0.0.1 1; }\n" or nil }
+    end
+    return helper.spawn_server { app = app, args = trust and "--trusted-proxy 127.0.0.1" or nil }
+end
+
+for _, server in ipairs({ "moonserve", "nginx" }) do
+
+describe("the framework over a real server (" .. server .. ")", function()
     local srv, url, jar
 
     setup(function()
-        srv = helper.spawn_server { app = "spec/fixtures/site.lua" }
+        srv = start(server, "spec/fixtures/site.lua")
         url = "http://127.0.0.1:" .. srv.port
         jar = os.tmpname()
     end)
@@ -65,12 +78,11 @@ describe("the framework over a real server", function()
     end)
 end)
 
-describe("form tokens and the origin check over a real server", function()
+describe("form tokens and the origin check over a real server (" .. server .. ")", function()
     local srv, url
 
     setup(function()
-        srv = helper.spawn_server { app = "spec/fixtures/forms.lua",
-            args = "--trusted-proxy 127.0.0.1" }
+        srv = start(server, "spec/fixtures/forms.lua", true)
         url = "http://127.0.0.1:" .. srv.port
     end)
 
@@ -157,3 +169,5 @@ describe("form tokens and the origin check over a real server", function()
         assert.equal(20, counts[n])
     end)
 end)
+
+end

@@ -94,6 +94,7 @@ host.use {
     now = os.time,
     sleep = function() error("no waits here") end,
     run = function(app, opts) served = { app = app, listen = opts.listen } return true end,
+    module = function(name) error("no " .. name .. " here") end,
 }
 local moonserve = require "moonserve"
 local app = moonserve.app()

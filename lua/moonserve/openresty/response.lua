@@ -1,0 +1,352 @@
+--- moonserve/openresty/response.lua: the reply a handler builds inside nginx, over ngx.status,
+-- ngx.header and ngx.print: the methods of moonserve's own (moonserve/response.lua).
+--
+-- Fields gather in the reply until its head leaves (an error page can still replace them),
+-- then go to ngx.header at once. send() gives the length; write() streams (chunked on
+-- HTTP/1.1, as nginx frames a reply without one).
+-- @module moonserve.openresty.response
+local host = require "moonserve.host"
+
+local ngx = ngx
+local ngx_header = ngx.header
+local lower, format, gsub, find = string.lower, string.format, string.gsub, string.find
+local type, tostring, error, rawget, pairs = type, tostring, error, rawget, pairs
+
+local Response = {}
+Response.__index = Response
+
+local _M = { methods = Response }
+
+local DEFAULT_TYPE = "text/plain; charset=utf-8" -- as the core's, for a text body
+
+--- The reply nginx sends for the request it is handling now.
+-- @local
+function _M.new()
+    return setmetatable({ code = 200, names = {}, values = {}, n = 0, has_type = false,
+        state = "open" }, Response)
+end
+
+--- Whether the reply head has left (after send, or the first write).
+-- @treturn boolean
+function Response:sent()
+    return self.state ~= "open"
+end
+
+--- Whether the client has gone: nothing more reaches it (a print or flush nginx refused).
+-- @treturn boolean
+function Response:gone()
+    return self.lost == true
+end
+
+--- Sets the status code.
+-- @tparam integer code 100 to 999
+-- @return the reply
+function Response:status(code)
+    if type(code) ~= "number" or code < 100 or code > 999 or code % 1 ~= 0 then
+        error("bad status code (integer 100-999 expected, got " .. tostring(code) .. ")", 2)
+    end
+    self.code = code
+    return self
+end
+
+--- The status code set so far (200 unless changed).
+-- @treturn integer
+function Response:get_status()
+    return self.code
+end
+
+-- The fields the server frames the message with, which the handler may not set (the core's
+-- MS_ERESERVED); "connection: close" is the one connection value it may.
+local RESERVED = { ["content-length"] = true, ["transfer-encoding"] = true, date = true }
+
+-- Adds one field; returns nil and why not as the core does.
+local function add(self, name, value)
+    if self.state ~= "open" then
+        return nil, "reply already sent"
+    end
+    local lname = lower(name)
+    if RESERVED[lname] or (lname == "connection" and lower(value) ~= "close") then
+        return nil, "header is set by the server"
+    end
+    if not host.fields_ok(name .. ": " .. value .. "\r\n") then
+        return nil, "invalid header name or value"
+    end
+    if lname == "content-type" then
+        self.has_type = true
+    end
+    local n = self.n + 1
+    self.n, self.names[n], self.values[n] = n, lname, value
+    return true
+end
+
+local function add_or_raise(self, name, value, level)
+    local ok, err = add(self, name, value)
+    if not ok then
+        error(format("bad header %q: %s", name, err), level + 1)
+    end
+end
+
+--- Adds a field; `value` may be a list (a field per item).
+-- @tparam string name
+-- @tparam string value
+-- @return the reply
+function Response:header(name, value)
+    if type(name) ~= "string" then
+        error("bad header name (string expected)", 2)
+    end
+    local tv = type(value)
+    if tv == "table" then
+        for i = 1, #value do
+            add_or_raise(self, name, tostring(value[i]), 2)
+        end
+    elseif tv == "string" or tv == "number" then
+        add_or_raise(self, name, tostring(value), 2)
+    else
+        error("bad header value for " .. name .. " (string expected)", 2)
+    end
+    return self
+end
+
+-- Whole field lines ("name: value\r\n"...), split once per distinct block (the framework's
+-- security fields are the same string on every request).
+local split = setmetatable({}, { __mode = "k" })
+
+local function lines_of(lines)
+    local t = split[lines]
+    if not t then
+        t = {}
+        for name, value in lines:gmatch("([^:\r\n]+):[ \t]*([^\r\n]*)\r\n") do
+            t[#t + 1] = name
+            t[#t + 1] = value
+        end
+        split[lines] = t
+    end
+    return t
+end
+
+local function add_lines(self, lines, checked)
+    if not checked and not host.fields_ok(lines) then
+        error("cannot add fields: invalid header name or value", 3)
+    end
+    local t = lines_of(lines)
+    for i = 1, #t, 2 do
+        local ok, err = add(self, t[i], t[i + 1])
+        if not ok then
+            error("cannot add fields: " .. err, 3)
+        end
+    end
+    return self
+end
+
+--- Adds whole field lines ("name: value\r\n"...) in one call; anything else raises.
+function Response:fields(lines)
+    return add_lines(self, lines, false)
+end
+
+function Response:_fields_checked(lines)
+    return add_lines(self, lines, true)
+end
+
+function Response:_reset()
+    if self.state ~= "open" then
+        return false
+    end
+    self.code, self.n, self.names, self.values, self.has_type = 200, 0, {}, {}, false
+    return true
+end
+
+-- The before_send hooks, once, while the head can still change.
+local function fire(self)
+    local hooks = rawget(self, "hooks")
+    if hooks then
+        self.hooks = nil
+        for i = 1, #hooks do
+            hooks[i](self)
+        end
+    end
+end
+
+-- The head goes to nginx: the status and the fields, repeated names as lists.
+local function head(self, length, text)
+    ngx.status = self.code
+    local names, values = self.names, self.values
+    local seen = {}
+    for i = 1, self.n do
+        local name, value = names[i], values[i]
+        local had = seen[name]
+        if had == nil then
+            seen[name] = value
+        elseif type(had) == "table" then
+            had[#had + 1] = value
+        else
+            seen[name] = { had, value }
+        end
+    end
+    if text and not self.has_type then
+        seen["content-type"] = DEFAULT_TYPE
+    end
+    for name, value in pairs(seen) do
+        ngx_header[name] = value
+    end
+    local code = self.code
+    if length and code ~= 204 and code ~= 304 and code >= 200 then
+        ngx_header["content-length"] = length
+    end
+end
+
+local function print(self, body)
+    local ok, err = ngx.print(body)
+    if not ok then
+        self.lost = true
+        return nil, err
+    end
+    return true
+end
+
+-- A body or chunk as a string: strings as they are, numbers as text.
+local function text(x, what)
+    local t = type(x)
+    if t == "string" then
+        return x
+    elseif t == "number" then
+        return tostring(x)
+    end
+    error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
+end
+
+--- Sends the reply: the head, then `body` with its length, and ends it.
+-- @tparam[opt] string|table body a string, or a list of pieces sent without joining them
+-- @return true, or nil and an error (the reply already went out)
+function Response:send(body)
+    if self.state ~= "open" then
+        return nil, "reply already sent"
+    end
+    fire(self)
+    local len
+    if type(body) == "table" then
+        len = 0
+        for i = 1, #body do
+            local p = body[i]
+            if type(p) ~= "string" then
+                error("bad body piece " .. i .. " (string expected, got " .. type(p) .. ")", 2)
+            end
+            len = len + #p
+        end
+    else
+        body = body == nil and "" or text(body, "body")
+        len = #body
+    end
+    head(self, len, len > 0)
+    self.state = "done"
+    if len == 0 then
+        return true
+    end
+    return print(self, body)
+end
+
+--- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1).
+-- @tparam string chunk
+-- @return true, or nil and an error
+function Response:write(chunk)
+    chunk = text(chunk, "chunk")
+    if self.state == "done" then
+        return nil, "reply already sent"
+    end
+    fire(self)
+    if self.state == "open" then
+        head(self, nil, true)
+        self.state = "streaming"
+    end
+    return print(self, chunk)
+end
+
+--- Waits (the handler yields to nginx) until everything written so far has left.
+-- @return true, or nil and an error
+function Response:flush()
+    local ok, err = ngx.flush(true)
+    if not ok then
+        self.lost = true
+        return nil, err
+    end
+    return true
+end
+
+--- nginx's Lua module sends no trailers: raises (nginx.conf's add_trailer can).
+function Response.trailer()
+    error("res:trailer: nginx's Lua module cannot send trailers (nginx.conf's add_trailer can)", 2)
+end
+
+--- Files are nginx's to serve (a location with root or alias): raises.
+function Response.file()
+    error("res:file: inside nginx, serve files with a location (root or alias) and ngx.exec", 2)
+end
+
+-- A static mount with a hook: the location init_worker's opts.static names for it.
+function Response:static_mount()
+    local location = rawget(self, "_static_location")
+    if not location then
+        error("app:static: no nginx location serves this mount (init_worker's opts.static)", 2)
+    end
+    return ngx.exec(location)
+end
+
+--- Sends `value` as JSON.
+-- @return true, or nil and an error
+function Response:json(value)
+    local body = require("cjson").encode(value)
+    if not self.has_type then
+        add_or_raise(self, "content-type", "application/json", 1)
+    end
+    return self:send(body)
+end
+
+local NOT_URL = '[ "<>\\^`{|}]'
+
+local function escape_byte(c)
+    return format("%%%02X", c:byte())
+end
+
+--- Redirects to `url` (302 unless `code` says otherwise); bytes no URL may hold are
+-- percent-encoded, control characters raise.
+-- @return true, or nil and an error
+function Response:redirect(url, code)
+    if type(url) ~= "string" then
+        error("bad redirect url (string expected)", 2)
+    end
+    code = code or 302
+    if code < 300 or code > 399 then
+        error("bad redirect status " .. tostring(code), 2)
+    end
+    if find(url, NOT_URL) then
+        url = gsub(url, NOT_URL, escape_byte)
+    end
+    self:status(code)
+    add_or_raise(self, "location", url, 1)
+    return self:send("Redirecting to " .. url .. "\n")
+end
+
+-- The request was refused (a body past its limit): nothing of this reply goes out.
+function Response:_refused()
+    self.state, self.lost = "done", true
+end
+
+-- Whether a streamed reply has begun (an error now can only cut it off).
+function Response:_streaming()
+    return self.state == "streaming"
+end
+
+-- The handler is done: a reply it never sent goes out empty, a stream is ended.
+function Response:_finish()
+    if self.state == "open" then
+        self:send("")
+    end
+    if not self.lost then
+        ngx.eof()
+    end
+end
+
+for name, fn in pairs(require("moonserve.response_methods").methods) do
+    Response[name] = fn
+end
+
+return _M

@@ -1,0 +1,260 @@
+-- spec/it/openresty_spec.lua: one app file (spec/fixtures/adapter.lua) on the moonserve server
+-- and inside Debian's nginx with its Lua module through moonserve.openresty. Each case's status,
+-- body and fields must be the same from both (not Server, Date or framing; an error page's
+-- reference is each server's own request id), except the differences the guide lists
+-- (docs/guide/openresty.md), which are asserted as such.
+local helper = require "helper"
+
+local function free_port()
+    return helper.free_port()
+end
+
+-- Fields each server frames its messages with, which are not the app's.
+local FRAMING = { server = true, date = true, connection = true, ["keep-alive"] = true,
+    ["transfer-encoding"] = true }
+
+local CASES = {
+    { "GET", "/" },
+    { "HEAD", "/" },
+    { "GET", "/users/7" },
+    { "POST", "/users", body = "" },
+    { "GET", "/ctx" },
+    { "GET", "/request?a=1&b=2", head = "User-Agent: spec\r\nX-Multi: 1\r\nX-Multi: 2\r\n"
+        .. "Cookie: c1=v1; c2=v2\r\n" },
+    { "GET", "/cookie" },
+    { "GET", "/boom" },
+    { "GET", "/empty" },
+    -- nginx gives an empty reply with no type its default_type (the guide's table)
+    { "GET", "/nothing", known = { "content-type" } },
+    { "GET", "/redirect" },
+    { "GET", "/render" },
+    { "GET", "/accepts", head = "Accept: text/html;q=0.5, application/json\r\n" },
+    { "GET", "/accepts", head = "Accept: image/png\r\n" },
+    { "POST", "/form", body = "a=1&b=two%20words&c=", type = "application/x-www-form-urlencoded" },
+    { "POST", "/form", body = "{}", type = "application/json" }, -- not a form: a 500
+    { "POST", "/json", body = '{"x":[1,2]}', type = "application/json" },
+    { "POST", "/json", body = "{bad", type = "application/json" },
+    { "POST", "/read", body = string.rep("x", 300000) },
+    { "POST", "/small", body = "0123456789" },
+    { "POST", "/small", body = "0123456789abc" },
+    { "GET", "/stream" },
+    { "GET", "/sleep" },
+    { "GET", "/threads" },
+    { "GET", "/semaphore" },
+    { "GET", "/shared" },
+    { "GET", "/timer" },
+    { "GET", "/socket?port=REDIS" },
+    { "GET", "/api/who" },
+    { "GET", "/missing" },
+    { "POST", "/" , body = "" },                                   -- 405 and its Allow
+    { "OPTIONS", "/users/7" },
+    { "GET", "/users//7/?q=1" },                                   -- the canonical redirect
+    { "GET", "/users/7/" },
+    { "POST", "/users", body = "", head = "Origin: http://evil.test\r\n" }, -- cross-site
+    { "POST", "/users", body = "", head = "Sec-Fetch-Site: cross-site\r\n" },
+    { "GET", "/", host = "other.test" },
+    -- a static mount: nginx's location serves the file, with its own fields (the guide's table)
+    { "GET", "/views/login.html", known = { "content-type", "etag", "vary", "last-modified",
+        "accept-ranges", "content-security-policy", "referrer-policy", "x-content-type-options",
+        "x-frame-options" } },
+    { "GET", "/s/count" },
+    { "GET", "/s/login" },
+}
+
+local function raw_request(case, redis)
+    local method, path = case[1], case[2]:gsub("REDIS", tostring(redis))
+    local head = string.format("%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s",
+        method, path, case.host or "127.0.0.1", case.head or "")
+    if case.body then
+        head = head .. "Content-Length: " .. #case.body .. "\r\n"
+        if case.type then
+            head = head .. "Content-Type: " .. case.type .. "\r\n"
+        end
+    end
+    return head .. "\r\n" .. (case.body or ""), method == "HEAD"
+end
+
+local cjson = require "cjson"
+
+-- A JSON value as text with its keys in order, so that two encoders' orders compare.
+local function canonical(v)
+    if type(v) ~= "table" then
+        return cjson.encode(v)
+    end
+    if #v > 0 or next(v) == nil then
+        local out = {}
+        for i = 1, #v do
+            out[i] = canonical(v[i])
+        end
+        return "[" .. table.concat(out, ",") .. "]"
+    end
+    local keys = {}
+    for k in pairs(v) do
+        keys[#keys + 1] = k
+    end
+    table.sort(keys)
+    for i, k in ipairs(keys) do
+        keys[i] = cjson.encode(k) .. ":" .. canonical(v[k])
+    end
+    return "{" .. table.concat(keys, ",") .. "}"
+end
+
+-- What the case's answer says, with each server's own parts taken out: framing, each
+-- server's request id in an error page, the random parts of session cookies and form tokens,
+-- JSON's key order; and the fields the case knows to differ.
+local function answer(port, case, redis)
+    local raw, head_only = raw_request(case, redis)
+    local res = assert(helper.request(port, raw, head_only))
+    local fields = {}
+    for k, v in pairs(res.headers) do
+        if not FRAMING[k] then
+            fields[k] = v
+        end
+    end
+    for _, k in ipairs(case.known or {}) do
+        fields[k] = nil
+    end
+    local body = res.body
+    local length = fields["content-length"]
+    if length and not head_only then
+        assert.equal(#body, tonumber(length), "content-length against the body")
+    end
+    fields["content-length"] = nil -- (an error page's reference is as long as its server's id)
+    if fields["content-type"] == "application/json" then
+        body = canonical(cjson.decode(body))
+    end
+    body = body:gsub("reference: %x+", "reference: REF"):gsub('name="_csrf" value="[^"]+"',
+        'name="_csrf" value="TOKEN"')
+    if fields["set-cookie"] then
+        fields["set-cookie"] = fields["set-cookie"]:gsub("session=[^;]+", "session=SEALED")
+    end
+    return { status = res.status, body = body, fields = fields,
+        chunked = res.headers["transfer-encoding"] == "chunked" }
+end
+
+-- Where two answers differ, a line each ("" when they are the same).
+local function differences(a, b)
+    local out = {}
+    local function differ(what, x, y)
+        if x ~= y then
+            out[#out + 1] = string.format("%s: moonserve %q, nginx %q", what, tostring(x),
+                tostring(y))
+        end
+    end
+    differ("status", a.status, b.status)
+    differ("body", a.body, b.body)
+    differ("chunked", a.chunked, b.chunked)
+    local names = {}
+    for k in pairs(a.fields) do names[k] = true end
+    for k in pairs(b.fields) do names[k] = true end
+    for k in pairs(names) do
+        differ(k, a.fields[k], b.fields[k])
+    end
+    table.sort(out)
+    return table.concat(out, "\n")
+end
+
+describe("a moonserve app inside nginx through moonserve.openresty", function()
+    local srv, nginx, redis_pid, redis
+
+    setup(function()
+        redis = free_port()
+        redis_pid = helper.background(string.format("%s --port %d --bind 127.0.0.1 --save '' "
+            .. "--appendonly no", helper.sh_quote(helper.tool("redis-server")), redis))
+        helper.wait_port(redis)
+        srv = helper.spawn_server { app = "spec/fixtures/adapter.lua" }
+        nginx = helper.nginx_app {
+            app = "spec/fixtures/adapter.lua",
+            http = "lua_shared_dict adapter 1m;\n",
+            init = "{ static = { ['/views'] = '@views' } }",
+            locations = "location @views { root " .. helper.root .. "/spec/fixtures; }",
+        }
+    end)
+
+    teardown(function()
+        if srv then srv:stop() end
+        if nginx then nginx.stop() end
+        helper.stop_pid(redis_pid)
+    end)
+
+    for _, case in ipairs(CASES) do
+        local name = case[1] .. " " .. case[2] .. (case.host and (" on " .. case.host) or "")
+            .. (case.head and (" with " .. case.head:gsub("\r\n", "; ")) or "")
+            .. (case.body and #case.body < 40 and (" " .. case.body) or "")
+        it("answers " .. name .. " as the moonserve server does", function()
+            local a = answer(srv.port, case, redis)
+            local b = answer(nginx.port, case, redis)
+            assert.equal("", differences(a, b))
+        end)
+    end
+
+    it("never loads the core's shared object inside nginx", function()
+        local maps = helper.read_file("/proc/" .. nginx.pid .. "/maps")
+        assert.truthy(maps:find("ngx_http_lua_module", 1, true), "not nginx's Lua module?")
+        assert.falsy(maps:find("core.so", 1, true), maps)
+        assert.falsy(maps:find("libms_core", 1, true), maps)
+    end)
+
+    it("runs the app's on_worker_start hooks and their timers in every nginx worker", function()
+        local res = assert(helper.request(nginx.port, "GET /started HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.same({ by = "on_worker_start", timer = true }, cjson.decode(res.body))
+    end)
+
+    it("logs a handler's error with its reference, through nginx's error log", function()
+        local res = assert(helper.request(nginx.port, "GET /boom HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        local ref = res.body:match("reference: (%x+)")
+        assert.truthy(ref, res.body)
+        assert.truthy(nginx.log():find("%[" .. ref .. "%] GET /boom: [^\n]*kaboom"), nginx.log())
+        assert(helper.request(nginx.port, "GET /log HTTP/1.1\r\nHost: x\r\nConnection: close"
+            .. "\r\n\r\n"))
+        assert.truthy(nginx.log():find("%[warn%][^\n]*adapter warns"), nginx.log())
+    end)
+
+    -- (nginx still holds the streamed piece when the error cuts the reply off: the client
+    -- gets nothing there, and from the moonserve server what was written; never a whole reply)
+    it("cuts off a streamed reply whose handler fails after the head left, as the core does", function()
+        for _, port in ipairs({ srv.port, nginx.port }) do
+            local s = helper.connect(port)
+            assert(s:send("GET /boom_after_write HTTP/1.1\r\nHost: x\r\n\r\n"))
+            local all, _, partial = s:receive("*a")
+            all = all or partial or ""
+            s:close()
+            assert.falsy(all:find("\r\n0\r\n\r\n", 1, true), all) -- no last chunk
+            assert.falsy(all:find(" 500 ", 1, true), all)
+        end
+        assert.truthy(nginx.log():find("kaboom late", 1, true))
+    end)
+
+    -- What nginx cannot do as the core does (docs/guide/openresty.md): asserted as it is.
+    it("refuses trailers with a clear error (nginx's Lua module sends none)", function()
+        local res = assert(helper.request(nginx.port, "GET /trailer HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.equal(500, res.status)
+        assert.truthy(nginx.log():find("res:trailer: nginx's Lua module cannot send trailers",
+            1, true), nginx.log())
+        res = assert(helper.request(srv.port, "GET /trailer HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.equal(200, res.status)
+    end)
+
+    it("serves nothing but 500 when nginx.conf lacks a dictionary or a static mount's location",
+        function()
+        for _, case in ipairs({
+            { conf = { init = "{ static = { ['/views'] = '@views' } }" },
+                says = "lua_shared_dict adapter 1024k;" },
+            { conf = { http = "lua_shared_dict adapter 1m;\n" }, says = 'app:static("/views")' },
+        }) do
+            case.conf.app = "spec/fixtures/adapter.lua"
+            local bad = helper.nginx_app(case.conf)
+            local res = assert(helper.request(bad.port, "GET / HTTP/1.1\r\nHost: x\r\n"
+                .. "Connection: close\r\n\r\n"))
+            local log = bad.log()
+            bad.stop()
+            assert.equal(500, res.status)
+            assert.truthy(log:find("init_worker_by_lua error: [^\n]*" .. case.says:gsub("%p", "%%%0")), log)
+            assert.truthy(log:find("the app is not served: [^\n]*" .. case.says:gsub("%p", "%%%0")), log)
+        end
+    end)
+end)

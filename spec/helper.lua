@@ -316,8 +316,13 @@ end
 -- Starts Debian's nginx with the lua module in a temporary directory: one worker, no master,
 -- on a free loopback port, with spec/fixtures on its Lua path and `http_extra` inside its http
 -- block (a server with `listen 127.0.0.1:%d;` for the port, and `...` for the format's other
--- places). Returns { port, work, stop }.
+-- places); or a table { main = ..., http = ... } with lines for the main context too.
+-- Returns { port, work, pid, log, stop }.
 function helper.nginx_lua(http_extra, ...)
+    local main = ""
+    if type(http_extra) == "table" then
+        main, http_extra = http_extra.main or "", http_extra.http
+    end
     local nginx = helper.tool("nginx")
     local lua_mod = helper.tool("ngx_http_lua_module")
     local ndk = helper.tool("ndk_http_module")
@@ -330,14 +335,14 @@ worker_processes 1;
 master_process off;
 daemon off;
 env MOONSERVE_SRC;
-pid %s/nginx.pid;
+%spid %s/nginx.pid;
 error_log %s/error.log warn;
 events { worker_connections 64; }
 http {
     access_log off;
     default_type text/plain;
     lua_package_path "%s/spec/fixtures/?.lua;%s/lua/?.lua;%s/lua/?/init.lua;/usr/share/lua/5.1/?.lua;;";
-]], ndk, lua_mod, work, work, ROOT, ROOT, ROOT) .. string.format(http_extra, port, ...) .. "\n}\n")
+]], ndk, lua_mod, main, work, work, ROOT, ROOT, ROOT) .. string.format(http_extra, port, ...) .. "\n}\n")
     local p = io.popen(string.format("%s -p %s -c %s/nginx.conf >%s/out.log 2>&1 & echo $!",
         nginx, work, work, work))
     local pid = p:read("*l")

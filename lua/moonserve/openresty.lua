@@ -121,17 +121,17 @@ function _M.run(app)
     end
     local res = response.new()
     local req = request.new(res)
-    local ok, status, body, headers = xpcall(function()
-        if rawget(app, "statics") then
-            local location, hooked = static_exec(app, req.path)
-            if hooked then
-                res._static_location = location
-            elseif location then
-                return ngx.exec(location)
-            end
+    if rawget(app, "statics") then
+        local ok, location, hooked = pcall(static_exec, app, req.path)
+        if not ok then
+            return fail(app, req, res, location)
+        elseif hooked then
+            res._static_location = location
+        elseif location then
+            return ngx.exec(location)
         end
-        return app:handle(req, res)
-    end, traceback)
+    end
+    local ok, status, body, headers = xpcall(app.handle, traceback, app, req, res)
     if not ok then
         fail(app, req, res, status)
     elseif status ~= nil then

@@ -258,3 +258,48 @@ describe("a moonserve app inside nginx through moonserve.openresty", function()
         end
     end)
 end)
+
+describe("the guide's app and nginx.conf (docs/guide/openresty.md), as written", function()
+    local nginx, work
+
+    setup(function()
+        local guide = helper.read_file(helper.root .. "/docs/guide/openresty.md")
+        local app = assert(guide:match("## Setting it up.-```lua\n(.-)```"), "no app")
+        local conf = assert(guide:match("## Setting it up.-```nginx\n(.-)```"), "no nginx.conf")
+        work = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
+        helper.write_file(work .. "/app.lua", app)
+        local function put(from, to)
+            local n
+            conf, n = conf:gsub(from:gsub("%p", "%%%0"), (to:gsub("%%", "%%%%")))
+            assert(n == 1, "the guide's nginx block has no " .. from)
+        end
+        put('"/srv/app.lua"', '"' .. work .. '/app.lua"')
+        put("listen 80;", "listen 127.0.0.1:@PORT@;")
+        -- (the spec's nginx has moonserve's tree on its path already)
+        conf = conf:gsub("\n%s*lua_package_path [^\n]*", "")
+        local main, http = conf:match("^(.-)http {\n(.*)}%s*$")
+        assert(main and http, conf)
+        require("ffi").C.setenv("SESSION_SECRET", string.rep("k", 32), 1)
+        nginx = helper.nginx_lua { main = main,
+            http = (http:gsub("%%", "%%%%"):gsub("@PORT@", "%%d")) }
+    end)
+
+    teardown(function()
+        require("ffi").C.unsetenv("SESSION_SECRET")
+        if nginx then nginx.stop() end
+        if work then
+            os.execute("rm -rf " .. helper.sh_quote(work))
+        end
+    end)
+
+    it("serves the app's routes, its session and its shared dictionary's zone", function()
+        local res = assert(helper.request(nginx.port, "GET / HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.equal(200, res.status, nginx.log())
+        assert.equal("hello", res.body)
+        res = assert(helper.request(nginx.port, "GET /users/5 HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.equal('{"id":"5"}', res.body)
+        assert.falsy(nginx.log():find("error", 1, true), nginx.log())
+    end)
+end)

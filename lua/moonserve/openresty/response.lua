@@ -59,17 +59,23 @@ end
 -- MS_ERESERVED); "connection: close" is the one connection value it may.
 local RESERVED = { ["content-length"] = true, ["transfer-encoding"] = true, date = true }
 
--- Adds one field; returns nil and why not as the core does.
-local function add(self, name, value)
+local TOKEN = "^[%w!#$%%&'*+%-%.^_`|~]+$" -- RFC 9110 5.1: a field name
+local NOT_VALUE = "[\r\n%z]"               -- what a field value may not hold
+
+-- Adds one field (`lname` its name in lowercase; `checked` when the framework checked the
+-- line once already); returns nil and why not, as the core does.
+local function add(self, name, value, lname, checked)
     if self.state ~= "open" then
         return nil, "reply already sent"
     end
-    local lname = lower(name)
-    if RESERVED[lname] or (lname == "connection" and lower(value) ~= "close") then
-        return nil, "header is set by the server"
-    end
-    if not host.fields_ok(name .. ": " .. value .. "\r\n") then
-        return nil, "invalid header name or value"
+    if not checked then
+        lname = lower(name)
+        if RESERVED[lname] or (lname == "connection" and lower(value) ~= "close") then
+            return nil, "header is set by the server"
+        end
+        if not find(name, TOKEN) or find(value, NOT_VALUE) then
+            return nil, "invalid header name or value"
+        end
     end
     if lname == "content-type" then
         self.has_type = true
@@ -107,8 +113,8 @@ function Response:header(name, value)
     return self
 end
 
--- Whole field lines ("name: value\r\n"...), split once per distinct block (the framework's
--- security fields are the same string on every request).
+-- Whole field lines ("name: value\r\n"...) as name, lowercase name, value..., split once
+-- per distinct block (the framework's security fields are the same string every request).
 local split = setmetatable({}, { __mode = "k" })
 
 local function lines_of(lines)
@@ -117,6 +123,7 @@ local function lines_of(lines)
         t = {}
         for name, value in lines:gmatch("([^:\r\n]+):[ \t]*([^\r\n]*)\r\n") do
             t[#t + 1] = name
+            t[#t + 1] = lower(name)
             t[#t + 1] = value
         end
         split[lines] = t
@@ -129,8 +136,8 @@ local function add_lines(self, lines, checked)
         error("cannot add fields: invalid header name or value", 3)
     end
     local t = lines_of(lines)
-    for i = 1, #t, 2 do
-        local ok, err = add(self, t[i], t[i + 1])
+    for i = 1, #t, 3 do
+        local ok, err = add(self, t[i], t[i + 2], t[i + 1], checked)
         if not ok then
             error("cannot add fields: " .. err, 3)
         end
@@ -166,27 +173,43 @@ local function fire(self)
     end
 end
 
--- The head goes to nginx: the status and the fields, repeated names as lists.
+-- The values of field `i` and the later fields of its name, as a list.
+local function repeated(names, values, n, i)
+    local name, list = names[i], { values[i] }
+    for j = i + 1, n do
+        if names[j] == name then
+            list[#list + 1] = values[j]
+        end
+    end
+    return list
+end
+
+-- The head goes to nginx: the status and the fields, a repeated name's values as a list.
+-- (A reply has a handful of fields: looking back for a name is cheaper than a table.)
 local function head(self, length, text)
     ngx.status = self.code
-    local names, values = self.names, self.values
-    local seen = {}
-    for i = 1, self.n do
-        local name, value = names[i], values[i]
-        local had = seen[name]
-        if had == nil then
-            seen[name] = value
-        elseif type(had) == "table" then
-            had[#had + 1] = value
-        else
-            seen[name] = { had, value }
+    local names, values, n = self.names, self.values, self.n
+    for i = 1, n do
+        local name, first = names[i], true
+        for j = 1, i - 1 do
+            if names[j] == name then
+                first = false
+                break
+            end
+        end
+        if first then
+            local value = values[i]
+            for j = i + 1, n do
+                if names[j] == name then
+                    value = repeated(names, values, n, i)
+                    break
+                end
+            end
+            ngx_header[name] = value
         end
     end
     if text and not self.has_type then
-        seen["content-type"] = DEFAULT_TYPE
-    end
-    for name, value in pairs(seen) do
-        ngx_header[name] = value
+        ngx_header["content-type"] = DEFAULT_TYPE
     end
     local code = self.code
     if length and code ~= 204 and code ~= 304 and code >= 200 then
@@ -335,13 +358,11 @@ function Response:_streaming()
     return self.state == "streaming"
 end
 
--- The handler is done: a reply it never sent goes out empty, a stream is ended.
+-- The handler is done: a reply it never sent goes out empty (nginx ends a stream as the
+-- content handler returns).
 function Response:_finish()
     if self.state == "open" then
         self:send("")
-    end
-    if not self.lost then
-        ngx.eof()
     end
 end
 

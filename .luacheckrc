@@ -7,7 +7,3 @@ include_files = { "lua/**/*.lua", "spec/**/*.lua", "examples/**/*.lua", "spec/li
 files["spec/lua"] = { std = "+busted" }
 files["spec/it"] = { std = "+busted" }
 files["spec/rock"] = { std = "+busted" }
-
--- The adapter runs inside nginx, whose Lua module gives the global ngx.
-files["lua/moonserve/openresty.lua"] = { globals = { "ngx" } }
-files["lua/moonserve/openresty"] = { globals = { "ngx" } }

@@ -5,6 +5,7 @@
 -- then go to ngx.header at once. send() gives the length; write() streams (chunked on
 -- HTTP/1.1, as nginx frames a reply without one).
 -- @module moonserve.openresty.response
+-- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local host = require "moonserve.host"
 
 local ngx = ngx

@@ -372,7 +372,8 @@ end
 -- Serves the moonserve app file `opts.app` (absolute, or relative to the source root) from
 -- Debian's nginx with its Lua module, through moonserve.openresty, as the guide shows:
 -- opts.http for more of the http block (lua_shared_dict ...), opts.locations for more of the
--- server block, opts.init for init_worker's options (Lua source). Returns what
+-- server block, opts.init for init_worker's options (Lua source), opts.http2 to listen for
+-- HTTP/2 with prior knowledge (and nothing else). Returns what
 -- helper.nginx_lua does, with .port and :stop() as helper.spawn_server's server.
 function helper.nginx_app(opts)
     local app = opts.app:sub(1, 1) == "/" and opts.app or ROOT .. "/" .. opts.app
@@ -383,13 +384,13 @@ function helper.nginx_app(opts)
     }
     exit_worker_by_lua_block { require("moonserve.openresty").exit_worker(moonserve_app) }
     server {
-        listen 127.0.0.1:@PORT@;
+        listen 127.0.0.1:@PORT@%s;
         client_max_body_size 64m;
         %s
         location / {
             content_by_lua_block { require("moonserve.openresty").run(moonserve_app) }
         }
-    }]], app, opts.init or "nil", opts.locations or "")
+    }]], app, opts.init or "nil", opts.http2 and " http2" or "", opts.locations or "")
     local n = helper.nginx_lua((conf:gsub("%%", "%%%%"):gsub("@PORT@", "%%d")))
     -- (log and stop take no argument: srv:stop() and srv.stop() both do)
     return { port = n.port, pid = n.pid, work = n.work, log = n.log, stop = n.stop }

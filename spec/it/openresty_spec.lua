@@ -35,6 +35,9 @@ local CASES = {
     { "POST", "/json", body = '{"x":[1,2]}', type = "application/json" },
     { "POST", "/json", body = "{bad", type = "application/json" },
     { "POST", "/read", body = string.rep("x", 300000) },
+    -- chunked: nginx reads it whole first (past its buffer, into a temporary file)
+    { "POST", "/read", body = string.rep("y", 300000), chunked = true },
+    { "POST", "/small", body = "0123456789abc", chunked = true },
     { "POST", "/small", body = "0123456789" },
     { "POST", "/small", body = "0123456789abc" },
     { "GET", "/stream" },
@@ -65,13 +68,21 @@ local function raw_request(case, redis)
     local method, path = case[1], case[2]:gsub("REDIS", tostring(redis))
     local head = string.format("%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n%s",
         method, path, case.host or "127.0.0.1", case.head or "")
-    if case.body then
-        head = head .. "Content-Length: " .. #case.body .. "\r\n"
-        if case.type then
-            head = head .. "Content-Type: " .. case.type .. "\r\n"
+    local body = case.body or ""
+    if case.chunked then
+        local chunks = {}
+        for at = 1, #body, 7000 do
+            local piece = body:sub(at, at + 6999)
+            chunks[#chunks + 1] = string.format("%x\r\n%s\r\n", #piece, piece)
         end
+        head, body = head .. "Transfer-Encoding: chunked\r\n", table.concat(chunks) .. "0\r\n\r\n"
+    elseif case.body then
+        head = head .. "Content-Length: " .. #body .. "\r\n"
     end
-    return head .. "\r\n" .. (case.body or ""), method == "HEAD"
+    if case.type then
+        head = head .. "Content-Type: " .. case.type .. "\r\n"
+    end
+    return head .. "\r\n" .. body, method == "HEAD"
 end
 
 local cjson = require "cjson"
@@ -179,6 +190,7 @@ describe("a moonserve app inside nginx through moonserve.openresty", function()
 
     for _, case in ipairs(CASES) do
         local name = case[1] .. " " .. case[2] .. (case.host and (" on " .. case.host) or "")
+            .. (case.chunked and " (chunked)" or "")
             .. (case.head and (" with " .. case.head:gsub("\r\n", "; ")) or "")
             .. (case.body and #case.body < 40 and (" " .. case.body) or "")
         it("answers " .. name .. " as the moonserve server does", function()
@@ -187,6 +199,22 @@ describe("a moonserve app inside nginx through moonserve.openresty", function()
             assert.equal("", differences(a, b))
         end)
     end
+
+    it("reads a body over HTTP/2, which nginx reads whole first", function()
+        local h2 = helper.nginx_app { app = "spec/fixtures/adapter.lua", http2 = true,
+            http = "lua_shared_dict adapter 1m;\n", init = "{ static = { ['/views'] = '@views' } }",
+            locations = "location @views { root " .. helper.root .. "/spec/fixtures; }" }
+        local file = os.tmpname()
+        helper.write_file(file, string.rep("z", 200000))
+        local out = helper.curl("-s --http2-prior-knowledge -w ' %{http_version} %{http_code}' "
+            .. "--data-binary @" .. file .. " http://127.0.0.1:" .. h2.port .. "/read")
+        local small = helper.curl("-s --http2-prior-knowledge -w ' %{http_code}' "
+            .. "--data-binary @" .. file .. " http://127.0.0.1:" .. h2.port .. "/small")
+        os.remove(file)
+        h2.stop()
+        assert.equal("read 200000 bytes 2 200", out)
+        assert.equal("413 Content Too Large\n 413", small)
+    end)
 
     it("never loads the core's shared object inside nginx", function()
         local maps = helper.read_file("/proc/" .. nginx.pid .. "/maps")

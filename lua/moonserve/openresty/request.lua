@@ -184,6 +184,16 @@ local function too_large(self)
     if res then
         res:_refused()
     end
+    if rawget(self, "_left") == nil then
+        -- Not read yet. Over HTTP/2 nginx answers a stream whose body it has not taken in with
+        -- a reset, or loses the reply's DATA, now and then: it reads the body first there
+        -- (client_max_body_size bounds it); over HTTP/1.x it discards the rest as it comes.
+        if ngx_req.http_version() >= 2 then
+            ngx_req.read_body()
+        else
+            ngx_req.discard_body()
+        end
+    end
     ngx.status = 413
     ngx.header["content-type"] = "text/plain; charset=utf-8"
     ngx.header["content-length"] = #TOO_LARGE

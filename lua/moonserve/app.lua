@@ -749,6 +749,9 @@ function App:mount(prefix, other)
     -- The mounted app checks origins by its own settings, so that its routes' own
     -- csrf = false holds: this app does not check them first.
     local route = { handler = into, csrf = false }
+    -- (App:handle leaves the security fields under the prefix to the mounted app)
+    self.mount_prefixes = self.mount_prefixes or {}
+    self.mount_prefixes[#self.mount_prefixes + 1] = prefix
     for _, m in ipairs(METHODS) do
         self.router:add(m:upper(), prefix, route)
         self.router:add(m:upper(), prefix .. "/*", route)
@@ -945,6 +948,17 @@ end
 --- Runs the request through sites, middleware and routes; returns what the handler
 -- returned (the `return status, body, headers` form). A request through no middleware
 -- makes no closure on the way: the JIT compiles this path whole.
+-- Whether `path` falls under one of the prefixes of an app's mounts.
+local function under_mount(prefixes, path)
+    for i = 1, #prefixes do
+        local p = prefixes[i]
+        if path == p or (sub(path, 1, #p) == p and sub(path, #p + 1, #p + 1) == "/") then
+            return true
+        end
+    end
+    return false
+end
+
 function App:handle(req, res)
     local app = self
     local tags = self.access_tags -- the core keeps an access log: tell it the site and route
@@ -980,7 +994,10 @@ function App:handle(req, res)
             return res:redirect(q ~= "" and (c .. "?" .. q) or c, 308)
         end
     end
-    app:secure_reply(req, res)
+    local mounts = rawget(app, "mount_prefixes")
+    if not (mounts and under_mount(mounts, path)) then -- a mounted app adds its own
+        app:secure_reply(req, res)
+    end
     rawset(req, "_app", app)
     local views = settings_of.views
     if views then

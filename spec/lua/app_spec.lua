@@ -120,6 +120,28 @@ describe("moonserve.app", function()
         assert.equal(404, (helper.simulate(app, "GET", "/blog/nope")))
     end)
 
+    it("sends a mounted app's security fields, once, in place of its parent's", function()
+        local inner = moonserve.app()
+        inner:get("/", function(_, res) res:send("in") end)
+        local bare = moonserve.app():security(false)
+        bare:get("/", function(_, res) res:send("bare") end)
+        local app = moonserve.app()
+        app:get("/", function(_, res) res:send("out") end)
+        app:mount("/in", inner)
+        app:mount("/bare", bare)
+        local run = helper.memory_server(app)
+        local function count(path)
+            local out = run("GET " .. path .. " HTTP/1.1\r\nHost: test\r\n\r\n")
+            local _, n = out:gsub("\r\nx%-content%-type%-options: nosniff\r\n", "")
+            return n, out
+        end
+        for path, want in pairs({ ["/"] = 1, ["/in"] = 1, ["/in/x"] = 1, ["/bare"] = 0,
+            ["/bare/nope"] = 0, ["/inside"] = 1 }) do
+            local n, out = count(path)
+            assert.equal(want, n, path .. ": " .. out)
+        end
+    end)
+
     it("redirects a non-canonical path to the canonical one with 308, keeping the query", function()
         local app = moonserve.app()
         app:get("/users/:id", function(req, res) res:send(req.params.id) end)

@@ -47,6 +47,8 @@ local CASES = {
     { "GET", "/shared" },
     { "GET", "/timer" },
     { "GET", "/socket?port=REDIS" },
+    { "GET", "/coroutines" },
+    { "POST", "/nested", body = string.rep("n", 100000) },
     { "GET", "/api/who" },
     { "GET", "/missing" },
     { "POST", "/" , body = "" },                                   -- 405 and its Allow

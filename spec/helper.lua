@@ -362,7 +362,7 @@ http {
             return true
         end
     end) then
-        local log = read_file(work .. "/error.log")
+        local log = read_file(work .. "/error.log") .. read_file(work .. "/out.log")
         ngx.stop()
         error("nginx did not start: " .. log, 2)
     end

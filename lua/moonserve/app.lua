@@ -391,7 +391,11 @@ function App:ngx_content(path, fn, opts)
         error("bad handler for ngx_content " .. tostring(path) .. " (function expected)", 2)
     end
     require "moonserve.ngx"
-    local function content()
+    local function content(_, res)
+        local to_ngx = res._to_ngx -- inside nginx: the fields set so far go to ngx.header first
+        if to_ngx then
+            to_ngx(res)
+        end
         fn()
     end
     for _, m in ipairs(METHODS) do
@@ -411,6 +415,10 @@ end
 local function ngx_hook(self, phase, name, fn)
     if type(fn) ~= "function" then
         error("bad argument #1 to '" .. name .. "' (function expected, got " .. type(fn) .. ")", 3)
+    end
+    if the_host.under_nginx() then
+        error(name .. ": inside nginx, give nginx.conf's " .. phase .. "_by_lua_block the hook",
+            3)
     end
     require "moonserve.ngx"
     local hooks = rawget(self, "ngx_hooks") or {}
@@ -945,9 +953,6 @@ local function chain(app)
     return c
 end
 
---- Runs the request through sites, middleware and routes; returns what the handler
--- returned (the `return status, body, headers` form). A request through no middleware
--- makes no closure on the way: the JIT compiles this path whole.
 -- Whether `path` falls under one of the prefixes of an app's mounts.
 local function under_mount(prefixes, path)
     for i = 1, #prefixes do
@@ -959,6 +964,9 @@ local function under_mount(prefixes, path)
     return false
 end
 
+--- Runs the request through sites, middleware and routes; returns what the handler
+-- returned (the `return status, body, headers` form). A request through no middleware
+-- makes no closure on the way: the JIT compiles this path whole.
 function App:handle(req, res)
     local app = self
     local tags = self.access_tags -- the core keeps an access log: tell it the site and route

@@ -66,11 +66,11 @@ local function core_host()
 end
 
 --- Whether this Lua runs inside nginx with its Lua module: a global `ngx` that is nginx's,
--- not the one moonserve's ngx layer (moonserve.ngx) installs.
+-- not the one moonserve's ngx layer (moonserve.ngx) installs, which says so in its config.
 function _M.under_nginx()
     local n = rawget(_G, "ngx")
-    return type(n) == "table" and package.loaded["moonserve.ngx"] == nil and
-        type(rawget(n, "config")) == "table" and n.config.ngx_lua_version ~= nil
+    local config = type(n) == "table" and rawget(n, "config")
+    return type(config) == "table" and config.ngx_lua_version ~= nil and not config.moonserve
 end
 
 local function default_host()

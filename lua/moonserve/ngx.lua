@@ -6,6 +6,12 @@
 -- is in: a request's handler, its own coroutines and light threads, a timer, a hook
 -- (moonserve/ngx/context.lua). Functions taken at load (local tcp = ngx.socket.tcp) work.
 -- The parts: context, output, req, var, time, codec, errlog, process, loader (require).
+-- Inside nginx, ngx is nginx's own: the layer has nothing to add (an app file with
+-- app:ngx_content routes runs there through moonserve.openresty).
+if require("moonserve.host").under_nginx() then
+    return rawget(_G, "ngx")
+end
+
 local context = require "moonserve.ngx.context"
 local output = require "moonserve.ngx.output"
 local req = require "moonserve.ngx.req"
@@ -137,6 +143,7 @@ local ngx = {
         is_console = false,
         prefix = function() return "" end,
         nginx_configure = function() return "" end,
+        moonserve = true, -- (not OpenResty's: tells this layer from nginx's own ngx)
     },
     location = {
         capture = lazy("moonserve.ngx.capture", "capture"),

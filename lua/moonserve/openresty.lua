@@ -12,6 +12,7 @@
 -- moonserve inside nginx never loads the core (moonserve/host.lua picks this host there).
 -- What cannot be the same is in docs/guide/openresty.md.
 -- @module moonserve.openresty
+
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local host = require "moonserve.host"
 if not host.under_nginx() then

@@ -6,6 +6,7 @@
 -- has a length on HTTP/1.x; a chunked or HTTP/2 body is read whole by nginx first
 -- (ngx.req.read_body, in memory or its temporary file) and handed over in pieces.
 -- @module moonserve.openresty.request
+
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local codec = require "moonserve.codec"
 

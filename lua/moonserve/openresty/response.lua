@@ -5,6 +5,7 @@
 -- then go to ngx.header at once. send() gives the length; write() streams (chunked on
 -- HTTP/1.1, as nginx frames a reply without one).
 -- @module moonserve.openresty.response
+
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local host = require "moonserve.host"
 
@@ -359,10 +360,21 @@ function Response:_streaming()
     return self.state == "streaming"
 end
 
+-- An app:ngx_content route's code answers with nginx's ngx itself: the status and fields
+-- set so far (the security fields, middleware's) go to ngx.header first.
+function Response:_to_ngx()
+    if self.state == "open" then
+        fire(self)
+        head(self, nil, false)
+        self.state = "ngx"
+    end
+end
+
 -- The handler is done: a reply it never sent goes out empty (nginx ends a stream as the
 -- content handler returns).
 function Response:_finish()
-    if self.state == "open" then
+    if self.state == "open" or (self.state == "ngx" and not ngx.headers_sent) then
+        self.state = "open"
         self:send("")
     end
 end

@@ -3,6 +3,7 @@
 -- moonserve.timer, moonserve.spawn, moonserve.semaphore, moonserve.socket, moonserve.worker
 -- and moonserve.shared; moonserve/host.lua: module).
 -- @module moonserve.openresty.services
+
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local buffer = require "string.buffer"
 local bit = require "bit"

@@ -8,8 +8,8 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local base = require "moonserve.base"
-local codec = require "moonserve.codec"
 local coro = require "moonserve.coroutine"
+local shared = require "moonserve.request_methods"
 
 local C = base.C
 local ffi_str = ffi.string
@@ -54,23 +54,6 @@ function getters.query_string(self)
     return r.query.len > 0 and ffi_str(r.query.base, r.query.len) or ""
 end
 
-function getters.query(self)
-    return codec.parse_form(self.query_string)
-end
-
-function getters.params()
-    return {}
-end
-
-function getters.ctx()
-    return {}
-end
-
--- The Cookie field as { name = value } (moonserve.cookie.parse).
-function getters.cookies(self)
-    return require("moonserve.cookie").parse(self:header("cookie"))
-end
-
 -- The request's id (24 hex digits, or a trusted proxy's X-Request-Id): the access log's
 -- request_id, and the reference of an error page.
 local id_buf = ffi.new("char[80]")
@@ -98,16 +81,7 @@ end
 -- "https" when the request came over TLS, or a trusted proxy says the client did; else
 -- "http".
 function getters.scheme(self)
-    if self.tls then
-        return "https"
-    end
-    if self.trusted_proxy then
-        local proto = self:header("x-forwarded-proto")
-        if proto and lower(proto:match("([^,%s]+)%s*$") or "") == "https" then
-            return "https"
-        end
-    end
-    return "http"
+    return (self.tls or shared.proxied_https(self)) and "https" or "http"
 end
 
 function getters.client_ip(self)
@@ -115,17 +89,8 @@ function getters.client_ip(self)
     return ffi_str(peer_buf, n)
 end
 
-local mt = {
-    __index = function(self, k)
-        local get = getters[k]
-        if get then
-            local v = get(self)
-            rawset(self, k, v)
-            return v
-        end
-        return Request[k]
-    end,
-}
+-- (form, parts, accepts, json and the fields query, params, ctx, cookies are shared)
+local mt = shared.metatable(getters, Request)
 
 local _M = { getters = getters, methods = Request }
 
@@ -279,11 +244,6 @@ function Request:body()
     local body = n == 1 and parts[1] or concat(parts)
     rawset(self, "_body", body)
     return body
-end
-
--- form, parts, accepts and json: over header() and body(), the same for every host.
-for name, fn in pairs(require("moonserve.request_methods").methods) do
-    Request[name] = fn
 end
 
 return _M

@@ -1,12 +1,68 @@
---- moonserve/request_methods.lua: the request's methods that need nothing of its host but
--- header() and body(): forms, multipart parts, content negotiation and JSON. The core's
--- request (moonserve/request.lua) and nginx's (moonserve/openresty/request.lua) take them.
+--- moonserve/request_methods.lua: what a request does that needs nothing of its host but
+-- header(), body() and its own fields: forms, multipart parts, content negotiation, JSON,
+-- and the lazy fields query, params, ctx and cookies. The core's request
+-- (moonserve/request.lua) and nginx's (moonserve/openresty/request.lua) take them.
 -- @module moonserve.request_methods
 local codec = require "moonserve.codec"
 
 local lower, sub, find = string.lower, string.sub, string.find
 
 local Request = {}
+
+-- The fields read at their first use, as both hosts' requests have them.
+local getters = {}
+
+function getters.query(self)
+    return codec.parse_form(self.query_string)
+end
+
+function getters.params()
+    return {}
+end
+
+function getters.ctx()
+    return {}
+end
+
+-- The Cookie field as { name = value } (moonserve.cookie.parse).
+function getters.cookies(self)
+    return require("moonserve.cookie").parse(self:header("cookie"))
+end
+
+local _M = { methods = Request }
+
+--- Whether a trusted proxy says the client came over https (X-Forwarded-Proto's last item).
+-- @local
+function _M.proxied_https(self)
+    if self.trusted_proxy then
+        local proto = self:header("x-forwarded-proto")
+        return proto ~= nil and lower(proto:match("([^,%s]+)%s*$") or "") == "https"
+    end
+    return false
+end
+
+--- A request's metatable: `own_getters` (the host's, then these) make a field at its first
+-- read, `methods` (the host's, then these) are the rest.
+-- @local
+function _M.metatable(own_getters, methods)
+    for k, get in pairs(getters) do
+        own_getters[k] = own_getters[k] or get
+    end
+    for k, fn in pairs(Request) do
+        methods[k] = methods[k] or fn
+    end
+    return {
+        __index = function(self, k)
+            local get = own_getters[k]
+            if get then
+                local v = get(self)
+                rawset(self, k, v)
+                return v
+            end
+            return methods[k]
+        end,
+    }
+end
 
 local function media_type(self)
     local ct = self:header("content-type")
@@ -101,4 +157,4 @@ function Request:json()
     return v
 end
 
-return { methods = Request }
+return _M

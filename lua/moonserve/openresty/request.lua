@@ -8,7 +8,7 @@
 -- @module moonserve.openresty.request
 
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
-local codec = require "moonserve.codec"
+local shared = require "moonserve.request_methods"
 
 local ngx = ngx
 local ngx_var, ngx_req = ngx.var, ngx.req
@@ -42,22 +42,6 @@ function getters.query_string(self)
     return q and sub(t, q + 1) or ""
 end
 
-function getters.query(self)
-    return codec.parse_form(self.query_string)
-end
-
-function getters.params()
-    return {}
-end
-
-function getters.ctx()
-    return {}
-end
-
-function getters.cookies(self)
-    return require("moonserve.cookie").parse(self:header("cookie"))
-end
-
 -- nginx's $request_id (32 hex digits): the reference of an error page.
 function getters.id()
     return ngx_var.request_id
@@ -82,33 +66,15 @@ end
 
 -- "https" when nginx took the request over TLS, or a trusted proxy says the client did.
 function getters.scheme(self)
-    if ngx_var.https == "on" then
-        return "https"
-    end
-    if self.trusted_proxy then
-        local proto = self:header("x-forwarded-proto")
-        if proto and lower(proto:match("([^,%s]+)%s*$") or "") == "https" then
-            return "https"
-        end
-    end
-    return "http"
+    return (ngx_var.https == "on" or shared.proxied_https(self)) and "https" or "http"
 end
 
 function getters.client_ip()
     return ngx_var.remote_addr
 end
 
-local mt = {
-    __index = function(self, k)
-        local get = getters[k]
-        if get then
-            local v = get(self)
-            rawset(self, k, v)
-            return v
-        end
-        return Request[k]
-    end,
-}
+-- (form, parts, accepts, json and the fields query, params, ctx, cookies are shared)
+local mt = shared.metatable(getters, Request)
 
 local _M = { getters = getters, methods = Request }
 
@@ -311,10 +277,6 @@ function Request:body()
     local body = n == 1 and parts[1] or concat(parts)
     rawset(self, "_body", body)
     return body
-end
-
-for name, fn in pairs(require("moonserve.request_methods").methods) do
-    Request[name] = fn
 end
 
 return _M

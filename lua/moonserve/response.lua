@@ -10,8 +10,7 @@ local coro = require "moonserve.coroutine"
 
 local C = base.C
 local band = bit.band
-local lower, format, gsub, type, tostring = string.lower, string.format, string.gsub, type,
-    tostring
+local lower, format, type, tostring = string.lower, string.format, type, tostring
 local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
 local check, park = coro.check_request, coro.park
 
@@ -295,46 +294,10 @@ function Response:static_mount(id)
     return C.ms_ffi_static_serve(r, id) == 0
 end
 
-local cjson
---- Sends `value` as JSON.
--- @param value a table (or any value lua-cjson encodes)
--- @return true, or nil and an error
-function Response:json(value)
-    cjson = cjson or require "cjson"
-    local body = cjson.encode(value)
-    if not self.has_type then
-        add_header(self, "content-type", "application/json", 1)
-    end
-    return self:send(body)
-end
-
--- Printable bytes no URL may hold as they are (RFC 3986 2): escaped in a Location. Above
--- all the backslash, which browsers read as "/": "/\evil.test" would be "//evil.test".
-local NOT_URL = '[ "<>\\^`{|}]'
-
-local function escape_byte(c)
-    return format("%%%02X", c:byte())
-end
-
---- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
--- percent-encoded; control characters raise.
--- @tparam string url
--- @tparam[opt=302] integer code 300 to 399
--- @return true, or nil and an error
-function Response:redirect(url, code)
-    if type(url) ~= "string" then
-        error("bad redirect url (string expected)", 2)
-    end
-    code = code or 302
-    if code < 300 or code > 399 then
-        error("bad redirect status " .. tostring(code), 2)
-    end
-    if C.ms_ffi_url_plain(url, #url) == 0 then
-        url = gsub(url, NOT_URL, escape_byte)
-    end
-    self:status(code)
-    add_header(self, "location", url, 1)
-    return self:send("Redirecting to " .. url .. "\n")
+-- Whether `url` holds none of the bytes a Location must escape (response_methods.redirect):
+-- in C, for the redirect every canonical path takes.
+function Response._url_plain(_, url)
+    return C.ms_ffi_url_plain(url, #url) ~= 0
 end
 
 --- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1). Waits (parks
@@ -377,9 +340,10 @@ function Response:flush()
     return true
 end
 
--- cookie, before_send and render: over header() and send(), the same for every host.
+-- json, redirect, cookie, before_send and render: over header(), status() and send(), the
+-- same for every host.
 for name, fn in pairs(require("moonserve.response_methods").methods) do
-    Response[name] = fn
+    Response[name] = Response[name] or fn
 end
 
 return _M

@@ -1,10 +1,61 @@
 --- moonserve/response_methods.lua: the reply's methods that need nothing of its host but
--- header() and send(): cookies, hooks before the head leaves, and templates. The core's reply
--- (moonserve/response.lua) and nginx's (moonserve/openresty/response.lua) take them.
+-- header(), status() and send(): JSON, redirects, cookies, hooks before the head leaves, and
+-- templates. The core's reply (moonserve/response.lua) and nginx's
+-- (moonserve/openresty/response.lua) take them.
 -- @module moonserve.response_methods
 local cookie = require "moonserve.cookie"
 
+local format, gsub, find, type, tostring = string.format, string.gsub, string.find, type,
+    tostring
+
 local Response = {}
+
+local cjson
+--- Sends `value` as JSON.
+-- @param value a table (or any value lua-cjson encodes)
+-- @return true, or nil and an error
+function Response:json(value)
+    cjson = cjson or require "cjson"
+    local body = cjson.encode(value)
+    if not self.has_type then
+        self:header("content-type", "application/json")
+    end
+    return self:send(body)
+end
+
+-- Printable bytes no URL may hold as they are (RFC 3986 2): escaped in a Location. Above
+-- all the backslash, which browsers read as "/": "/\evil.test" would be "//evil.test".
+local NOT_URL = '[ "<>\\^`{|}]'
+
+local function escape_byte(c)
+    return format("%%%02X", c:byte())
+end
+
+-- Whether `url` holds none of those bytes (the core's reply checks in C).
+function Response._url_plain(_, url)
+    return not find(url, NOT_URL)
+end
+
+--- Redirects to `url` (302 unless `code` says otherwise). Bytes no URL may hold are
+-- percent-encoded; control characters raise.
+-- @tparam string url
+-- @tparam[opt=302] integer code 300 to 399
+-- @return true, or nil and an error
+function Response:redirect(url, code)
+    if type(url) ~= "string" then
+        error("bad redirect url (string expected)", 2)
+    end
+    code = code or 302
+    if code < 300 or code > 399 then
+        error("bad redirect status " .. tostring(code), 2)
+    end
+    if not self:_url_plain(url) then
+        url = gsub(url, NOT_URL, escape_byte)
+    end
+    self:status(code)
+    self:header("location", url)
+    return self:send("Redirecting to " .. url .. "\n")
+end
 
 --- Sets a cookie: Set-Cookie built by moonserve.cookie (opts: path, domain, max_age,
 -- expires, secure, http_only, same_site, partitioned). Misuse raises.

@@ -11,7 +11,7 @@ local host = require "moonserve.host"
 
 local ngx = ngx
 local ngx_header = ngx.header
-local lower, format, gsub, find = string.lower, string.format, string.gsub, string.find
+local lower, format, find = string.lower, string.format, string.find
 local type, tostring, error, rawget, pairs = type, tostring, error, rawget, pairs
 
 local Response = {}
@@ -315,41 +315,6 @@ function Response:static_mount()
     return ngx.exec(location)
 end
 
---- Sends `value` as JSON.
--- @return true, or nil and an error
-function Response:json(value)
-    local body = require("cjson").encode(value)
-    if not self.has_type then
-        add_or_raise(self, "content-type", "application/json", 1)
-    end
-    return self:send(body)
-end
-
-local NOT_URL = '[ "<>\\^`{|}]'
-
-local function escape_byte(c)
-    return format("%%%02X", c:byte())
-end
-
---- Redirects to `url` (302 unless `code` says otherwise); bytes no URL may hold are
--- percent-encoded, control characters raise.
--- @return true, or nil and an error
-function Response:redirect(url, code)
-    if type(url) ~= "string" then
-        error("bad redirect url (string expected)", 2)
-    end
-    code = code or 302
-    if code < 300 or code > 399 then
-        error("bad redirect status " .. tostring(code), 2)
-    end
-    if find(url, NOT_URL) then
-        url = gsub(url, NOT_URL, escape_byte)
-    end
-    self:status(code)
-    add_or_raise(self, "location", url, 1)
-    return self:send("Redirecting to " .. url .. "\n")
-end
-
 -- The request was refused (a body past its limit): nothing of this reply goes out.
 function Response:_refused()
     self.state, self.lost = "done", true
@@ -379,8 +344,9 @@ function Response:_finish()
     end
 end
 
+-- json, redirect, cookie, before_send and render: over header(), status() and send().
 for name, fn in pairs(require("moonserve.response_methods").methods) do
-    Response[name] = fn
+    Response[name] = Response[name] or fn
 end
 
 return _M

@@ -462,26 +462,34 @@ int ms_ws_parse(ms_ws_parser_t *p, const char *data, size_t n)
     return 0;
 }
 
-/* -- A WebSocket on a tunnel ------------------------------------------------------------- */
+/* -- A WebSocket on a tunnel ---------------------------------------------------------------
+ * A socket starts on its request's tunnel. On HTTP/1.1 it outlives the request: once the
+ * handler lets go of the request (ms_req_finish), the socket takes the connection over
+ * (ws_handover) and the HTTP/1.1 state, the request and its pool go back to the worker, so
+ * that an open socket holds only the connection and itself. On HTTP/2 it stays one stream
+ * of its connection, and its request lives as long as it does. */
 
 struct ms_ws_s {
     ms_ws_parser_t p;
     ms_tunnel_t tunnel;
     ms_server_t *server;
-    ms_req_t *req;     /* the request taken over; kept by its handler until ms_ws_free */
+    ms_req_t *req;   /* the request taken over, while the socket is on its tunnel, else NULL */
+    ms_conn_t *conn; /* the connection, once the socket has it (holding a reference), else NULL */
     ms_ws_t *next, *prev; /* the server's open sockets (for ms__ws_stop_all) */
     ms_ws_opts_t o;
     /* Messages not yet received, each [op: 1][code: 2][len: 4] then its bytes. The first
      * `taken` bytes were handed out by the last ms_ws_receive. */
     ms_buf_t inq;
     size_t taken;
-    int32_t slot;        /* who to wake when something comes; -1: nobody */
-    uint8_t gone;        /* the tunnel ended, or we cut it: no more bytes either way */
-    uint8_t read_off;    /* reading stopped: too much received and not yet taken */
-    uint8_t ping_out;    /* our ping awaits a frame from the peer */
-    uint8_t in_parse;    /* inside ms_ws_parse (the parser's callbacks) */
-    uint64_t last_rx;    /* loop time of the last frame from the peer */
-    uint64_t last_msg;   /* ... and of the last message either way, for idle_ms */
+    int32_t slot;     /* who to wake when something comes; -1: nobody */
+    uint8_t gone;     /* the tunnel ended, or we cut it: no more bytes either way */
+    uint8_t read_off; /* reading stopped: too much received and not yet taken */
+    uint8_t ping_out; /* our ping awaits a frame from the peer */
+    uint8_t in_parse; /* inside ms_ws_parse (the parser's callbacks) */
+    uint8_t outlive;  /* it keeps the connection once its request finishes (HTTP/1.1) */
+    uint8_t freed;    /* ms_ws_free was called: the connection's free frees it */
+    uint64_t last_rx;  /* loop time of the last frame from the peer */
+    uint64_t last_msg; /* ... and of the last message either way, for idle_ms */
     ms_timer_t ping_t, idle_t, close_t;
 };
 
@@ -502,6 +510,11 @@ static uint64_t now_ms(ms_ws_t *ws)
     return uv_now(ws->server->loop);
 }
 
+static ms_conn_t *conn_of(ms_ws_t *ws)
+{
+    return ws->conn != NULL ? ws->conn : ws->req->conn;
+}
+
 static void wake(ms_ws_t *ws)
 {
     if (ws->slot >= 0) {
@@ -514,8 +527,72 @@ static void wake(ms_ws_t *ws)
 static void log_close(ms_ws_t *ws, int code, const char *why)
 {
     char peer[64];
-    ms_conn_peer(ws->req->conn, peer, sizeof(peer));
+    ms_conn_peer(conn_of(ws), peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: WebSocket closed with %d: %s", peer, code, why);
+}
+
+/* A Lua string that will not be written: its slot is released. */
+static void drop(ms_ws_t *ws, int owner, int32_t anchor)
+{
+    if (owner == MS_VEC_LUA && anchor >= 0)
+        ws->server->anchor_released[ws->server->anchor_released_n++] = anchor;
+}
+
+/* Queues bytes to the peer: on the tunnel, or on the connection the socket has, where they
+ * go at the end of a read, or at once (write_now). */
+static void queue(ms_ws_t *ws, const char *p, size_t len, int owner, int32_t anchor)
+{
+    if (ws->conn == NULL) {
+        ms_tunnel_write(&ws->tunnel, p, len, owner, anchor);
+        return;
+    }
+    ms_conn_t *c = ws->conn;
+    ms_server_t *s = ws->server;
+    if ((c->flags & MS_CONN_CLOSED) || len == 0) {
+        drop(ws, owner, anchor);
+        return;
+    }
+    ms_out_t *o = ms__conn_out(c);
+    if (owner == MS_VEC_OUT || (len <= MS_COPY_BODY_MAX && owner == MS_VEC_LUA)) {
+        ms__out_text(s, o, p, len);
+        drop(ws, owner, anchor);
+    } else {
+        ms__out_vec(s, o, p, len, owner, anchor);
+    }
+}
+
+static void write_now(ms_ws_t *ws)
+{
+    ms_conn_t *c = ws->conn;
+    if (c != NULL && !(c->flags & MS_CONN_IN_FEED)) {
+        ms__conn_flush(c);
+        ms__conn_idle(c); /* between writes the connection holds no reply queue */
+    }
+}
+
+static void write_frame(ms_ws_t *ws, const char *p, size_t len)
+{
+    queue(ws, p, len, MS_VEC_OUT, -1);
+    write_now(ws);
+}
+
+/* Stops (0) or resumes (1) reading from the peer. */
+static void read_on(ms_ws_t *ws, int on)
+{
+    if (ws->conn == NULL) {
+        ms_tunnel_read(&ws->tunnel, on);
+        return;
+    }
+    ms_conn_t *c = ws->conn;
+    if (c->flags & MS_CONN_CLOSED)
+        return;
+    if (!on && !(c->flags & MS_CONN_READ_OFF)) {
+        c->flags |= MS_CONN_READ_OFF;
+        c->io->read_stop(c);
+    } else if (on && (c->flags & MS_CONN_READ_OFF)) {
+        c->flags &= ~MS_CONN_READ_OFF;
+        c->io->read_start(c);
+    }
 }
 
 /* No more bytes either way: what was queued still goes, then the request's handler sees
@@ -534,6 +611,8 @@ static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
     uint8_t h[WS_REC_HEAD] = {(uint8_t)op, (uint8_t)(code >> 8), (uint8_t)code,
                               (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
                               (uint8_t)n};
+    if (ws->freed)
+        return; /* nobody will take it */
     ms_buf_t *b = &ws->inq;
     buf_reserve(b, b->len + WS_REC_HEAD + n, SIZE_MAX);
     memcpy(b->base + b->len, h, WS_REC_HEAD);
@@ -542,7 +621,7 @@ static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
     b->len += WS_REC_HEAD + n;
     if (b->len > WS_INQ_HIGH && !ws->read_off && !ws->gone) {
         ws->read_off = 1;
-        ms_tunnel_read(&ws->tunnel, 0);
+        read_on(ws, 0);
     }
     wake(ws);
 }
@@ -573,7 +652,7 @@ static void on_send(ms_ws_parser_t *p, const char *d, size_t n)
 {
     ms_ws_t *ws = ws_of_parser(p);
     if (!ws->gone)
-        ms_tunnel_write(&ws->tunnel, d, n, MS_VEC_OUT, -1);
+        write_frame(ws, d, n);
 }
 
 static const ms_ws_parser_ops_t ws_parser_ops = {.message = on_message, .send = on_send};
@@ -591,8 +670,7 @@ static void send_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
         return;
     uint8_t f[2 + MS_WS_CONTROL_MAX];
     ws->p.close_sent = 1;
-    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_close_frame(f, code, reason, rlen),
-                    MS_VEC_OUT, -1);
+    write_frame(ws, (const char *)f, ms_ws_close_frame(f, code, reason, rlen));
     ms_timer_stop(ws->server, &ws->ping_t);
     ms_timer_stop(ws->server, &ws->idle_t);
     ms_timer_start(ws->server, &ws->close_t, ws->o.close_ms, close_timeout);
@@ -601,7 +679,7 @@ static void send_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
 static void on_data(ms_tunnel_t *t, const char *p, size_t n)
 {
     ms_ws_t *ws = t->data;
-    if (ws->gone || ws->p.done)
+    if (ws->gone || ws->p.done || ws->freed)
         return; /* (after a close, what the peer still sends is dropped) */
     ws->last_rx = now_ms(ws);
     ws->in_parse = 1;
@@ -636,8 +714,7 @@ static void ping_timeout(ms_timer_t *t)
         return;
     }
     uint8_t f[2];
-    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0),
-                    MS_VEC_OUT, -1);
+    write_frame(ws, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0));
     ws->ping_out = 1;
     ms_timer_start(ws->server, &ws->ping_t, ws->o.pong_ms, ping_timeout);
 }
@@ -654,6 +731,110 @@ static void idle_timeout(ms_timer_t *t)
     wake(ws);
 }
 
+/* -- The connection, once the socket has it --------------------------------------------- */
+
+static void ws_handover(ms_tunnel_t *t, ms_conn_t *c, const char *rest, size_t n)
+{
+    ms_ws_t *ws = t->data;
+    ws->req = NULL;
+    ws->conn = c;
+    c->proto = &ms__ws_proto;
+    c->pstate = ws;
+    c->phase = MS_PHASE_NONE;
+    ms_timer_stop(c->server, &c->timer);
+    if (c->flags & MS_CONN_CLOSED) {
+        cut(ws);
+        return;
+    }
+    if (n > 0) {
+        ms__conn_hold(c);
+        c->flags |= MS_CONN_IN_FEED;
+        on_data(&ws->tunnel, rest, n);
+        c->flags &= ~MS_CONN_IN_FEED;
+        write_now(ws);
+        ms__conn_release(c);
+    }
+}
+
+static void ws_feed(ms_conn_t *c, const char *data, size_t len)
+{
+    ms_ws_t *ws = c->pstate;
+    ms__conn_hold(c); /* a handler woken from here may let go of the socket */
+    c->flags |= MS_CONN_IN_FEED;
+    on_data(&ws->tunnel, data, len);
+    c->flags &= ~MS_CONN_IN_FEED;
+    write_now(ws);
+    ms__conn_rearm(c);
+    ms__conn_release(c);
+}
+
+static void ws_eof(ms_conn_t *c)
+{
+    ms_ws_t *ws = c->pstate;
+    if (ws->freed) {
+        ms__conn_close(c, 0);
+        return;
+    }
+    cut(ws); /* the handler sees the end and lets go of the socket, which closes it */
+}
+
+static void ws_rearm(ms_conn_t *c)
+{
+    /* Nothing of the connection's: the socket's own timers keep its deadlines. */
+    c->phase = MS_PHASE_NONE;
+    ms_timer_stop(c->server, &c->timer);
+}
+
+static void ws_timeout(ms_conn_t *c, int phase)
+{
+    char peer[64];
+    (void)phase; /* only MS_PHASE_SEND is armed (ms__conn_rearm) */
+    ms_conn_peer(c, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: closed: the client read nothing for send_timeout", peer);
+    ms__conn_close(c, 0);
+}
+
+static void ws_drain_check(ms_conn_t *c)
+{
+    ms__conn_idle(c); /* what was written in the background has gone */
+}
+
+static void ws_nothing(ms_conn_t *c)
+{
+    (void)c; /* resume: nothing deferred; stop: ms__ws_stop_all sends the close */
+}
+
+static void ws_abort(ms_conn_t *c)
+{
+    cut(c->pstate);
+}
+
+static void ws_conn_free(ms_server_t *s, void *pstate)
+{
+    ms_ws_t *ws = pstate;
+    (void)s;
+    assert(ws->freed); /* it holds a reference on the connection until then */
+    ms_ws_parser_free(&ws->p);
+    buf_release(&ws->inq);
+    ms_mem_free(ws);
+}
+
+const ms_proto_t ms__ws_proto = {
+    .name = "websocket",
+    .feed = ws_feed,
+    .eof = ws_eof,
+    .write = ms__conn_flush,
+    .rearm = ws_rearm,
+    .timeout = ws_timeout,
+    .drain_check = ws_drain_check,
+    .resume = ws_nothing,
+    .stop = ws_nothing,
+    .abort = ws_abort,
+    .free = ws_conn_free,
+};
+
+/* -- The socket's API --------------------------------------------------------------------- */
+
 ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
 {
     ms_server_t *s = r->conn->server;
@@ -669,8 +850,10 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     ws->server = s;
     ws->req = r;
     ws->slot = -1;
+    ws->outlive = (uint8_t)ms_req_tunnel_handover(r);
     ws->tunnel.on_data = on_data;
     ws->tunnel.on_end = on_end;
+    ws->tunnel.on_handover = ws->outlive ? ws_handover : NULL;
     ws->tunnel.data = ws;
     int rc = ms_req_tunnel(r, &ws->tunnel);
     if (rc < 0) {
@@ -679,8 +862,10 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
         *err = rc;
         return NULL;
     }
-    /* An open WebSocket is not a request in flight: it has its own cap. */
-    s->stats->in_flight--;
+    /* An open WebSocket is not a request in flight: it has its own cap. One that outlives
+     * its request stops being one when the request finishes; one that does not, now. */
+    if (!ws->outlive)
+        s->stats->in_flight--;
     s->websockets++;
     ws->next = s->ws_open;
     if (ws->next != NULL)
@@ -694,6 +879,11 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     if (s->stopping)
         send_close(ws, MS_WS_GOING_AWAY, "server stopping", 15);
     return ws;
+}
+
+int ms_ws_outlives(ms_ws_t *ws)
+{
+    return ws->outlive;
 }
 
 void ms_ws_free(ms_ws_t *ws)
@@ -710,9 +900,21 @@ void ms_ws_free(ms_ws_t *ws)
         s->ws_open = ws->next;
     if (ws->next != NULL)
         ws->next->prev = ws->prev;
-    /* Back to a request in flight, which ms_req_finish counts out. */
     s->websockets--;
-    s->stats->in_flight++;
+    ws->freed = 1;
+    ms_conn_t *c = ws->conn;
+    if (c != NULL) {
+        /* The socket's connection closes once what was queued has gone, and its free
+         * frees the socket (ws_conn_free). */
+        c->flags |= MS_CONN_CLOSING;
+        ms__conn_flush(c);
+        ms__conn_release(c);
+        return;
+    }
+    if (ws->req != NULL && ws->req->tunnel == &ws->tunnel)
+        ws->req->tunnel = NULL; /* the request, still the handler's, closes as a tunnel does */
+    if (!ws->outlive)
+        s->stats->in_flight++; /* back to a request in flight, which ms_req_finish counts out */
     ms_ws_parser_free(&ws->p);
     buf_release(&ws->inq);
     ms_mem_free(ws);
@@ -729,7 +931,7 @@ int ms_ws_receive(ms_ws_t *ws, int *op, const char **data, size_t *len, int *cod
             buf_release(b); /* an idle socket holds no queue */
         if (ws->read_off && b->len <= WS_INQ_HIGH / 2 && !ws->gone) {
             ws->read_off = 0;
-            ms_tunnel_read(&ws->tunnel, 1);
+            read_on(ws, 1);
         }
     }
     if (b->len == 0)
@@ -749,22 +951,22 @@ void ms_ws_wait(ms_ws_t *ws, int32_t slot)
     ws->slot = slot;
 }
 
-/* A Lua string that will not be written: its slot is released. */
-static void drop(ms_ws_t *ws, int owner, int32_t anchor)
+static size_t queued(ms_ws_t *ws)
 {
-    if (owner == MS_VEC_LUA && anchor >= 0)
-        ws->server->anchor_released[ws->server->anchor_released_n++] = anchor;
+    return ws->conn != NULL ? ms__conn_queued(ws->conn) : ms__req_queued(ws->req);
 }
 
 /* Whether `len` more bytes fit the send queue; if not, the socket closes with 1008. */
 static int room(ms_ws_t *ws, size_t len)
 {
-    ms_req_t *r = ws->req;
-    if (r->conn->proto->queued(r) + len <= ws->o.send_queue)
+    if (queued(ws) + len <= ws->o.send_queue)
         return 1;
     log_close(ws, MS_WS_POLICY, "the peer does not read: send queue over its cap");
     send_close(ws, MS_WS_POLICY, "send queue full", 15);
-    ms_req_fail(r);
+    if (ws->conn != NULL)
+        ws->conn->flags |= MS_CONN_CLOSING;
+    else
+        ms_req_fail(ws->req);
     cut(ws);
     return 0;
 }
@@ -788,8 +990,10 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
             if (!room(ws, zhl + zn))
                 return MS_ETOOBIG;
             ws->last_msg = now_ms(ws);
-            ms_tunnel_write(&ws->tunnel, (const char *)zh, zhl, MS_VEC_OUT, -1);
-            return ms_tunnel_write(&ws->tunnel, z, zn, MS_VEC_OUT, -1);
+            queue(ws, (const char *)zh, zhl, MS_VEC_OUT, -1);
+            queue(ws, z, zn, MS_VEC_OUT, -1);
+            write_now(ws);
+            return 0;
         }
     }
     uint8_t h[10];
@@ -800,10 +1004,12 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
     }
     if (!(op & 0x8))
         ws->last_msg = now_ms(ws);
-    ms_tunnel_write(&ws->tunnel, (const char *)h, hl, MS_VEC_OUT, -1);
+    queue(ws, (const char *)h, hl, MS_VEC_OUT, -1);
     if (len > 0)
-        return ms_tunnel_write(&ws->tunnel, p, len, owner, anchor);
-    drop(ws, owner, anchor);
+        queue(ws, p, len, owner, anchor);
+    else
+        drop(ws, owner, anchor);
+    write_now(ws);
     return 0;
 }
 
@@ -814,7 +1020,9 @@ int ms_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len, int owner, int3
         return ws->gone || ws->p.close_sent ? MS_ECLOSED : MS_ETOOBIG;
     }
     ws->last_msg = now_ms(ws);
-    return ms_tunnel_write(&ws->tunnel, frame, len, owner, anchor);
+    queue(ws, frame, len, owner, anchor);
+    write_now(ws);
+    return 0;
 }
 
 int ms_ws_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)

@@ -136,7 +136,13 @@ enum {
  * instead. Returns the socket, or NULL with *err: MS_EBUSY over `websockets`, or what
  * ms_req_tunnel returned. The socket is the caller's until ms_ws_free(). */
 ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err);
-/* Frees the socket, before its request finishes (ms_req_finish). */
+/* 1 when the socket outlives its request (HTTP/1.1): once the request's handler finishes it
+ * (ms_req_finish), the socket keeps the connection and the request is gone; 0 (HTTP/2) when
+ * the request must stay unfinished until ms_ws_free(). */
+int ms_ws_outlives(ms_ws_t *ws);
+/* Frees the socket (a close 1000 goes first if no close did): for one that does not outlive
+ * its request, before the request finishes; for one that does, at any time, and the
+ * connection closes once what was queued has gone. */
 void ms_ws_free(ms_ws_t *ws);
 /* The next message, if one has come: its bytes stay valid until the next call. Returns
  * MS_WS_GOT, MS_WS_PENDING, or MS_ECLOSED when no more will come (the close was handed on

@@ -44,6 +44,18 @@ MS_FFI ms_ws_t *ms_ffi_ws_accept(ms_req_t *r, double max_message, double max_fra
     return ms_ws_accept(r, &o, err);
 }
 
+/* 1 when the socket outlives its request (ms_ws_outlives). */
+MS_FFI int ms_ffi_ws_outlives(ms_ws_t *ws)
+{
+    return ms_ws_outlives(ws);
+}
+
+/* The anchor slots whose writes are done (as ms_ffi_anchor_drain, with no request). */
+MS_FFI int ms_ffi_ws_anchor_drain(ms_server_t *s, int32_t *out, int n)
+{
+    return ms_anchor_drain(s, out, n);
+}
+
 MS_FFI void ms_ffi_ws_free(ms_ws_t *ws)
 {
     ms_ws_free(ws);

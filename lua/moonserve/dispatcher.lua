@@ -547,9 +547,21 @@ function _M.adopt(o, obj)
     objs[obj] = true
 end
 
+-- Runs fn(...) in a root task of its own, apart from the running request, which may
+-- finish while the task goes on (a WebSocket handler that outlives its request). It runs at
+-- once, until it first waits; what it makes (owner) is released when it ends, and an error
+-- it raises is logged with `what`.
+function _M.detach(what, fn, ...)
+    local t = new_task("detached", server_now(what), nil, nil)
+    t.what = what
+    run_task(t, t, fn, ...)
+    return t
+end
+
 -- The context the running code is in: for a request's handler, its coroutines and its light
 -- threads, the handler's frame ({ req, res }: "request"); for a timer's run, a hook and
--- their light threads, the root task ("timer" or "hook", and the hook's name); else nil.
+-- their light threads, the root task ("timer" or "hook", and the hook's name; a detached
+-- task, such as a WebSocket handler that outlived its request, is a "timer"); else nil.
 -- The ngx layer keeps its per-context state in the table it gets.
 function _M.context()
     local t = task
@@ -560,7 +572,8 @@ function _M.context()
             return nil, "request" -- (a thread whose handler is gone)
         end
         local root = t.root or t
-        return root, root.kind == "run" and "timer" or "hook", root.what
+        local kind = root.kind
+        return root, (kind == "run" or kind == "detached") and "timer" or "hook", root.what
     end
     if current ~= nil then
         return frames[current_co], "request"

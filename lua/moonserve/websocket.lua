@@ -9,12 +9,11 @@ local ffi = require "ffi"
 local base = require "moonserve.base"
 local coro = require "moonserve.coroutine"
 local dispatcher = require "moonserve.dispatcher"
-local response = require "moonserve.response"
 local security = require "moonserve.security"
 
 local C = base.C
 local ffi_str = ffi.string
-local anchors, drain = base.anchors, response.drain
+local anchors = base.anchors
 local waiter, park, owner_now = dispatcher.waiter, dispatcher.park, dispatcher.owner
 local find, gmatch, lower, format = string.find, string.gmatch, string.lower, string.format
 local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
@@ -27,6 +26,8 @@ ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame
     double send_queue, double ping, double pong, double idle, double close, int control,
     int deflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
+int ms_ffi_ws_outlives(ms_ws_t *ws);
+int ms_ffi_ws_anchor_drain(ms_server_t *s, int32_t *out, int n);
 int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
 void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
 int ms_ffi_ws_send(ms_ws_t *ws, ms_server_t *s, int op, const char *p, size_t len);
@@ -47,6 +48,21 @@ local msg = ffi.new("ms_ffi_ws_msg_t")   -- reused; never held across a yield
 local err_out = ffi.new("int[1]")
 local accept_buf = ffi.new("char[32]")
 local head_buf = ffi.new("char[10]")
+local released = ffi.new("int32_t[256]")
+
+-- Lets go of the strings whose writes are done (response.drain's, with no request).
+local function drain(srv)
+    local n = C.ms_ffi_ws_anchor_drain(srv, released, 256)
+    while n > 0 do
+        for i = 0, n - 1 do
+            anchors[released[i]] = nil
+        end
+        if n < 256 then
+            return
+        end
+        n = C.ms_ffi_ws_anchor_drain(srv, released, 256)
+    end
+end
 
 local _M = {}
 
@@ -187,7 +203,7 @@ local function send(self, op, data)
     local rc = C.ms_ffi_ws_send(g, self._srv, op, data, #data)
     if rc > 0 then
         anchors[rc - 1] = data -- the core writes from this string: keep it alive until then
-        drain(self._r)
+        drain(self._srv)
         return true
     elseif rc < 0 then
         return nil, rc == base.ETOOBIG and "send queue full" or "closed"
@@ -257,7 +273,7 @@ function WebSocket:_release()
     if g then
         self._g = false
         C.ms_ffi_ws_free(g)
-        drain(self._r)
+        drain(self._srv)
     end
 end
 
@@ -285,19 +301,19 @@ function _M.broadcast(list, data, kind)
         return nil, "not UTF-8"
     end
     local frame = ffi_str(head_buf, C.ms_ffi_ws_frame_head(head_buf, op, #data)) .. data
-    local n, r = 0, nil
+    local n, srv = 0, nil
     for _, ws in pairs(list) do
         local g = getmetatable(ws) == WebSocket and handle(ws)
         if g then
             local rc = C.ms_ffi_ws_send_frame(g, ws._srv, frame, #frame)
             if rc > 0 then
                 anchors[rc - 1] = frame
-                n, r = n + 1, ws._r
+                n, srv = n + 1, ws._srv
             end
         end
     end
-    if r then
-        drain(r)
+    if srv then
+        drain(srv)
     end
     return n
 end
@@ -398,6 +414,20 @@ local function negotiate_deflate(field)
     return nil
 end
 
+-- The handler on its socket, which goes when the handler's owner ends (the request, or the
+-- task the handler runs in). An error closes the socket with 1011.
+local function run(ws, req, fn)
+    dispatcher.adopt(owner_now("websocket"), ws)
+    local ok, err = xpcall(fn, debug.traceback, ws, req)
+    if not ok then
+        base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))
+        local g = handle(ws)
+        if g and C.ms_ffi_ws_closed(g) == 0 then
+            C.ms_ffi_ws_close(g, 1011, "", 0)
+        end
+    end
+end
+
 local function refuse(res, status, text)
     return res:status(status):send(text)
 end
@@ -463,17 +493,19 @@ function _M.serve(req, res, fn, o)
         end
         return nil
     end
-    local ws = setmetatable({ _g = g, _r = r, _srv = C.ms_ffi_req_server(r),
+    local ws = setmetatable({ _g = g, _srv = C.ms_ffi_req_server(r),
         protocol = protocol or "", extensions = extensions or "" }, WebSocket)
-    dispatcher.adopt(owner_now("websocket"), ws)
-    local ok2, err = xpcall(fn, debug.traceback, ws, req)
-    if not ok2 then
-        base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))
-        local g2 = handle(ws)
-        if g2 and C.ms_ffi_ws_closed(g2) == 0 then
-            C.ms_ffi_ws_close(g2, 1011, "", 0)
-        end
+    if C.ms_ffi_ws_outlives(g) ~= 0 then
+        -- HTTP/1.1: the socket outlives its request. The handler runs in a task of its own
+        -- and the request finishes once it first waits, when the socket takes the connection
+        -- over and the request's head goes back to the core. What the handler read of `req`
+        -- until then stays, and so do these (interned strings: they cost the socket nothing).
+        local _ = req.method, req.path, req.target, req.query_string, req.http_version
+        rawset(req, "_upgraded", true)
+        dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
+        return nil
     end
+    run(ws, req, fn)
     return nil
 end
 

@@ -414,6 +414,10 @@ local function negotiate_deflate(field)
     return nil
 end
 
+-- What a handler's `req` keeps of the request after an upgrade on HTTP/1.1 besides what it
+-- read before it first waited.
+local KEPT = { "method", "path", "target", "query_string", "http_version" }
+
 -- The handler on its socket, which goes when the handler's owner ends (the request, or the
 -- task the handler runs in). An error closes the socket with 1011.
 local function run(ws, req, fn)
@@ -500,7 +504,9 @@ function _M.serve(req, res, fn, o)
         -- and the request finishes once it first waits, when the socket takes the connection
         -- over and the request's head goes back to the core. What the handler read of `req`
         -- until then stays, and so do these (interned strings: they cost the socket nothing).
-        local _ = req.method, req.path, req.target, req.query_string, req.http_version
+        for i = 1, #KEPT do
+            local _ = req[KEPT[i]] -- (read into the request's table)
+        end
         rawset(req, "_upgraded", true)
         dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
         return nil

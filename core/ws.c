@@ -886,6 +886,11 @@ int ms_ws_outlives(ms_ws_t *ws)
     return ws->outlive;
 }
 
+ms_server_t *ms_ws_server(ms_ws_t *ws)
+{
+    return ws->server;
+}
+
 void ms_ws_free(ms_ws_t *ws)
 {
     ms_server_t *s = ws->server;

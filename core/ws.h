@@ -140,6 +140,8 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err);
  * (ms_req_finish), the socket keeps the connection and the request is gone; 0 (HTTP/2) when
  * the request must stay unfinished until ms_ws_free(). */
 int ms_ws_outlives(ms_ws_t *ws);
+/* The server the socket is on. */
+ms_server_t *ms_ws_server(ms_ws_t *ws);
 /* Frees the socket (a close 1000 goes first if no close did): for one that does not outlive
  * its request, before the request finishes; for one that does, at any time, and the
  * connection closes once what was queued has gone. */

@@ -896,9 +896,12 @@ local function on_event(slot, status)
     if type(who) == "cdata" then
         return resume_handler(who, slot, status)
     end
-    if who.kind == "timer" then
+    local kind = who.kind
+    if kind == "timer" then
         return fire(who)
-    elseif who.kind == "call" then
+    elseif kind == nil and who._wake then
+        return who:_wake(status) -- a slot_for's object
+    elseif kind == "call" then
         slot_free(slot)
         local ok, err = xpcall(who.fn, traceback, status)
         if not ok then
@@ -920,6 +923,20 @@ end
 -- names it in the log if fn raises.
 function _M.on_wake(what, fn)
     return slot_new(nil, { kind = "call", what = what, fn = fn })
+end
+
+-- A slot of `obj`'s for as long as it keeps it: each wake calls obj:_wake(status) from the
+-- loop (a WebSocket with callbacks, which parks no coroutine). slot_drop gives it back.
+function _M.slot_for(obj)
+    return slot_new(nil, obj)
+end
+
+function _M.slot_drop(slot)
+    local srv = home
+    if srv ~= nil then
+        C.ms_ffi_wake_cancel(srv, slot)
+    end
+    slot_free(slot)
 end
 
 -- Calls fn() from the loop at its next turn.

@@ -17,6 +17,7 @@ local anchors = base.anchors
 local waiter, park, owner_now = dispatcher.waiter, dispatcher.park, dispatcher.owner
 local find, gmatch, lower, format = string.find, string.gmatch, string.lower, string.format
 local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
+local new_tab = base.new_tab
 
 ffi.cdef [[
 typedef struct ms_ws_s ms_ws_t;
@@ -27,11 +28,11 @@ ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame
     int deflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
 int ms_ffi_ws_outlives(ms_ws_t *ws);
-int ms_ffi_ws_anchor_drain(ms_server_t *s, int32_t *out, int n);
+int ms_ffi_ws_anchor_drain(ms_ws_t *ws, int32_t *out, int n);
 int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
 void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
-int ms_ffi_ws_send(ms_ws_t *ws, ms_server_t *s, int op, const char *p, size_t len);
-int ms_ffi_ws_send_frame(ms_ws_t *ws, ms_server_t *s, const char *frame, size_t len);
+int ms_ffi_ws_send(ms_ws_t *ws, int op, const char *p, size_t len);
+int ms_ffi_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len);
 int ms_ffi_ws_frame_head(char *out, int op, double len);
 int ms_ffi_ws_close(ms_ws_t *ws, int code, const char *reason, size_t len);
 int ms_ffi_ws_closed(ms_ws_t *ws);
@@ -50,9 +51,10 @@ local accept_buf = ffi.new("char[32]")
 local head_buf = ffi.new("char[10]")
 local released = ffi.new("int32_t[256]")
 
--- Lets go of the strings whose writes are done (response.drain's, with no request).
-local function drain(srv)
-    local n = C.ms_ffi_ws_anchor_drain(srv, released, 256)
+-- Lets go of the strings whose writes are done on the server of the socket `g`
+-- (response.drain's, with no request).
+local function drain(g)
+    local n = C.ms_ffi_ws_anchor_drain(g, released, 256)
     while n > 0 do
         for i = 0, n - 1 do
             anchors[released[i]] = nil
@@ -60,7 +62,7 @@ local function drain(srv)
         if n < 256 then
             return
         end
-        n = C.ms_ffi_ws_anchor_drain(srv, released, 256)
+        n = C.ms_ffi_ws_anchor_drain(g, released, 256)
     end
 end
 
@@ -142,8 +144,9 @@ end
 
 -- -- The socket ---------------------------------------------------------------------------
 
-local WebSocket = {}
+local WebSocket = { protocol = "", extensions = "" }
 WebSocket.__index = WebSocket
+local open, callback_loop -- (the callbacks' way, below)
 
 -- The core's socket, or nil when it is closed for good.
 local function handle(self)
@@ -167,6 +170,9 @@ function WebSocket:receive(timeout)
     local g = handle(self)
     if not g then
         return nil, "closed"
+    end
+    if self._slot then
+        error("ws:receive: this socket's messages go to its message callback", 2)
     end
     while true do
         local rc = C.ms_ffi_ws_receive(g, msg)
@@ -200,10 +206,10 @@ local function send(self, op, data)
     if not g then
         return nil, "closed"
     end
-    local rc = C.ms_ffi_ws_send(g, self._srv, op, data, #data)
+    local rc = C.ms_ffi_ws_send(g, op, data, #data)
     if rc > 0 then
         anchors[rc - 1] = data -- the core writes from this string: keep it alive until then
-        drain(self._srv)
+        drain(g)
         return true
     elseif rc < 0 then
         return nil, rc == base.ETOOBIG and "send queue full" or "closed"
@@ -272,8 +278,8 @@ function WebSocket:_release()
     local g = self._g
     if g then
         self._g = false
+        drain(g)
         C.ms_ffi_ws_free(g)
-        drain(self._srv)
     end
 end
 
@@ -301,19 +307,19 @@ function _M.broadcast(list, data, kind)
         return nil, "not UTF-8"
     end
     local frame = ffi_str(head_buf, C.ms_ffi_ws_frame_head(head_buf, op, #data)) .. data
-    local n, srv = 0, nil
+    local n, last = 0, nil
     for _, ws in pairs(list) do
         local g = getmetatable(ws) == WebSocket and handle(ws)
         if g then
-            local rc = C.ms_ffi_ws_send_frame(g, ws._srv, frame, #frame)
+            local rc = C.ms_ffi_ws_send_frame(g, frame, #frame)
             if rc > 0 then
                 anchors[rc - 1] = frame
-                n, srv = n + 1, ws._srv
+                n, last = n + 1, g
             end
         end
     end
-    if srv then
-        drain(srv)
+    if last then
+        drain(last)
     end
     return n
 end
@@ -432,6 +438,115 @@ local function run(ws, req, fn)
     end
 end
 
+-- -- Callbacks: a socket that parks no coroutine ------------------------------------------
+-- app:websocket(path, { open = fn(ws, req), message = fn(ws, data, kind),
+-- close = fn(ws, code, reason) }): between messages such a socket holds no coroutine, only
+-- its `ws` table and a slot (HTTP/1.1). Each wake runs the callbacks in a task of its own,
+-- which may wait; messages that come meanwhile wait in the core, in order.
+
+-- The sockets whose callbacks run now (in a task): a wake then is theirs to take. Kept apart
+-- from the socket's table, which stays at four fields.
+local busy = {}
+
+-- Calls cb.name(...) under xpcall; false when it raised (logged, and the socket closed 1011).
+local function call(ws, name, ...)
+    local f = ws._cb[name]
+    if not f then
+        return true
+    end
+    local ok, err = xpcall(f, debug.traceback, ws, ...)
+    if not ok then
+        base.log(base.LOG_ERR, "websocket " .. name .. " callback: " .. tostring(err))
+        local g = handle(ws)
+        if g and C.ms_ffi_ws_closed(g) == 0 then
+            C.ms_ffi_ws_close(g, 1011, "", 0)
+        end
+    end
+    return ok
+end
+
+-- The socket is over: close(ws, code, reason) once, then the core's socket and the slot go.
+local function ended(ws, code, reason)
+    local slot = ws._slot
+    if slot then
+        ws._slot = nil
+        dispatcher.slot_drop(slot)
+    end
+    if ws._g then
+        call(ws, "close", code or 1006, reason or "")
+        ws:_release()
+    end
+end
+
+-- Hands what the core has queued to message(), until nothing is; then waits on the slot.
+-- Returns false once the socket is over.
+local function pump(ws)
+    while true do
+        local g = handle(ws)
+        if not g then
+            return false
+        end
+        local rc = C.ms_ffi_ws_receive(g, msg)
+        if rc == GOT then
+            local op = msg.op
+            local data = ffi_str(msg.data, msg.len)
+            if op == CLOSE then
+                ended(ws, msg.code, data)
+                return false
+            end
+            call(ws, "message", data, KIND[op])
+        elseif rc == PENDING then
+            C.ms_ffi_ws_wait(g, ws._slot)
+            return true
+        else
+            ended(ws)
+            return false
+        end
+    end
+end
+
+local function pump_task(ws)
+    pump(ws)
+    busy[ws] = nil
+end
+
+-- The core woke the socket's slot: a task takes the messages, unless one is at it already.
+function WebSocket:_wake()
+    if busy[self] or not self._g then
+        return
+    end
+    busy[self] = true
+    dispatcher.detach("websocket message", pump_task, self)
+end
+
+-- HTTP/1.1: open(ws, req) in the task the upgrade started, then the messages.
+function open(ws, req)
+    ws._slot = dispatcher.slot_for(ws)
+    busy[ws] = true
+    if not call(ws, "open", req) then
+        busy[ws] = nil
+        return ended(ws)
+    end
+    pump(ws)
+    busy[ws] = nil
+end
+
+-- HTTP/2: the same callbacks from the request's coroutine.
+function callback_loop(ws, req)
+    if not call(ws, "open", req) then
+        return
+    end
+    while true do
+        local data, kind, code = ws:receive()
+        if not data then
+            return call(ws, "close", 1006, "")
+        elseif kind == "close" then
+            return call(ws, "close", code, data)
+        end
+        call(ws, "message", data, kind)
+    end
+end
+
 local function refuse(res, status, text)
     return res:status(status):send(text)
 end
@@ -497,8 +612,21 @@ function _M.serve(req, res, fn, o)
         end
         return nil
     end
-    local ws = setmetatable({ _g = g, _srv = C.ms_ffi_req_server(r),
-        protocol = protocol or "", extensions = extensions or "" }, WebSocket)
+    -- (protocol and extensions are the class's "" unless agreed: an idle socket's table is
+    -- as small as it can be)
+    local ws = new_tab(0, 4)
+    ws._g = g
+    if protocol then
+        ws.protocol = protocol
+    end
+    if extensions then
+        ws.extensions = extensions
+    end
+    setmetatable(ws, WebSocket)
+    local callbacks = type(fn) == "table" and fn
+    if callbacks then
+        ws._cb = callbacks
+    end
     if C.ms_ffi_ws_outlives(g) ~= 0 then
         -- HTTP/1.1: the socket outlives its request. The handler runs in a task of its own
         -- and the request finishes once it first waits, when the socket takes the connection
@@ -508,8 +636,16 @@ function _M.serve(req, res, fn, o)
             local _ = req[KEPT[i]] -- (read into the request's table)
         end
         rawset(req, "_upgraded", true)
-        dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
+        if callbacks then
+            dispatcher.detach("websocket open for " .. req.path, open, ws, req)
+        else
+            dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
+        end
         return nil
+    end
+    if callbacks then
+        -- HTTP/2: the request lives as long as its stream, so its coroutine waits with it.
+        return run(ws, req, callback_loop)
     end
     run(ws, req, fn)
     return nil

@@ -176,10 +176,28 @@ static void buf_release(ms_buf_t *b)
     b->len = b->cap = 0;
 }
 
+/* Control frames' payloads (at most 125 bytes), held only while one is read: most sockets
+ * get one whole in a read now and then, and none should carry the room for it between. */
+static ms_recycle_t ctl_bufs;
+
+static uint8_t *ctl_get(void)
+{
+    uint8_t *b = ms__recycle_get(&ctl_bufs);
+    return b != NULL ? b : ms_mem_alloc(MS_WS_CONTROL_MAX + 3); /* (a round 128) */
+}
+
+static void ctl_release(ms_ws_parser_t *p)
+{
+    if (p->ctl != NULL && !ms__recycle_put(&ctl_bufs, p->ctl))
+        ms_mem_free(p->ctl);
+    p->ctl = NULL;
+}
+
 void ms_ws_parser_free(ms_ws_parser_t *p)
 {
     buf_release(&p->msg);
     buf_release(&p->zout);
+    ctl_release(p);
 }
 
 /* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
@@ -285,8 +303,12 @@ static int frame_end(ms_ws_parser_t *p)
     p->hlen = 0;
     p->hneed = 2;
     if (p->op & 0x8) {
-        const char *d = (const char *)p->ctl;
+        uint8_t ctl[MS_WS_CONTROL_MAX];
         size_t n = (size_t)p->flen;
+        if (n > 0)
+            memcpy(ctl, p->ctl, n);
+        ctl_release(p);
+        const char *d = (const char *)ctl;
         if (p->op == MS_WS_PING) {
             if (!p->close_sent) {
                 uint8_t f[2 + MS_WS_CONTROL_MAX];
@@ -302,7 +324,7 @@ static int frame_end(ms_ws_parser_t *p)
             if (n == 1)
                 return fail(p, MS_WS_PROTOCOL, "close frame of one byte");
             if (n >= 2) {
-                code = (p->ctl[0] << 8) | p->ctl[1];
+                code = (ctl[0] << 8) | ctl[1];
                 if (!ms_ws_close_code_ok(code))
                     return fail(p, MS_WS_PROTOCOL, "close code not allowed");
                 if (!ms_ws_utf8_ok(d + 2, n - 2))
@@ -383,6 +405,8 @@ static int frame_begin(ms_ws_parser_t *p)
     p->flen = len;
     p->fgot = 0;
     p->in_payload = 1;
+    if ((p->op & 0x8) && len > 0 && p->ctl == NULL)
+        p->ctl = ctl_get();
     if (len == 0)
         return frame_end(p);
     return 0;
@@ -476,21 +500,27 @@ struct ms_ws_s {
     ms_req_t *req;   /* the request taken over, while the socket is on its tunnel, else NULL */
     ms_conn_t *conn; /* the connection, once the socket has it (holding a reference), else NULL */
     ms_ws_t *next, *prev; /* the server's open sockets (for ms__ws_stop_all) */
-    ms_ws_opts_t o;
     /* Messages not yet received, each [op: 1][code: 2][len: 4] then its bytes. The first
      * `taken` bytes were handed out by the last ms_ws_receive. */
     ms_buf_t inq;
     size_t taken;
-    int32_t slot;     /* who to wake when something comes; -1: nobody */
+    /* ms_ws_opts_t's, but the sizes the parser keeps: packed, as every open socket has them */
+    uint64_t send_queue;
+    uint32_t ping_ms, pong_ms, idle_ms, close_ms;
+    /* loop times (ms, modulo 2^32: only differences are taken, of less than 49 days) */
+    uint32_t last_rx;  /* of the last frame from the peer */
+    uint32_t last_msg; /* ... and of the last message either way, for idle_ms */
+    int32_t slot;      /* who to wake when something comes; -1: nobody */
+    uint8_t deflate_bits, deliver_control;
     uint8_t gone;     /* the tunnel ended, or we cut it: no more bytes either way */
     uint8_t read_off; /* reading stopped: too much received and not yet taken */
     uint8_t ping_out; /* our ping awaits a frame from the peer */
     uint8_t in_parse; /* inside ms_ws_parse (the parser's callbacks) */
     uint8_t outlive;  /* it keeps the connection once its request finishes (HTTP/1.1) */
     uint8_t freed;    /* ms_ws_free was called: the connection's free frees it */
-    uint64_t last_rx;  /* loop time of the last frame from the peer */
-    uint64_t last_msg; /* ... and of the last message either way, for idle_ms */
-    ms_timer_t ping_t, idle_t, close_t;
+    uint32_t ping_at;  /* when our ping went, while ping_out */
+    uint32_t close_at; /* when our close went, once close_sent */
+    ms_timer_t timer;  /* the first of the deadlines (arm) */
 };
 
 #define WS_REC_HEAD 7
@@ -505,9 +535,9 @@ static ms_ws_t *ws_of_parser(ms_ws_parser_t *p)
     return container_of(p, ms_ws_t, p);
 }
 
-static uint64_t now_ms(ms_ws_t *ws)
+static uint32_t now_ms(ms_ws_t *ws)
 {
-    return uv_now(ws->server->loop);
+    return (uint32_t)uv_now(ws->server->loop);
 }
 
 static ms_conn_t *conn_of(ms_ws_t *ws)
@@ -600,9 +630,7 @@ static void read_on(ms_ws_t *ws, int on)
 static void cut(ms_ws_t *ws)
 {
     ws->gone = 1;
-    ms_timer_stop(ws->server, &ws->ping_t);
-    ms_timer_stop(ws->server, &ws->idle_t);
-    ms_timer_stop(ws->server, &ws->close_t);
+    ms_timer_stop(ws->server, &ws->timer);
     wake(ws);
 }
 
@@ -633,13 +661,12 @@ static void on_message(ms_ws_parser_t *p, int op, const char *d, size_t n, int c
     ms_ws_t *ws = ws_of_parser(p);
     ws->ping_out = 0;
     if (op == MS_WS_PING || op == MS_WS_PONG) {
-        if (ws->o.deliver_control)
+        if (ws->deliver_control)
             queue_record(ws, op, d, n, 0);
         return;
     }
     if (op == MS_WS_CLOSE) {
         /* The handshake is complete when ours went first; else our answer is queued. */
-        ms_timer_stop(ws->server, &ws->close_t);
         queue_record(ws, op, d, n, code);
         cut(ws);
         return;
@@ -657,10 +684,34 @@ static void on_send(ms_ws_parser_t *p, const char *d, size_t n)
 
 static const ms_ws_parser_ops_t ws_parser_ops = {.message = on_message, .send = on_send};
 
-static void close_timeout(ms_timer_t *t)
+/* How long until `limit` ms have passed, `quiet` ms of them already. */
+static uint32_t left(uint32_t quiet, uint32_t limit)
 {
-    ms_ws_t *ws = container_of(t, ms_ws_t, close_t);
-    cut(ws);
+    return quiet >= limit ? 0 : limit - quiet;
+}
+
+static void on_timer(ms_timer_t *t);
+
+/* Arms the socket's one timer at the first of its deadlines: once our close went, the peer's
+ * answer to it; before, the pong to our ping or the next ping, and the idle close. */
+static void arm(ms_ws_t *ws)
+{
+    uint32_t now = now_ms(ws), wait = UINT32_MAX;
+    if (ws->p.close_sent) {
+        wait = left(now - ws->close_at, ws->close_ms);
+    } else {
+        if (ws->ping_ms > 0)
+            wait = ws->ping_out ? left(now - ws->ping_at, ws->pong_ms)
+                                : left(now - ws->last_rx, ws->ping_ms);
+        if (ws->idle_ms > 0) {
+            uint32_t idle = left(now - ws->last_msg, ws->idle_ms);
+            wait = idle < wait ? idle : wait;
+        }
+    }
+    if (wait == UINT32_MAX || ws->gone)
+        ms_timer_stop(ws->server, &ws->timer);
+    else
+        ms_timer_start(ws->server, &ws->timer, wait, on_timer);
 }
 
 /* Sends our close and gives the peer close_ms to answer it. */
@@ -671,9 +722,8 @@ static void send_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
     uint8_t f[2 + MS_WS_CONTROL_MAX];
     ws->p.close_sent = 1;
     write_frame(ws, (const char *)f, ms_ws_close_frame(f, code, reason, rlen));
-    ms_timer_stop(ws->server, &ws->ping_t);
-    ms_timer_stop(ws->server, &ws->idle_t);
-    ms_timer_start(ws->server, &ws->close_t, ws->o.close_ms, close_timeout);
+    ws->close_at = now_ms(ws);
+    arm(ws);
 }
 
 static void on_data(ms_tunnel_t *t, const char *p, size_t n)
@@ -699,36 +749,37 @@ static void on_end(ms_tunnel_t *t, int status)
     cut(ws);
 }
 
-static void ping_timeout(ms_timer_t *t)
+/* A deadline came (arm): the close's answer did not, the pong did not, the socket idled, or
+ * the peer was quiet for ping_ms. Deadlines that moved (a frame came) are armed again. */
+static void on_timer(ms_timer_t *t)
 {
-    ms_ws_t *ws = container_of(t, ms_ws_t, ping_t);
-    uint64_t now = now_ms(ws), quiet = now - ws->last_rx;
-    if (ws->ping_out) {
-        log_close(ws, MS_WS_INTERNAL, "no pong before the deadline");
-        send_close(ws, MS_WS_INTERNAL, "no pong", 7);
-        cut(ws);
-        return;
+    ms_ws_t *ws = container_of(t, ms_ws_t, timer);
+    uint32_t now = now_ms(ws);
+    if (ws->p.close_sent) {
+        if (now - ws->close_at >= ws->close_ms) {
+            cut(ws);
+            return;
+        }
+    } else {
+        if (ws->ping_ms > 0 && ws->ping_out && now - ws->ping_at >= ws->pong_ms) {
+            log_close(ws, MS_WS_INTERNAL, "no pong before the deadline");
+            send_close(ws, MS_WS_INTERNAL, "no pong", 7);
+            cut(ws);
+            return;
+        }
+        if (ws->idle_ms > 0 && now - ws->last_msg >= ws->idle_ms) {
+            send_close(ws, MS_WS_GOING_AWAY, "idle", 4);
+            wake(ws);
+            return;
+        }
+        if (ws->ping_ms > 0 && !ws->ping_out && now - ws->last_rx >= ws->ping_ms) {
+            uint8_t f[2];
+            write_frame(ws, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0));
+            ws->ping_out = 1;
+            ws->ping_at = now;
+        }
     }
-    if (quiet < ws->o.ping_ms) {
-        ms_timer_start(ws->server, &ws->ping_t, ws->o.ping_ms - quiet, ping_timeout);
-        return;
-    }
-    uint8_t f[2];
-    write_frame(ws, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0));
-    ws->ping_out = 1;
-    ms_timer_start(ws->server, &ws->ping_t, ws->o.pong_ms, ping_timeout);
-}
-
-static void idle_timeout(ms_timer_t *t)
-{
-    ms_ws_t *ws = container_of(t, ms_ws_t, idle_t);
-    uint64_t quiet = now_ms(ws) - ws->last_msg;
-    if (quiet < ws->o.idle_ms) {
-        ms_timer_start(ws->server, &ws->idle_t, ws->o.idle_ms - quiet, idle_timeout);
-        return;
-    }
-    send_close(ws, MS_WS_GOING_AWAY, "idle", 4);
-    wake(ws);
+    arm(ws);
 }
 
 /* -- The connection, once the socket has it --------------------------------------------- */
@@ -846,7 +897,13 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
     ws->p.deflate = o->deflate_bits != 0;
-    ws->o = *o;
+    ws->send_queue = o->send_queue;
+    ws->ping_ms = o->ping_ms;
+    ws->pong_ms = o->pong_ms;
+    ws->idle_ms = o->idle_ms;
+    ws->close_ms = o->close_ms;
+    ws->deflate_bits = o->deflate_bits;
+    ws->deliver_control = o->deliver_control;
     ws->server = s;
     ws->req = r;
     ws->slot = -1;
@@ -872,10 +929,7 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
         ws->next->prev = ws;
     s->ws_open = ws;
     ws->last_rx = ws->last_msg = now_ms(ws);
-    if (o->ping_ms > 0)
-        ms_timer_start(s, &ws->ping_t, o->ping_ms, ping_timeout);
-    if (o->idle_ms > 0)
-        ms_timer_start(s, &ws->idle_t, o->idle_ms, idle_timeout);
+    arm(ws);
     if (s->stopping)
         send_close(ws, MS_WS_GOING_AWAY, "server stopping", 15);
     return ws;
@@ -896,9 +950,7 @@ void ms_ws_free(ms_ws_t *ws)
     ms_server_t *s = ws->server;
     if (!ws->gone && !ws->p.close_sent)
         send_close(ws, MS_WS_NORMAL, "", 0);
-    ms_timer_stop(s, &ws->ping_t);
-    ms_timer_stop(s, &ws->idle_t);
-    ms_timer_stop(s, &ws->close_t);
+    ms_timer_stop(s, &ws->timer);
     if (ws->prev != NULL)
         ws->prev->next = ws->next;
     else
@@ -964,7 +1016,7 @@ static size_t queued(ms_ws_t *ws)
 /* Whether `len` more bytes fit the send queue; if not, the socket closes with 1008. */
 static int room(ms_ws_t *ws, size_t len)
 {
-    if (queued(ws) + len <= ws->o.send_queue)
+    if (queued(ws) + len <= ws->send_queue)
         return 1;
     log_close(ws, MS_WS_POLICY, "the peer does not read: send queue over its cap");
     send_close(ws, MS_WS_POLICY, "send queue full", 15);
@@ -982,9 +1034,9 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
         drop(ws, owner, anchor);
         return (op & 0x8) && len > MS_WS_CONTROL_MAX ? MS_ETOOBIG : MS_ECLOSED;
     }
-    if (ws->o.deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
+    if (ws->deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
         size_t zn;
-        const char *z = ms_ws_deflate(p, len, ws->o.deflate_bits, &zn);
+        const char *z = ms_ws_deflate(p, len, ws->deflate_bits, &zn);
         if (z != NULL) {
             /* Compressed into the process's buffer: copied into the queue, and the string
              * is not needed. */

@@ -66,7 +66,7 @@ struct ms_ws_parser_s {
     uint8_t msg_op; /* MS_WS_TEXT or MS_WS_BINARY while one is open, else 0 */
     ms_ws_utf8_t utf8;
     ms_buf_t msg; /* owned while a message is on its way; given back once it is handed on */
-    uint8_t ctl[MS_WS_CONTROL_MAX];
+    uint8_t *ctl; /* a control frame's payload while it comes in pieces; NULL between them */
     /* permessage-deflate (RFC 7692), without context takeover either way */
     uint8_t deflate;        /* agreed: RSV1 marks a compressed message */
     uint8_t msg_compressed; /* the message being reassembled is */

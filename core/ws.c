@@ -511,6 +511,7 @@ struct ms_ws_s {
     uint32_t last_rx;  /* of the last frame from the peer */
     uint32_t last_msg; /* ... and of the last message either way, for idle_ms */
     int32_t slot;      /* who to wake when something comes; -1: nobody */
+    int32_t home;      /* the owner's slot (ms_ws_set_home), -1: none */
     uint8_t deflate_bits, deliver_control;
     uint8_t gone;     /* the tunnel ended, or we cut it: no more bytes either way */
     uint8_t read_off; /* reading stopped: too much received and not yet taken */
@@ -540,8 +541,11 @@ static uint32_t now_ms(ms_ws_t *ws)
     return (uint32_t)uv_now(ws->server->loop);
 }
 
+/* The connection, while there is one to reach: the socket's, or its request's until the
+ * tunnel ends (cut: no more bytes either way, so nothing asks for it after). */
 static ms_conn_t *conn_of(ms_ws_t *ws)
 {
+    assert(ws->conn != NULL || ws->req != NULL);
     return ws->conn != NULL ? ws->conn : ws->req->conn;
 }
 
@@ -746,6 +750,9 @@ static void on_end(ms_tunnel_t *t, int status)
 {
     ms_ws_t *ws = t->data;
     (void)status;
+    /* The request no longer knows the tunnel, and may finish (and go) before the socket is
+     * freed: nothing of it is touched from here. */
+    ws->req = NULL;
     cut(ws);
 }
 
@@ -906,7 +913,7 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     ws->deliver_control = o->deliver_control;
     ws->server = s;
     ws->req = r;
-    ws->slot = -1;
+    ws->slot = ws->home = -1;
     ws->outlive = (uint8_t)ms_req_tunnel_handover(r);
     ws->tunnel.on_data = on_data;
     ws->tunnel.on_end = on_end;
@@ -938,6 +945,16 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
 int ms_ws_outlives(ms_ws_t *ws)
 {
     return ws->outlive;
+}
+
+void ms_ws_set_home(ms_ws_t *ws, int32_t slot)
+{
+    ws->home = slot;
+}
+
+int32_t ms_ws_home(ms_ws_t *ws)
+{
+    return ws->home;
 }
 
 ms_server_t *ms_ws_server(ms_ws_t *ws)

@@ -140,6 +140,10 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err);
  * (ms_req_finish), the socket keeps the connection and the request is gone; 0 (HTTP/2) when
  * the request must stay unfinished until ms_ws_free(). */
 int ms_ws_outlives(ms_ws_t *ws);
+/* A slot its owner keeps with the socket (a socket with callbacks: where it is woken), so
+ * that the owner's object for it needs no field of its own; -1 until set. */
+void ms_ws_set_home(ms_ws_t *ws, int32_t slot);
+int32_t ms_ws_home(ms_ws_t *ws);
 /* The server the socket is on. */
 ms_server_t *ms_ws_server(ms_ws_t *ws);
 /* Frees the socket (a close 1000 goes first if no close did): for one that does not outlive

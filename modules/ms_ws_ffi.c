@@ -50,6 +50,17 @@ MS_FFI int ms_ffi_ws_outlives(ms_ws_t *ws)
     return ms_ws_outlives(ws);
 }
 
+/* The slot of a socket with callbacks, which the socket keeps for Lua (-1: none). */
+MS_FFI void ms_ffi_ws_set_home(ms_ws_t *ws, int32_t slot)
+{
+    ms_ws_set_home(ws, slot);
+}
+
+MS_FFI int32_t ms_ffi_ws_home(ms_ws_t *ws)
+{
+    return ms_ws_home(ws);
+}
+
 /* The anchor slots of the socket's server whose writes are done (as ms_ffi_anchor_drain,
  * with no request). */
 MS_FFI int ms_ffi_ws_anchor_drain(ms_ws_t *ws, int32_t *out, int n)

@@ -28,6 +28,8 @@ ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame
     int deflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
 int ms_ffi_ws_outlives(ms_ws_t *ws);
+void ms_ffi_ws_set_home(ms_ws_t *ws, int32_t slot);
+int32_t ms_ffi_ws_home(ms_ws_t *ws);
 int ms_ffi_ws_anchor_drain(ms_ws_t *ws, int32_t *out, int n);
 int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
 void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
@@ -171,7 +173,7 @@ function WebSocket:receive(timeout)
     if not g then
         return nil, "closed"
     end
-    if self._slot then
+    if C.ms_ffi_ws_home(g) >= 0 then
         error("ws:receive: this socket's messages go to its message callback", 2)
     end
     while true do
@@ -441,16 +443,18 @@ end
 -- -- Callbacks: a socket that parks no coroutine ------------------------------------------
 -- app:websocket(path, { open = fn(ws, req), message = fn(ws, data, kind),
 -- close = fn(ws, code, reason) }): between messages such a socket holds no coroutine, only
--- its `ws` table and a slot (HTTP/1.1). Each wake runs the callbacks in a task of its own,
--- which may wait; messages that come meanwhile wait in the core, in order.
+-- its `ws` table (two fields) and a slot (HTTP/1.1), which the core keeps (ms_ffi_ws_home).
+-- Each wake runs the callbacks in a task of its own, which may wait; messages that come
+-- meanwhile wait in the core, in order.
 
--- The sockets whose callbacks run now (in a task): a wake then is theirs to take. Kept apart
--- from the socket's table, which stays at four fields.
+-- By a socket's slot: its endpoint's callbacks (an array: a few bytes a socket).
+local callbacks_of = {}
+-- The sockets whose callbacks run now (in a task): a wake then is theirs to take.
 local busy = {}
 
--- Calls cb.name(...) under xpcall; false when it raised (logged, and the socket closed 1011).
-local function call(ws, name, ...)
-    local f = ws._cb[name]
+-- Calls cb[name](ws, ...) under xpcall; false when it raised (logged, the socket closed 1011).
+local function call(ws, cb, name, ...)
+    local f = cb[name]
     if not f then
         return true
     end
@@ -466,84 +470,82 @@ local function call(ws, name, ...)
 end
 
 -- The socket is over: close(ws, code, reason) once, then the core's socket and the slot go.
-local function ended(ws, code, reason)
-    local slot = ws._slot
-    if slot then
-        ws._slot = nil
-        dispatcher.slot_drop(slot)
-    end
-    if ws._g then
-        call(ws, "close", code or 1006, reason or "")
-        ws:_release()
-    end
+local function ended(ws, slot, code, reason)
+    local cb = callbacks_of[slot]
+    callbacks_of[slot] = nil
+    C.ms_ffi_ws_set_home(ws._g, -1)
+    dispatcher.slot_drop(slot)
+    call(ws, cb, "close", code or 1006, reason or "")
+    ws:_release()
 end
 
 -- Hands what the core has queued to message(), until nothing is; then waits on the slot.
--- Returns false once the socket is over.
-local function pump(ws)
+local function pump(ws, slot)
+    local cb = callbacks_of[slot]
     while true do
         local g = handle(ws)
         if not g then
-            return false
+            return
         end
         local rc = C.ms_ffi_ws_receive(g, msg)
         if rc == GOT then
             local op = msg.op
             local data = ffi_str(msg.data, msg.len)
             if op == CLOSE then
-                ended(ws, msg.code, data)
-                return false
+                return ended(ws, slot, msg.code, data)
             end
-            call(ws, "message", data, KIND[op])
+            call(ws, cb, "message", data, KIND[op])
         elseif rc == PENDING then
-            C.ms_ffi_ws_wait(g, ws._slot)
-            return true
+            C.ms_ffi_ws_wait(g, slot)
+            return
         else
-            ended(ws)
-            return false
+            return ended(ws, slot)
         end
     end
 end
 
-local function pump_task(ws)
-    pump(ws)
+local function pump_task(ws, slot)
+    pump(ws, slot)
     busy[ws] = nil
 end
 
 -- The core woke the socket's slot: a task takes the messages, unless one is at it already.
 function WebSocket:_wake()
-    if busy[self] or not self._g then
+    local g = self._g
+    if busy[self] or not g then
         return
     end
     busy[self] = true
-    dispatcher.detach("websocket message", pump_task, self)
+    dispatcher.detach("websocket message", pump_task, self, C.ms_ffi_ws_home(g))
 end
 
 -- HTTP/1.1: open(ws, req) in the task the upgrade started, then the messages.
-function open(ws, req)
-    ws._slot = dispatcher.slot_for(ws)
+function open(ws, req, cb)
+    local slot = dispatcher.slot_for(ws)
+    callbacks_of[slot] = cb
+    C.ms_ffi_ws_set_home(ws._g, slot)
     busy[ws] = true
-    if not call(ws, "open", req) then
-        busy[ws] = nil
-        return ended(ws)
+    if call(ws, cb, "open", req) then
+        pump(ws, slot)
+    else
+        ended(ws, slot)
     end
-    pump(ws)
     busy[ws] = nil
 end
 
 -- HTTP/2: the same callbacks from the request's coroutine.
-function callback_loop(ws, req)
-    if not call(ws, "open", req) then
+function callback_loop(ws, req, cb)
+    if not call(ws, cb, "open", req) then
         return
     end
     while true do
         local data, kind, code = ws:receive()
         if not data then
-            return call(ws, "close", 1006, "")
+            return call(ws, cb, "close", 1006, "")
         elseif kind == "close" then
-            return call(ws, "close", code, data)
+            return call(ws, cb, "close", code, data)
         end
-        call(ws, "message", data, kind)
+        call(ws, cb, "message", data, kind)
     end
 end
 
@@ -614,7 +616,7 @@ function _M.serve(req, res, fn, o)
     end
     -- (protocol and extensions are the class's "" unless agreed: an idle socket's table is
     -- as small as it can be)
-    local ws = new_tab(0, 4)
+    local ws = new_tab(0, 2)
     ws._g = g
     if protocol then
         ws.protocol = protocol
@@ -624,9 +626,6 @@ function _M.serve(req, res, fn, o)
     end
     setmetatable(ws, WebSocket)
     local callbacks = type(fn) == "table" and fn
-    if callbacks then
-        ws._cb = callbacks
-    end
     if C.ms_ffi_ws_outlives(g) ~= 0 then
         -- HTTP/1.1: the socket outlives its request. The handler runs in a task of its own
         -- and the request finishes once it first waits, when the socket takes the connection
@@ -637,7 +636,7 @@ function _M.serve(req, res, fn, o)
         end
         rawset(req, "_upgraded", true)
         if callbacks then
-            dispatcher.detach("websocket open for " .. req.path, open, ws, req)
+            dispatcher.detach("websocket open for " .. req.path, open, ws, req, callbacks)
         else
             dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
         end
@@ -645,7 +644,9 @@ function _M.serve(req, res, fn, o)
     end
     if callbacks then
         -- HTTP/2: the request lives as long as its stream, so its coroutine waits with it.
-        return run(ws, req, callback_loop)
+        return run(ws, req, function(s, q)
+            return callback_loop(s, q, callbacks)
+        end)
     end
     run(ws, req, fn)
     return nil

@@ -31,6 +31,7 @@ struct ms_h1_s {
     int status;           /* the status a refused request gets */
     const char *why;      /* why the request was refused, for the log */
     const ms_limits_t *conn_limits; /* the worker's */
+    ms_tunnel_t *keeper; /* a finished tunnel's taker, to hand the connection to (hand_over) */
     ms_req_t req;
 };
 
@@ -396,6 +397,7 @@ static void h1_free(ms_server_t *s, void *pstate)
     h->trailer.len = h->trailer_name = h->trailer_bytes = 0;
     h->status = 0;
     h->why = NULL;
+    h->keeper = NULL;
     /* Big buffers are not worth keeping for the next connection. */
     if (h->in.cap > 4 * MS_CONN_BUF_MIN) {
         ms_mem_free(h->in.base);
@@ -673,6 +675,8 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
         }
         case MS_H1_BODY: p = feed_body(c, h, p, end); break;
         case MS_H1_TUNNEL:
+            if (h->keeper != NULL)
+                return p; /* the taker's, once it has the connection (hand_over) */
             if (h->req.tunnel != NULL)
                 h->req.tunnel->on_data(h->req.tunnel, p, (size_t)(end - p));
             return end;
@@ -687,6 +691,20 @@ static const char *process(ms_conn_t *c, ms_h1_t *h, const char *p, const char *
     if (h->state == MS_H1_WAIT_NEXT && !(h->req.v.flags & MS_REQ_IN_HANDLER))
         next_request(h);
     return p;
+}
+
+/* The request of a tunnel that keeps the connection has finished: the taker gets the
+ * connection (and the reference its handler held), with what the client sent behind the
+ * head, and the HTTP/1 state with the request goes back to the worker. */
+static void hand_over(ms_conn_t *c, ms_h1_t *h)
+{
+    ms_tunnel_t *t = h->keeper;
+    h->keeper = NULL;
+    c->pstate = NULL;
+    c->proto = NULL; /* (the taker's from here) */
+    t->on_handover(t, c, h->in.base + h->in_off, h->in.len - h->in_off);
+    assert(c->proto != NULL && c->pstate != NULL);
+    h1_free(c->server, h);
 }
 
 /* An idle connection gives its HTTP/1 state back and keeps only itself and its socket. */
@@ -740,6 +758,8 @@ static void h1_feed(ms_conn_t *c, const char *data, size_t len)
             c->io->read_stop(c);
         }
     }
+    if (c->pstate == h && h->keeper != NULL)
+        hand_over(c, h); /* a tunnel's request finished during the feed */
     ms__conn_flush(c);
     ms__conn_drain_check(c);
     maybe_idle(c);
@@ -753,6 +773,16 @@ static void h1_finished(ms_req_t *r)
 {
     ms_conn_t *c = r->conn;
     ms_h1_t *h = h1_of_req(r);
+    if (r->tunnel != NULL) {
+        /* A taker that keeps the connection (ms_req_finish left it the tunnel): the
+         * handler's reference is the taker's from now on. Inside a feed, the feed hands the
+         * connection over once it is done with the HTTP/1 state. */
+        h->keeper = r->tunnel;
+        r->tunnel = NULL;
+        if (!(c->flags & MS_CONN_IN_FEED))
+            hand_over(c, h);
+        return;
+    }
     if (h->req.v.flags & MS_REQ_CLOSE)
         c->flags |= MS_CONN_CLOSING;
     if (!h->msg_done)
@@ -1107,6 +1137,7 @@ const ms_proto_t ms__h1_proto = {
     .where = h1_where,
     .tunnel = h1_tunnel,
     .tunnel_read = h1_tunnel_read,
+    .tunnel_handover = 1,
     .worker_init = h1_worker_init,
     .worker_free = h1_worker_free,
 };

@@ -164,6 +164,8 @@ typedef struct ms_proto_s {
      * now on. NULL when the protocol has none. */
     void (*tunnel)(ms_req_t *r);
     void (*tunnel_read)(ms_req_t *r, int on);
+    /* 1 when a tunnel may keep the connection once its request finishes (on_handover). */
+    uint8_t tunnel_handover;
     void (*worker_init)(ms_server_t *s);
     void (*worker_free)(ms_server_t *s);
 } ms_proto_t;
@@ -427,6 +429,8 @@ void ms__protos_init(ms_server_t *s);
 void ms__protos_free(ms_server_t *s);
 /* The protocols, for the accept stage. */
 extern const ms_proto_t ms__h1_proto, ms__h2_proto;
+/* ws.c: a WebSocket that took its HTTP/1.1 connection over (ms_tunnel_t.on_handover). */
+extern const ms_proto_t ms__ws_proto;
 
 /* metrics.c: a finished request counted (once), a refusal by status, a connection's
  * protocol (to: the one it speaks from now on). */

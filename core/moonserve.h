@@ -189,6 +189,12 @@ struct ms_tunnel_s {
     /* No more bytes will come: 0 when the peer ended its side, MS_ECLOSED when the connection
      * or the stream is gone. Called once. */
     void (*on_end)(ms_tunnel_t *t, int status);
+    /* NULL, or the taker keeps the connection once the request finishes: on HTTP/1.1,
+     * ms_req_finish() gives the protocol's state and the request back and calls this with
+     * the connection, whose reference the handler held is the taker's from now on, and what
+     * the client sent behind the head so far (valid only during the call). The taker then
+     * speaks for the connection as its protocol (c->proto, c->pstate). */
+    void (*on_handover)(ms_tunnel_t *t, ms_conn_t *c, const char *rest, size_t n);
     ms_req_t *req; /* set by ms_req_tunnel */
     void *data;    /* the taker's */
 };
@@ -199,6 +205,9 @@ struct ms_tunnel_s {
  * that came before the call stays the request's body (ms_req_body_take). Returns MS_ESENT if
  * a reply has begun, MS_ECLOSED if the request is gone. */
 int ms_req_tunnel(ms_req_t *r, ms_tunnel_t *t);
+/* Whether a tunnel on `r` can keep the connection past the request (ms_tunnel_t.on_handover):
+ * on HTTP/1.1, not on HTTP/2, where it is one stream among others. */
+int ms_req_tunnel_handover(ms_req_t *r);
 /* Queues bytes to the peer; `owner` and `anchor` as for ms_reply_write. */
 int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_t anchor);
 /* Stops (0) or resumes (1) the peer's bytes: a taker that cannot keep up holds the peer back

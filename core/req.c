@@ -730,6 +730,11 @@ int ms_req_tunnel(ms_req_t *r, ms_tunnel_t *t)
     return 0;
 }
 
+int ms_req_tunnel_handover(ms_req_t *r)
+{
+    return r->conn->proto->tunnel_handover;
+}
+
 int ms_tunnel_write(ms_tunnel_t *t, const char *p, size_t len, int owner, int32_t anchor)
 {
     ms_req_t *r = t->req;
@@ -789,7 +794,9 @@ void ms_req_finish(ms_req_t *r)
     else
         ms_reply_close(r);
     r->v.flags &= ~MS_REQ_IN_HANDLER;
-    r->tunnel = NULL; /* (ending it: the taker hears no more) */
+    if (r->tunnel != NULL && (r->tunnel->on_handover == NULL || !c->proto->tunnel_handover))
+        r->tunnel = NULL; /* (ending it: the taker hears no more) */
+    /* (else the protocol's `finished` hands the connection to the taker) */
     c->server->stats->in_flight--;
     r->v.wait = MS_WAIT_NONE;
     r->body.len = 0;

@@ -176,10 +176,28 @@ static void buf_release(ms_buf_t *b)
     b->len = b->cap = 0;
 }
 
+/* Control frames' payloads (at most 125 bytes), held only while one is read: most sockets
+ * get one whole in a read now and then, and none should carry the room for it between. */
+static ms_recycle_t ctl_bufs;
+
+static uint8_t *ctl_get(void)
+{
+    uint8_t *b = ms__recycle_get(&ctl_bufs);
+    return b != NULL ? b : ms_mem_alloc(MS_WS_CONTROL_MAX + 3); /* (a round 128) */
+}
+
+static void ctl_release(ms_ws_parser_t *p)
+{
+    if (p->ctl != NULL && !ms__recycle_put(&ctl_bufs, p->ctl))
+        ms_mem_free(p->ctl);
+    p->ctl = NULL;
+}
+
 void ms_ws_parser_free(ms_ws_parser_t *p)
 {
     buf_release(&p->msg);
     buf_release(&p->zout);
+    ctl_release(p);
 }
 
 /* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
@@ -285,8 +303,12 @@ static int frame_end(ms_ws_parser_t *p)
     p->hlen = 0;
     p->hneed = 2;
     if (p->op & 0x8) {
-        const char *d = (const char *)p->ctl;
+        uint8_t ctl[MS_WS_CONTROL_MAX];
         size_t n = (size_t)p->flen;
+        if (n > 0)
+            memcpy(ctl, p->ctl, n);
+        ctl_release(p);
+        const char *d = (const char *)ctl;
         if (p->op == MS_WS_PING) {
             if (!p->close_sent) {
                 uint8_t f[2 + MS_WS_CONTROL_MAX];
@@ -302,7 +324,7 @@ static int frame_end(ms_ws_parser_t *p)
             if (n == 1)
                 return fail(p, MS_WS_PROTOCOL, "close frame of one byte");
             if (n >= 2) {
-                code = (p->ctl[0] << 8) | p->ctl[1];
+                code = (ctl[0] << 8) | ctl[1];
                 if (!ms_ws_close_code_ok(code))
                     return fail(p, MS_WS_PROTOCOL, "close code not allowed");
                 if (!ms_ws_utf8_ok(d + 2, n - 2))
@@ -383,6 +405,8 @@ static int frame_begin(ms_ws_parser_t *p)
     p->flen = len;
     p->fgot = 0;
     p->in_payload = 1;
+    if ((p->op & 0x8) && len > 0 && p->ctl == NULL)
+        p->ctl = ctl_get();
     if (len == 0)
         return frame_end(p);
     return 0;
@@ -462,27 +486,42 @@ int ms_ws_parse(ms_ws_parser_t *p, const char *data, size_t n)
     return 0;
 }
 
-/* -- A WebSocket on a tunnel ------------------------------------------------------------- */
+/* -- A WebSocket on a tunnel ---------------------------------------------------------------
+ * A socket starts on its request's tunnel. On HTTP/1.1 it outlives the request: once the
+ * handler lets go of the request (ms_req_finish), the socket takes the connection over
+ * (ws_handover) and the HTTP/1.1 state, the request and its pool go back to the worker, so
+ * that an open socket holds only the connection and itself. On HTTP/2 it stays one stream
+ * of its connection, and its request lives as long as it does. */
 
 struct ms_ws_s {
     ms_ws_parser_t p;
     ms_tunnel_t tunnel;
     ms_server_t *server;
-    ms_req_t *req;     /* the request taken over; kept by its handler until ms_ws_free */
+    ms_req_t *req;   /* the request taken over, while the socket is on its tunnel, else NULL */
+    ms_conn_t *conn; /* the connection, once the socket has it (holding a reference), else NULL */
     ms_ws_t *next, *prev; /* the server's open sockets (for ms__ws_stop_all) */
-    ms_ws_opts_t o;
     /* Messages not yet received, each [op: 1][code: 2][len: 4] then its bytes. The first
      * `taken` bytes were handed out by the last ms_ws_receive. */
     ms_buf_t inq;
     size_t taken;
-    int32_t slot;        /* who to wake when something comes; -1: nobody */
-    uint8_t gone;        /* the tunnel ended, or we cut it: no more bytes either way */
-    uint8_t read_off;    /* reading stopped: too much received and not yet taken */
-    uint8_t ping_out;    /* our ping awaits a frame from the peer */
-    uint8_t in_parse;    /* inside ms_ws_parse (the parser's callbacks) */
-    uint64_t last_rx;    /* loop time of the last frame from the peer */
-    uint64_t last_msg;   /* ... and of the last message either way, for idle_ms */
-    ms_timer_t ping_t, idle_t, close_t;
+    /* ms_ws_opts_t's, but the sizes the parser keeps: packed, as every open socket has them */
+    uint64_t send_queue;
+    uint32_t ping_ms, pong_ms, idle_ms, close_ms;
+    /* loop times (ms, modulo 2^32: only differences are taken, of less than 49 days) */
+    uint32_t last_rx;  /* of the last frame from the peer */
+    uint32_t last_msg; /* ... and of the last message either way, for idle_ms */
+    int32_t slot;      /* who to wake when something comes; -1: nobody */
+    int32_t home;      /* the owner's slot (ms_ws_set_home), -1: none */
+    uint8_t deflate_bits, deliver_control;
+    uint8_t gone;     /* the tunnel ended, or we cut it: no more bytes either way */
+    uint8_t read_off; /* reading stopped: too much received and not yet taken */
+    uint8_t ping_out; /* our ping awaits a frame from the peer */
+    uint8_t in_parse; /* inside ms_ws_parse (the parser's callbacks) */
+    uint8_t outlive;  /* it keeps the connection once its request finishes (HTTP/1.1) */
+    uint8_t freed;    /* ms_ws_free was called: the connection's free frees it */
+    uint32_t ping_at;  /* when our ping went, while ping_out */
+    uint32_t close_at; /* when our close went, once close_sent */
+    ms_timer_t timer;  /* the first of the deadlines (arm) */
 };
 
 #define WS_REC_HEAD 7
@@ -497,9 +536,17 @@ static ms_ws_t *ws_of_parser(ms_ws_parser_t *p)
     return container_of(p, ms_ws_t, p);
 }
 
-static uint64_t now_ms(ms_ws_t *ws)
+static uint32_t now_ms(ms_ws_t *ws)
 {
-    return uv_now(ws->server->loop);
+    return (uint32_t)uv_now(ws->server->loop);
+}
+
+/* The connection, while there is one to reach: the socket's, or its request's until the
+ * tunnel ends (cut: no more bytes either way, so nothing asks for it after). */
+static ms_conn_t *conn_of(ms_ws_t *ws)
+{
+    assert(ws->conn != NULL || ws->req != NULL);
+    return ws->conn != NULL ? ws->conn : ws->req->conn;
 }
 
 static void wake(ms_ws_t *ws)
@@ -514,8 +561,72 @@ static void wake(ms_ws_t *ws)
 static void log_close(ms_ws_t *ws, int code, const char *why)
 {
     char peer[64];
-    ms_conn_peer(ws->req->conn, peer, sizeof(peer));
+    ms_conn_peer(conn_of(ws), peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: WebSocket closed with %d: %s", peer, code, why);
+}
+
+/* A Lua string that will not be written: its slot is released. */
+static void drop(ms_ws_t *ws, int owner, int32_t anchor)
+{
+    if (owner == MS_VEC_LUA && anchor >= 0)
+        ws->server->anchor_released[ws->server->anchor_released_n++] = anchor;
+}
+
+/* Queues bytes to the peer: on the tunnel, or on the connection the socket has, where they
+ * go at the end of a read, or at once (write_now). */
+static void queue(ms_ws_t *ws, const char *p, size_t len, int owner, int32_t anchor)
+{
+    if (ws->conn == NULL) {
+        ms_tunnel_write(&ws->tunnel, p, len, owner, anchor);
+        return;
+    }
+    ms_conn_t *c = ws->conn;
+    ms_server_t *s = ws->server;
+    if ((c->flags & MS_CONN_CLOSED) || len == 0) {
+        drop(ws, owner, anchor);
+        return;
+    }
+    ms_out_t *o = ms__conn_out(c);
+    if (owner == MS_VEC_OUT || (len <= MS_COPY_BODY_MAX && owner == MS_VEC_LUA)) {
+        ms__out_text(s, o, p, len);
+        drop(ws, owner, anchor);
+    } else {
+        ms__out_vec(s, o, p, len, owner, anchor);
+    }
+}
+
+static void write_now(ms_ws_t *ws)
+{
+    ms_conn_t *c = ws->conn;
+    if (c != NULL && !(c->flags & MS_CONN_IN_FEED)) {
+        ms__conn_flush(c);
+        ms__conn_idle(c); /* between writes the connection holds no reply queue */
+    }
+}
+
+static void write_frame(ms_ws_t *ws, const char *p, size_t len)
+{
+    queue(ws, p, len, MS_VEC_OUT, -1);
+    write_now(ws);
+}
+
+/* Stops (0) or resumes (1) reading from the peer. */
+static void read_on(ms_ws_t *ws, int on)
+{
+    if (ws->conn == NULL) {
+        ms_tunnel_read(&ws->tunnel, on);
+        return;
+    }
+    ms_conn_t *c = ws->conn;
+    if (c->flags & MS_CONN_CLOSED)
+        return;
+    if (!on && !(c->flags & MS_CONN_READ_OFF)) {
+        c->flags |= MS_CONN_READ_OFF;
+        c->io->read_stop(c);
+    } else if (on && (c->flags & MS_CONN_READ_OFF)) {
+        c->flags &= ~MS_CONN_READ_OFF;
+        c->io->read_start(c);
+    }
 }
 
 /* No more bytes either way: what was queued still goes, then the request's handler sees
@@ -523,9 +634,7 @@ static void log_close(ms_ws_t *ws, int code, const char *why)
 static void cut(ms_ws_t *ws)
 {
     ws->gone = 1;
-    ms_timer_stop(ws->server, &ws->ping_t);
-    ms_timer_stop(ws->server, &ws->idle_t);
-    ms_timer_stop(ws->server, &ws->close_t);
+    ms_timer_stop(ws->server, &ws->timer);
     wake(ws);
 }
 
@@ -534,6 +643,8 @@ static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
     uint8_t h[WS_REC_HEAD] = {(uint8_t)op, (uint8_t)(code >> 8), (uint8_t)code,
                               (uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8),
                               (uint8_t)n};
+    if (ws->freed)
+        return; /* nobody will take it */
     ms_buf_t *b = &ws->inq;
     buf_reserve(b, b->len + WS_REC_HEAD + n, SIZE_MAX);
     memcpy(b->base + b->len, h, WS_REC_HEAD);
@@ -542,7 +653,7 @@ static void queue_record(ms_ws_t *ws, int op, const char *d, size_t n, int code)
     b->len += WS_REC_HEAD + n;
     if (b->len > WS_INQ_HIGH && !ws->read_off && !ws->gone) {
         ws->read_off = 1;
-        ms_tunnel_read(&ws->tunnel, 0);
+        read_on(ws, 0);
     }
     wake(ws);
 }
@@ -554,13 +665,12 @@ static void on_message(ms_ws_parser_t *p, int op, const char *d, size_t n, int c
     ms_ws_t *ws = ws_of_parser(p);
     ws->ping_out = 0;
     if (op == MS_WS_PING || op == MS_WS_PONG) {
-        if (ws->o.deliver_control)
+        if (ws->deliver_control)
             queue_record(ws, op, d, n, 0);
         return;
     }
     if (op == MS_WS_CLOSE) {
         /* The handshake is complete when ours went first; else our answer is queued. */
-        ms_timer_stop(ws->server, &ws->close_t);
         queue_record(ws, op, d, n, code);
         cut(ws);
         return;
@@ -573,15 +683,39 @@ static void on_send(ms_ws_parser_t *p, const char *d, size_t n)
 {
     ms_ws_t *ws = ws_of_parser(p);
     if (!ws->gone)
-        ms_tunnel_write(&ws->tunnel, d, n, MS_VEC_OUT, -1);
+        write_frame(ws, d, n);
 }
 
 static const ms_ws_parser_ops_t ws_parser_ops = {.message = on_message, .send = on_send};
 
-static void close_timeout(ms_timer_t *t)
+/* How long until `limit` ms have passed, `quiet` ms of them already. */
+static uint32_t left(uint32_t quiet, uint32_t limit)
 {
-    ms_ws_t *ws = container_of(t, ms_ws_t, close_t);
-    cut(ws);
+    return quiet >= limit ? 0 : limit - quiet;
+}
+
+static void on_timer(ms_timer_t *t);
+
+/* Arms the socket's one timer at the first of its deadlines: once our close went, the peer's
+ * answer to it; before, the pong to our ping or the next ping, and the idle close. */
+static void arm(ms_ws_t *ws)
+{
+    uint32_t now = now_ms(ws), wait = UINT32_MAX;
+    if (ws->p.close_sent) {
+        wait = left(now - ws->close_at, ws->close_ms);
+    } else {
+        if (ws->ping_ms > 0)
+            wait = ws->ping_out ? left(now - ws->ping_at, ws->pong_ms)
+                                : left(now - ws->last_rx, ws->ping_ms);
+        if (ws->idle_ms > 0) {
+            uint32_t idle = left(now - ws->last_msg, ws->idle_ms);
+            wait = idle < wait ? idle : wait;
+        }
+    }
+    if (wait == UINT32_MAX || ws->gone)
+        ms_timer_stop(ws->server, &ws->timer);
+    else
+        ms_timer_start(ws->server, &ws->timer, wait, on_timer);
 }
 
 /* Sends our close and gives the peer close_ms to answer it. */
@@ -591,17 +725,15 @@ static void send_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)
         return;
     uint8_t f[2 + MS_WS_CONTROL_MAX];
     ws->p.close_sent = 1;
-    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_close_frame(f, code, reason, rlen),
-                    MS_VEC_OUT, -1);
-    ms_timer_stop(ws->server, &ws->ping_t);
-    ms_timer_stop(ws->server, &ws->idle_t);
-    ms_timer_start(ws->server, &ws->close_t, ws->o.close_ms, close_timeout);
+    write_frame(ws, (const char *)f, ms_ws_close_frame(f, code, reason, rlen));
+    ws->close_at = now_ms(ws);
+    arm(ws);
 }
 
 static void on_data(ms_tunnel_t *t, const char *p, size_t n)
 {
     ms_ws_t *ws = t->data;
-    if (ws->gone || ws->p.done)
+    if (ws->gone || ws->p.done || ws->freed)
         return; /* (after a close, what the peer still sends is dropped) */
     ws->last_rx = now_ms(ws);
     ws->in_parse = 1;
@@ -618,41 +750,148 @@ static void on_end(ms_tunnel_t *t, int status)
 {
     ms_ws_t *ws = t->data;
     (void)status;
+    /* The request no longer knows the tunnel, and may finish (and go) before the socket is
+     * freed: nothing of it is touched from here. */
+    ws->req = NULL;
     cut(ws);
 }
 
-static void ping_timeout(ms_timer_t *t)
+/* A deadline came (arm): the close's answer did not, the pong did not, the socket idled, or
+ * the peer was quiet for ping_ms. Deadlines that moved (a frame came) are armed again. */
+static void on_timer(ms_timer_t *t)
 {
-    ms_ws_t *ws = container_of(t, ms_ws_t, ping_t);
-    uint64_t now = now_ms(ws), quiet = now - ws->last_rx;
-    if (ws->ping_out) {
-        log_close(ws, MS_WS_INTERNAL, "no pong before the deadline");
-        send_close(ws, MS_WS_INTERNAL, "no pong", 7);
+    ms_ws_t *ws = container_of(t, ms_ws_t, timer);
+    uint32_t now = now_ms(ws);
+    if (ws->p.close_sent) {
+        if (now - ws->close_at >= ws->close_ms) {
+            cut(ws);
+            return;
+        }
+    } else {
+        if (ws->ping_ms > 0 && ws->ping_out && now - ws->ping_at >= ws->pong_ms) {
+            log_close(ws, MS_WS_INTERNAL, "no pong before the deadline");
+            send_close(ws, MS_WS_INTERNAL, "no pong", 7);
+            cut(ws);
+            return;
+        }
+        if (ws->idle_ms > 0 && now - ws->last_msg >= ws->idle_ms) {
+            send_close(ws, MS_WS_GOING_AWAY, "idle", 4);
+            wake(ws);
+            return;
+        }
+        if (ws->ping_ms > 0 && !ws->ping_out && now - ws->last_rx >= ws->ping_ms) {
+            uint8_t f[2];
+            write_frame(ws, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0));
+            ws->ping_out = 1;
+            ws->ping_at = now;
+        }
+    }
+    arm(ws);
+}
+
+/* -- The connection, once the socket has it --------------------------------------------- */
+
+static void ws_handover(ms_tunnel_t *t, ms_conn_t *c, const char *rest, size_t n)
+{
+    ms_ws_t *ws = t->data;
+    ws->req = NULL;
+    ws->conn = c;
+    c->proto = &ms__ws_proto;
+    c->pstate = ws;
+    c->phase = MS_PHASE_NONE;
+    ms_timer_stop(c->server, &c->timer);
+    if (c->flags & MS_CONN_CLOSED) {
         cut(ws);
         return;
     }
-    if (quiet < ws->o.ping_ms) {
-        ms_timer_start(ws->server, &ws->ping_t, ws->o.ping_ms - quiet, ping_timeout);
-        return;
+    if (n > 0) {
+        ms__conn_hold(c);
+        c->flags |= MS_CONN_IN_FEED;
+        on_data(&ws->tunnel, rest, n);
+        c->flags &= ~MS_CONN_IN_FEED;
+        write_now(ws);
+        ms__conn_release(c);
     }
-    uint8_t f[2];
-    ms_tunnel_write(&ws->tunnel, (const char *)f, ms_ws_frame_head(f, MS_WS_PING, 1, 0),
-                    MS_VEC_OUT, -1);
-    ws->ping_out = 1;
-    ms_timer_start(ws->server, &ws->ping_t, ws->o.pong_ms, ping_timeout);
 }
 
-static void idle_timeout(ms_timer_t *t)
+static void ws_feed(ms_conn_t *c, const char *data, size_t len)
 {
-    ms_ws_t *ws = container_of(t, ms_ws_t, idle_t);
-    uint64_t quiet = now_ms(ws) - ws->last_msg;
-    if (quiet < ws->o.idle_ms) {
-        ms_timer_start(ws->server, &ws->idle_t, ws->o.idle_ms - quiet, idle_timeout);
+    ms_ws_t *ws = c->pstate;
+    ms__conn_hold(c); /* a handler woken from here may let go of the socket */
+    c->flags |= MS_CONN_IN_FEED;
+    on_data(&ws->tunnel, data, len);
+    c->flags &= ~MS_CONN_IN_FEED;
+    write_now(ws);
+    ms__conn_rearm(c);
+    ms__conn_release(c);
+}
+
+static void ws_eof(ms_conn_t *c)
+{
+    ms_ws_t *ws = c->pstate;
+    if (ws->freed) {
+        ms__conn_close(c, 0);
         return;
     }
-    send_close(ws, MS_WS_GOING_AWAY, "idle", 4);
-    wake(ws);
+    cut(ws); /* the handler sees the end and lets go of the socket, which closes it */
 }
+
+static void ws_rearm(ms_conn_t *c)
+{
+    /* Nothing of the connection's: the socket's own timers keep its deadlines. */
+    c->phase = MS_PHASE_NONE;
+    ms_timer_stop(c->server, &c->timer);
+}
+
+static void ws_timeout(ms_conn_t *c, int phase)
+{
+    char peer[64];
+    (void)phase; /* only MS_PHASE_SEND is armed (ms__conn_rearm) */
+    ms_conn_peer(c, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: closed: the client read nothing for send_timeout", peer);
+    ms__conn_close(c, 0);
+}
+
+static void ws_drain_check(ms_conn_t *c)
+{
+    ms__conn_idle(c); /* what was written in the background has gone */
+}
+
+static void ws_nothing(ms_conn_t *c)
+{
+    (void)c; /* resume: nothing deferred; stop: ms__ws_stop_all sends the close */
+}
+
+static void ws_abort(ms_conn_t *c)
+{
+    cut(c->pstate);
+}
+
+static void ws_conn_free(ms_server_t *s, void *pstate)
+{
+    ms_ws_t *ws = pstate;
+    (void)s;
+    assert(ws->freed); /* it holds a reference on the connection until then */
+    ms_ws_parser_free(&ws->p);
+    buf_release(&ws->inq);
+    ms_mem_free(ws);
+}
+
+const ms_proto_t ms__ws_proto = {
+    .name = "websocket",
+    .feed = ws_feed,
+    .eof = ws_eof,
+    .write = ms__conn_flush,
+    .rearm = ws_rearm,
+    .timeout = ws_timeout,
+    .drain_check = ws_drain_check,
+    .resume = ws_nothing,
+    .stop = ws_nothing,
+    .abort = ws_abort,
+    .free = ws_conn_free,
+};
+
+/* -- The socket's API --------------------------------------------------------------------- */
 
 ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
 {
@@ -665,12 +904,20 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
     ws->p.deflate = o->deflate_bits != 0;
-    ws->o = *o;
+    ws->send_queue = o->send_queue;
+    ws->ping_ms = o->ping_ms;
+    ws->pong_ms = o->pong_ms;
+    ws->idle_ms = o->idle_ms;
+    ws->close_ms = o->close_ms;
+    ws->deflate_bits = o->deflate_bits;
+    ws->deliver_control = o->deliver_control;
     ws->server = s;
     ws->req = r;
-    ws->slot = -1;
+    ws->slot = ws->home = -1;
+    ws->outlive = (uint8_t)ms_req_tunnel_handover(r);
     ws->tunnel.on_data = on_data;
     ws->tunnel.on_end = on_end;
+    ws->tunnel.on_handover = ws->outlive ? ws_handover : NULL;
     ws->tunnel.data = ws;
     int rc = ms_req_tunnel(r, &ws->tunnel);
     if (rc < 0) {
@@ -679,21 +926,40 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
         *err = rc;
         return NULL;
     }
-    /* An open WebSocket is not a request in flight: it has its own cap. */
-    s->stats->in_flight--;
+    /* An open WebSocket is not a request in flight: it has its own cap. One that outlives
+     * its request stops being one when the request finishes; one that does not, now. */
+    if (!ws->outlive)
+        s->stats->in_flight--;
     s->websockets++;
     ws->next = s->ws_open;
     if (ws->next != NULL)
         ws->next->prev = ws;
     s->ws_open = ws;
     ws->last_rx = ws->last_msg = now_ms(ws);
-    if (o->ping_ms > 0)
-        ms_timer_start(s, &ws->ping_t, o->ping_ms, ping_timeout);
-    if (o->idle_ms > 0)
-        ms_timer_start(s, &ws->idle_t, o->idle_ms, idle_timeout);
+    arm(ws);
     if (s->stopping)
         send_close(ws, MS_WS_GOING_AWAY, "server stopping", 15);
     return ws;
+}
+
+int ms_ws_outlives(ms_ws_t *ws)
+{
+    return ws->outlive;
+}
+
+void ms_ws_set_home(ms_ws_t *ws, int32_t slot)
+{
+    ws->home = slot;
+}
+
+int32_t ms_ws_home(ms_ws_t *ws)
+{
+    return ws->home;
+}
+
+ms_server_t *ms_ws_server(ms_ws_t *ws)
+{
+    return ws->server;
 }
 
 void ms_ws_free(ms_ws_t *ws)
@@ -701,18 +967,28 @@ void ms_ws_free(ms_ws_t *ws)
     ms_server_t *s = ws->server;
     if (!ws->gone && !ws->p.close_sent)
         send_close(ws, MS_WS_NORMAL, "", 0);
-    ms_timer_stop(s, &ws->ping_t);
-    ms_timer_stop(s, &ws->idle_t);
-    ms_timer_stop(s, &ws->close_t);
+    ms_timer_stop(s, &ws->timer);
     if (ws->prev != NULL)
         ws->prev->next = ws->next;
     else
         s->ws_open = ws->next;
     if (ws->next != NULL)
         ws->next->prev = ws->prev;
-    /* Back to a request in flight, which ms_req_finish counts out. */
     s->websockets--;
-    s->stats->in_flight++;
+    ws->freed = 1;
+    ms_conn_t *c = ws->conn;
+    if (c != NULL) {
+        /* The socket's connection closes once what was queued has gone, and its free
+         * frees the socket (ws_conn_free). */
+        c->flags |= MS_CONN_CLOSING;
+        ms__conn_flush(c);
+        ms__conn_release(c);
+        return;
+    }
+    if (ws->req != NULL && ws->req->tunnel == &ws->tunnel)
+        ws->req->tunnel = NULL; /* the request, still the handler's, closes as a tunnel does */
+    if (!ws->outlive)
+        s->stats->in_flight++; /* back to a request in flight, which ms_req_finish counts out */
     ms_ws_parser_free(&ws->p);
     buf_release(&ws->inq);
     ms_mem_free(ws);
@@ -729,7 +1005,7 @@ int ms_ws_receive(ms_ws_t *ws, int *op, const char **data, size_t *len, int *cod
             buf_release(b); /* an idle socket holds no queue */
         if (ws->read_off && b->len <= WS_INQ_HIGH / 2 && !ws->gone) {
             ws->read_off = 0;
-            ms_tunnel_read(&ws->tunnel, 1);
+            read_on(ws, 1);
         }
     }
     if (b->len == 0)
@@ -749,22 +1025,22 @@ void ms_ws_wait(ms_ws_t *ws, int32_t slot)
     ws->slot = slot;
 }
 
-/* A Lua string that will not be written: its slot is released. */
-static void drop(ms_ws_t *ws, int owner, int32_t anchor)
+static size_t queued(ms_ws_t *ws)
 {
-    if (owner == MS_VEC_LUA && anchor >= 0)
-        ws->server->anchor_released[ws->server->anchor_released_n++] = anchor;
+    return ws->conn != NULL ? ms__conn_queued(ws->conn) : ms__req_queued(ws->req);
 }
 
 /* Whether `len` more bytes fit the send queue; if not, the socket closes with 1008. */
 static int room(ms_ws_t *ws, size_t len)
 {
-    ms_req_t *r = ws->req;
-    if (r->conn->proto->queued(r) + len <= ws->o.send_queue)
+    if (queued(ws) + len <= ws->send_queue)
         return 1;
     log_close(ws, MS_WS_POLICY, "the peer does not read: send queue over its cap");
     send_close(ws, MS_WS_POLICY, "send queue full", 15);
-    ms_req_fail(r);
+    if (ws->conn != NULL)
+        ws->conn->flags |= MS_CONN_CLOSING;
+    else
+        ms_req_fail(ws->req);
     cut(ws);
     return 0;
 }
@@ -775,9 +1051,9 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
         drop(ws, owner, anchor);
         return (op & 0x8) && len > MS_WS_CONTROL_MAX ? MS_ETOOBIG : MS_ECLOSED;
     }
-    if (ws->o.deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
+    if (ws->deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
         size_t zn;
-        const char *z = ms_ws_deflate(p, len, ws->o.deflate_bits, &zn);
+        const char *z = ms_ws_deflate(p, len, ws->deflate_bits, &zn);
         if (z != NULL) {
             /* Compressed into the process's buffer: copied into the queue, and the string
              * is not needed. */
@@ -788,8 +1064,10 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
             if (!room(ws, zhl + zn))
                 return MS_ETOOBIG;
             ws->last_msg = now_ms(ws);
-            ms_tunnel_write(&ws->tunnel, (const char *)zh, zhl, MS_VEC_OUT, -1);
-            return ms_tunnel_write(&ws->tunnel, z, zn, MS_VEC_OUT, -1);
+            queue(ws, (const char *)zh, zhl, MS_VEC_OUT, -1);
+            queue(ws, z, zn, MS_VEC_OUT, -1);
+            write_now(ws);
+            return 0;
         }
     }
     uint8_t h[10];
@@ -800,10 +1078,12 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
     }
     if (!(op & 0x8))
         ws->last_msg = now_ms(ws);
-    ms_tunnel_write(&ws->tunnel, (const char *)h, hl, MS_VEC_OUT, -1);
+    queue(ws, (const char *)h, hl, MS_VEC_OUT, -1);
     if (len > 0)
-        return ms_tunnel_write(&ws->tunnel, p, len, owner, anchor);
-    drop(ws, owner, anchor);
+        queue(ws, p, len, owner, anchor);
+    else
+        drop(ws, owner, anchor);
+    write_now(ws);
     return 0;
 }
 
@@ -814,7 +1094,9 @@ int ms_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len, int owner, int3
         return ws->gone || ws->p.close_sent ? MS_ECLOSED : MS_ETOOBIG;
     }
     ws->last_msg = now_ms(ws);
-    return ms_tunnel_write(&ws->tunnel, frame, len, owner, anchor);
+    queue(ws, frame, len, owner, anchor);
+    write_now(ws);
+    return 0;
 }
 
 int ms_ws_close(ms_ws_t *ws, int code, const char *reason, size_t rlen)

@@ -66,7 +66,7 @@ struct ms_ws_parser_s {
     uint8_t msg_op; /* MS_WS_TEXT or MS_WS_BINARY while one is open, else 0 */
     ms_ws_utf8_t utf8;
     ms_buf_t msg; /* owned while a message is on its way; given back once it is handed on */
-    uint8_t ctl[MS_WS_CONTROL_MAX];
+    uint8_t *ctl; /* a control frame's payload while it comes in pieces; NULL between them */
     /* permessage-deflate (RFC 7692), without context takeover either way */
     uint8_t deflate;        /* agreed: RSV1 marks a compressed message */
     uint8_t msg_compressed; /* the message being reassembled is */
@@ -136,7 +136,19 @@ enum {
  * instead. Returns the socket, or NULL with *err: MS_EBUSY over `websockets`, or what
  * ms_req_tunnel returned. The socket is the caller's until ms_ws_free(). */
 ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err);
-/* Frees the socket, before its request finishes (ms_req_finish). */
+/* 1 when the socket outlives its request (HTTP/1.1): once the request's handler finishes it
+ * (ms_req_finish), the socket keeps the connection and the request is gone; 0 (HTTP/2) when
+ * the request must stay unfinished until ms_ws_free(). */
+int ms_ws_outlives(ms_ws_t *ws);
+/* A slot its owner keeps with the socket (a socket with callbacks: where it is woken), so
+ * that the owner's object for it needs no field of its own; -1 until set. */
+void ms_ws_set_home(ms_ws_t *ws, int32_t slot);
+int32_t ms_ws_home(ms_ws_t *ws);
+/* The server the socket is on. */
+ms_server_t *ms_ws_server(ms_ws_t *ws);
+/* Frees the socket (a close 1000 goes first if no close did): for one that does not outlive
+ * its request, before the request finishes; for one that does, at any time, and the
+ * connection closes once what was queued has gone. */
 void ms_ws_free(ms_ws_t *ws);
 /* The next message, if one has come: its bytes stay valid until the next call. Returns
  * MS_WS_GOT, MS_WS_PENDING, or MS_ECLOSED when no more will come (the close was handed on

@@ -44,6 +44,30 @@ MS_FFI ms_ws_t *ms_ffi_ws_accept(ms_req_t *r, double max_message, double max_fra
     return ms_ws_accept(r, &o, err);
 }
 
+/* 1 when the socket outlives its request (ms_ws_outlives). */
+MS_FFI int ms_ffi_ws_outlives(ms_ws_t *ws)
+{
+    return ms_ws_outlives(ws);
+}
+
+/* The slot of a socket with callbacks, which the socket keeps for Lua (-1: none). */
+MS_FFI void ms_ffi_ws_set_home(ms_ws_t *ws, int32_t slot)
+{
+    ms_ws_set_home(ws, slot);
+}
+
+MS_FFI int32_t ms_ffi_ws_home(ms_ws_t *ws)
+{
+    return ms_ws_home(ws);
+}
+
+/* The anchor slots of the socket's server whose writes are done (as ms_ffi_anchor_drain,
+ * with no request). */
+MS_FFI int ms_ffi_ws_anchor_drain(ms_ws_t *ws, int32_t *out, int n)
+{
+    return ms_anchor_drain(ms_ws_server(ws), out, n);
+}
+
 MS_FFI void ms_ffi_ws_free(ms_ws_t *ws)
 {
     ms_ws_free(ws);
@@ -66,20 +90,20 @@ MS_FFI void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot)
 
 /* Sends a message or ping. Returns 0, a negative code, or slot + 1 when `p` is referenced by
  * the write: the caller keeps the string in its anchor table at that slot. */
-MS_FFI int ms_ffi_ws_send(ms_ws_t *ws, ms_server_t *s, int op, const char *p, size_t len)
+MS_FFI int ms_ffi_ws_send(ms_ws_t *ws, int op, const char *p, size_t len)
 {
     if (len <= COPY_MAX)
         return ms_ws_send(ws, op, p, len, MS_VEC_OUT, -1);
-    int32_t slot = ms_anchor_get(s);
+    int32_t slot = ms_anchor_get(ms_ws_server(ws));
     int rc = ms_ws_send(ws, op, p, len, MS_VEC_LUA, slot);
     return rc < 0 ? rc : slot + 1;
 }
 
 /* Sends a frame built once (ms_ffi_ws_frame_head) for many sockets, always referenced so that
  * no recipient copies it. Returns as ms_ffi_ws_send. */
-MS_FFI int ms_ffi_ws_send_frame(ms_ws_t *ws, ms_server_t *s, const char *frame, size_t len)
+MS_FFI int ms_ffi_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len)
 {
-    int32_t slot = ms_anchor_get(s);
+    int32_t slot = ms_anchor_get(ms_ws_server(ws));
     int rc = ms_ws_send_frame(ws, frame, len, MS_VEC_LUA, slot);
     return rc < 0 ? rc : slot + 1;
 }

@@ -1,4 +1,5 @@
--- ws.lua: the app bench/ws_compare runs on moonserve. /echo sends every message back;
+-- ws.lua: the app bench/ws_compare runs on moonserve. /echo sends every message back
+-- (/echo-cb the same from a message callback);
 -- /broadcast keeps its sockets in one table, and a message from any of them sends a 1 KiB
 -- text to all (moonserve.websocket.broadcast: one frame for every recipient).
 local moonserve = require "moonserve"
@@ -18,6 +19,13 @@ app:websocket("/echo", function(ws)
         ws:send(data, kind)
     end
 end)
+
+-- The same with callbacks: an idle socket parks no coroutine.
+app:websocket("/echo-cb", {
+    message = function(ws, data, kind)
+        ws:send(data, kind)
+    end,
+})
 
 local payload = string.rep("x", 1024)
 local all = {}

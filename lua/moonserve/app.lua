@@ -466,14 +466,25 @@ end
 
 --- A WebSocket endpoint: fn(ws, req) runs on the socket once the upgrade is accepted
 -- (HTTP/1.1 GET with Upgrade, or HTTP/2's extended CONNECT), after the app's middleware,
--- which may refuse it as it would any request. opts: see moonserve/websocket.lua (compile)
--- and docs/API.md. The handshake does its own origin check, so the route's is off.
+-- which may refuse it as it would any request. Instead of fn, a table of callbacks
+-- { open = fn(ws, req), message = fn(ws, data, kind), close = fn(ws, code, reason) } (each
+-- optional): such a socket parks no coroutine between messages. opts: see
+-- moonserve/websocket.lua (compile) and docs/API.md. The handshake does its own origin
+-- check, so the route's is off.
 function App:websocket(path, fn, opts)
     if type(path) ~= "string" then
         error("bad websocket path (string expected)", 2)
     end
-    if type(fn) ~= "function" then
-        error("bad handler for websocket " .. path .. " (function expected)", 2)
+    if type(fn) == "table" then
+        for k, v in pairs(fn) do
+            if (k ~= "open" and k ~= "message" and k ~= "close") or type(v) ~= "function" then
+                error("bad callback " .. tostring(k) .. " for websocket " .. path
+                    .. " (open, message and close functions expected)", 2)
+            end
+        end
+    elseif type(fn) ~= "function" then
+        error("bad handler for websocket " .. path .. " (function or table of callbacks "
+            .. "expected)", 2)
     end
     local websocket = require "moonserve.websocket"
     local o = websocket.compile(opts, path, 2)

@@ -529,9 +529,21 @@ function _M.adopt(o, obj)
     objs[obj] = true
 end
 
+-- Runs fn(...) in a root task of its own, apart from the running request, which may
+-- finish while the task goes on (a WebSocket handler that outlives its request). It runs at
+-- once, until it first waits; what it makes (owner) is released when it ends, and an error
+-- it raises is logged with `what`.
+function _M.detach(what, fn, ...)
+    local t = new_task("detached", server_now(what), nil, nil)
+    t.what = what
+    run_task(t, t, fn, ...)
+    return t
+end
+
 -- The context the running code is in: for a request's handler, its coroutines and its light
 -- threads, the handler's frame ({ req, res }: "request"); for a timer's run, a hook and
--- their light threads, the root task ("timer" or "hook", and the hook's name); else nil.
+-- their light threads, the root task ("timer" or "hook", and the hook's name; a detached
+-- task, such as a WebSocket handler that outlived its request, is a "timer"); else nil.
 -- The ngx layer keeps its per-context state in the table it gets.
 function _M.context()
     local t = task
@@ -542,7 +554,8 @@ function _M.context()
             return nil, "request" -- (a thread whose handler is gone)
         end
         local root = t.root or t
-        return root, root.kind == "run" and "timer" or "hook", root.what
+        local kind = root.kind
+        return root, (kind == "run" or kind == "detached") and "timer" or "hook", root.what
     end
     if current ~= nil then
         return frames[current_co], "request"
@@ -872,9 +885,12 @@ local function on_event(slot, status)
     if type(who) == "cdata" then
         return resume_handler(who, slot, status)
     end
-    if who.kind == "timer" then
+    local kind = who.kind
+    if kind == "timer" then
         return fire(who)
-    elseif who.kind == "call" then
+    elseif kind == nil and who._wake then
+        return who:_wake(status) -- a slot_for's object
+    elseif kind == "call" then
         slot_free(slot)
         local ok, err = xpcall(who.fn, traceback, status)
         if not ok then
@@ -896,6 +912,20 @@ end
 -- names it in the log if fn raises.
 function _M.on_wake(what, fn)
     return slot_new(nil, { kind = "call", what = what, fn = fn })
+end
+
+-- A slot of `obj`'s for as long as it keeps it: each wake calls obj:_wake(status) from the
+-- loop (a WebSocket with callbacks, which parks no coroutine). slot_drop gives it back.
+function _M.slot_for(obj)
+    return slot_new(nil, obj)
+end
+
+function _M.slot_drop(slot)
+    local srv = home
+    if srv ~= nil then
+        C.ms_ffi_wake_cancel(srv, slot)
+    end
+    slot_free(slot)
 end
 
 -- Calls fn() from the loop at its next turn.

@@ -29,6 +29,10 @@ local getters = {}
 local function view(self)
     local r = self.r
     if not r then
+        if rawget(self, "_upgraded") then
+            error("the request was upgraded to a WebSocket and its head given back when the "
+                .. "handler first waited: read what the handler needs of it before", 3)
+        end
         error("request is finished: its fields can no longer be read", 3)
     end
     return r

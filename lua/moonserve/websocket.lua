@@ -9,15 +9,15 @@ local ffi = require "ffi"
 local base = require "moonserve.base"
 local coro = require "moonserve.coroutine"
 local dispatcher = require "moonserve.dispatcher"
-local response = require "moonserve.response"
 local security = require "moonserve.security"
 
 local C = base.C
 local ffi_str = ffi.string
-local anchors, drain = base.anchors, response.drain
+local anchors = base.anchors
 local waiter, park, owner_now = dispatcher.waiter, dispatcher.park, dispatcher.owner
 local find, gmatch, lower, format = string.find, string.gmatch, string.lower, string.format
 local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
+local new_tab = base.new_tab
 
 ffi.cdef [[
 typedef struct ms_ws_s ms_ws_t;
@@ -27,10 +27,14 @@ ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame
     double send_queue, double ping, double pong, double idle, double close, int control,
     int deflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
+int ms_ffi_ws_outlives(ms_ws_t *ws);
+void ms_ffi_ws_set_home(ms_ws_t *ws, int32_t slot);
+int32_t ms_ffi_ws_home(ms_ws_t *ws);
+int ms_ffi_ws_anchor_drain(ms_ws_t *ws, int32_t *out, int n);
 int ms_ffi_ws_receive(ms_ws_t *ws, ms_ffi_ws_msg_t *m);
 void ms_ffi_ws_wait(ms_ws_t *ws, int32_t slot);
-int ms_ffi_ws_send(ms_ws_t *ws, ms_server_t *s, int op, const char *p, size_t len);
-int ms_ffi_ws_send_frame(ms_ws_t *ws, ms_server_t *s, const char *frame, size_t len);
+int ms_ffi_ws_send(ms_ws_t *ws, int op, const char *p, size_t len);
+int ms_ffi_ws_send_frame(ms_ws_t *ws, const char *frame, size_t len);
 int ms_ffi_ws_frame_head(char *out, int op, double len);
 int ms_ffi_ws_close(ms_ws_t *ws, int code, const char *reason, size_t len);
 int ms_ffi_ws_closed(ms_ws_t *ws);
@@ -47,6 +51,22 @@ local msg = ffi.new("ms_ffi_ws_msg_t")   -- reused; never held across a yield
 local err_out = ffi.new("int[1]")
 local accept_buf = ffi.new("char[32]")
 local head_buf = ffi.new("char[10]")
+local released = ffi.new("int32_t[256]")
+
+-- Lets go of the strings whose writes are done on the server of the socket `g`
+-- (response.drain's, with no request).
+local function drain(g)
+    local n = C.ms_ffi_ws_anchor_drain(g, released, 256)
+    while n > 0 do
+        for i = 0, n - 1 do
+            anchors[released[i]] = nil
+        end
+        if n < 256 then
+            return
+        end
+        n = C.ms_ffi_ws_anchor_drain(g, released, 256)
+    end
+end
 
 local _M = {}
 
@@ -126,8 +146,9 @@ end
 
 -- -- The socket ---------------------------------------------------------------------------
 
-local WebSocket = {}
+local WebSocket = { protocol = "", extensions = "" }
 WebSocket.__index = WebSocket
+local open, callback_loop -- (the callbacks' way, below)
 
 -- The core's socket, or nil when it is closed for good.
 local function handle(self)
@@ -151,6 +172,9 @@ function WebSocket:receive(timeout)
     local g = handle(self)
     if not g then
         return nil, "closed"
+    end
+    if C.ms_ffi_ws_home(g) >= 0 then
+        error("ws:receive: this socket's messages go to its message callback", 2)
     end
     while true do
         local rc = C.ms_ffi_ws_receive(g, msg)
@@ -184,10 +208,10 @@ local function send(self, op, data)
     if not g then
         return nil, "closed"
     end
-    local rc = C.ms_ffi_ws_send(g, self._srv, op, data, #data)
+    local rc = C.ms_ffi_ws_send(g, op, data, #data)
     if rc > 0 then
         anchors[rc - 1] = data -- the core writes from this string: keep it alive until then
-        drain(self._r)
+        drain(g)
         return true
     elseif rc < 0 then
         return nil, rc == base.ETOOBIG and "send queue full" or "closed"
@@ -256,8 +280,8 @@ function WebSocket:_release()
     local g = self._g
     if g then
         self._g = false
+        drain(g)
         C.ms_ffi_ws_free(g)
-        drain(self._r)
     end
 end
 
@@ -285,19 +309,19 @@ function _M.broadcast(list, data, kind)
         return nil, "not UTF-8"
     end
     local frame = ffi_str(head_buf, C.ms_ffi_ws_frame_head(head_buf, op, #data)) .. data
-    local n, r = 0, nil
+    local n, last = 0, nil
     for _, ws in pairs(list) do
         local g = getmetatable(ws) == WebSocket and handle(ws)
         if g then
-            local rc = C.ms_ffi_ws_send_frame(g, ws._srv, frame, #frame)
+            local rc = C.ms_ffi_ws_send_frame(g, frame, #frame)
             if rc > 0 then
                 anchors[rc - 1] = frame
-                n, r = n + 1, ws._r
+                n, last = n + 1, g
             end
         end
     end
-    if r then
-        drain(r)
+    if last then
+        drain(last)
     end
     return n
 end
@@ -398,6 +422,133 @@ local function negotiate_deflate(field)
     return nil
 end
 
+-- What a handler's `req` keeps of the request after an upgrade on HTTP/1.1 besides what it
+-- read before it first waited.
+local KEPT = { "method", "path", "target", "query_string", "http_version" }
+
+-- The handler on its socket, which goes when the handler's owner ends (the request, or the
+-- task the handler runs in). An error closes the socket with 1011.
+local function run(ws, req, fn)
+    dispatcher.adopt(owner_now("websocket"), ws)
+    local ok, err = xpcall(fn, debug.traceback, ws, req)
+    if not ok then
+        base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))
+        local g = handle(ws)
+        if g and C.ms_ffi_ws_closed(g) == 0 then
+            C.ms_ffi_ws_close(g, 1011, "", 0)
+        end
+    end
+end
+
+-- -- Callbacks: a socket that parks no coroutine ------------------------------------------
+-- app:websocket(path, { open = fn(ws, req), message = fn(ws, data, kind),
+-- close = fn(ws, code, reason) }): between messages such a socket holds no coroutine, only
+-- its `ws` table (two fields) and a slot (HTTP/1.1), which the core keeps (ms_ffi_ws_home).
+-- Each wake runs the callbacks in a task of its own, which may wait; messages that come
+-- meanwhile wait in the core, in order.
+
+-- By a socket's slot: its endpoint's callbacks (an array: a few bytes a socket).
+local callbacks_of = {}
+-- The sockets whose callbacks run now (in a task): a wake then is theirs to take.
+local busy = {}
+
+-- Calls cb[name](ws, ...) under xpcall; false when it raised (logged, the socket closed 1011).
+local function call(ws, cb, name, ...)
+    local f = cb[name]
+    if not f then
+        return true
+    end
+    local ok, err = xpcall(f, debug.traceback, ws, ...)
+    if not ok then
+        base.log(base.LOG_ERR, "websocket " .. name .. " callback: " .. tostring(err))
+        local g = handle(ws)
+        if g and C.ms_ffi_ws_closed(g) == 0 then
+            C.ms_ffi_ws_close(g, 1011, "", 0)
+        end
+    end
+    return ok
+end
+
+-- The socket is over: close(ws, code, reason) once, then the core's socket and the slot go.
+local function ended(ws, slot, code, reason)
+    local cb = callbacks_of[slot]
+    callbacks_of[slot] = nil
+    C.ms_ffi_ws_set_home(ws._g, -1)
+    dispatcher.slot_drop(slot)
+    call(ws, cb, "close", code or 1006, reason or "")
+    ws:_release()
+end
+
+-- Hands what the core has queued to message(), until nothing is; then waits on the slot.
+local function pump(ws, slot)
+    local cb = callbacks_of[slot]
+    while true do
+        local g = handle(ws)
+        if not g then
+            return
+        end
+        local rc = C.ms_ffi_ws_receive(g, msg)
+        if rc == GOT then
+            local op = msg.op
+            local data = ffi_str(msg.data, msg.len)
+            if op == CLOSE then
+                return ended(ws, slot, msg.code, data)
+            end
+            call(ws, cb, "message", data, KIND[op])
+        elseif rc == PENDING then
+            C.ms_ffi_ws_wait(g, slot)
+            return
+        else
+            return ended(ws, slot)
+        end
+    end
+end
+
+local function pump_task(ws, slot)
+    pump(ws, slot)
+    busy[ws] = nil
+end
+
+-- The core woke the socket's slot: a task takes the messages, unless one is at it already.
+function WebSocket:_wake()
+    local g = self._g
+    if busy[self] or not g then
+        return
+    end
+    busy[self] = true
+    dispatcher.detach("websocket message", pump_task, self, C.ms_ffi_ws_home(g))
+end
+
+-- HTTP/1.1: open(ws, req) in the task the upgrade started, then the messages.
+function open(ws, req, cb)
+    local slot = dispatcher.slot_for(ws)
+    callbacks_of[slot] = cb
+    C.ms_ffi_ws_set_home(ws._g, slot)
+    busy[ws] = true
+    if call(ws, cb, "open", req) then
+        pump(ws, slot)
+    else
+        ended(ws, slot)
+    end
+    busy[ws] = nil
+end
+
+-- HTTP/2: the same callbacks from the request's coroutine.
+function callback_loop(ws, req, cb)
+    if not call(ws, cb, "open", req) then
+        return
+    end
+    while true do
+        local data, kind, code = ws:receive()
+        if not data then
+            return call(ws, cb, "close", 1006, "")
+        elseif kind == "close" then
+            return call(ws, cb, "close", code, data)
+        end
+        call(ws, cb, "message", data, kind)
+    end
+end
+
 local function refuse(res, status, text)
     return res:status(status):send(text)
 end
@@ -463,17 +614,41 @@ function _M.serve(req, res, fn, o)
         end
         return nil
     end
-    local ws = setmetatable({ _g = g, _r = r, _srv = C.ms_ffi_req_server(r),
-        protocol = protocol or "", extensions = extensions or "" }, WebSocket)
-    dispatcher.adopt(owner_now("websocket"), ws)
-    local ok2, err = xpcall(fn, debug.traceback, ws, req)
-    if not ok2 then
-        base.log(base.LOG_ERR, "websocket handler for " .. req.path .. ": " .. tostring(err))
-        local g2 = handle(ws)
-        if g2 and C.ms_ffi_ws_closed(g2) == 0 then
-            C.ms_ffi_ws_close(g2, 1011, "", 0)
-        end
+    -- (protocol and extensions are the class's "" unless agreed: an idle socket's table is
+    -- as small as it can be)
+    local ws = new_tab(0, 2)
+    ws._g = g
+    if protocol then
+        ws.protocol = protocol
     end
+    if extensions then
+        ws.extensions = extensions
+    end
+    setmetatable(ws, WebSocket)
+    local callbacks = type(fn) == "table" and fn
+    if C.ms_ffi_ws_outlives(g) ~= 0 then
+        -- HTTP/1.1: the socket outlives its request. The handler runs in a task of its own
+        -- and the request finishes once it first waits, when the socket takes the connection
+        -- over and the request's head goes back to the core. What the handler read of `req`
+        -- until then stays, and so do these (interned strings: they cost the socket nothing).
+        for i = 1, #KEPT do
+            local _ = req[KEPT[i]] -- (read into the request's table)
+        end
+        rawset(req, "_upgraded", true)
+        if callbacks then
+            dispatcher.detach("websocket open for " .. req.path, open, ws, req, callbacks)
+        else
+            dispatcher.detach("websocket handler for " .. req.path, run, ws, req, fn)
+        end
+        return nil
+    end
+    if callbacks then
+        -- HTTP/2: the request lives as long as its stream, so its coroutine waits with it.
+        return run(ws, req, function(s, q)
+            return callback_loop(s, q, callbacks)
+        end)
+    end
+    run(ws, req, fn)
     return nil
 end
 

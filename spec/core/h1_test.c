@@ -6,6 +6,7 @@
 #include "../../core/rawsock.h"
 #include "fields.h"
 #include "tunnel.h"
+#include "../../core/ws.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -24,6 +25,7 @@ static echo_tunnel_t tunnel; /* /tunnel's taker */
 static int tunnel_rc;
 static ms_raw_t *raw; /* /raw's socket, and its request */
 static ms_req_t *raw_req;
+static ms_ws_t *ws; /* /ws's socket; /ws-now finishes its request in the handler */
 
 static void reply_text(ms_req_t *r, const char *s)
 {
@@ -84,6 +86,18 @@ static void on_request(ms_req_t *r, void *data)
         ms_reply_header(r, S("upgrade"), S("x-raw"));
         raw_req = r;
         raw = ms_raw_accept(r, 1 << 20, &err);
+        return;
+    }
+    if (path_is(r, "/ws") || path_is(r, "/ws-now")) {
+        ms_ws_opts_t o = {.max_message = 1 << 16, .max_frame = 1 << 16, .send_queue = 1 << 20,
+                          .close_ms = 1000};
+        int err = 0;
+        ms_reply_header(r, S("upgrade"), S("websocket"));
+        ws = ms_ws_accept(r, &o, &err);
+        if (path_is(r, "/ws"))
+            parked = r;
+        else
+            ms_req_finish(r);
         return;
     }
     if (path_is(r, "/tunnel")) {
@@ -1092,3 +1106,104 @@ TEST(accept_takes_the_protocol_the_transport_agreed)
 }
 
 TEST_MAIN()
+
+/* -- A WebSocket outlives its request -------------------------------------------------- */
+
+/* A client's text frame with a zero mask (the payload goes as it is). */
+static size_t ws_client_text(char *out, const char *text)
+{
+    size_t n = strlen(text);
+    out[0] = (char)0x81;
+    out[1] = (char)(0x80 | n);
+    memset(out + 2, 0, 4);
+    memcpy(out + 6, text, n);
+    return 6 + n;
+}
+
+static void ws_expect(const char *text)
+{
+    int op = 0, code = 0;
+    const char *d;
+    size_t n;
+    ASSERT_EQ(MS_WS_GOT, ms_ws_receive(ws, &op, &d, &n, &code));
+    ASSERT_EQ(MS_WS_TEXT, op);
+    ASSERT(n == strlen(text) && memcmp(d, text, n) == 0);
+}
+
+TEST(h1_a_websocket_takes_the_connection_over_and_gives_the_request_back)
+{
+    /* Once its handler finishes the request, the socket has the connection: the HTTP/1.1
+     * state with the request and its pool go back to the worker, and frames go on. */
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET /ws HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\n"
+                        "Connection: upgrade\r\n\r\n"));
+    ASSERT(ws != NULL && parked != NULL);
+    ASSERT_EQ(1, ms_ws_outlives(ws));
+    ASSERT_HAS(output(&m), "HTTP/1.1 101 Switching Protocols\r\n");
+    ms_h1_t *h = m.conn->pstate;
+    ASSERT(h != NULL && &h->req == parked && m.conn->proto == &ms__h1_proto);
+    uint32_t recycled = srv->h1_free.count;
+    ASSERT_EQ(1, (int)srv->stats->in_flight);
+    ms_req_finish(parked);
+    parked = NULL;
+    ASSERT(m.conn->proto == &ms__ws_proto && m.conn->pstate == (void *)ws);
+#ifndef MS_ASAN
+    /* back in the worker's recycle list, its pool reset to the one chunk it keeps */
+    ASSERT_EQ(recycled + 1, srv->h1_free.count);
+    ASSERT(srv->h1_free.head == h && h->req.pool.chunks != NULL && h->req.head.base == NULL &&
+           h->req.tunnel == NULL && h->keeper == NULL);
+#else
+    (void)recycled;
+#endif
+    ASSERT_EQ(0, (int)srv->stats->in_flight);
+    ASSERT_EQ(1, (int)srv->websockets);
+    ASSERT(m.conn->pend == NULL && m.conn->flight == NULL); /* no reply queue between writes */
+    char f[64];
+    m.out.len = 0;
+    ms_memio_feed(&m, f, ws_client_text(f, "hi"));
+    ws_expect("hi");
+    ASSERT_EQ(0, ms_ws_send(ws, MS_WS_TEXT, S("back"), MS_VEC_STATIC, -1));
+    ASSERT_EQ(6, (int)m.out.len);
+    ASSERT(memcmp(m.out.base, "\x81\x04" "back", 6) == 0);
+    ASSERT(m.conn->pend == NULL && m.conn->flight == NULL);
+    /* The handler lets go: close 1000, then the connection closes. */
+    m.out.len = 0;
+    ms_ws_free(ws);
+    ws = NULL;
+    ASSERT(m.out.len == 4 && memcmp(m.out.base, "\x88\x02\x03\xe8", 4) == 0);
+    ASSERT_EQ(1, m.closed);
+    ASSERT_EQ(0, (int)srv->websockets);
+    ms_memio_free(&m);
+    teardown();
+}
+
+TEST(h1_a_websocket_finished_in_its_handler_gets_the_frames_behind_its_head)
+{
+    /* The request finishes inside the read that brought it: the connection is handed over
+     * once the read is done with the HTTP/1.1 state, with the frame that came behind. */
+    setup();
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    char in[256];
+    size_t n = (size_t)snprintf(in, sizeof(in), "GET /ws-now HTTP/1.1\r\nHost: h\r\n"
+                                "Upgrade: websocket\r\nConnection: upgrade\r\n\r\n");
+    n += ws_client_text(in + n, "behind");
+    ms_memio_feed(&m, in, n);
+    ASSERT(ws != NULL);
+    ASSERT(m.conn->proto == &ms__ws_proto && m.conn->pstate == (void *)ws);
+    ASSERT_EQ(0, (int)srv->stats->in_flight);
+    ws_expect("behind");
+    /* The peer goes: the socket hears it, and the connection lives until it is let go. */
+    ms_memio_peer_close(&m, UV_EOF);
+    int op, code;
+    const char *d;
+    size_t len;
+    ASSERT_EQ(MS_ECLOSED, ms_ws_receive(ws, &op, &d, &len, &code));
+    ms_ws_free(ws);
+    ws = NULL;
+    ASSERT(m.closed != 0);
+    ms_memio_free(&m);
+    teardown();
+}

@@ -294,6 +294,11 @@ def h2_case():
     send(sid, mask_frame(0x88, struct.pack(">H", 1000)))
     fs = frames(sid, 1)
     say("close", struct.unpack(">H", fs[0][1][:2])[0] if fs and fs[0][0] == 8 else None)
+    # callbacks: the same over a stream
+    cb = open_ws("/ws/cb")
+    send(cb, mask_frame(0x81, b"cb over h2"))
+    fs = frames(cb, 2)
+    say("cb", " ".join(f[1].decode() for f in fs))
     # the page's own origin is taken; a cross-site page's CONNECT is refused as the HTTP/1.1
     # upgrade is
     own = open_ws("/ws/echo", [("origin", "%s://%s" % (scheme, authority))])

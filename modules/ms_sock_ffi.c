@@ -12,15 +12,18 @@
 
 #define MS_FFI MS_EXPORT
 
-/* What Lua holds for one socket (ffi.gc frees it). The engine's callback has only the
- * ms_sock_t, so the view's slot holds this object's index in `glues`. */
+/* What Lua holds for one socket. Lua allocates it (ffi.new), so its memory is the GC's and
+ * needs neither a malloc nor a finaliser; the socket's owner ends before it can become
+ * garbage (moonserve.socket: the owner holds the socket) and releases it, and from then on
+ * the engine has no pointer to it. The engine's callback has only the ms_sock_t, so the
+ * view's slot holds this object's index in `glues`. */
 typedef struct ms_ffi_sock_s {
     ms_sock_view_t *view; /* the engine's: valid while `s` is */
     ms_sock_t *s;         /* owned; NULL once released (its owner ended) */
     ms_udp_t *u;          /* the same, for UDP */
     ms_server_t *srv;
     int32_t rslot, wslot; /* woken by a connect or read, by a write; -1: nobody waits */
-    int32_t index;
+    int32_t index;        /* in `glues`; -1 once released */
 } ms_ffi_sock_t;
 
 _Static_assert(sizeof(uv_buf_t) == 2 * sizeof(void *), "uv_buf_t is { base, len }");
@@ -82,37 +85,35 @@ static void on_udp(ms_udp_t *u, int status)
     wake(g, &g->rslot, status);
 }
 
-static ms_ffi_sock_t *glue_new(ms_server_t *srv)
+static void glue_init(ms_ffi_sock_t *g, ms_server_t *srv)
 {
-    ms_ffi_sock_t *g = ms_mem_alloc(sizeof(*g));
     memset(g, 0, sizeof(*g));
     g->srv = srv;
     g->rslot = g->wslot = -1;
     g->index = glue_put(g);
-    return g;
 }
 
 /* -- TCP ----------------------------------------------------------------------------------- */
 
-MS_FFI ms_ffi_sock_t *ms_ffi_sock_new(ms_server_t *srv)
+/* A new socket of `srv` in `g` (Lua's memory, zeroed or released). */
+MS_FFI void ms_ffi_sock_init(ms_ffi_sock_t *g, ms_server_t *srv)
 {
-    ms_ffi_sock_t *g = glue_new(srv);
+    glue_init(g, srv);
     g->s = ms_sock_new(srv);
     g->view = ms_sock_view(g->s);
     g->view->slot = g->index;
-    return g;
 }
 
-MS_FFI ms_ffi_sock_t *ms_ffi_udp_new(ms_server_t *srv)
+MS_FFI void ms_ffi_udp_init(ms_ffi_sock_t *g, ms_server_t *srv)
 {
-    ms_ffi_sock_t *g = glue_new(srv);
+    glue_init(g, srv);
     g->u = ms_udp_new(srv);
     g->view = ms_udp_view(g->u);
     g->view->slot = g->index;
-    return g;
 }
 
-/* Frees the engine's socket now (its owner ended): no callback comes after. */
+/* Frees the engine's socket now (its owner ended): no callback comes after, and the engine
+ * keeps no pointer to `g`. Once only has an effect. */
 MS_FFI void ms_ffi_sock_release(ms_ffi_sock_t *g)
 {
     g->rslot = g->wslot = -1;
@@ -123,13 +124,9 @@ MS_FFI void ms_ffi_sock_release(ms_ffi_sock_t *g)
     g->s = NULL;
     g->u = NULL;
     g->view = NULL;
-}
-
-MS_FFI void ms_ffi_sock_free(ms_ffi_sock_t *g)
-{
-    ms_ffi_sock_release(g);
-    glue_drop(g->index);
-    ms_mem_free(g);
+    if (g->index >= 0)
+        glue_drop(g->index);
+    g->index = -1;
 }
 
 /* A timeout from Lua in ms: a negative one is the worker's configured default. */
@@ -176,6 +173,8 @@ MS_FFI int ms_ffi_sock_setkeepalive(ms_ffi_sock_t *g, double idle_ms, int pool_s
 
 MS_FFI int ms_ffi_sock_close(ms_ffi_sock_t *g)
 {
+    if (g->s == NULL && g->u == NULL)
+        return UV_ENOTCONN; /* released */
     return g->s != NULL ? ms_sock_close(g->s) : ms_udp_close(g->u);
 }
 

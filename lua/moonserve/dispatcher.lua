@@ -127,6 +127,12 @@ local function handle(req, res, frame)
     if status ~= nil then
         reply_with(res, status, body, headers)
     end
+    -- A trace barrier (coroutine.running is not compiled: the trace stops here and a new one
+    -- starts after it). A trace that began deeper, in a side exit of the handler's code or of
+    -- the lines above, would otherwise run on to the return into xpcall below its start,
+    -- which LuaJIT cannot compile ("NYI: return to lower frame"): it aborts, and after a few
+    -- tries its side exit is left to the interpreter for good.
+    co_running()
 end
 
 -- What an owner (a request's table in `owned`, or a root task) made is done with when it

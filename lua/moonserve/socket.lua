@@ -41,10 +41,9 @@ typedef struct ms_ffi_sock_s {
     int32_t rslot, wslot;
     int32_t index;
 } ms_ffi_sock_t;
-ms_ffi_sock_t *ms_ffi_sock_new(ms_server_t *srv);
-ms_ffi_sock_t *ms_ffi_udp_new(ms_server_t *srv);
+void ms_ffi_sock_init(ms_ffi_sock_t *g, ms_server_t *srv);
+void ms_ffi_udp_init(ms_ffi_sock_t *g, ms_server_t *srv);
 void ms_ffi_sock_release(ms_ffi_sock_t *g);
-void ms_ffi_sock_free(ms_ffi_sock_t *g);
 void ms_ffi_sock_settimeouts(ms_ffi_sock_t *g, double c, double s, double r);
 int ms_ffi_sock_connect(ms_ffi_sock_t *g, const char *host, size_t len, int port,
                         const char *pool, size_t pool_len, int pool_size, int backlog);
@@ -247,9 +246,15 @@ local function gather(data)
     return parts, n, total
 end
 
-local function new_socket(mt, make, what)
+-- The glue is Lua's memory, with no finaliser: the owner holds the socket until it ends and
+-- releases it (dispatcher.adopt), which frees the engine's socket; a finaliser a socket
+-- would cost a malloc, and GC steps that run finalisers abort the trace being recorded.
+local glue_ct = ffi.typeof("ms_ffi_sock_t")
+
+local function new_socket(mt, init, what)
     local o = owner_now(what, 3)
-    local g = ffi_gc(make(o.srv), C.ms_ffi_sock_free)
+    local g = glue_ct()
+    init(g, o.srv)
     local self = setmetatable({ g = g, owner = o, reading = false, writing = false }, mt)
     dispatcher.adopt(o, self)
     return self
@@ -297,13 +302,13 @@ end
 -- @usage local sock = moonserve.socket.tcp()
 -- assert(sock:connect("127.0.0.1", 6379))
 function _M.tcp()
-    return new_socket(Tcp, C.ms_ffi_sock_new, "moonserve.socket.tcp")
+    return new_socket(Tcp, C.ms_ffi_sock_init, "moonserve.socket.tcp")
 end
 
 --- ngx.socket.tcp() of the ngx layer: the same socket, with OpenResty's default of no
 -- certificate verification unless sslhandshake asks for it.
 function _M.ngx_tcp()
-    local self = new_socket(Tcp, C.ms_ffi_sock_new, "ngx.socket.tcp")
+    local self = new_socket(Tcp, C.ms_ffi_sock_init, "ngx.socket.tcp")
     self.openresty = true
     return self
 end
@@ -667,12 +672,12 @@ end
 --- A UDP socket, as OpenResty's ngx.socket.udp(): setpeername, then send and receive.
 -- @treturn Udp
 function _M.udp()
-    return new_socket(Udp, C.ms_ffi_udp_new, "moonserve.socket.udp")
+    return new_socket(Udp, C.ms_ffi_udp_init, "moonserve.socket.udp")
 end
 
 --- ngx.socket.udp() of the ngx layer: the same socket, taking timeouts as OpenResty does.
 function _M.ngx_udp()
-    local self = new_socket(Udp, C.ms_ffi_udp_new, "ngx.socket.udp")
+    local self = new_socket(Udp, C.ms_ffi_udp_init, "ngx.socket.udp")
     self.openresty = true
     return self
 end

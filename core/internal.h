@@ -10,6 +10,16 @@
 #include "moonserve.h"
 #include "metrics.h"
 
+/* Built with AddressSanitizer: the recycle lists are off (mem.c), so that a use after free
+ * is caught rather than hidden; tests that count what went back to a list skip that. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MS_ASAN 1
+#endif
+#endif
+
 /* The worker's shared read buffer: big enough for a burst of pipelined requests. */
 #define MS_READ_BUF_SIZE (64 * 1024)
 /* A connection's own buffer for a partial head starts here and doubles up to the head cap. */

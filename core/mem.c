@@ -53,14 +53,8 @@ void ms_mem_free(void *p)
 
 /* -- Recycle lists --------------------------------------------------------------------- */
 
-/* Under ASan recycling is off, so that a use after free is caught rather than hidden. */
-#if defined(__SANITIZE_ADDRESS__)
-#define MS_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MS_ASAN 1
-#endif
-#endif
+/* Under ASan recycling is off (MS_ASAN, internal.h), so that a use after free is caught
+ * rather than hidden. */
 
 void *ms__recycle_get(ms_recycle_t *r)
 {

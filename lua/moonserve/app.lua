@@ -392,10 +392,7 @@ function App:ngx_content(path, fn, opts)
     end
     require "moonserve.ngx"
     local function content(_, res)
-        local to_ngx = res._to_ngx -- inside nginx: the fields set so far go to ngx.header first
-        if to_ngx then
-            to_ngx(res)
-        end
+        res:_ngx_begin() -- the reply is the ngx code's from here
         fn()
     end
     for _, m in ipairs(METHODS) do

@@ -13,6 +13,8 @@ local band = bit.band
 local lower, format, type, tostring = string.lower, string.format, type, tostring
 local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
 local check, park = coro.check_request, coro.park
+local shared = require "moonserve.response_methods"
+local text = shared.text
 
 local anchors = base.anchors -- Lua strings the core still writes from, by slot
 
@@ -108,26 +110,13 @@ function Response:_reset()
     return true
 end
 
---- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
--- given; lowercase is the convention.
--- @tparam string name a lowercase field name
--- @tparam string value
--- @return the reply, to chain
-function Response:header(name, value)
-    if type(name) ~= "string" then
-        error("bad header name (string expected)", 2)
-    end
-    local tv = type(value)
-    if tv == "table" then
-        for i = 1, #value do
-            add_header(self, name, tostring(value[i]), 2)
-        end
-    elseif tv == "string" or tv == "number" then
-        add_header(self, name, tostring(value), 2)
-    else
-        error("bad header value for " .. name .. " (string expected)", 2)
-    end
-    return self
+-- An app:ngx_content route's code takes the reply over (moonserve/ngx/output.lua writes it
+-- through this object already): nothing to hand over.
+function Response._ngx_begin() end
+
+-- One field for response_methods' header(), which raises at the caller of header().
+function Response:_add_header(name, value)
+    add_header(self, name, value, 3)
 end
 
 local released = ffi.new("int32_t[256]")
@@ -165,18 +154,6 @@ local function anchor(rc, s, r)
         return base.fail(rc)
     end
     return true
-end
-
--- A body or chunk as a string: strings as they are, numbers as text; anything else is
--- misuse and raises at the caller's caller.
-local function text(x, what)
-    local t = type(x)
-    if t == "string" then
-        return x
-    elseif t == "number" then
-        return tostring(x)
-    end
-    error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
 end
 
 -- Sends a body given as a list of string pieces (a template's output) without joining
@@ -342,7 +319,7 @@ end
 
 -- json, redirect, cookie, before_send and render: over header(), status() and send(), the
 -- same for every host.
-for name, fn in pairs(require("moonserve.response_methods").methods) do
+for name, fn in pairs(shared.methods) do
     Response[name] = Response[name] or fn
 end
 

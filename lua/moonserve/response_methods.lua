@@ -10,6 +10,44 @@ local format, gsub, find, type, tostring = string.format, string.gsub, string.fi
 
 local Response = {}
 
+local _M = { methods = Response }
+
+--- A body or chunk as a string: strings as they are, numbers as text; anything else is
+-- misuse and raises at the caller's caller (for both hosts' send and write).
+-- @local
+function _M.text(x, what)
+    local t = type(x)
+    if t == "string" then
+        return x
+    elseif t == "number" then
+        return tostring(x)
+    end
+    error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
+end
+
+--- Adds a field. `value` may be a list, which adds one field per item. Names are sent as
+-- given; lowercase is the convention.
+-- @tparam string name a lowercase field name
+-- @tparam string value
+-- @return the reply, to chain
+function Response:header(name, value)
+    if type(name) ~= "string" then
+        error("bad header name (string expected)", 2)
+    end
+    local tv = type(value)
+    if tv == "table" then
+        for i = 1, #value do
+            self:_add_header(name, tostring(value[i]))
+        end
+    elseif tv == "string" or tv == "number" then
+        self:_add_header(name, tostring(value))
+    else
+        error("bad header value for " .. name .. " (string expected)", 2)
+    end
+    return self
+end
+
+
 local cjson
 --- Sends `value` as JSON.
 -- @param value a table (or any value lua-cjson encodes)
@@ -112,4 +150,4 @@ function Response:render(name, vars)
     return self:send(pieces)
 end
 
-return { methods = Response }
+return _M

@@ -8,11 +8,13 @@
 
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local host = require "moonserve.host"
+local shared = require "moonserve.response_methods"
 
 local ngx = ngx
 local ngx_header = ngx.header
 local lower, format, find = string.lower, string.format, string.find
 local type, tostring, error, rawget, pairs = type, tostring, error, rawget, pairs
+local text = shared.text
 
 local Response = {}
 Response.__index = Response
@@ -94,25 +96,9 @@ local function add_or_raise(self, name, value, level)
     end
 end
 
---- Adds a field; `value` may be a list (a field per item).
--- @tparam string name
--- @tparam string value
--- @return the reply
-function Response:header(name, value)
-    if type(name) ~= "string" then
-        error("bad header name (string expected)", 2)
-    end
-    local tv = type(value)
-    if tv == "table" then
-        for i = 1, #value do
-            add_or_raise(self, name, tostring(value[i]), 2)
-        end
-    elseif tv == "string" or tv == "number" then
-        add_or_raise(self, name, tostring(value), 2)
-    else
-        error("bad header value for " .. name .. " (string expected)", 2)
-    end
-    return self
+-- One field for response_methods' header(), which raises at the caller of header().
+function Response:_add_header(name, value)
+    add_or_raise(self, name, value, 3)
 end
 
 -- Whole field lines ("name: value\r\n"...) as name, lowercase name, value..., split once
@@ -188,7 +174,7 @@ end
 
 -- The head goes to nginx: the status and the fields, a repeated name's values as a list.
 -- (A reply has a handful of fields: looking back for a name is cheaper than a table.)
-local function head(self, length, text)
+local function head(self, length, has_body)
     ngx.status = self.code
     local names, values, n = self.names, self.values, self.n
     for i = 1, n do
@@ -210,7 +196,7 @@ local function head(self, length, text)
             ngx_header[name] = value
         end
     end
-    if text and not self.has_type then
+    if has_body and not self.has_type then
         ngx_header["content-type"] = DEFAULT_TYPE
     end
     local code = self.code
@@ -219,24 +205,13 @@ local function head(self, length, text)
     end
 end
 
-local function print(self, body)
-    local ok, err = ngx.print(body)
+-- What ngx.print or ngx.flush said: true, or nil and why, the client then taken as gone.
+local function outcome(self, ok, err)
     if not ok then
         self.lost = true
         return nil, err
     end
     return true
-end
-
--- A body or chunk as a string: strings as they are, numbers as text.
-local function text(x, what)
-    local t = type(x)
-    if t == "string" then
-        return x
-    elseif t == "number" then
-        return tostring(x)
-    end
-    error("bad " .. what .. " (string expected, got " .. t .. ")", 3)
 end
 
 --- Sends the reply: the head, then `body` with its length, and ends it.
@@ -266,7 +241,7 @@ function Response:send(body)
     if len == 0 then
         return true
     end
-    return print(self, body)
+    return outcome(self, ngx.print(body))
 end
 
 --- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1).
@@ -282,18 +257,13 @@ function Response:write(chunk)
         head(self, nil, true)
         self.state = "streaming"
     end
-    return print(self, chunk)
+    return outcome(self, ngx.print(chunk))
 end
 
 --- Waits (the handler yields to nginx) until everything written so far has left.
 -- @return true, or nil and an error
 function Response:flush()
-    local ok, err = ngx.flush(true)
-    if not ok then
-        self.lost = true
-        return nil, err
-    end
-    return true
+    return outcome(self, ngx.flush(true))
 end
 
 --- nginx's Lua module sends no trailers: raises (nginx.conf's add_trailer can).
@@ -327,7 +297,7 @@ end
 
 -- An app:ngx_content route's code answers with nginx's ngx itself: the status and fields
 -- set so far (the security fields, middleware's) go to ngx.header first.
-function Response:_to_ngx()
+function Response:_ngx_begin()
     if self.state == "open" then
         fire(self)
         head(self, nil, false)
@@ -345,7 +315,7 @@ function Response:_finish()
 end
 
 -- json, redirect, cookie, before_send and render: over header(), status() and send().
-for name, fn in pairs(require("moonserve.response_methods").methods) do
+for name, fn in pairs(shared.methods) do
     Response[name] = Response[name] or fn
 end
 

@@ -4,7 +4,7 @@
  * Usage:
  *   ws_load echo PORT PATH CONNS SECONDS [SERVER_PID [SIZE]]
  *   ws_load broadcast PORT PATH CONNS SECONDS [SERVER_PID]
- *   ws_load idle PORT PATH CONNS HOLD_SECONDS [deflate [MESSAGES]]
+ *   ws_load idle PORT PATH CONNS HOLD_SECONDS [deflate|kept [MESSAGES]]
  *
  * echo: CONNS connections each send a SIZE-byte (64) masked text message and send the next
  * when the echo is back, for SECONDS after every connection is open (and one second of
@@ -18,8 +18,10 @@
  * deliveries as echo prints messages.
  *
  * idle: CONNS connections (offering permessage-deflate without context takeover either way
- * with "deflate"), each, with MESSAGES, sending that many 1 KiB text messages (compressed
- * when deflate was agreed) and reading each echo; then prints "ready N" and holds them
+ * with "deflate", and with it, as browsers do, with "kept"), each, with MESSAGES, sending that
+ * many 1 KiB text messages (compressed when deflate was agreed: each on its own, which a
+ * server that keeps our context inflates as well) and reading each echo (not inflated: its
+ * size is all that matters here); then prints "ready N" and holds them
  * until SIGUSR1 or HOLD_SECONDS, answering pings, and prints "open K of N": how many the
  * server did not close.
  */
@@ -387,9 +389,11 @@ static void on_connect(uv_connect_t *r, int status)
                      "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                      "Sec-WebSocket-Version: 13\r\n%s\r\n",
                      path, port,
-                     want_deflate ? "Sec-WebSocket-Extensions: permessage-deflate; "
-                                    "server_no_context_takeover; client_no_context_takeover\r\n"
-                                  : "");
+                     want_deflate == 2 ? "Sec-WebSocket-Extensions: permessage-deflate; "
+                                         "client_max_window_bits\r\n"
+                     : want_deflate    ? "Sec-WebSocket-Extensions: permessage-deflate; "
+                                         "server_no_context_takeover; client_no_context_takeover\r\n"
+                                       : "");
     uv_tcp_nodelay(&c->tcp, 1);
     put(c, req, (size_t)n);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
@@ -529,7 +533,8 @@ int main(int argc, char **argv)
     nconns = atoi(argv[4]);
     seconds = atoi(argv[5]);
     if (mode == MODE_IDLE) {
-        want_deflate = argc > 6 && !strcmp(argv[6], "deflate");
+        if (argc > 6)
+            want_deflate = !strcmp(argv[6], "deflate") ? 1 : !strcmp(argv[6], "kept") ? 2 : 0;
         messages = argc > 7 ? atoi(argv[7]) : 0;
     } else {
         server_pid = argc > 6 ? atoi(argv[6]) : 0;

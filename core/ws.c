@@ -193,11 +193,17 @@ static void ctl_release(ms_ws_parser_t *p)
     p->ctl = NULL;
 }
 
+static void zctx_free(ms_ws_zctx_t *z);
+
 void ms_ws_parser_free(ms_ws_parser_t *p)
 {
     buf_release(&p->msg);
     buf_release(&p->zout);
     ctl_release(p);
+    if (p->z != NULL) {
+        zctx_free(p->z);
+        p->z = NULL;
+    }
 }
 
 /* A protocol error: the close with `code` goes to the peer, and nothing more is read. */
@@ -215,30 +221,89 @@ static int fail(ms_ws_parser_t *p, int code, const char *why)
 }
 
 /* -- permessage-deflate ------------------------------------------------------------------
- * Without context takeover either way, no socket keeps zlib state: a message is inflated
+ * Without context takeover (the default), no socket keeps zlib state: a message is inflated
  * whole when its last frame is in, and a message sent is deflated whole, each with the one
- * stream of the process, reset between messages. An idle socket holds nothing of zlib's. */
+ * stream of the process, reset between messages. An idle socket holds nothing of zlib's.
+ * With takeover, agreed per endpoint, a direction's stream is the socket's own, made at its
+ * first compressed message and kept, never reset, until the socket goes: an inflater holds
+ * about 7 KiB and its window (2^bits), a deflater about 6 KiB and 2^(bits+2) + 2^(mem+9). */
 
 static z_stream inflater, deflater;
 static uint8_t inflater_ready, deflater_bits;
+
+struct ms_ws_zctx_s {
+    z_stream in, out;
+    uint8_t in_ready, out_ready;
+};
+
+static void zctx_free(ms_ws_zctx_t *z)
+{
+    if (z->in_ready)
+        inflateEnd(&z->in);
+    if (z->out_ready)
+        deflateEnd(&z->out);
+    ms_mem_free(z);
+}
+
+static ms_ws_zctx_t *zctx(ms_ws_parser_t *p)
+{
+    if (p->z == NULL) {
+        p->z = ms_mem_alloc(sizeof(*p->z));
+        memset(p->z, 0, sizeof(*p->z));
+    }
+    return p->z;
+}
+
+/* A final block ends the peer's zlib stream, yet with takeover the next message still
+ * refers to the window (RFC 7692 7.2.3.3 allows BFINAL): the window goes into the stream
+ * reset for it. */
+static int inflate_restart(z_stream *z)
+{
+    static uint8_t window[1 << 15];
+    uInt n = sizeof(window);
+    if (inflateGetDictionary(z, window, &n) != Z_OK || inflateReset(z) != Z_OK)
+        return MS_WS_INTERNAL;
+    if (n > 0 && inflateSetDictionary(z, window, n) != Z_OK)
+        return MS_WS_INTERNAL;
+    return 0;
+}
+
+/* The stream a compressed message is inflated with: the peer's own with takeover, else the
+ * process's, reset. NULL if zlib failed. */
+static z_stream *inflate_stream(ms_ws_parser_t *p)
+{
+    if (p->inflate_bits != 0) {
+        ms_ws_zctx_t *z = zctx(p);
+        if (!z->in_ready) {
+            if (inflateInit2(&z->in, -(int)p->inflate_bits) != Z_OK)
+                return NULL;
+            z->in_ready = 1;
+        }
+        return &z->in;
+    }
+    if (!inflater_ready) {
+        if (inflateInit2(&inflater, -15) != Z_OK)
+            return NULL;
+        inflater_ready = 1;
+    } else {
+        inflateReset(&inflater);
+    }
+    return &inflater;
+}
 
 /* Inflates the reassembled message into p->zout, never past max_message bytes of output (a
  * decompression bomb stops there). Returns 0 or the close code. */
 static int inflate_message(ms_ws_parser_t *p)
 {
     static const uint8_t tail[4] = {0x00, 0x00, 0xff, 0xff};
-    if (!inflater_ready) {
-        if (inflateInit2(&inflater, -15) != Z_OK)
-            return MS_WS_INTERNAL;
-        inflater_ready = 1;
-    } else {
-        inflateReset(&inflater);
-    }
+    z_stream *z = inflate_stream(p);
+    if (z == NULL)
+        return MS_WS_INTERNAL;
     ms_buf_t *out = &p->zout;
     out->len = 0;
     for (int pass = 0; pass < 2; pass++) {
-        inflater.next_in = pass ? (Bytef *)tail : (Bytef *)p->msg.base;
-        inflater.avail_in = pass ? 4 : (uInt)p->msg.len;
+        z->next_in = pass ? (Bytef *)tail : (Bytef *)p->msg.base;
+        z->avail_in = pass ? 4 : (uInt)p->msg.len;
         for (;;) {
             if (out->len == out->cap) {
                 if (out->cap > p->max_message)
@@ -246,51 +311,80 @@ static int inflate_message(ms_ws_parser_t *p)
                 /* (one more than the cap: what tells "over") */
                 buf_reserve(out, out->cap + 1, (size_t)p->max_message + 1);
             }
-            inflater.next_out = (Bytef *)out->base + out->len;
-            inflater.avail_out = (uInt)(out->cap - out->len);
-            int rc = inflate(&inflater, Z_SYNC_FLUSH);
-            out->len = out->cap - inflater.avail_out;
+            z->next_out = (Bytef *)out->base + out->len;
+            z->avail_out = (uInt)(out->cap - out->len);
+            int rc = inflate(z, Z_SYNC_FLUSH);
+            out->len = out->cap - z->avail_out;
             if (out->len > p->max_message)
                 return MS_WS_TOO_BIG;
-            if (rc == Z_STREAM_END)
-                return 0; /* a final block: what follows it is not the message's */
+            if (rc == Z_STREAM_END) /* a final block: what follows it is not the message's */
+                return z == &inflater ? 0 : inflate_restart(z);
             if (rc != Z_OK && rc != Z_BUF_ERROR)
                 return MS_WS_BAD_DATA;
-            if (inflater.avail_in == 0 && inflater.avail_out > 0)
+            if (z->avail_in == 0 && z->avail_out > 0)
                 break;
         }
     }
     return 0;
 }
 
-const char *ms_ws_deflate(const char *p, size_t len, int bits, size_t *out_len)
+/* The stream a message sent is deflated with: the socket's own with takeover, else the
+ * process's, reset. NULL if zlib failed. */
+static z_stream *deflate_stream(ms_ws_parser_t *p, int bits)
+{
+    if (p != NULL && p->deflate_keep != 0) {
+        ms_ws_zctx_t *z = zctx(p);
+        if (!z->out_ready) {
+            if (deflateInit2(&z->out, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -bits, p->deflate_keep,
+                             Z_DEFAULT_STRATEGY) != Z_OK)
+                return NULL;
+            z->out_ready = 1;
+        }
+        return &z->out;
+    }
+    if (deflater_bits == bits) {
+        deflateReset(&deflater);
+        return &deflater;
+    }
+    if (deflater_bits != 0)
+        deflateEnd(&deflater);
+    deflater_bits = 0;
+    memset(&deflater, 0, sizeof(deflater));
+    if (deflateInit2(&deflater, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -bits, 8,
+                     Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    deflater_bits = (uint8_t)bits;
+    return &deflater;
+}
+
+const char *ms_ws_deflate(ms_ws_parser_t *p, const char *data, size_t len, int bits,
+                          size_t *out_len)
 {
     static ms_buf_t out;
-    if (deflater_bits != bits) {
-        if (deflater_bits != 0)
-            deflateEnd(&deflater);
-        deflater_bits = 0;
-        memset(&deflater, 0, sizeof(deflater));
-        if (deflateInit2(&deflater, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -bits, 8,
-                         Z_DEFAULT_STRATEGY) != Z_OK) {
-            *out_len = 0;
-            return NULL;
-        }
-        deflater_bits = (uint8_t)bits;
-    } else {
-        deflateReset(&deflater);
-    }
-    size_t bound = deflateBound(&deflater, (uLong)len) + 16;
+    *out_len = 0;
+    z_stream *z = deflate_stream(p, bits);
+    if (z == NULL)
+        return NULL;
+    size_t bound = deflateBound(z, (uLong)len) + 16;
     if (out.cap < bound) {
         out.base = ms_mem_realloc(out.base, bound);
         out.cap = bound;
     }
-    deflater.next_in = (Bytef *)p;
-    deflater.avail_in = (uInt)len;
-    deflater.next_out = (Bytef *)out.base;
-    deflater.avail_out = (uInt)out.cap;
-    deflate(&deflater, Z_SYNC_FLUSH); /* the bound leaves room for all of it */
-    size_t n = out.cap - deflater.avail_out;
+    z->next_in = (Bytef *)data;
+    z->avail_in = (uInt)len;
+    size_t n = 0;
+    for (;;) {
+        z->next_out = (Bytef *)out.base + n;
+        z->avail_out = (uInt)(out.cap - n);
+        if (deflate(z, Z_SYNC_FLUSH) == Z_STREAM_ERROR)
+            return NULL;
+        n = out.cap - z->avail_out;
+        if (z->avail_out > 0)
+            break;
+        /* (the bound leaves room for all of it; the flush may still want more) */
+        out.cap *= 2;
+        out.base = ms_mem_realloc(out.base, out.cap);
+    }
     /* The sync flush ends with an empty stored block, 00 00 ff ff, which RFC 7692 7.2.1
      * takes off (the receiver puts it back). */
     *out_len = n >= 4 ? n - 4 : n;
@@ -867,14 +961,20 @@ static void ws_abort(ms_conn_t *c)
     cut(c->pstate);
 }
 
+/* What the socket holds, and the socket. */
+static void ws_release(ms_ws_t *ws)
+{
+    ms_ws_parser_free(&ws->p);
+    buf_release(&ws->inq);
+    ms_mem_free(ws);
+}
+
 static void ws_conn_free(ms_server_t *s, void *pstate)
 {
     ms_ws_t *ws = pstate;
     (void)s;
     assert(ws->freed); /* it holds a reference on the connection until then */
-    ms_ws_parser_free(&ws->p);
-    buf_release(&ws->inq);
-    ms_mem_free(ws);
+    ws_release(ws);
 }
 
 const ms_proto_t ms__ws_proto = {
@@ -904,6 +1004,8 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
     ws->p.deflate = o->deflate_bits != 0;
+    ws->p.inflate_bits = o->deflate_bits != 0 ? o->inflate_bits : 0;
+    ws->p.deflate_keep = o->deflate_bits != 0 ? o->deflate_keep : 0;
     ws->send_queue = o->send_queue;
     ws->ping_ms = o->ping_ms;
     ws->pong_ms = o->pong_ms;
@@ -989,9 +1091,7 @@ void ms_ws_free(ms_ws_t *ws)
         ws->req->tunnel = NULL; /* the request, still the handler's, closes as a tunnel does */
     if (!ws->outlive)
         s->stats->in_flight++; /* back to a request in flight, which ms_req_finish counts out */
-    ms_ws_parser_free(&ws->p);
-    buf_release(&ws->inq);
-    ms_mem_free(ws);
+    ws_release(ws);
 }
 
 int ms_ws_receive(ms_ws_t *ws, int *op, const char **data, size_t *len, int *code)
@@ -1053,7 +1153,7 @@ int ms_ws_send(ms_ws_t *ws, int op, const char *p, size_t len, int owner, int32_
     }
     if (ws->deflate_bits && !(op & 0x8) && len >= WS_DEFLATE_MIN) {
         size_t zn;
-        const char *z = ms_ws_deflate(p, len, ws->deflate_bits, &zn);
+        const char *z = ms_ws_deflate(&ws->p, p, len, ws->deflate_bits, &zn);
         if (z != NULL) {
             /* Compressed into the process's buffer: copied into the queue, and the string
              * is not needed. */

@@ -33,6 +33,8 @@ enum {
 #define MS_WS_CONTROL_MAX 125
 
 typedef struct ms_ws_parser_s ms_ws_parser_t;
+/* The zlib streams of a socket with context takeover, one allocation for both ways. */
+typedef struct ms_ws_zctx_s ms_ws_zctx_t;
 
 /* What the parser hands on. `p` is valid only during the call. */
 typedef struct ms_ws_parser_ops_s {
@@ -67,10 +69,17 @@ struct ms_ws_parser_s {
     ms_ws_utf8_t utf8;
     ms_buf_t msg; /* owned while a message is on its way; given back once it is handed on */
     uint8_t *ctl; /* a control frame's payload while it comes in pieces; NULL between them */
-    /* permessage-deflate (RFC 7692), without context takeover either way */
+    /* permessage-deflate (RFC 7692) */
     uint8_t deflate;        /* agreed: RSV1 marks a compressed message */
     uint8_t msg_compressed; /* the message being reassembled is */
+    uint8_t inflate_bits;   /* the peer keeps its context (takeover): our window, 9..15; 0: it
+                             * does not, and each message is inflated on its own */
+    uint8_t deflate_keep;   /* the socket keeps its own context for what it sends, with this
+                             * zlib memLevel (1..9); 0: it does not. (Its owner's, here so
+                             * that one pointer holds both ways.) */
     ms_buf_t zout;          /* owned: the message being inflated; given back with it */
+    ms_ws_zctx_t *z;        /* owned, with takeover either way: the streams kept, each made at
+                             * the first message that needs it, until the socket goes */
     /* the close handshake */
     uint8_t close_sent, close_received;
     uint8_t done;    /* a close came or a protocol error happened: nothing more is read */
@@ -94,10 +103,13 @@ int ms_ws_utf8_ok(const char *p, size_t n);
 /* Checks n more bytes of a text that may end inside a code point. Returns 0 or -1. */
 int ms_ws_utf8_step(ms_ws_utf8_t *u, const uint8_t *p, size_t n);
 
-/* Compresses `len` bytes as one permessage-deflate message (no context takeover, LZ77 window
- * of 2^bits bytes, 9..15) without its trailing 00 00 ff ff. Returns a pointer to the bytes,
- * valid until the next call, and their count in *out_len. */
-const char *ms_ws_deflate(const char *p, size_t len, int bits, size_t *out_len);
+/* Compresses `len` bytes as one permessage-deflate message (LZ77 window of 2^bits bytes,
+ * 9..15) without its trailing 00 00 ff ff: on its own (no context takeover), or, with
+ * `p->deflate_keep`, with the context p keeps from the messages sent before. Returns a
+ * pointer to the bytes, valid until the next call, and their count in *out_len; NULL if zlib
+ * failed (the message may go uncompressed). */
+const char *ms_ws_deflate(ms_ws_parser_t *p, const char *data, size_t len, int bits,
+                          size_t *out_len);
 
 /* Writes the head of an unmasked (server) frame of `len` bytes. Returns its length (2..10). */
 size_t ms_ws_frame_head(uint8_t *out, int op, int fin, uint64_t len);
@@ -122,6 +134,11 @@ typedef struct ms_ws_opts_s {
     uint32_t idle_ms;         /* no message this long: closed (1001); 0 none */
     uint32_t close_ms;        /* how long the peer has to answer our close */
     uint8_t deflate_bits;     /* permessage-deflate agreed, with our window bits; 0: not */
+    uint8_t deflate_keep;     /* our deflate context is kept across messages (we did not agree
+                               * to server_no_context_takeover), with this zlib memLevel
+                               * (1..9); 0: each message is deflated on its own */
+    uint8_t inflate_bits;     /* the client keeps its context: our inflater's window (9..15),
+                               * kept across messages; 0: each message inflated on its own */
     uint8_t deliver_control;  /* pings and pongs go to the receiver too */
 } ms_ws_opts_t;
 

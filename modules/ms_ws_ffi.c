@@ -28,7 +28,8 @@ MS_FFI int ms_ffi_ws_accept_key(const char *key, size_t len, char *out)
  * socket, or NULL with *err. */
 MS_FFI ms_ws_t *ms_ffi_ws_accept(ms_req_t *r, double max_message, double max_frame,
                                  double send_queue, double ping, double pong, double idle,
-                                 double close, int control, int deflate_bits, int *err)
+                                 double close, int control, int deflate_bits,
+                                 int deflate_keep, int inflate_bits, int *err)
 {
     ms_ws_opts_t o = {
         .max_message = (uint64_t)max_message,
@@ -40,6 +41,8 @@ MS_FFI ms_ws_t *ms_ffi_ws_accept(ms_req_t *r, double max_message, double max_fra
         .close_ms = (uint32_t)(close * 1000.0 + 0.5),
         .deliver_control = (uint8_t)(control != 0),
         .deflate_bits = (uint8_t)(deflate_bits >= 9 && deflate_bits <= 15 ? deflate_bits : 0),
+        .deflate_keep = (uint8_t)(deflate_keep >= 1 && deflate_keep <= 9 ? deflate_keep : 0),
+        .inflate_bits = (uint8_t)(inflate_bits >= 9 && inflate_bits <= 15 ? inflate_bits : 0),
     };
     return ms_ws_accept(r, &o, err);
 }

@@ -27,6 +27,15 @@ app:websocket("/echo-cb", {
     end,
 })
 
+-- Context takeover: each socket keeps a zlib stream each way once it has compressed, at
+-- zlib's defaults and in a window of 1 KiB with memLevel 2.
+local function echo_cb(ws, data, kind)
+    ws:send(data, kind)
+end
+app:websocket("/echo-kept", { message = echo_cb }, { deflate = { context_takeover = true } })
+app:websocket("/echo-kept-small", { message = echo_cb },
+    { deflate = { context_takeover = true, window_bits = 10, mem_level = 2 } })
+
 local payload = string.rep("x", 1024)
 local all = {}
 app:websocket("/broadcast", function(ws)

@@ -17,6 +17,7 @@ local anchors = base.anchors
 local waiter, park, owner_now = dispatcher.waiter, dispatcher.park, dispatcher.owner
 local find, gmatch, lower, format = string.find, string.gmatch, string.lower, string.format
 local type, pairs, tostring, setmetatable = type, pairs, tostring, setmetatable
+local min, max, floor = math.min, math.max, math.floor
 local new_tab = base.new_tab
 
 ffi.cdef [[
@@ -25,7 +26,7 @@ typedef struct ms_ffi_ws_msg_s { const char *data; size_t len; int32_t op, code;
 int ms_ffi_ws_accept_key(const char *key, size_t len, char *out);
 ms_ws_t *ms_ffi_ws_accept(ms_req_view_t *r, double max_message, double max_frame,
     double send_queue, double ping, double pong, double idle, double close, int control,
-    int deflate_bits, int *err);
+    int deflate_bits, int deflate_keep, int inflate_bits, int *err);
 void ms_ffi_ws_free(ms_ws_t *ws);
 int ms_ffi_ws_outlives(ms_ws_t *ws);
 void ms_ffi_ws_set_home(ms_ws_t *ws, int32_t slot);
@@ -87,6 +88,46 @@ for k in pairs(DEFAULTS) do
     KNOWN[k] = true
 end
 
+-- opts.deflate: true (the default: without context takeover), false, or a table
+-- { context_takeover = bool, window_bits = 9..15, mem_level = 1..9 }. Returns the endpoint's
+-- permessage-deflate settings, or false.
+local DEFLATE = { context_takeover = false, window_bits = 15, mem_level = 8 }
+local DEFLATE_RANGE = { window_bits = { 9, 15 }, mem_level = { 1, 9 } }
+
+local function deflate_opt(v, path, level)
+    if v == nil or v == true then
+        return DEFLATE
+    elseif v == false then
+        return false
+    elseif type(v) ~= "table" then
+        error("bad deflate for websocket " .. path .. " (boolean or table expected)", level)
+    end
+    local cfg = {}
+    for k in pairs(v) do
+        if DEFLATE[k] == nil then
+            error(format("unknown deflate option %s for websocket %s", tostring(k), path), level)
+        end
+    end
+    for k, default in pairs(DEFLATE) do
+        local x = v[k]
+        if x == nil then
+            x = default
+        elseif type(default) == "boolean" then
+            if type(x) ~= "boolean" then
+                error(format("bad deflate.%s for websocket %s (boolean expected)", k, path), level)
+            end
+        else
+            local r = DEFLATE_RANGE[k]
+            if type(x) ~= "number" or x ~= floor(x) or x < r[1] or x > r[2] then
+                error(format("bad deflate.%s for websocket %s (integer from %d to %d expected)",
+                    k, path, r[1], r[2]), level)
+            end
+        end
+        cfg[k] = x
+    end
+    return cfg
+end
+
 local function number_opt(opts, k, path, level)
     local v = opts[k]
     if v == nil then
@@ -137,10 +178,7 @@ function _M.compile(opts, path, level)
     o.origin_check = security.compile({ csrf = { origins = origins,
         same_site = opts.same_site == true } }).csrf
     o.control = opts.control_frames == true
-    if opts.deflate ~= nil and type(opts.deflate) ~= "boolean" then
-        error("bad deflate for websocket " .. path .. " (boolean expected)", level)
-    end
-    o.deflate = opts.deflate ~= false
+    o.deflate = deflate_opt(opts.deflate, path, level + 1)
     return o
 end
 
@@ -358,15 +396,18 @@ local function choose_protocol(offered, mine)
     return nil
 end
 
--- permessage-deflate (RFC 7692): the first offer of Sec-WebSocket-Extensions we can take.
--- We always answer with server_no_context_takeover and client_no_context_takeover, so that no
--- socket keeps zlib state between messages. Returns the response's extension and our window
--- bits, or nil.
 local function trim(s)
     return (s:gsub("^%s+", ""):gsub("%s+$", ""))
 end
 
-local function deflate_offer(offer)
+-- permessage-deflate (RFC 7692): one offer of Sec-WebSocket-Extensions, against the endpoint's
+-- `cfg` (opts.deflate). Without context takeover (the default) we answer
+-- server_no_context_takeover and client_no_context_takeover, so that no socket keeps zlib
+-- state between messages; with it, each side keeps its context unless the client asked that
+-- it not, and the client's window is held to cfg.window_bits when it lets us say so. Returns
+-- the response's extension, our window bits, whether we keep our context, and the window of
+-- the client's context we keep (0: none); or nil.
+local function deflate_offer(offer, cfg)
     local params, name = {}, nil
     for item in gmatch(offer, "[^;]+") do
         item = trim(item)
@@ -384,39 +425,63 @@ local function deflate_offer(offer)
             params[k] = v or true
         end
     end
-    local bits = 15
+    local bits, client_bits = cfg.window_bits, nil
     for k, v in pairs(params) do
         if k == "server_max_window_bits" then
-            bits = tonumber(v)
+            local n = tonumber(v)
             -- zlib cannot deflate with a window of 256 bytes: an offer that asks for one
             -- is declined
-            if not bits or bits < 9 or bits > 15 or not find(v, "^%d+$") then
+            if not n or n < 9 or n > 15 or not find(v, "^%d+$") then
                 return nil
             end
+            bits = min(bits, n)
         elseif k == "client_max_window_bits" then
-            if v ~= true and not (find(v, "^%d+$") and tonumber(v) >= 8 and tonumber(v) <= 15)
-            then
+            if v == true then
+                client_bits = 15
+            elseif find(v, "^%d+$") and tonumber(v) >= 8 and tonumber(v) <= 15 then
+                client_bits = tonumber(v)
+            else
                 return nil
             end
         elseif k ~= "server_no_context_takeover" and k ~= "client_no_context_takeover" then
             return nil
         end
     end
-    local answer = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
+    local keep_ours = cfg.context_takeover and not params.server_no_context_takeover
+    local keep_theirs = cfg.context_takeover and not params.client_no_context_takeover
+    local answer = "permessage-deflate"
+    if not keep_ours then
+        answer = answer .. "; server_no_context_takeover"
+    end
+    if not keep_theirs then
+        answer = answer .. "; client_no_context_takeover"
+    end
     if params.server_max_window_bits then
         answer = answer .. "; server_max_window_bits=" .. bits
     end
-    return answer, bits
+    local inflate_bits = 0
+    if keep_theirs then
+        -- The client's window is 15 bits unless it offered to take a smaller one from us.
+        inflate_bits = 15
+        if client_bits then
+            inflate_bits = min(client_bits, cfg.window_bits)
+            if inflate_bits < 15 then
+                answer = answer .. "; client_max_window_bits=" .. inflate_bits
+            end
+            inflate_bits = max(inflate_bits, 9) -- (a window of 2^9 inflates one of 2^8)
+        end
+    end
+    return answer, bits, keep_ours, inflate_bits
 end
 
-local function negotiate_deflate(field)
+local function negotiate_deflate(field, cfg)
     if not field then
         return nil
     end
     for offer in gmatch(field, "[^,]+") do
-        local answer, bits = deflate_offer(offer)
+        local answer, bits, keep_ours, inflate_bits = deflate_offer(offer, cfg)
         if answer then
-            return answer, bits
+            return answer, bits, keep_ours, inflate_bits
         end
     end
     return nil
@@ -594,18 +659,18 @@ function _M.serve(req, res, fn, o)
     if protocol then
         res:header("sec-websocket-protocol", protocol)
     end
-    local extensions, bits = nil, 0
+    local extensions, bits, keep_ours, inflate_bits
     if o.deflate then
-        extensions, bits = negotiate_deflate(req:header("sec-websocket-extensions"))
+        extensions, bits, keep_ours, inflate_bits =
+            negotiate_deflate(req:header("sec-websocket-extensions"), o.deflate)
         if extensions then
             res:header("sec-websocket-extensions", extensions)
-        else
-            bits = 0
         end
     end
     local g = C.ms_ffi_ws_accept(r, o.max_message_bytes, o.max_frame_bytes, o.send_queue_bytes,
         o.ping_interval, o.pong_timeout, o.idle_timeout, o.close_timeout, o.control and 1 or 0,
-        bits, err_out)
+        extensions and bits or 0, extensions and keep_ours and o.deflate.mem_level or 0,
+        extensions and inflate_bits or 0, err_out)
     if g == nil then
         if err_out[0] == base.EBUSY then
             res:_reset()

@@ -426,7 +426,7 @@ TEST(ws_deflates_what_it_sends_without_the_sync_tail)
     static char text[5000];
     memset(text, 'q', sizeof(text));
     size_t zn;
-    const char *z = ms_ws_deflate(text, sizeof(text), 15, &zn);
+    const char *z = ms_ws_deflate(NULL, text, sizeof(text), 15, &zn);
     ASSERT(z != NULL && zn < 100);
     /* The client's side of it: the tail put back, inflated. */
     static uint8_t back[8192];
@@ -446,9 +446,137 @@ TEST(ws_deflates_what_it_sends_without_the_sync_tail)
     inflateEnd(&u);
     /* Every message is deflated on its own: the same bytes twice give the same output. */
     size_t zn2;
-    const char *z2 = ms_ws_deflate(text, sizeof(text), 15, &zn2);
+    const char *z2 = ms_ws_deflate(NULL, text, sizeof(text), 15, &zn2);
     ASSERT_EQ(zn, zn2);
     ASSERT_EQ(0, memcmp(in, z2, zn));
+}
+
+/* -- Context takeover (RFC 7692 7.1.1) ----------------------------------------------------- */
+
+/* The client's side of a socket with context takeover: one raw deflate stream, never reset;
+ * each message flushed, its 00 00 ff ff off, and `final` ends it with a final block. */
+static size_t squeeze_kept(z_stream *z, const char *in, size_t n, uint8_t *out, size_t cap,
+                           int final)
+{
+    z->next_in = (Bytef *)in;
+    z->avail_in = (uInt)n;
+    z->next_out = out;
+    z->avail_out = (uInt)cap;
+    deflate(z, final ? Z_FINISH : Z_SYNC_FLUSH);
+    return cap - z->avail_out - (final ? 0 : 4);
+}
+
+static const char takeover_text[] =
+    "{\"type\":\"tick\",\"symbol\":\"MOON\",\"price\":12.5,\"volume\":1000}";
+
+TEST(ws_inflates_messages_that_refer_to_the_ones_before_with_takeover_and_refuses_them_without)
+{
+    z_stream c;
+    memset(&c, 0, sizeof(c));
+    deflateInit2(&c, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+    static uint8_t z1[256], z2[256];
+    size_t n1 = squeeze_kept(&c, S(takeover_text), z1, sizeof(z1), 0);
+    size_t n2 = squeeze_kept(&c, S(takeover_text), z2, sizeof(z2), 0);
+    deflateEnd(&c);
+    ASSERT(n2 < n1 / 2); /* the second is mostly a reference into the first */
+    w.n = 0;
+    add(&w, 0xC1, (const char *)z1, n1);
+    add(&w, 0xC1, (const char *)z2, n2);
+    ms_ws_parser_t p;
+    static seen_t s;
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &seen_ops, 1 << 20, 1 << 20);
+    p.data = &s;
+    p.deflate = 1;
+    p.inflate_bits = 15;
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    char want[256];
+    snprintf(want, sizeof(want), "text(%s) text(%s)", takeover_text, takeover_text);
+    ASSERT_STR_EQ(want, s.log);
+    ASSERT(p.z != NULL && p.z->in_ready); /* the client's context stays with the socket */
+    ASSERT(p.zout.base == NULL);          /* but no message buffer does */
+    ms_ws_parser_free(&p);
+    ASSERT(p.z == NULL);
+    /* Without takeover each message is inflated on its own: the second refers to nothing. */
+    ASSERT_EQ(MS_EBADREQ, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_EQ(1007, sent_close(&s));
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_keeps_the_window_with_takeover_after_a_message_that_ends_with_a_final_block)
+{
+    /* A client may end a message with BFINAL (RFC 7692 7.2.3.3): its stream ends, and the
+     * next message starts a new one that still refers to the window. */
+    static uint8_t z1[256], z2[256];
+    z_stream c;
+    memset(&c, 0, sizeof(c));
+    deflateInit2(&c, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+    size_t n1 = squeeze_kept(&c, S(takeover_text), z1, sizeof(z1), 1);
+    deflateEnd(&c);
+    memset(&c, 0, sizeof(c));
+    deflateInit2(&c, 9, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY);
+    deflateSetDictionary(&c, (const Bytef *)takeover_text, sizeof(takeover_text) - 1);
+    size_t n2 = squeeze_kept(&c, S(takeover_text), z2, sizeof(z2), 0);
+    deflateEnd(&c);
+    w.n = 0;
+    add(&w, 0xC1, (const char *)z1, n1);
+    add(&w, 0xC1, (const char *)z2, n2);
+    /* The same bytes again: the window has moved on by the same text, so the references
+     * still land on it. */
+    add(&w, 0xC1, (const char *)z2, n2);
+    ms_ws_parser_t p;
+    static seen_t s;
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &seen_ops, 1 << 20, 1 << 20);
+    p.data = &s;
+    p.deflate = 1;
+    p.inflate_bits = 15;
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    char want[512];
+    snprintf(want, sizeof(want), "text(%s) text(%s) text(%s)", takeover_text, takeover_text,
+             takeover_text);
+    ASSERT_STR_EQ(want, s.log);
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_deflates_with_its_own_context_kept_across_messages)
+{
+    ms_ws_parser_t d;
+    static seen_t s;
+    ms_ws_parser_init(&d, &seen_ops, 1 << 20, 1 << 20);
+    d.data = &s;
+    d.deflate = 1;
+    d.deflate_keep = 2; /* memLevel 2 */
+    size_t n1, n2;
+    static uint8_t m1[512], m2[512];
+    const char *z = ms_ws_deflate(&d, S(takeover_text), 10, &n1);
+    ASSERT(z != NULL);
+    memcpy(m1, z, n1);
+    ASSERT(d.z != NULL && d.z->out_ready && !d.z->in_ready);
+    z = ms_ws_deflate(&d, S(takeover_text), 10, &n2);
+    ASSERT(z != NULL);
+    memcpy(m2, z, n2);
+    ASSERT(n2 < n1 / 2);
+    /* The client's side: one inflater kept across messages, the tail put back to each. */
+    z_stream u;
+    memset(&u, 0, sizeof(u));
+    inflateInit2(&u, -10);
+    const uint8_t *msgs[2] = {m1, m2};
+    size_t lens[2] = {n1, n2};
+    for (int i = 0; i < 2; i++) {
+        uint8_t in[600], back[256];
+        memcpy(in, msgs[i], lens[i]);
+        memcpy(in + lens[i], "\x00\x00\xff\xff", 4);
+        u.next_in = in;
+        u.avail_in = (uInt)lens[i] + 4;
+        u.next_out = back;
+        u.avail_out = sizeof(back);
+        ASSERT_EQ(Z_OK, inflate(&u, Z_SYNC_FLUSH));
+        ASSERT_EQ(sizeof(takeover_text) - 1, sizeof(back) - u.avail_out);
+        ASSERT_EQ(0, memcmp(back, takeover_text, sizeof(takeover_text) - 1));
+    }
+    inflateEnd(&u);
+    ms_ws_parser_free(&d);
 }
 
 /* Under ASan nothing is recycled (a use after free must show). */

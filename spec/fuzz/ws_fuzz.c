@@ -1,7 +1,8 @@
 /* ws_fuzz.c: the WebSocket frame parser on arbitrary bytes, fed whole and then in pieces
  * whose sizes the input picks, checking that both ways agree and that what it hands on keeps
  * its promises (text is UTF-8, messages under the cap, control frames under 126 bytes), with
- * and without permessage-deflate (the inflater, and a bomb stopped at the cap). */
+ * and without permessage-deflate (the inflater, and a bomb stopped at the cap), with and
+ * without the client's context kept across messages. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,16 +78,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     ms_ws_parser_t a, b;
     trace_t ta = {14695981039346656037ull, 0}, tb = {14695981039346656037ull, 0};
-    /* The first byte's top bit: permessage-deflate agreed (RSV1 inflates, up to the cap). */
+    /* The first byte's top bit: permessage-deflate agreed (RSV1 inflates, up to the cap);
+     * the next: with context takeover, in a window of 2^9 to 2^15 bytes. */
     int deflate = step >> 7;
+    uint8_t inflate_bits = deflate && (step & 0x40) ? (uint8_t)(9 + step % 7) : 0;
     ms_ws_parser_init(&a, &ops, CAP, CAP);
     a.data = &ta;
     a.deflate = (uint8_t)deflate;
+    a.inflate_bits = inflate_bits;
     int ra = ms_ws_parse(&a, (const char *)data, size);
 
     ms_ws_parser_init(&b, &ops, CAP, CAP);
     b.data = &tb;
     b.deflate = (uint8_t)deflate;
+    b.inflate_bits = inflate_bits;
     int rb = 0;
     size_t piece = (size_t)(step % 13) + 1;
     for (size_t off = 0; off < size && rb == 0;) {

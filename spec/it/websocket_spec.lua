@@ -98,8 +98,9 @@ describe("WebSocket", function()
         return s, res
     end
 
-    local function client(case)
-        local out, status = helper.run(q(helper.tool("websockets")) .. " "
+    local function client(case, path)
+        local out, status = helper.run((path and "WS_PATH=" .. q(path) .. " " or "")
+            .. q(helper.tool("websockets")) .. " "
             .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. srv.port .. " " .. case
             .. " 2>&1")
         local t = {}
@@ -452,6 +453,83 @@ describe("WebSocket", function()
                 assert.equal("True", t["echo" .. i], t._out)
             end
             assert.equal("True", t.binary, t._out)
+        end)
+
+        describe("with context takeover (deflate = { context_takeover = true })", function()
+            it("keeps each side's context across messages, so a repeat goes in a few bytes",
+                function()
+                    local t = client("kept_raw")
+                    assert.equal("permessage-deflate", t.extensions, t._out)
+                    assert.equal("True", t.echoes, t._out)
+                    for i = 0, 2 do
+                        assert.equal("True", t["rsv1_" .. i], t._out)
+                    end
+                    -- ours: the second echo refers to the first
+                    assert.truthy(tonumber(t.got1) * 3 < tonumber(t.got0), t._out)
+                    assert.truthy(tonumber(t.got2) <= tonumber(t.got1), t._out)
+                    -- theirs: inflated with the context of the messages before
+                    assert.truthy(tonumber(t.sent1) * 3 < tonumber(t.sent0), t._out)
+                end)
+
+            it("echoes the websockets library's messages, kept and in a window of 1 KiB",
+                function()
+                    local t = client("kept")
+                    assert.equal("permessage-deflate", t.extensions, t._out)
+                    assert.equal("True", t.echoes, t._out)
+                    assert.equal("True", t.binary, t._out)
+                    t = client("kept", "kept-small")
+                    assert.equal("permessage-deflate; client_max_window_bits=10", t.extensions,
+                        t._out)
+                    assert.equal("True", t.echoes, t._out)
+                    assert.equal("True", t.binary, t._out)
+                end)
+
+            it("leaves a side's context out when the client asks, and holds windows to the endpoint's",
+                function()
+                    local cases = {
+                        { "/ws/kept", "permessage-deflate; server_no_context_takeover",
+                            "permessage-deflate; server_no_context_takeover" },
+                        { "/ws/kept", "permessage-deflate; client_no_context_takeover",
+                            "permessage-deflate; client_no_context_takeover" },
+                        { "/ws/kept", "permessage-deflate", "permessage-deflate" },
+                        { "/ws/kept-small", "permessage-deflate",
+                            "permessage-deflate" }, -- (no client_max_window_bits offered)
+                        { "/ws/kept-small", "permessage-deflate; client_max_window_bits=12; "
+                            .. "server_max_window_bits=14",
+                            "permessage-deflate; server_max_window_bits=10; "
+                            .. "client_max_window_bits=10" },
+                        { "/ws/kept-small", "permessage-deflate; client_max_window_bits=8",
+                            "permessage-deflate; client_max_window_bits=8" },
+                        { "/ws/ext", "permessage-deflate; client_max_window_bits=9",
+                            "permessage-deflate; server_no_context_takeover; "
+                            .. "client_no_context_takeover" },
+                    }
+                    for _, c in ipairs(cases) do
+                        local s, res = open(c[1], "Sec-WebSocket-Extensions: " .. c[2] .. "\r\n")
+                        assert.equal(101, res.status)
+                        assert.equal(c[3], res.headers["sec-websocket-extensions"], c[2])
+                        assert.equal(1, (read_frame(s))) -- the endpoint's text (compressed or not)
+                        s:close()
+                    end
+                end)
+
+            it("refuses an endpoint's bad deflate options when the app is made", function()
+                local moonserve = require "moonserve"
+                local app = moonserve.app()
+                local function endpoint(deflate)
+                    return function() app:websocket("/x", function() end, { deflate = deflate }) end
+                end
+                assert.has_error(endpoint("yes"),
+                    "bad deflate for websocket /x (boolean or table expected)")
+                assert.has_error(endpoint({ context_takeover = 1 }),
+                    "bad deflate.context_takeover for websocket /x (boolean expected)")
+                assert.has_error(endpoint({ window_bits = 8 }),
+                    "bad deflate.window_bits for websocket /x (integer from 9 to 15 expected)")
+                assert.has_error(endpoint({ mem_level = 10 }),
+                    "bad deflate.mem_level for websocket /x (integer from 1 to 9 expected)")
+                assert.has_error(endpoint({ takeover = true }),
+                    "unknown deflate option takeover for websocket /x")
+            end)
         end)
 
         it("stops a decompression bomb at max_message_bytes as it inflates (1009)", function()

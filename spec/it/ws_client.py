@@ -136,6 +136,82 @@ async def deflate():
         say("binary", await ws.recv() == big)
 
 
+async def kept():
+    """The websockets library keeps its context (it offers client_max_window_bits and neither
+    no_context_takeover): many similar messages each way, some of them long."""
+    import websockets
+    path = "/ws/" + os.environ.get("WS_PATH", "kept")
+    async with websockets.connect(URL + path) as ws:
+        say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
+        say("agreed", await ws.recv())
+        ok = True
+        for i in range(200):
+            m = '{"seq":%d,"symbol":"MOON","price":%d.25,"note":"%s"}' % (i, i * 7, "ab" * (i % 50))
+            if i % 40 == 39:
+                m = m * 400  # past a 1 KiB window: references reach back as far as it allows
+            await ws.send(m)
+            ok = ok and await ws.recv() == m
+        say("echoes", ok)
+        big = os.urandom(3000) + bytes(5000)
+        await ws.send(big)
+        say("binary", await ws.recv() == big)
+
+
+def kept_raw():
+    """Raw frames with a zlib stream of our own, so the sizes on the wire are seen: the same
+    message twice each way; the second goes in far fewer bytes when the context is kept."""
+    import base64
+    import zlib
+    path = "/ws/" + os.environ.get("WS_PATH", "kept")
+    offer = os.environ.get("WS_OFFER", "permessage-deflate; client_max_window_bits")
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n"
+                  "Sec-WebSocket-Extensions: %s\r\n\r\n" % (path, key, offer)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(4096)
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    ext = [l.split(b":", 1)[1].strip().decode() for l in head.split(b"\r\n")
+           if l.lower().startswith(b"sec-websocket-extensions:")]
+    say("extensions", ext[0] if ext else "")
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    d = zlib.decompressobj(-15)
+    state = {"buf": buf}
+
+    def next_message():
+        """The next data frame from the server: (compressed, bytes on the wire, message)."""
+        while True:
+            b = state["buf"]
+            if len(b) >= 2:
+                n, h = b[1] & 0x7F, 2
+                if n == 126 and len(b) >= 4:
+                    n, h = struct.unpack(">H", b[2:4])[0], 4
+                if n < 126 and len(b) >= h + n:
+                    b0, body, state["buf"] = b[0], b[h:h + n], b[h + n:]
+                    if b0 & 0x40:  # every compressed message goes through the one stream
+                        return True, n, d.decompress(body + b"\x00\x00\xff\xff")
+                    return False, n, body
+            state["buf"] += sock.recv(4096)
+
+    say("agreed", next_message()[2].decode())
+    text = ('{"type":"tick","symbol":"MOON","price":12.5,"volume":1000,"pad":"%s"}'
+            % ("xy" * 20)).encode()
+    ok = True
+    for i in range(3):
+        z = c.compress(text) + c.flush(zlib.Z_SYNC_FLUSH)
+        sock.sendall(mask_frame(0xC1, z[:-4]))
+        say("sent%d" % i, len(z) - 4)
+        compressed, n, m = next_message()
+        say("rsv1_%d" % i, compressed)
+        say("got%d" % i, n)
+        ok = ok and m == text
+    say("echoes", ok)
+    sock.close()
+
+
 def deflate_bomb():
     """Raw frames: 16 MiB of zeros in about 16 KiB, to an endpoint capped at 64 KiB."""
     import base64
@@ -366,13 +442,15 @@ CASES = {
     "resty_echo": resty_echo,
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
     "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
-    "wait_stop": wait_stop, "private": private, "deflate": deflate,
+    "wait_stop": wait_stop, "private": private, "deflate": deflate, "kept": kept,
 }
 
 if CASE == "h2":
     h2_case()
 elif CASE == "deflate_bomb":
     deflate_bomb()
+elif CASE == "kept_raw":
+    kept_raw()
 elif CASE == "raw_close":
     raw_close()
 else:

@@ -1,16 +1,22 @@
-/* ws_load.c: a WebSocket load client on libuv (HTTP/1.1 upgrade, RFC 6455 client frames). */
+/* ws_load.c: a WebSocket load client on libuv (HTTP/1.1 upgrade, or HTTP/2's extended CONNECT
+ * on nghttp2; RFC 6455 client frames). */
 
 /*
  * Usage:
  *   ws_load echo PORT PATH CONNS SECONDS [SERVER_PID [SIZE]]
  *   ws_load broadcast PORT PATH CONNS SECONDS [SERVER_PID]
  *   ws_load idle PORT PATH CONNS HOLD_SECONDS [deflate|kept [MESSAGES]]
+ *   ws_load echo-h2 PORT PATH CONNS SECONDS [SERVER_PID [STREAMS]]
  *
  * echo: CONNS connections each send a SIZE-byte (64) masked text message and send the next
  * when the echo is back, for SECONDS after every connection is open (and one second of
  * warm-up). Prints the messages echoed, per second, and, with SERVER_PID, the server's CPU
  * seconds over the same window (user + kernel from /proc/PID/stat, all its threads), the
  * messages per CPU-second and its CPU %.
+ *
+ * echo-h2: the same echo over HTTP/2 (RFC 8441, cleartext with prior knowledge): CONNS
+ * WebSockets, STREAMS (10) on each connection, each an extended CONNECT stream whose DATA
+ * carries the frames.
  *
  * broadcast: CONNS connections; the first sends a short text, to which the server answers
  * by sending one message to every connection (the first too), and sends the next once all
@@ -34,10 +40,11 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <nghttp2/nghttp2.h>
 #include <uv.h>
 #include <zlib.h>
 
-enum { MODE_ECHO, MODE_BROADCAST, MODE_IDLE };
+enum { MODE_ECHO, MODE_BROADCAST, MODE_IDLE, MODE_ECHO_H2 };
 
 /* Connections connecting or in their handshake at once: more would overflow the server's
  * listen backlog. */
@@ -60,7 +67,23 @@ typedef struct conn_s {
     uint8_t ctl[125];
     int sent; /* messages sent (idle) */
     int deflate;
+    /* over HTTP/2: the connection that carries it, its stream, and the bytes it has for the
+     * stream that nghttp2 has not taken yet */
+    struct h2c_s *h2;
+    int32_t stream_id;
+    int deferred; /* the stream's data source waits for bytes (nghttp2_session_resume_data) */
+    size_t npending;
+    uint8_t pending[512];
 } conn_t;
+
+/* An HTTP/2 connection carrying the WebSockets conns[first .. first + n). */
+typedef struct h2c_s {
+    uv_tcp_t tcp;
+    uv_connect_t connect;
+    nghttp2_session *session;
+    int first, n;
+    int requested; /* the CONNECTs went, after the server's SETTINGS */
+} h2c_t;
 
 static uv_loop_t *loop;
 static int mode, nconns, port, seconds, msg_size = 64, messages, want_deflate;
@@ -128,11 +151,13 @@ static void on_written(uv_write_t *w, int status)
     free(w);
 }
 
+static void h2_put(conn_t *c, const void *p, size_t n);
+
 /* Writes now if the socket takes it, else queues a copy. */
-static void put(conn_t *c, const void *p, size_t n)
+static void tcp_put(uv_tcp_t *tcp, const void *p, size_t n)
 {
     uv_buf_t b = uv_buf_init((char *)p, (unsigned)n);
-    int rc = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
+    int rc = uv_try_write((uv_stream_t *)tcp, &b, 1);
     if (rc == (int)n)
         return;
     size_t done = rc > 0 ? (size_t)rc : 0;
@@ -141,8 +166,17 @@ static void put(conn_t *c, const void *p, size_t n)
     wreq_t *w = malloc(sizeof(*w) + n - done);
     memcpy(w->data, (const char *)p + done, n - done);
     b = uv_buf_init(w->data, (unsigned)(n - done));
-    if (uv_write(&w->w, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0)
+    if (uv_write(&w->w, (uv_stream_t *)tcp, &b, 1, on_written) < 0)
         free(w);
+}
+
+/* Sends bytes on the WebSocket: its TCP connection, or its HTTP/2 stream. */
+static void put(conn_t *c, const void *p, size_t n)
+{
+    if (c->h2 != NULL)
+        h2_put(c, p, n);
+    else
+        tcp_put(&c->tcp, p, n);
 }
 
 /* A masked client frame of `len` bytes into out; returns its length. */
@@ -218,7 +252,8 @@ static void conn_gone(conn_t *c)
         connecting--;
         start_connects();
     }
-    uv_read_stop((uv_stream_t *)&c->tcp);
+    if (c->h2 == NULL)
+        uv_read_stop((uv_stream_t *)&c->tcp);
 }
 
 static void send_trigger(void)
@@ -235,6 +270,7 @@ static void on_message(conn_t *c, uint64_t len)
         counted++;
     switch (mode) {
     case MODE_ECHO:
+    case MODE_ECHO_H2:
         if (len != (uint64_t)msg_size) {
             fprintf(stderr, "ws_load: an echo of %llu bytes, not %d\n", (unsigned long long)len,
                     msg_size);
@@ -416,12 +452,198 @@ static void start_connects(void)
     }
 }
 
+/* -- Over HTTP/2 ------------------------------------------------------------------------- */
+
+static h2c_t *h2conns;
+static int nh2, streams_per_conn = 10;
+
+static void h2_flush(h2c_t *h)
+{
+    if (nghttp2_session_send(h->session) != 0)
+        die("nghttp2_session_send", 0);
+}
+
+/* The stream's data source: what the WebSocket has put, never the stream's end. */
+static ssize_t h2_read_data(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
+                            size_t length, uint32_t *flags, nghttp2_data_source *src,
+                            void *user)
+{
+    conn_t *c = src->ptr;
+    (void)session, (void)stream_id, (void)flags, (void)user;
+    if (c->npending == 0) {
+        c->deferred = 1;
+        return NGHTTP2_ERR_DEFERRED;
+    }
+    size_t n = c->npending < length ? c->npending : length;
+    memcpy(buf, c->pending, n);
+    memmove(c->pending, c->pending + n, c->npending - n);
+    c->npending -= n;
+    return (ssize_t)n;
+}
+
+static void h2_put(conn_t *c, const void *p, size_t n)
+{
+    if (c->npending + n > sizeof(c->pending))
+        die("an HTTP/2 stream's send buffer is full", 0);
+    memcpy(c->pending + c->npending, p, n);
+    c->npending += n;
+    if (c->deferred && c->stream_id > 0) {
+        c->deferred = 0;
+        nghttp2_session_resume_data(c->h2->session, c->stream_id);
+    }
+}
+
+static ssize_t h2_send(nghttp2_session *session, const uint8_t *data, size_t length, int flags,
+                       void *user)
+{
+    h2c_t *h = user;
+    (void)session, (void)flags;
+    tcp_put(&h->tcp, data, length);
+    return (ssize_t)length;
+}
+
+/* The CONNECT of each WebSocket the connection carries, once the server's SETTINGS came
+ * (they must enable the extended CONNECT). */
+static void h2_request(h2c_t *h)
+{
+    char authority[32];
+    snprintf(authority, sizeof(authority), "127.0.0.1:%d", port);
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), NGHTTP2_NV_FLAG_NONE}
+    nghttp2_nv nva[] = {NV(":method", "CONNECT"), NV(":protocol", "websocket"),
+                        NV(":scheme", "http"),    NV(":path", path),
+                        NV(":authority", authority), NV("sec-websocket-version", "13")};
+#undef NV
+    for (int i = 0; i < h->n; i++) {
+        conn_t *c = &conns[h->first + i];
+        nghttp2_data_provider dp = {.source.ptr = c, .read_callback = h2_read_data};
+        int32_t id = nghttp2_submit_request(h->session, NULL, nva, sizeof(nva) / sizeof(nva[0]),
+                                            &dp, c);
+        if (id < 0)
+            die(nghttp2_strerror(id), 0);
+        c->stream_id = id;
+    }
+    h->requested = 1;
+}
+
+static int h2_on_frame(nghttp2_session *session, const nghttp2_frame *f, void *user)
+{
+    h2c_t *h = user;
+    if (f->hd.type == NGHTTP2_SETTINGS && !(f->hd.flags & NGHTTP2_FLAG_ACK) && !h->requested) {
+        if (!nghttp2_session_get_remote_settings(session,
+                                                 NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL))
+            die("the server does not enable the extended CONNECT", 0);
+        h2_request(h);
+    } else if (f->hd.type == NGHTTP2_HEADERS && f->headers.cat == NGHTTP2_HCAT_RESPONSE) {
+        conn_t *c = nghttp2_session_get_stream_user_data(session, f->hd.stream_id);
+        if (c != NULL && !c->open) {
+            c->open = 1;
+            if (++opened + failed == nconns)
+                all_open();
+        }
+    }
+    return 0;
+}
+
+static int h2_on_header(nghttp2_session *session, const nghttp2_frame *f, const uint8_t *name,
+                        size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
+                        void *user)
+{
+    (void)session, (void)flags, (void)user;
+    if (f->hd.type == NGHTTP2_HEADERS && namelen == 7 && !memcmp(name, ":status", 7) &&
+        (valuelen != 3 || memcmp(value, "200", 3) != 0)) {
+        fprintf(stderr, "ws_load: the extended CONNECT was answered %.*s\n", (int)valuelen,
+                (const char *)value);
+        exit(1);
+    }
+    return 0;
+}
+
+static int h2_on_data(nghttp2_session *session, uint8_t flags, int32_t stream_id,
+                      const uint8_t *data, size_t len, void *user)
+{
+    (void)flags, (void)user;
+    conn_t *c = nghttp2_session_get_stream_user_data(session, stream_id);
+    if (c != NULL)
+        feed(c, data, len);
+    return 0;
+}
+
+static int h2_on_close(nghttp2_session *session, int32_t stream_id, uint32_t code, void *user)
+{
+    (void)code, (void)user;
+    conn_t *c = nghttp2_session_get_stream_user_data(session, stream_id);
+    if (c != NULL)
+        conn_gone(c);
+    return 0;
+}
+
+static void h2_on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    h2c_t *h = (h2c_t *)s;
+    if (n < 0) {
+        for (int i = 0; i < h->n; i++)
+            conn_gone(&conns[h->first + i]);
+        uv_read_stop(s);
+        return;
+    }
+    if (nghttp2_session_mem_recv(h->session, (const uint8_t *)b->base, (size_t)n) < 0)
+        die("nghttp2_session_mem_recv", 0);
+    h2_flush(h); /* what the callbacks put, and nghttp2's own (acks, window updates) */
+}
+
+static void h2_on_connect(uv_connect_t *r, int status)
+{
+    h2c_t *h = r->data;
+    if (status < 0)
+        die("connect", status);
+    nghttp2_session_callbacks *cb;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_send_callback(cb, h2_send);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame);
+    nghttp2_session_callbacks_set_on_header_callback(cb, h2_on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_close);
+    if (nghttp2_session_client_new(&h->session, cb, h) != 0)
+        die("nghttp2_session_client_new", 0);
+    nghttp2_session_callbacks_del(cb);
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
+    nghttp2_submit_settings(h->session, NGHTTP2_FLAG_NONE, iv, 1);
+    uv_tcp_nodelay(&h->tcp, 1);
+    h2_flush(h);
+    uv_read_start((uv_stream_t *)&h->tcp, on_alloc, h2_on_read);
+}
+
+static void h2_start(void)
+{
+    struct sockaddr_in a;
+    uv_ip4_addr("127.0.0.1", port, &a);
+    nh2 = (nconns + streams_per_conn - 1) / streams_per_conn;
+    h2conns = calloc((size_t)nh2, sizeof(*h2conns));
+    for (int i = 0; i < nh2; i++) {
+        h2c_t *h = &h2conns[i];
+        h->first = i * streams_per_conn;
+        h->n = nconns - h->first < streams_per_conn ? nconns - h->first : streams_per_conn;
+        for (int k = 0; k < h->n; k++) {
+            conn_t *c = &conns[h->first + k];
+            c->index = h->first + k;
+            c->fh_need = 2;
+            c->h2 = h;
+        }
+        uv_tcp_init(loop, &h->tcp);
+        h->connect.data = h;
+        int rc = uv_tcp_connect(&h->connect, &h->tcp, (const struct sockaddr *)&a,
+                                h2_on_connect);
+        if (rc < 0)
+            die("connect", rc);
+    }
+}
+
 /* -- The window ------------------------------------------------------------------------- */
 
 static void report(void)
 {
     double t = now_s() - t_start, cpu = server_cpu() - cpu_start;
-    const char *what = mode == MODE_ECHO ? "messages" : "deliveries";
+    const char *what = mode == MODE_BROADCAST ? "deliveries" : "messages";
     printf("%s %llu seconds %.2f per_second %.0f", what, (unsigned long long)counted, t,
            (double)counted / t);
     if (server_pid > 0)
@@ -498,8 +720,11 @@ static void all_open(void)
     }
     switch (mode) {
     case MODE_ECHO:
+    case MODE_ECHO_H2:
         for (int i = 0; i < nconns; i++)
             put(&conns[i], frame, frame_len);
+        for (int i = 0; i < nh2; i++)
+            h2_flush(&h2conns[i]);
         uv_timer_start(&timer, on_warm, 1000, 0);
         break;
     case MODE_BROADCAST:
@@ -523,11 +748,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: ws_load echo|broadcast|idle PORT PATH CONNS SECONDS [...]\n");
         return 2;
     }
-    mode = !strcmp(argv[1], "echo") ? MODE_ECHO : !strcmp(argv[1], "broadcast") ? MODE_BROADCAST
-           : !strcmp(argv[1], "idle")                                       ? MODE_IDLE
-                                                                            : -1;
+    mode = !strcmp(argv[1], "echo")        ? MODE_ECHO
+           : !strcmp(argv[1], "broadcast") ? MODE_BROADCAST
+           : !strcmp(argv[1], "idle")      ? MODE_IDLE
+           : !strcmp(argv[1], "echo-h2")   ? MODE_ECHO_H2
+                                           : -1;
     if (mode < 0)
-        die("mode is echo, broadcast or idle", 0);
+        die("mode is echo, broadcast, idle or echo-h2", 0);
     port = atoi(argv[2]);
     path = argv[3];
     nconns = atoi(argv[4]);
@@ -540,9 +767,11 @@ int main(int argc, char **argv)
         server_pid = argc > 6 ? atoi(argv[6]) : 0;
         if (mode == MODE_ECHO && argc > 7)
             msg_size = atoi(argv[7]);
+        if (mode == MODE_ECHO_H2 && argc > 7)
+            streams_per_conn = atoi(argv[7]);
     }
-    if (nconns <= 0 || msg_size < 0 || msg_size > 65536)
-        die("bad CONNS or SIZE", 0);
+    if (nconns <= 0 || msg_size < 0 || msg_size > 65536 || streams_per_conn <= 0)
+        die("bad CONNS, SIZE or STREAMS", 0);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
@@ -557,7 +786,10 @@ int main(int argc, char **argv)
     loop = uv_default_loop();
     uv_timer_init(loop, &timer);
     conns = calloc((size_t)nconns, sizeof(*conns));
-    start_connects();
+    if (mode == MODE_ECHO_H2)
+        h2_start();
+    else
+        start_connects();
     uv_run(loop, UV_RUN_DEFAULT);
     return 0;
 }

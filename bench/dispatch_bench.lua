@@ -5,8 +5,12 @@
 -- Modes: raw (the bare dispatcher), framework (router, request and reply objects, default
 -- security headers), nosec (the same without security headers), params (a :param route),
 -- routes10k (the :param route among 10,000 routes), notfound (a 404 page), redirect (a
--- non-canonical path answered 308), json (res:json of a small table). METRICS=1: the
--- metrics on, as a worker with --metrics counts.
+-- non-canonical path answered 308), json (res:json of a small table), ngx (an
+-- app:ngx_content route answering with ngx.print), sock (a handler that makes a
+-- moonserve.socket.tcp and sets its timeout, not connected), ngxsock (the same with
+-- ngx.socket.tcp in an app:ngx_content route). METRICS=1: the metrics on, as a worker with
+-- --metrics counts.
+-- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs for the ngx modes)
 local n = tonumber(arg[1]) or 100000
 local pipeline = tonumber(arg[2]) or 1
 local mode = arg[3] or os.getenv("MODE") or "framework"
@@ -27,6 +31,20 @@ else
     app:get("/", function(_, res) res:send("hello world") end)
     app:get("/users/:id", function(req, res) res:send(req.params.id) end)
     app:get("/json", function(_, res) res:json { message = "hello world", n = 42 } end)
+    if mode == "ngx" or mode == "ngxsock" or mode == "sock" then
+        require "moonserve.ngx"
+        app:ngx_content("/ngx", function() ngx.print("hello world") end)
+        app:ngx_content("/ngxsock", function()
+            local sock = ngx.socket.tcp()
+            sock:settimeout(1000)
+            ngx.print("hello world")
+        end)
+        app:get("/sock", function(_, res)
+            local sock = moonserve.socket.tcp()
+            sock:settimeout(1000)
+            res:send("hello world")
+        end)
+    end
     if mode == "routes10k" then
         for i = 1, 5000 do
             app:get("/items/" .. i, function(_, res) res:send("item") end)
@@ -34,7 +52,8 @@ else
         end
     end
     path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
-        redirect = "/users//42", json = "/json" })[mode] or "/"
+        redirect = "/users//42", json = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
+        sock = "/sock" })[mode] or "/"
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })

@@ -337,13 +337,22 @@ static size_t squeeze(const char *in, size_t n, uint8_t *out, size_t cap)
     return len;
 }
 
-static int feed_deflate(ms_ws_parser_t *p, seen_t *s, const wire_t *wire, uint64_t cap)
+/* Feeds the wire to a parser with permessage-deflate agreed; with `inflate_bits`, with the
+ * client's context kept in a window of that many bits (takeover). */
+static int feed_deflate_kept(ms_ws_parser_t *p, seen_t *s, const wire_t *wire, uint64_t cap,
+                             int inflate_bits)
 {
     memset(s, 0, sizeof(*s));
     ms_ws_parser_init(p, &seen_ops, cap, cap);
     p->data = s;
     p->deflate = 1;
+    p->inflate_bits = (uint8_t)inflate_bits;
     return ms_ws_parse(p, (const char *)wire->b, wire->n);
+}
+
+static int feed_deflate(ms_ws_parser_t *p, seen_t *s, const wire_t *wire, uint64_t cap)
+{
+    return feed_deflate_kept(p, s, wire, cap, 0);
 }
 
 TEST(ws_inflates_a_compressed_message_and_its_fragments)
@@ -484,12 +493,7 @@ TEST(ws_inflates_messages_that_refer_to_the_ones_before_with_takeover_and_refuse
     add(&w, 0xC1, (const char *)z2, n2);
     ms_ws_parser_t p;
     static seen_t s;
-    memset(&s, 0, sizeof(s));
-    ms_ws_parser_init(&p, &seen_ops, 1 << 20, 1 << 20);
-    p.data = &s;
-    p.deflate = 1;
-    p.inflate_bits = 15;
-    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    ASSERT_EQ(0, feed_deflate_kept(&p, &s, &w, 1 << 20, 15));
     char want[256];
     snprintf(want, sizeof(want), "text(%s) text(%s)", takeover_text, takeover_text);
     ASSERT_STR_EQ(want, s.log);
@@ -526,12 +530,7 @@ TEST(ws_keeps_the_window_with_takeover_after_a_message_that_ends_with_a_final_bl
     add(&w, 0xC1, (const char *)z2, n2);
     ms_ws_parser_t p;
     static seen_t s;
-    memset(&s, 0, sizeof(s));
-    ms_ws_parser_init(&p, &seen_ops, 1 << 20, 1 << 20);
-    p.data = &s;
-    p.deflate = 1;
-    p.inflate_bits = 15;
-    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    ASSERT_EQ(0, feed_deflate_kept(&p, &s, &w, 1 << 20, 15));
     char want[512];
     snprintf(want, sizeof(want), "text(%s) text(%s) text(%s)", takeover_text, takeover_text,
              takeover_text);

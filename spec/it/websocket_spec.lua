@@ -99,10 +99,9 @@ describe("WebSocket", function()
     end
 
     local function client(case, path)
-        local out, status = helper.run((path and "WS_PATH=" .. q(path) .. " " or "")
-            .. q(helper.tool("websockets")) .. " "
+        local out, status = helper.run(q(helper.tool("websockets")) .. " "
             .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. srv.port .. " " .. case
-            .. " 2>&1")
+            .. (path and " " .. q(path) or "") .. " 2>&1")
         local t = {}
         for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
             t[k] = v

@@ -1,6 +1,6 @@
 """ws_client.py: the WebSocket conformance client of spec/it/websocket_spec.lua.
 
-Run by Debian's python3 as `ws_client.py PORT CASE`: each case talks to the server with the
+Run by Debian's python3 as `ws_client.py PORT CASE [PATH]`: each case talks to the server with the
 websockets library (RFC 6455 as a browser speaks it) or, over HTTP/2, with the h2 library
 and frames of our own (RFC 8441's extended CONNECT), and prints one line per fact the spec
 checks, as "name=value".
@@ -14,6 +14,7 @@ import sys
 
 PORT = int(sys.argv[1])
 CASE = sys.argv[2]
+PATH = sys.argv[3] if len(sys.argv) > 3 else "kept"  # the endpoint of the "kept" cases
 URL = "ws://127.0.0.1:%d" % PORT
 
 
@@ -140,7 +141,7 @@ async def kept():
     """The websockets library keeps its context (it offers client_max_window_bits and neither
     no_context_takeover): many similar messages each way, some of them long."""
     import websockets
-    path = "/ws/" + os.environ.get("WS_PATH", "kept")
+    path = "/ws/" + PATH
     async with websockets.connect(URL + path) as ws:
         say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
         say("agreed", await ws.recv())
@@ -162,8 +163,8 @@ def kept_raw():
     message twice each way; the second goes in far fewer bytes when the context is kept."""
     import base64
     import zlib
-    path = "/ws/" + os.environ.get("WS_PATH", "kept")
-    offer = os.environ.get("WS_OFFER", "permessage-deflate; client_max_window_bits")
+    path = "/ws/" + PATH
+    offer = "permessage-deflate; client_max_window_bits"  # as browsers offer it
     sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
     key = base64.b64encode(os.urandom(16)).decode()
     sock.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"

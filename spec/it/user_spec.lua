@@ -38,6 +38,21 @@ local function private_dir()
     return dir
 end
 
+-- The workers load the framework, the core and the app once they are nobody: from a copy
+-- in a directory anyone may enter, so that the tree may be where nobody reads (a clone in
+-- /root, whose mode is 0700). Returns the directory, the spawn_server env, and the path of
+-- the fixture `name` in the copy.
+local function readable_copy(name)
+    local dir = helper.run("mktemp -d"):match("%S+")
+    local core = os.getenv("MOONSERVE_CORE") or (helper.root .. "/build/modules/core.so")
+    helper.run(string.format("chmod 755 %s && cp -r %s %s && cp %s %s/core.so && cp %s %s "
+        .. "&& chmod -R a+rX %s", q(dir), q(helper.root .. "/lua"), q(dir), q(core), q(dir),
+        q(helper.root .. "/spec/fixtures/" .. name), q(dir), q(dir)))
+    local env = { LUA_PATH = dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;;",
+        MOONSERVE_CORE = dir .. "/core.so" }
+    return dir, env, dir .. "/" .. name
+end
+
 local function https(port, path, host)
     return helper.curl(string.format("-k --resolve %s:%d:127.0.0.1 https://%s:%d%s",
         host or "localhost", port, host or "localhost", port, path))
@@ -50,14 +65,15 @@ describe("moonserve --user and --group", function()
     run("runs the workers as the user and group, which serve TLS from a key only root reads, "
         .. "write the access log in a directory only root enters, and reload on HUP", function()
         local dir = private_dir()
+        local copy, env, app = readable_copy("app.lua")
         local access, log = dir .. "/access.log", dir .. "/error.log"
-        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", bare = true, log = log,
+        local srv = helper.spawn_server { app = app, env = env, bare = true, log = log,
             args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s --workers 2 "
                 .. "--user nobody --group nogroup --access-log %s --log %s",
                 q(dir .. "/cert.pem"), q(dir .. "/key.pem"), q(access), q(log)) }
         finally(function()
             srv:stop()
-            helper.run("rm -rf " .. q(dir))
+            helper.run("rm -rf " .. q(dir) .. " " .. q(copy))
         end)
         local function check_workers()
             local workers = children(srv.pid)
@@ -110,13 +126,14 @@ describe("moonserve --user and --group", function()
             f:close()
         end
         site_log(dir .. "/site.log")
-        local srv = helper.spawn_server { app = "spec/fixtures/site_log.lua", bare = true,
-            env = { SITE_LOG_NAME = name },
+        local copy, env, app = readable_copy("site_log.lua")
+        env.SITE_LOG_NAME = name
+        local srv = helper.spawn_server { app = app, env = env, bare = true,
             args = "--listen 127.0.0.1:0 --workers 1 --user nobody" }
         finally(function()
             srv:stop()
             os.remove(name)
-            helper.run("rm -rf " .. q(dir))
+            helper.run("rm -rf " .. q(dir) .. " " .. q(copy))
         end)
         local function get(path)
             return helper.curl(string.format("--resolve logs.test:%d:127.0.0.1 http://logs.test:%d%s",

@@ -13,7 +13,7 @@ local shared = require "moonserve.request_methods"
 
 local C = base.C
 local ffi_str = ffi.string
-local concat, lower = table.concat, string.lower
+local lower = string.lower
 local EAGAIN, STATIC_DIR = base.EAGAIN, base.REQ_STATIC_DIR
 local band = bit.band
 local check, park = coro.check_request, coro.park
@@ -208,6 +208,7 @@ function Request:read()
     local piece, err, name = read(self, "req:read")
     return piece, err, name
 end
+Request._read = read -- (for request_methods' body(), whose errors name req:body)
 
 --- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. Raises when over the server's body_bytes_max.
@@ -224,30 +225,5 @@ function Request:body_limit(bytes)
     return self
 end
 
---- The whole body (what read() has not taken yet) as one string, or nil and an error.
--- @treturn ?string the body, or nil and an error
--- @usage local body, err = req:body()
--- if not body then return res:status(400):send(err) end
-function Request:body()
-    local cached = rawget(self, "_body")
-    if cached then
-        return cached
-    end
-    local parts, n = {}, 0
-    while true do
-        local piece, err, name = read(self, "req:body")
-        if piece == nil then
-            if err then
-                return nil, err, name
-            end
-            break
-        end
-        n = n + 1
-        parts[n] = piece
-    end
-    local body = n == 1 and parts[1] or concat(parts)
-    rawset(self, "_body", body)
-    return body
-end
 
 return _M

@@ -1,11 +1,12 @@
 --- moonserve/request_methods.lua: what a request does that needs nothing of its host but
--- header(), body() and its own fields: forms, multipart parts, content negotiation, JSON,
--- and the lazy fields query, params, ctx and cookies. The core's request
+-- header(), _read() (the next piece of the body) and its own fields: the whole body, forms,
+-- multipart parts, content negotiation, JSON, and the lazy fields query, params, ctx and
+-- cookies. The core's request
 -- (moonserve/request.lua) and nginx's (moonserve/openresty/request.lua) take them.
 -- @module moonserve.request_methods
 local codec = require "moonserve.codec"
 
-local lower, sub, find = string.lower, string.sub, string.find
+local lower, sub, find, concat = string.lower, string.sub, string.find, table.concat
 
 local Request = {}
 
@@ -80,6 +81,32 @@ end
 -- @return an iterator of Part, or nil and an error
 function Request:parts(opts)
     return require("moonserve.multipart").parts(self, opts)
+end
+
+--- The whole body (what read() has not taken yet) as one string, or nil and an error.
+-- @treturn ?string the body, or nil and an error
+-- @usage local body, err = req:body()
+-- if not body then return res:status(400):send(err) end
+function Request:body()
+    local cached = rawget(self, "_body")
+    if cached then
+        return cached
+    end
+    local parts, n = {}, 0
+    while true do
+        local piece, err, name = self:_read("req:body")
+        if piece == nil then
+            if err then
+                return nil, err, name
+            end
+            break
+        end
+        n = n + 1
+        parts[n] = piece
+    end
+    local body = n == 1 and parts[1] or concat(parts)
+    rawset(self, "_body", body)
+    return body
 end
 
 --- The body as an urlencoded form ({ name = value }), or nil and an error.

@@ -183,19 +183,7 @@ local function send_chain(self, r, pieces)
     return true
 end
 
--- Sends the whole reply: a string, or a list of string pieces sent as one body without
--- joining them. Returns true, or nil and an error (the reply was already sent, or the
--- client has gone).
--- The before_send hooks, once, while the head can still change.
-local function fire(self)
-    local hooks = rawget(self, "hooks")
-    if hooks then
-        self.hooks = nil
-        for i = 1, #hooks do
-            hooks[i](self)
-        end
-    end
-end
+local fire = shared.fire
 
 -- For the layers above (the ngx phases): the before_send hooks now; the end of a streamed
 -- reply; a streamed piece that never waits (from outside the handler's coroutine).

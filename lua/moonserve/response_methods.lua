@@ -12,6 +12,19 @@ local Response = {}
 
 local _M = { methods = Response }
 
+--- The before_send hooks, once, while the head can still change (both hosts' replies call it
+-- before their head leaves).
+-- @local
+function _M.fire(self)
+    local hooks = rawget(self, "hooks")
+    if hooks then
+        self.hooks = nil
+        for i = 1, #hooks do
+            hooks[i](self)
+        end
+    end
+end
+
 --- A body or chunk as a string: strings as they are, numbers as text; anything else is
 -- misuse and raises at the caller's caller (for both hosts' send and write).
 -- @local

@@ -254,29 +254,7 @@ function Request:read()
     rawset(self, "_left", left - #piece)
     return piece
 end
+Request._read = Request.read -- (for request_methods' body(); `what` is not needed here)
 
---- The whole body (what read() has not taken yet) as one string, or nil and an error.
--- @treturn ?string
-function Request:body()
-    local cached = rawget(self, "_body")
-    if cached then
-        return cached
-    end
-    local parts, n = {}, 0
-    while true do
-        local piece, err = self:read()
-        if piece == nil then
-            if err then
-                return nil, err
-            end
-            break
-        end
-        n = n + 1
-        parts[n] = piece
-    end
-    local body = n == 1 and parts[1] or concat(parts)
-    rawset(self, "_body", body)
-    return body
-end
 
 return _M

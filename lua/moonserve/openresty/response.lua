@@ -150,16 +150,7 @@ function Response:_reset()
     return true
 end
 
--- The before_send hooks, once, while the head can still change.
-local function fire(self)
-    local hooks = rawget(self, "hooks")
-    if hooks then
-        self.hooks = nil
-        for i = 1, #hooks do
-            hooks[i](self)
-        end
-    end
-end
+local fire = shared.fire
 
 -- The values of field `i` and the later fields of its name, as a list.
 local function repeated(names, values, n, i)

@@ -45,6 +45,7 @@ local function core_host()
     local C = base.C
     local LEVELS = { err = base.LOG_ERR, warn = base.LOG_WARN, info = base.LOG_INFO,
         debug = base.LOG_DEBUG }
+    local modules = {}
     return {
         name = "core",
         path_plain = function(path)
@@ -59,8 +60,16 @@ local function core_host()
         now = base.core.now,
         sleep = dispatcher.sleep,
         run = require("moonserve.server").run,
+        -- Cached: a require per call (moonserve.socket.tcp(), spawn, timers) made a string
+        -- and called a C function, whose trace stitch left the rest of the handler to the
+        -- interpreter, some 6,000 instructions a request.
         module = function(name)
-            return require("moonserve." .. name)
+            local m = modules[name]
+            if m == nil then
+                m = require("moonserve." .. name)
+                modules[name] = m
+            end
+            return m
         end,
     }
 end

@@ -493,18 +493,20 @@ end
 local function waiter(what)
     coro.check(what, "wait", 3)
     if task then
-        return { slot = task.slot, srv = task.srv, task = task }
+        return { slot = task.slot, srv = task.srv, task = task, woken = false }
     end
     local r = current
-    return { slot = handler_slot(r), srv = server_now(what), r = r }
+    return { slot = handler_slot(r), srv = server_now(what), r = r, woken = false }
 end
 _M.waiter = waiter
 
 -- The owner of what the running code makes (a socket): a table with `srv` (the server its
 -- waits are armed on) and `owned` (a set the maker may fill: each object's _release() runs
 -- when the owner ends). A request's handler and its light threads share the request's; a
--- timer's run or a hook, and their light threads, the root task. Raises outside them.
-function _M.owner(what, level)
+-- timer's run or a hook, and their light threads, the root task. Raises outside them, naming
+-- the caller `prefix .. what` (the prefix is joined only then: a string made on every call
+-- costs its hashing).
+function _M.owner(what, level, prefix)
     level = (level or 2) + 1
     local t = task
     if t and not t.r then -- (a request's light thread has the request's, below)
@@ -512,13 +514,13 @@ function _M.owner(what, level)
     end
     local r = current
     if r == nil then
-        error(what .. ": not inside a request, timer or hook (an app file's top level is "
-            .. "none: use app:on_worker_start or a timer)", level)
+        error((prefix or "") .. what .. ": not inside a request, timer or hook (an app file's "
+            .. "top level is none: use app:on_worker_start or a timer)", level)
     end
     local slot = handler_slot(r)
     local o = owned[slot]
     if not o then
-        o = { srv = server_now(what) }
+        o = { srv = server_now(what), owned1 = false, owned = false } -- (keys made at once)
         owned[slot] = o
         nowned = nowned + 1
     end

@@ -40,12 +40,14 @@ end
 
 function getters.method(self)
     local r = view(self)
-    return ffi_str(r.method.base, r.method.len)
+    local s = ffi_str(r.method.base, r.method.len)
+    return s -- (no tail call: a trace cannot return from one to a built-in)
 end
 
 function getters.path(self)
     local r = view(self)
-    return ffi_str(r.path.base, r.path.len)
+    local s = ffi_str(r.path.base, r.path.len)
+    return s
 end
 
 function getters.target(self)
@@ -98,15 +100,18 @@ local mt = shared.metatable(getters, Request)
 
 local _M = { getters = getters, methods = Request }
 
-local new_tab = base.new_tab
+-- nil, as a variable: a table constructor keeps a key whose value is a variable (here nil)
+-- but may drop one written `nil`.
+local NONE = nil
 
 --- The request object over the core's request `r` (the dispatcher makes one per request).
 -- @local
 function _M.new(r)
-    -- Room for the fields a handler usually reads, so caching them does not rehash.
-    local t = new_tab(0, 6)
-    t.r = r
-    return setmetatable(t, mt)
+    -- Made with the keys the framework caches on every request: a key added later costs a
+    -- search for a free slot, and past the table's size a rehash.
+    local t = setmetatable({ r = r, method = NONE, path = NONE, _app = NONE, scheme = NONE,
+        tls = NONE, trusted_proxy = NONE, params = NONE }, mt)
+    return t -- (not `return setmetatable(...)`: a trace cannot return from that tail call)
 end
 
 -- Whether a static mount found a directory here that it leaves to the routes (for the app's

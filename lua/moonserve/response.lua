@@ -26,7 +26,11 @@ local _M = { methods = Response }
 --- The reply object over the core's request `r` (the dispatcher makes one per request).
 -- @local
 function _M.new(r)
-    return setmetatable({ r = r, has_type = false }, Response)
+    -- hook1 and _ngx (before_send's and the ngx layer's) are made with the table, false: a
+    -- key added later costs a search for a free slot, past the table's size a rehash. (A
+    -- key made nil in a constructor is not kept.)
+    local t = setmetatable({ r = r, has_type = false, hook1 = false, _ngx = false }, Response)
+    return t -- (not `return setmetatable(...)`: a trace cannot return from that tail call)
 end
 
 local function view(self)
@@ -111,8 +115,16 @@ function Response:_reset()
 end
 
 -- An app:ngx_content route's code takes the reply over (moonserve/ngx/output.lua writes it
--- through this object already): nothing to hand over.
-function Response._ngx_begin() end
+-- through this object already). Its ngx state is made now, before the route's code runs: made
+-- at its first ngx call instead, deep in a driver's code, the state's making is a branch that
+-- one call per request takes and the others do not, and the side trace it grows returns
+-- through the driver's frames, which LuaJIT often cannot compile (a tail call of
+-- setmetatable there).
+local ngx_state
+function Response._ngx_begin()
+    ngx_state = ngx_state or require("moonserve.ngx.context").state
+    ngx_state()
+end
 
 -- One field for response_methods' header(), which raises at the caller of header().
 function Response:_add_header(name, value)

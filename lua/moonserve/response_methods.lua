@@ -13,14 +13,20 @@ local Response = {}
 local _M = { methods = Response }
 
 --- The before_send hooks, once, while the head can still change (both hosts' replies call it
--- before their head leaves).
+-- before their head leaves). The first is held apart from the rest: the common reply of one
+-- hook (a session's, the ngx layer's) makes no list, and meets no loop, which would keep the
+-- request's trace from being compiled whole.
 -- @local
 function _M.fire(self)
-    local hooks = rawget(self, "hooks")
-    if hooks then
-        self.hooks = nil
-        for i = 1, #hooks do
-            hooks[i](self)
+    local first, more = rawget(self, "hook1"), rawget(self, "hooks")
+    if first then
+        self.hook1 = false
+        first(self)
+        if more then
+            self.hooks = nil
+            for i = 1, #more do
+                more[i](self)
+            end
         end
     end
 end
@@ -129,6 +135,10 @@ end
 function Response:before_send(fn)
     if type(fn) ~= "function" then
         error("bad hook (function expected)", 2)
+    end
+    if not rawget(self, "hook1") then
+        self.hook1 = fn
+        return self
     end
     local hooks = rawget(self, "hooks")
     if not hooks then

@@ -20,6 +20,7 @@ local type, error, tostring, tonumber, setmetatable, getmetatable = type, error,
 local floor = math.floor
 local ceil, min = math.ceil, math.min
 local concat = table.concat
+local byte, sub = string.byte, string.sub
 local owner_now, waiter, coro_check, coro_park = dispatcher.owner, dispatcher.waiter, coro.check,
     coro.park
 
@@ -100,7 +101,7 @@ local function check(self, mt, what)
         error("bad self to '" .. what .. "' (a " .. (mt == Tcp and "tcp" or "udp") .. " socket expected; use "
             .. "sock:" .. what .. "(...))", 3)
     end
-    local o = owner_now("socket:" .. what, 3)
+    local o = owner_now(what, 3, "socket:")
     if o ~= self.owner then
         error("socket:" .. what .. ": the socket belongs to another request, timer or hook", 3)
     end
@@ -174,7 +175,8 @@ end
 local function read_result(g, rc)
     local v = g.view
     if rc == DONE then
-        return ffi_str(v.data, v.len)
+        local s = ffi_str(v.data, v.len)
+        return s -- (no tail call: a trace cannot return from one to a built-in)
     elseif rc == END then
         return nil, nil
     end
@@ -255,7 +257,8 @@ local function new_socket(mt, init, what)
     local o = owner_now(what, 3)
     local g = glue_ct()
     init(g, o.srv)
-    local self = setmetatable({ g = g, owner = o, reading = false, writing = false }, mt)
+    local self = setmetatable({ g = g, owner = o, reading = false, writing = false,
+        openresty = false, sending = false }, mt) -- (all its keys at once: no rehash later)
     dispatcher.adopt(o, self)
     return self
 end
@@ -327,7 +330,7 @@ function Tcp:connect(host, port, opts)
     if type(port) == "table" and opts == nil then
         port, opts = nil, port
     end
-    if host:sub(1, 5) == "unix:" then
+    if byte(host, 1) == 117 and sub(host, 1, 5) == "unix:" then -- (a string made for "u..." only)
         port = 0
     else
         port = tonumber(port)
@@ -735,7 +738,8 @@ function Udp:receive(size)
     rc = await(self, g, rc, READ, "socket:receive")
     if rc == DONE then
         local v = g.view
-        return ffi_str(v.data, v.len)
+        local s = ffi_str(v.data, v.len)
+        return s -- (no tail call: a trace cannot return from one to a built-in)
     end
     return nil, errmsg(g, rc)
 end

@@ -45,6 +45,7 @@ local NOT_SHOWN = { date = true, server = true, connection = true, ["keep-alive"
     ["transfer-encoding"] = true }
 
 local live = {}      -- the subrequests under way, by tag
+local nlive = 0
 local last_tag = 0
 
 local function next_tag()
@@ -58,6 +59,9 @@ end
 
 -- A request's ngx state is made: if it is a subrequest, it learns its parent and options.
 context.on_request(function(st)
+    if nlive == 0 then -- (no request asks the core for its tag while none can have one)
+        return
+    end
     local r = st.req.r
     local tag = r and C.ms_ffi_req_memtag(r) or 0
     if tag == 0 then
@@ -260,6 +264,7 @@ local function done(rec, batch)
     conn:close()
     rec.conn = nil
     live[rec.tag] = nil
+    nlive = nlive - 1
     rec.res = result(concat(rec.out), rec.head_only)
     batch.left = batch.left - 1
     if batch.left == 0 and not batch.gone then
@@ -272,6 +277,7 @@ local function start(batch)
     for _, rec in ipairs(batch.recs) do
         rec.tag = next_tag()
         live[rec.tag] = rec
+        nlive = nlive + 1
         local slot = dispatcher.on_wake("ngx.location.capture", function()
             done(rec, batch)
         end)

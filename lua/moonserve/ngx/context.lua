@@ -48,8 +48,11 @@ function _M.state()
         return st
     end
     if kind == "request" then
-        st = { kind = kind, phase = "content", req = frame.req, res = frame.res,
-            frame = frame }
+        -- Made with the keys every request's state takes (false until set; a key made nil in
+        -- a constructor is not kept): a key added later costs a search for a free slot, and
+        -- past the table's size a rehash.
+        st = { kind = kind, phase = "content", req = frame.req, res = frame.res, frame = frame,
+            nb = 0, size = 0, start = 0, head = false, eof = false, out = false, buf = false }
         frame.ngx = st
         on_request(st)
     else

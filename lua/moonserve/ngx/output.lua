@@ -296,9 +296,21 @@ _M.text = text
 
 local OUTPUT_ERROR = "nginx output filter error"
 
+-- What is printed and held, as one string. st.buf is the one piece itself while there is one
+-- (the common handler prints once: no list, no join), a list of st.nb pieces after that.
+local function held(st)
+    local nb = st.nb
+    if nb == 0 then
+        return ""
+    elseif nb == 1 then
+        return st.buf
+    end
+    return concat(st.buf, "", 1, nb)
+end
+
 -- Sends what is held and switches the reply to streaming.
 local function push(st)
-    local s = st.nb > 0 and concat(st.buf, "", 1, st.nb) or ""
+    local s = held(st)
     st.nb, st.size, st.buf = 0, 0, nil -- taken before the write: the head hook sees it empty
     st.out = true
     local ok = st.res:write(s)
@@ -342,12 +354,16 @@ local function emit(st, s)
         return 1
     end
     local nb = st.nb + 1
-    local buf = st.buf
-    if not buf then
-        buf = {}
-        st.buf = buf
+    if nb == 1 then
+        st.buf = s
+    else
+        local buf = st.buf
+        if nb == 2 then
+            buf = { buf }
+            st.buf = buf
+        end
+        buf[nb] = s
     end
-    buf[nb] = s
     st.nb = nb
     st.size = st.size + #s
     if st.size >= BUF_MAX then
@@ -430,7 +446,7 @@ local function finish(st)
         end
         res:_close()
     elseif not res:sent() then
-        local s = st.nb > 0 and concat(st.buf, "", 1, st.nb) or ""
+        local s = held(st)
         st.nb, st.buf = 0, nil
         res:send(s)
     end
@@ -578,7 +594,6 @@ local function returned(frame, values, threads)
 end
 
 context.on_request(function(st)
-    st.nb, st.size = 0, 0
     rawset(st.res, "_ngx", st)
     st.res:before_send(before_send)
     st.frame.returned = returned

@@ -22,7 +22,8 @@ describe("the lua-resty-redis handler under the JIT", function()
         if rpid then helper.stop_pid(rpid) end
     end)
 
-    it("makes traces, and none aborts for a finaliser or moonserve's bytecode",
+    it("makes traces, and none of moonserve's aborts for a finaliser, its bytecode, its "
+        .. "length or a tail call",
         function()
             local moonserve = require "moonserve"
             require "moonserve.ngx"
@@ -76,6 +77,37 @@ describe("the lua-resty-redis handler under the JIT", function()
                 end
                 if ours then
                     assert.is_falsy(reason:find("NYI: bytecode", 1, true), line)
+                    -- the request's path is one trace: it fits the constants a server allows
+                    -- (maxirconst), and returns from no built-in's tail call
+                    assert.is_falsy(reason:find("trace too long", 1, true), line)
+                    assert.is_falsy(reason:find("leaving loop in root trace at setmetatable", 1,
+                        true), line)
+                    assert.is_falsy(reason:find("leaving loop in root trace at ffi.string", 1,
+                        true), line)
+                end
+            end
+        end)
+
+    -- A request's path is one trace whose IR constants pass LuaJIT's default maxirconst
+    -- (500): a server raises it where it is made, or this trace aborts, "trace too long",
+    -- and each request runs in the interpreter. bench/dispatch_bench.lua's `ngx` case (an
+    -- app:ngx_content route answering with ngx.print, over the memory transport) in a
+    -- process of its own, where no other spec's traces stand in the way.
+    it("keeps an app:ngx_content route's request in one trace (the server's JIT limit)",
+        function()
+            local root = os.getenv("MOONSERVE_SRC") or "."
+            local log = os.tmpname()
+            helper.sh(string.format("cd '%s' && %s -jv='%s' bench/dispatch_bench.lua 3000 1 ngx "
+                .. ">/dev/null", root, helper.tool("luajit"), log))
+            local f = assert(io.open(log))
+            local text = f:read("*a")
+            f:close()
+            os.remove(log)
+            assert.matches("TRACE +%d+ [^\n]*dispatcher%.lua:", text)
+            for line in text:gmatch("[^\n]+") do
+                local reason = line:match("^%[TRACE %-%-%- [^\n]- %-%- ([^\n]-)%]$")
+                if reason then
+                    assert.is_falsy(reason:find("trace too long", 1, true), line)
                 end
             end
         end)

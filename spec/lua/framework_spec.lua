@@ -104,4 +104,24 @@ describe("moonserve's framework pieces together", function()
         assert.equal("ab", body)
         assert.equal(1, runs)
     end)
+
+    it("runs several before_send hooks once each, in the order they were added", function()
+        local app = moonserve.app()
+        local order = {}
+        app:get("/", function(_, res)
+            for i = 1, 3 do
+                res:before_send(function(r)
+                    order[#order + 1] = i
+                    r:header("x-hook-" .. i, "yes")
+                end)
+            end
+            res:send("done")
+        end)
+        local status, headers, body = helper.simulate(app, "GET", "/")
+        assert.equal(200, status)
+        assert.same({ 1, 2, 3 }, order)
+        assert.equal("yes", headers["x-hook-1"])
+        assert.equal("yes", headers["x-hook-3"])
+        assert.equal("done", body)
+    end)
 end)

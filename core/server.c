@@ -114,8 +114,7 @@ static void log_stderr(int level, const char *msg, size_t len)
         memcpy(line + n, "\"}\n", 3);
         n += 3;
     } else {
-        n = snprintf(line, sizeof(line), "%s moonserve[%d] %s: ", t, (int)getpid(),
-                     names[level]);
+        n = snprintf(line, sizeof(line), "%s moonserve[%d] %s: ", t, (int)getpid(), names[level]);
         /* The plain run first (most messages are all of it), then the rest escaped; a
          * message cut short is still one line. */
         size_t room = sizeof(line) - (size_t)n - 1, k = 0;

@@ -496,6 +496,8 @@ void ms_log_set(ms_log_fn fn, int level);
 /* The level ms_log_set set last: lines above it are dropped. */
 int ms_log_level(void);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Logs `msg` as it is (no format: a NUL in it is a byte like any other), as ms_log's lines. */
+void ms_log_msg(int level, const char *msg, size_t len);
 /* Logs to a file (appending) instead of stderr; NULL goes back to stderr. */
 int ms_log_open(const char *path);
 /* Reopens the log file (after rotation: SIGUSR1). */

@@ -795,7 +795,7 @@ static int core_log(lua_State *L)
     int level = check_level(L, 1);
     size_t n;
     const char *msg = luaL_checklstring(L, 2, &n);
-    ms_log(level, "%.*s", (int)n, msg);
+    ms_log_msg(level, msg, n);
     return 0;
 }
 

@@ -285,7 +285,7 @@ MS_FFI const char *ms_ffi_strerror(int err)
 
 MS_FFI void ms_ffi_log(int level, const char *msg, size_t len)
 {
-    ms_log(level, "%.*s", (int)len, msg);
+    ms_log_msg(level, msg, len);
 }
 
 /* Static files from a handler: the mount's rules for a hooked mount, and res:file(). */

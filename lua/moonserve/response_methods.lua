@@ -106,6 +106,11 @@ function Response:redirect(url, code)
     if code < 300 or code > 399 then
         error("bad redirect status " .. tostring(code), 2)
     end
+    if find(url, "%c") then
+        -- no CR or LF (a field of its own), and none a browser drops from a URL either (a tab
+        -- in "java\tscript:"), nor terminal escapes
+        error("bad redirect url (control characters)", 2)
+    end
     if not self:_url_plain(url) then
         url = gsub(url, NOT_URL, escape_byte)
     end

@@ -347,6 +347,24 @@ describe("the error log", function()
             assert.is_true(srv:stop())
         end)
 
+    it("writes a message as one text line: control bytes and the backslash escaped",
+        function()
+            local srv = helper.spawn_server { app = "spec/fixtures/logged.lua" }
+            -- a forged line, a bare CR, a NUL, an escape, a tab, a backslash and UTF-8
+            get(srv.port, "/forge?m=a%0A2000-01-01T00:00:00.000%2B00:00%20moonserve%5B1%5D%20"
+                .. "error:%20forged%0Db%00c%1B%5B2Jd%09e%5Cx0a%C3%A9")
+            wait_for(function() return srv:log():find("asked for", 1, true) end, "the line")
+            local text = srv:log()
+            local line = text:match("[^\n]*asked for [^\n]*")
+            assert.truthy(line, text)
+            assert.equal("asked for a\\n2000-01-01T00:00:00.000+00:00 moonserve[1] error: forged"
+                .. "\\rb\\x00c\\x1b[2Jd\\te\\\\x0a\195\169", line:match("asked for .*$"))
+            for l in text:gmatch("[^\n]+") do
+                assert.falsy(l:find("forged", 1, true) and not l:find("asked for", 1, true), l)
+            end
+            assert.is_true(srv:stop())
+        end)
+
     it("writes JSON lines with --log-format json, and debug lines at --log-level debug",
         function()
             local srv = helper.spawn_server { app = "spec/fixtures/logged.lua",

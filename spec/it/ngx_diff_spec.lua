@@ -19,6 +19,7 @@ local CASES = {
     { path = "/redirect", fields = { "location" }, body = false },
     { path = "/ctx" },
     { path = "/capture" },
+    { path = "/protocol_text", fields = { "x-a", "x-c", "set-cookie" } },
     -- the phases (spec/fixtures/ngx_phase_cases.lua): access, header and body filters
     { path = "/phase/ok", fields = { "x-filtered" } },
     { path = "/phase/printed", fields = { "x-filtered" } },

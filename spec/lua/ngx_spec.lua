@@ -196,4 +196,98 @@ describe("moonserve.ngx", function()
             assert.matches("ngx.re: not yet available", err)
         end)
     end)
+
+    -- Every place the ngx layer and the framework turn a handler's strings into protocol
+    -- text: each escapes as OpenResty does, or raises, so no string adds a field or a line.
+    describe("strings that become protocol text", function()
+        local helper = require "helper"
+        local moonserve = require "moonserve"
+
+        -- Serves `fn` as an ngx_content route (or a plain one) in memory: the raw reply.
+        local function serve(fn, plain)
+            local app = moonserve.app()
+            if plain then
+                app:get("/t", fn)
+            else
+                app:ngx_content("/t", fn)
+            end
+            return helper.memory_server(app)("GET /t HTTP/1.1\r\nHost: t\r\nX-In: in\r\n\r\n")
+        end
+
+        local function said(out)
+            return out:match("\r\n\r\n(.*)$")
+        end
+
+        it("escapes CR, LF and NUL in ngx.header's names and values, as lua-nginx-module does",
+            function()
+                local out = serve(function()
+                    ngx.header["X-A"] = "v\r\nSet-Cookie: evil=1"
+                    ngx.header["X-B: 1\r\nX-Evil"] = "w"
+                    ngx.header["X-C"] = { "a\0b", "c\td" }
+                    ngx.say("ok")
+                end)
+                assert.matches("^HTTP/1.1 200", out)
+                local head = out:match("^(.-\r\n)\r\n")
+                assert.truthy(head:find("\r\nX-A: v%0D%0ASet-Cookie: evil=1\r\n", 1, true), head)
+                assert.truthy(head:find("\r\nX-B%3A%201%0D%0AX-Evil: w\r\n", 1, true), head)
+                assert.truthy(head:find("\r\nX-C: a%00b\r\nX-C: c\td\r\n", 1, true), head)
+                assert.falsy(head:lower():find("\r\nset-cookie", 1, true), head)
+                assert.falsy(head:lower():find("\r\nx-evil", 1, true), head)
+            end)
+
+        it("escapes what ngx.req.set_header sets, as ngx.req.get_headers, ngx.var and "
+            .. "ngx.req.raw_header show it", function()
+                local out = serve(function()
+                    ngx.req.set_header("X-Q", "a\r\nX-Role: admin")
+                    ngx.req.set_header("X-N:\r\nX-Role", "1")
+                    local h = ngx.req.get_headers()
+                    ngx.say(h["x-q"], "|", ngx.var.http_x_q, "|", tostring(h["x-role"]), "|",
+                        ngx.req.raw_header(true))
+                end)
+                assert.equal("a%0D%0AX-Role: admin|a%0D%0AX-Role: admin|nil|Host: t\r\n"
+                    .. "X-In: in\r\nX-Q: a%0D%0AX-Role: admin\r\nX-N%3A%0D%0AX-Role: 1\r\n\r\n\n",
+                    said(out):gsub("X%-N.-\r\nX%-Q.-\r\n", function(two) -- (set order is a table's)
+                        local q, n = two:match("^(X%-N.-\r\n)(X%-Q.-\r\n)$")
+                        return n .. q
+                    end))
+            end)
+
+        it("raises on nginx's unsafe bytes in ngx.redirect, with its message", function()
+            local out = serve(function()
+                local lines = {}
+                for _, uri in ipairs { "/a\r\nSet-Cookie: evil=1", "/a\1\"\195\169" } do
+                    local ok, err = pcall(ngx.redirect, uri)
+                    lines[#lines + 1] = tostring(ok) .. " " .. err .. "\n"
+                end
+                ngx.print(lines)
+            end)
+            assert.equal("false unsafe byte \"0x0d\" in redirect uri \"/a\\x0D\\x0ASet-Cookie: "
+                .. "evil=1\"\nfalse unsafe byte \"0x01\" in redirect uri \"/a\\x01\\x22\\xC3"
+                .. "\\xA9\"\n", said(out))
+        end)
+
+        it("raises on a control byte in res:redirect, as its contract says", function()
+            local out = serve(function(_, res)
+                local ok, err = pcall(res.redirect, res, "/a\27[2Jb")
+                local ok2, err2 = pcall(res.redirect, res, "/a\tjavascript:")
+                return 200, tostring(ok) .. " " .. tostring(err) .. "\n" .. tostring(ok2) .. " "
+                    .. tostring(err2)
+            end, true)
+            assert.matches("^HTTP/1.1 200", out)
+            assert.equal("false bad redirect url (control characters)\n"
+                .. "false bad redirect url (control characters)", said(out))
+        end)
+
+        it("raises on nginx's unsafe bytes in ngx.req.set_uri unless binary, with its message",
+            function()
+                local out = serve(function()
+                    local ok, err = pcall(ngx.req.set_uri, "/a\r\nb")
+                    ngx.say(tostring(ok), " ", err, " ", ngx.var.uri)
+                    ngx.req.set_uri("/a\r\nb", false, true)
+                    ngx.say(ngx.var.uri == "/a\r\nb")
+                end)
+                assert.equal("false unsafe byte \"0x0d\" in uri \"/a\\x0D\\x0Ab\" (maybe you "
+                    .. "want to set the 'binary' argument?) /t\ntrue\n", said(out))
+            end)
+    end)
 end)

@@ -16,9 +16,9 @@ local base = require "moonserve.base"
 
 local C = base.C
 local add_value = require("moonserve.codec").add_value
-local concat, find, sub, lower, gsub, format, tonumber, tostring, type, pairs, error,
+local concat, find, sub, lower, gsub, format, byte, tonumber, tostring, type, pairs, error,
     ipairs = table.concat, string.find, string.sub, string.lower, string.gsub, string.format,
-    tonumber, tostring, type, pairs, error, ipairs
+    string.byte, tonumber, tostring, type, pairs, error, ipairs
 
 if not pcall(function() return C.ms_ffi_req_memtag end) then
     ffi.cdef [[ uint32_t ms_ffi_req_memtag(ms_req_view_t *r); ]]
@@ -182,6 +182,17 @@ end
 
 -- -- The parent's side ----------------------------------------------------------------------
 
+-- A subrequest goes to the engine as HTTP/1.1 text, so what it carries must stay data there.
+-- The bytes a request line cannot hold (its parser refuses them): the control bytes, the
+-- space, DEL and the bytes from 0x80. A CR or LF would end the line, and the rest of the
+-- string would be fields, or a second request, of the caller's choosing.
+local NOT_IN_LINE = "[%z\1-\32\127-\255]"
+-- A field of the subrequest: a name that is a token (RFC 9110 5.6.2), a value without CR, LF
+-- or NUL. The parent's fields are such (its parser's, or escaped by ngx.req.set_header);
+-- this holds it where they become text.
+local TOKEN = "^[%w!#$%%&'*+%-.^_`|~]+$"
+local NOT_VALUE = "[%z\r\n]"
+
 local function bad(i, what, fname)
     error("bad argument #" .. i .. " to '" .. fname .. "' (" .. what .. ")", 4)
 end
@@ -190,9 +201,9 @@ end
 local function prepare(st, uri, opts, fname, i)
     if type(uri) ~= "string" then
         bad(i, "string expected, got " .. type(uri), fname)
-    elseif sub(uri, 1, 1) ~= "/" or find(uri, "[%z\1-\32\127#]") then
-        bad(i, "a URI that starts with / and has no spaces or control characters expected",
-            fname)
+    elseif sub(uri, 1, 1) ~= "/" or find(uri, NOT_IN_LINE) or find(uri, "#", 1, true) then
+        bad(i, "a URI that starts with / and has no spaces, control characters or bytes from "
+            .. "0x80 expected", fname)
     end
     if opts ~= nil and type(opts) ~= "table" then
         bad(i + 1, "table expected, got " .. type(opts), fname)
@@ -210,6 +221,12 @@ local function prepare(st, uri, opts, fname, i)
         args = codec.encode_args(args)
     elseif args ~= nil and type(args) ~= "string" then
         error("Bad args option value", 3)
+    elseif args then
+        local at = find(args, NOT_IN_LINE)
+        if at then
+            error(format("unsafe byte \"0x%02x\" in args: a request line cannot hold it (escape "
+                .. "it with ngx.escape_uri, or give args as a table)", byte(args, at)), 3)
+        end
     end
     if args and args ~= "" then
         uri = uri .. (find(uri, "?", 1, true) and "&" or "?") .. args
@@ -227,13 +244,21 @@ local function prepare(st, uri, opts, fname, i)
     if opts.vars ~= nil and type(opts.vars) ~= "table" then
         error("Bad vars option value", 3)
     end
-    local lines = { method .. " " .. uri .. " HTTP/1.1",
-        "Host: " .. (req_api.field(st, "host") or "localhost") }
+    local host = req_api.field(st, "host") or "localhost"
+    local lines = { method .. " " .. uri .. " HTTP/1.1", "Host: " .. host }
+    local broken = find(host, NOT_VALUE) and "Host"
     req_api.each_field(st, function(name, value)
         if not NOT_INHERITED[lower(name)] then
+            if not find(name, TOKEN) or find(value, NOT_VALUE) then
+                broken = broken or name
+            end
             lines[#lines + 1] = name .. ": " .. value
         end
     end)
+    if broken then
+        error(format("the request field %q cannot go to a subrequest: its name is not a token "
+            .. "or its value holds CR, LF or NUL", broken), 3)
+    end
     if body and body ~= "" then
         lines[#lines + 1] = "Content-Length: " .. #body
     end

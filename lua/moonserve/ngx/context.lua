@@ -3,6 +3,9 @@
 -- it resumes, a light thread, a timer's run, a hook) and hands out one table per context
 -- (dispatcher.context); the state lives there, so a coroutine made by user code inside a
 -- handler, and the handler's light threads, see the handler's request.
+local byte, find, format, gsub, tostring, type = string.byte, string.find, string.format,
+    string.gsub, tostring, type
+
 local _M = {}
 
 local dispatcher -- loaded at the first look-up: an app file's top level needs no core
@@ -101,8 +104,34 @@ function _M.check_yield(level)
     end
 end
 
+-- -- Strings that become protocol text --------------------------------------------------
+
+-- lua-nginx-module's escapes for the fields ngx.header and ngx.req.set_header set (its
+-- ngx_http_lua_copy_escaped_header): in a value, the control bytes but the tab, and DEL, as
+-- %XX; in a name, also the space, the separators (RFC 9110 5.6.2) and the bytes from 0x80.
+-- What a handler set is then one field with a token for a name wherever it is written as
+-- text: the reply's head, a subrequest, ngx.req.raw_header.
+local VALUE_ESC = "[%z\1-\8\10-\31\127]"
+local NAME_ESC = "[%z\1-\32\"(),/:;<=>?@%[\\%]{}\127-\255]"
+
+local function pct(c)
+    return format("%%%02X", byte(c))
+end
+
+local function escaped(s, set)
+    if find(s, set) then
+        return (gsub(s, set, pct))
+    end
+    return s
+end
+
+function _M.field_name(name)
+    return escaped(name, NAME_ESC)
+end
+
 -- A field's value as ngx.header and ngx.req.set_header take it: a string, a list of strings
--- (a table; its items made strings), or nil for nil or an empty table (the field goes).
+-- (a table; its items made strings), or nil for nil or an empty table (the field goes);
+-- escaped as above.
 function _M.field_value(value)
     if type(value) == "table" then
         if #value == 0 then
@@ -110,11 +139,31 @@ function _M.field_value(value)
         end
         local v = {}
         for i = 1, #value do
-            v[i] = tostring(value[i])
+            v[i] = escaped(tostring(value[i]), VALUE_ESC)
         end
         return v
     elseif value ~= nil then
-        return tostring(value)
+        return escaped(tostring(value), VALUE_ESC)
+    end
+end
+
+-- The bytes nginx calls unsafe in a URI that ngx.req.set_uri or ngx.redirect takes (its
+-- ngx_http_lua_check_unsafe_uri_bytes): the control bytes but the tab, and DEL.
+local UNSAFE_URI = "[%z\1-\8\10-\31\127]"
+-- How nginx shows such a URI in the error (ngx_http_lua_escape_log): controls, '"', '\', DEL
+-- and the bytes from 0x80 as \xHH.
+local LOG_ESC = "[%z\1-\31\"\\\127-\255]"
+
+local function log_byte(c)
+    return format("\\x%02X", byte(c))
+end
+
+-- The first unsafe byte of `uri` as nginx names it ("0x0d") and the URI as its error shows
+-- it; nil when there is none.
+function _M.unsafe_uri(uri)
+    local at = find(uri, UNSAFE_URI)
+    if at then
+        return format("0x%02x", byte(uri, at)), (gsub(uri, LOG_ESC, log_byte))
     end
 end
 

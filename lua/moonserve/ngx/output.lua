@@ -11,7 +11,7 @@
 local context = require "moonserve.ngx.context"
 local log = require "moonserve.log"
 
-local concat, lower, gsub, find = table.concat, string.lower, string.gsub, string.find
+local concat, lower, gsub = table.concat, string.lower, string.gsub
 local type, tostring, pairs, error, select, floor = type, tostring, pairs, error, select,
     math.floor
 local request_state, output_state = context.request, context.output
@@ -75,10 +75,7 @@ local function set_header(st, name, value)
         return
     end
     local k = key_of(name)
-    local v = context.field_value(value)
-    if v ~= nil and find(type(v) == "table" and concat(v) or v, "[\r\n]") then
-        error("bad argument #2 to 'ngx.header' (header value contains CR or LF)", 3)
-    end
+    local v = context.field_value(value) -- (a CR or LF escaped, as lua-nginx-module does)
     local vals = st.hvals
     if not vals then
         vals = {}
@@ -86,7 +83,7 @@ local function set_header(st, name, value)
     end
     if vals[k] == nil and v ~= nil and not st.hnames[k] then
         st.hkeys[#st.hkeys + 1] = k
-        st.hnames[k] = gsub(name, "_", "-")
+        st.hnames[k] = context.field_name((gsub(name, "_", "-")))
     end
     vals[k] = v
 end
@@ -545,6 +542,10 @@ function _M.redirect(uri, status)
     local st = output_state(2)
     if st.head or st.res:sent() then
         error("attempt to call ngx.redirect after sending out the headers", 2)
+    end
+    local byte, shown = context.unsafe_uri(uri)
+    if byte then
+        error("unsafe byte \"" .. byte .. "\" in redirect uri \"" .. shown .. "\"", 2)
     end
     st.nb, st.buf = 0, nil
     freeze(st)

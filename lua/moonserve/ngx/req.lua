@@ -145,11 +145,12 @@ local function check_name(name, fname)
     if type(name) ~= "string" then
         error("bad argument #1 to '" .. fname .. "' (string expected, got " .. type(name) .. ")", 3)
     end
-    return gsub(name, "_", "-")
+    return context.field_name((gsub(name, "_", "-")))
 end
 
--- Replaces field `name` for the rest of the request (ngx.req.get_headers, ngx.var.http_*);
--- nil or {} removes it.
+-- Replaces field `name` for the rest of the request (ngx.req.get_headers, ngx.var.http_*,
+-- subrequests); nil or {} removes it. The name and value are escaped as lua-nginx-module
+-- escapes them (context.field_value): a CR or LF is %0D%0A, never a line end.
 function _M.set_header(name, value)
     local st = request_state(2)
     name = check_name(name, "set_header")
@@ -235,13 +236,20 @@ function _M.set_uri_args(args)
 end
 
 -- Changes the URI ngx.var.uri shows. A jump (rewrite's re-match of locations) is not done:
--- the route was chosen once.
-function _M.set_uri(uri, jump)
+-- the route was chosen once. As nginx, a URI with a control byte raises unless `binary`.
+function _M.set_uri(uri, jump, binary)
     local st = request_state(2)
     if type(uri) ~= "string" then
         error("bad argument #1 to 'set_uri' (string expected, got " .. type(uri) .. ")", 2)
     elseif uri == "" then
         error("attempt to use zero-length uri", 2)
+    end
+    if not binary then
+        local byte, shown = context.unsafe_uri(uri)
+        if byte then
+            error("unsafe byte \"" .. byte .. "\" in uri \"" .. shown
+                .. "\" (maybe you want to set the 'binary' argument?)", 2)
+        end
     end
     if jump then
         error("ngx.req.set_uri: jump is not supported (the route is chosen once)", 2)

@@ -330,8 +330,9 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
         snprintf(why, sizeof(why), "worker %d (pid %d) could not start: %s", s->index, p->pid,
                  w->failed);
     else
-        snprintf(why, sizeof(why), "worker %d (pid %d) exited (status %lld, signal %d) before it "
-                 "was ready", s->index, p->pid, (long long)status, sig);
+        snprintf(why, sizeof(why),
+                 "worker %d (pid %d) exited (status %lld, signal %d) before it was ready", s->index,
+                 p->pid, (long long)status, sig);
     if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old ones stay, and the
          * reload's other new workers go too (they would fail alike, or serve another app). */
@@ -434,7 +435,7 @@ static int walk(int at, const char *path, int flags, int *links, const char **wh
     if (len == 0 || len >= sizeof(buf))
         return len == 0 ? -ENOENT : -ENAMETOOLONG;
     memcpy(buf, path, len + 1);
-    int cur = path[0] == '/' ? open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+    int cur = path[0] == '/'   ? open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
               : at == AT_FDCWD ? open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)
                                : fcntl(at, F_DUPFD_CLOEXEC, 0);
     if (cur < 0)
@@ -541,9 +542,8 @@ static int logs_open(void)
         l->dir = l->fd = -1;
         const char *slash = strrchr(l->path, '/');
         char dir[4096];
-        snprintf(dir, sizeof(dir), "%.*s",
-                 slash == NULL ? 1 : slash == l->path ? 1 : (int)(slash - l->path),
-                 slash == NULL ? "." : l->path);
+        int dlen = slash == NULL || slash == l->path ? 1 : (int)(slash - l->path);
+        snprintf(dir, sizeof(dir), "%.*s", dlen, slash == NULL ? "." : l->path);
         l->base = strdup(slash ? slash + 1 : l->path);
         int links = 0, rc;
         const char *refused = NULL;
@@ -676,7 +676,8 @@ static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
     if (declared < 0) {
         snprintf(why, why_len,
                  "shared dictionary '%s' was not declared when the server started (a new "
-                 "dictionary needs a restart)", name);
+                 "dictionary needs a restart)",
+                 name);
         return -1;
     }
     if (M.o->zone_sizes[declared] != size) {
@@ -795,8 +796,7 @@ static int ask_open(const ms_chan_msg_t *m, int append, char *why, size_t why_le
         refused = "not a regular file";
     }
     if (fd < 0) {
-        snprintf(why, why_len, "cannot open %.300s: %s", path,
-                 refused ? refused : strerror(-fd));
+        snprintf(why, why_len, "cannot open %.300s: %s", path, refused ? refused : strerror(-fd));
         return -1;
     }
     return fd;

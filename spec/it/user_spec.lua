@@ -195,6 +195,27 @@ describe("moonserve --user and --group", function()
         assert.equal(1, lines, srv:log())
     end)
 
+    run("reads for a worker no file but the named TLS files: a key it replaced by a link to "
+        .. "root's secret is refused", function()
+        local private = private_dir()
+        helper.write_file(private .. "/secret", "root's secret\n")
+        local tls = private_dir() -- the TLS files, in a directory the workers' user owns
+        helper.run("chown nobody " .. q(tls))
+        local copy, env, app = readable_copy("worker_attack.lua")
+        env.STEAL_KEY, env.STEAL_TARGET = tls .. "/key.pem", private .. "/secret"
+        local srv = helper.spawn_server { app = app, env = env, bare = true,
+            args = string.format("--listen 127.0.0.1:0 --workers 1 --user nobody --tls-cert %s "
+                .. "--tls-key %s", q(tls .. "/cert.pem"), q(tls .. "/key.pem")) }
+        finally(function()
+            srv:stop()
+            helper.run("rm -rf " .. q(private) .. " " .. q(tls) .. " " .. q(copy))
+        end)
+        local out = https(srv.port, "/steal")
+        assert.is_nil(out:find("root's secret", 1, true), out)
+        assert.truthy(out:find("a symbolic link in a directory the workers' user may write", 1,
+            true), out)
+    end)
+
     it("names a user or group that does not exist, at the start and with --check", function()
         local app = q(helper.root .. "/spec/fixtures/app.lua")
         for _, case in ipairs({

@@ -564,8 +564,9 @@ end
 
 -- A worker maps the zones of the app's shared dictionaries, which it asks of the master: the
 -- master makes one the first time it is asked for and keeps it, so the values survive a
--- reload, and a reload may declare more. One the master made with another size fails the
--- worker before it is ready (a reload then fails and the old workers stay).
+-- reload. It makes only those the app declared when it started, with their sizes: another
+-- name or size fails the worker before it is ready (a reload then fails and the old workers
+-- stay).
 local function attach_shared(the_app)
     local shared = require "moonserve.shared"
     local names = {}

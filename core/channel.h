@@ -23,7 +23,8 @@ enum {
     MS_CHAN_OK,        /* the answer: the descriptor beside it, if the ask wants one */
     MS_CHAN_ERROR,     /* the answer: why not, a sentence for the log */
     MS_CHAN_TICKETS,   /* the zone of the TLS session ticket keys (tickets.h) */
-    MS_CHAN_APPEND,    /* a log file opened by the master for appending: the path */
+    MS_CHAN_APPEND,    /* a log file the master opened for appending: its path as named */
+    MS_CHAN_FAILED,    /* the worker cannot start: why, a sentence; no answer */
 };
 
 /* One message: a header, then `len` bytes of body. One message is one packet of the

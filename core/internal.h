@@ -59,6 +59,10 @@ void *ms__recycle_get(ms_recycle_t *r);
 int ms__recycle_put(ms_recycle_t *r, void *p);
 void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p));
 
+/* When set (by the master), what ms_log_open calls for a path instead of opening it: a
+ * descriptor the caller owns, or -errno. */
+extern int (*ms__log_opener)(const char *path);
+
 /* One reply queue: text (heads, chunk framing, small bodies) in `buf`, pieces in `vecs`. */
 struct ms_out_s {
     ms_out_t *next_free;

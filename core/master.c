@@ -45,6 +45,8 @@ typedef struct slot_s {
 
 struct worker_s {
     uv_process_t proc;
+    char *failed;              /* why it could not start, as it said (MS_CHAN_FAILED), or NULL */
+    int quiet;                 /* its exit needs no line of its own (a reload already failed) */
     int chan;                  /* the master's end of the worker's channel (channel.h) */
     uv_poll_t chan_poll;       /* reading it */
     uv_timer_t start_deadline; /* until it is ready */
@@ -63,6 +65,14 @@ typedef struct zone_s {
     int fd;
     ms_shdict_t *dict; /* the master's own mapping: to free the lock of a worker that died */
 } zone_t;
+
+/* A log the operator named, opened by the master at the start and on USR1: the directory
+ * it is in, resolved once at the start and kept, and the file as last opened there. */
+typedef struct named_log_s {
+    const char *path; /* as named: what a worker asks for */
+    char *base;       /* its last component */
+    int dir, fd;
+} named_log_t;
 
 typedef struct master_s {
     uv_loop_t *loop;
@@ -84,6 +94,8 @@ typedef struct master_s {
     int tickets_fd;            /* the TLS ticket keys' zone, made at the first ask, or -1 */
     ms_tickets_t *tickets;     /* the master's mapping, the one that may write */
     uv_timer_t tickets_timer;  /* a new key every ticket_rotate seconds */
+    named_log_t *logs;         /* o->nlogs of them */
+    int started;               /* every slot has had a ready worker: the start is over */
 } master_t;
 
 static master_t M;
@@ -259,6 +271,7 @@ static void worker_handle_closed(uv_handle_t *h)
     worker_t *w = h->data;
     if (--w->handles == 0) {
         close(w->chan);
+        free(w->failed);
         free(w);
     }
 }
@@ -291,6 +304,10 @@ static void maybe_done(void)
     }
 }
 
+static void kill_all(int sig);
+static void kill_timer_cb(uv_timer_t *t);
+static void notify(const char *msg);
+
 static void exit_cb(uv_process_t *p, int64_t status, int sig)
 {
     worker_t *w = p->data;
@@ -308,14 +325,41 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
             ms_log(MS_LOG_WARN, "worker %d (pid %d) died holding shared dictionary '%s': its "
                    "lock is free again", s->index, p->pid, M.zones[i].name);
     uint64_t lived = uv_now(M.loop) - w->started;
+    char why[1200];
+    if (w->failed != NULL)
+        snprintf(why, sizeof(why), "worker %d (pid %d) could not start: %s", s->index, p->pid,
+                 w->failed);
+    else
+        snprintf(why, sizeof(why),
+                 "worker %d (pid %d) exited (status %lld, signal %d) before it was ready", s->index,
+                 p->pid, (long long)status, sig);
     if (w == s->next) {
-        /* A new worker died before it was ready: the reload failed; the old one stays. */
-        ms_log(MS_LOG_ERR,
-               "worker %d (pid %d) exited (status %lld, signal %d) before it was "
-               "ready: reload failed, the old worker keeps serving",
-               s->index, p->pid, (long long)status, sig);
+        /* A new worker died before it was ready: the reload failed; the old ones stay, and the
+         * reload's other new workers go too (they would fail alike, or serve another app). */
+        if (!w->quiet)
+            ms_log(MS_LOG_ERR, "%s: reload failed, the old worker%s serving", why,
+                   M.o->workers > 1 ? "s keep" : " keeps");
         s->next = NULL;
+        for (int i = 0; i < M.o->workers; i++) {
+            worker_t *n = M.slots[i].next;
+            if (n != NULL && !n->exited && !n->quiet) {
+                n->quiet = 1;
+                uv_process_kill(&n->proc, SIGKILL);
+            }
+        }
         notify_if_settled();
+    } else if (w == s->current && !M.started && !w->is_ready && !M.stopping) {
+        /* The start failed: a worker refused the configuration (or its start hooks did not
+         * return in time). Stop, and say why, rather than start it again and again. */
+        s->current = NULL;
+        ms_log(MS_LOG_ERR, "%s: stopping", why);
+        if (M.o->why != NULL)
+            snprintf(M.o->why, M.o->why_len, "%s", why);
+        M.code = UV_ECANCELED;
+        M.stopping = 1;
+        notify("STOPPING=1");
+        kill_all(SIGTERM);
+        uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
     } else if (w == s->current) {
         s->current = NULL;
         if (!M.stopping) {
@@ -329,6 +373,248 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
     }
     worker_release(w);
     maybe_done();
+}
+
+/* -- The files the operator named ------------------------------------------------------------
+ * The master opens files as root for workers that run as another user: the logs they append
+ * to, the TLS files they read. A worker may be able to change what a name means: replace a
+ * log, in a directory its user may write, by a symbolic link into one only root enters; rename
+ * a directory and put another in its place; make a hard link to another file. So the master
+ * never lets the kernel follow a name it was given: it walks it itself, a component at a time
+ * (openat with O_NOFOLLOW), follows a symbolic link only where the workers' user could not
+ * have made it (a directory that user may not write), and in a directory that user may write
+ * opens only a file with no other name. A log's directory is resolved once, at the start, and
+ * kept: a later open happens in that directory, whatever its name points to by then. */
+
+#define MS_LINKS_MAX 16 /* links followed in one name, as the kernel's own 40 bounds a loop */
+
+/* Whether the workers' user may change the entries of the directory `st`: it owns it (it may
+ * chmod it), or may write it through its group or as anyone. The workers have no
+ * supplementary group (ms_user_check). With no user of their own they are the master's, and
+ * nothing they could do is guarded against. */
+static int workers_write(const struct stat *st)
+{
+    if (M.o->uid < 0)
+        return 0;
+    return st->st_uid == (uid_t)M.o->uid ||
+           ((st->st_mode & S_IWGRP) && st->st_gid == (gid_t)M.o->gid) || (st->st_mode & S_IWOTH);
+}
+
+static int walk(int at, const char *path, int flags, int *links, const char **why);
+
+/* Follows the link `lfd` (an O_PATH descriptor of the link itself) found in the directory
+ * `dir`, as walk does with `flags`. Closes `lfd`. */
+static int follow(int dir, int lfd, int flags, int *links, const char **why)
+{
+    struct stat st;
+    char target[4096];
+    ssize_t n = -1;
+    if (fstat(dir, &st) == 0 && workers_write(&st)) {
+        *why = "a symbolic link in a directory the workers' user may write";
+        errno = ELOOP;
+    } else if (++*links > MS_LINKS_MAX) {
+        errno = ELOOP;
+    } else {
+        n = readlinkat(lfd, "", target, sizeof(target) - 1);
+    }
+    close(lfd);
+    if (n < 0 || n >= (ssize_t)sizeof(target) - 1)
+        return n < 0 ? -errno : -ENAMETOOLONG;
+    target[n] = '\0';
+    return walk(dir, target, flags, links, why);
+}
+
+/* Opens `path` from the directory `at` (AT_FDCWD: the current one) with `flags` (O_PATH |
+ * O_DIRECTORY: the directory itself; else O_RDONLY, or O_WRONLY | O_APPEND | O_CREAT for a
+ * log, made 0644), as the comment above says. Returns a close-on-exec descriptor, or -errno,
+ * with `*why` set when the name was refused rather than missing. */
+static int walk(int at, const char *path, int flags, int *links, const char **why)
+{
+    char buf[4096];
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof(buf))
+        return len == 0 ? -ENOENT : -ENAMETOOLONG;
+    memcpy(buf, path, len + 1);
+    int cur = path[0] == '/'   ? open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)
+              : at == AT_FDCWD ? open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)
+                               : fcntl(at, F_DUPFD_CLOEXEC, 0);
+    if (cur < 0)
+        return -errno;
+    int want_dir = (flags & O_DIRECTORY) != 0;
+    char *save = NULL;
+    for (char *c = strtok_r(buf, "/", &save); c != NULL;) {
+        char *next = strtok_r(NULL, "/", &save);
+        if (strcmp(c, ".") == 0) {
+            c = next;
+            continue;
+        }
+        int fd;
+        struct stat st;
+        if (next != NULL || want_dir) {
+            fd = openat(cur, c, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+            if (fd >= 0 && fstat(fd, &st) < 0) {
+                close(fd);
+                fd = -1;
+            } else if (fd >= 0 && S_ISLNK(st.st_mode)) {
+                fd = follow(cur, fd, O_PATH | O_DIRECTORY, links, why);
+                if (fd < 0)
+                    errno = -fd;
+            } else if (fd >= 0 && !S_ISDIR(st.st_mode)) {
+                close(fd);
+                fd = -1;
+                errno = ENOTDIR;
+            }
+        } else {
+            /* (O_NONBLOCK: a FIFO put in a log's place must not hang the master.) */
+            fd = openat(cur, c, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0644);
+            if (fd < 0 && errno == ELOOP) {
+                int lfd = openat(cur, c, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                if (lfd >= 0 && fstat(lfd, &st) == 0 && S_ISLNK(st.st_mode)) {
+                    fd = follow(cur, lfd, flags, links, why);
+                    if (fd < 0)
+                        errno = -fd;
+                } else {
+                    if (lfd >= 0)
+                        close(lfd);
+                    errno = ELOOP;
+                }
+            } else if (fd >= 0) {
+                struct stat ds;
+                if (fstat(fd, &st) < 0 || fstat(cur, &ds) < 0) {
+                    close(fd);
+                    fd = -1;
+                } else if (workers_write(&ds) && S_ISREG(st.st_mode) && st.st_nlink > 1 &&
+                           st.st_uid != (uid_t)M.o->uid) {
+                    /* A hard link the workers' user made, in a directory it may write, to a
+                     * file it could not open. */
+                    close(fd);
+                    fd = -1;
+                    *why = "a file with other names (hard links) in a directory the workers' "
+                           "user may write";
+                    errno = EPERM;
+                } else {
+                    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+                }
+            }
+        }
+        close(cur);
+        if (fd < 0)
+            return -errno;
+        cur = fd;
+        c = next;
+    }
+    if (!want_dir) {
+        /* The name ended in a directory ("/", "logs/."): not a file. */
+        struct stat st;
+        if (fstat(cur, &st) == 0 && S_ISDIR(st.st_mode)) {
+            close(cur);
+            return -EISDIR;
+        }
+    }
+    return cur;
+}
+
+#define LOG_FLAGS (O_WRONLY | O_APPEND | O_CREAT)
+
+/* Opens the named log `l` in its directory, resolved at the start. Returns the descriptor
+ * or -errno, with the sentence in `why`. */
+static int log_open(named_log_t *l, char *why, size_t why_len)
+{
+    int links = 0;
+    const char *refused = NULL;
+    int fd = walk(l->dir, l->base, LOG_FLAGS, &links, &refused);
+    if (fd < 0)
+        snprintf(why, why_len, "cannot open the log %.300s: %s", l->path,
+                 refused ? refused : strerror(-fd));
+    return fd;
+}
+
+/* Resolves each log's directory and opens the log, once, before any worker runs: a bad one
+ * stops the start, not every worker in turn. Returns 0 or a negative code. */
+static int logs_open(void)
+{
+    M.logs = calloc((size_t)M.o->nlogs + 1, sizeof(named_log_t));
+    if (M.logs == NULL)
+        abort();
+    for (int i = 0; i < M.o->nlogs; i++) {
+        named_log_t *l = &M.logs[i];
+        l->path = M.o->logs[i];
+        l->dir = l->fd = -1;
+        const char *slash = strrchr(l->path, '/');
+        char dir[4096];
+        int dlen = slash == NULL || slash == l->path ? 1 : (int)(slash - l->path);
+        snprintf(dir, sizeof(dir), "%.*s", dlen, slash == NULL ? "." : l->path);
+        l->base = strdup(slash ? slash + 1 : l->path);
+        int links = 0, rc;
+        const char *refused = NULL;
+        char why[512];
+        l->dir = rc = walk(AT_FDCWD, dir, O_PATH | O_DIRECTORY, &links, &refused);
+        if (rc < 0) {
+            snprintf(why, sizeof(why), "cannot open the log %.300s: its directory: %s", l->path,
+                     refused ? refused : strerror(-rc));
+        } else if (l->base[0] == '\0' || strcmp(l->base, ".") == 0 || strcmp(l->base, "..") == 0) {
+            snprintf(why, sizeof(why), "cannot open the log %.300s: not a file name", l->path);
+            rc = UV_EINVAL;
+        } else {
+            l->fd = rc = log_open(l, why, sizeof(why));
+        }
+        if (rc < 0) {
+            ms_log(MS_LOG_ERR, "%s", why);
+            if (M.o->why != NULL)
+                snprintf(M.o->why, M.o->why_len, "%s", why);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* USR1: each log opened anew in its directory (after a rotation, a new file); one that
+ * cannot be keeps the old. */
+static void logs_reopen(void)
+{
+    for (int i = 0; i < M.o->nlogs; i++) {
+        named_log_t *l = &M.logs[i];
+        char why[512];
+        int fd = log_open(l, why, sizeof(why));
+        if (fd < 0) {
+            ms_log(MS_LOG_WARN, "%s; writing to the old file", why);
+            continue;
+        }
+        close(l->fd);
+        l->fd = fd;
+    }
+}
+
+static named_log_t *named_log(const char *path)
+{
+    for (int i = 0; i < M.o->nlogs; i++)
+        if (strcmp(M.logs[i].path, path) == 0)
+            return &M.logs[i];
+    return NULL;
+}
+
+/* The master's own log (ms__log_opener): its named log's descriptor. */
+static int master_log(const char *path)
+{
+    named_log_t *l = named_log(path);
+    if (l == NULL)
+        return -ENOENT;
+    int fd = fcntl(l->fd, F_DUPFD_CLOEXEC, 0);
+    return fd < 0 ? -errno : fd;
+}
+
+static void logs_close(void)
+{
+    for (int i = 0; M.logs != NULL && i < M.o->nlogs; i++) {
+        if (M.logs[i].fd >= 0)
+            close(M.logs[i].fd);
+        if (M.logs[i].dir >= 0)
+            close(M.logs[i].dir);
+        free(M.logs[i].base);
+    }
+    free(M.logs);
+    M.logs = NULL;
+    ms__log_opener = NULL;
 }
 
 /* -- The channel: what a worker asks ---------------------------------------------------- */
@@ -349,11 +635,17 @@ static void worker_ready(worker_t *w)
             uv_process_kill(&old->proc, SIGUSR2); /* drain: a handover, the service stays up */
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
+    int all = 1;
+    for (int i = 0; i < M.o->workers; i++)
+        all = all && M.slots[i].current != NULL && M.slots[i].current->is_ready;
+    M.started = M.started || all;
     notify_if_settled();
 }
 
-/* ZONE: the zone of a shared dictionary, made the first time one is asked for. Its size is
- * fixed from then on: a reload whose app declares another size is told so, and fails. */
+/* ZONE: the zone of a shared dictionary, made the first time one is asked for, and only one
+ * the app declared at the start, with its declared size (a worker cannot have the master
+ * make others: memory for every name it thinks of). Its size is fixed from then on: a reload
+ * whose app declares another size, or a new dictionary, is told so, and fails. */
 static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
 {
     uint64_t size;
@@ -376,6 +668,24 @@ static int ask_zone(const ms_chan_msg_t *m, char *why, size_t why_len)
             return -1;
         }
         return z->fd;
+    }
+    int declared = -1;
+    for (int i = 0; i < M.o->nzones; i++)
+        if (strcmp(M.o->zone_names[i], name) == 0)
+            declared = i;
+    if (declared < 0) {
+        snprintf(why, why_len,
+                 "shared dictionary '%s' was not declared when the server started (a new "
+                 "dictionary needs a restart)",
+                 name);
+        return -1;
+    }
+    if (M.o->zone_sizes[declared] != size) {
+        snprintf(why, why_len,
+                 "shared dictionary '%s' was declared with %llu bytes at the start; the app "
+                 "now declares %llu (its size can change only with a restart)",
+                 name, (unsigned long long)M.o->zone_sizes[declared], (unsigned long long)size);
+        return -1;
     }
     int fd = ms_shdict_create(name, (size_t)size);
     ms_shdict_t *dict = NULL;
@@ -453,32 +763,42 @@ static int named(const char *path, const char **list, int n)
 }
 
 /* OPEN and APPEND: a file the worker cannot open itself (a TLS key readable by the master's
- * user alone, a log in a directory only it may write), opened with the master's rights and
- * handed over: only a file the operator named, never any path a worker asks for. OPEN reads
- * a regular file; APPEND appends to a log, made if need be. */
+ * user alone, a log in a directory only it may write), handed over: only a file the
+ * operator named, never any path a worker asks for. APPEND hands the log the master opened
+ * (at the start or the last USR1): a worker's ask opens nothing. OPEN reads a TLS file
+ * anew (a reload takes a renewed certificate), walked as "The files the operator named"
+ * says, and only a regular file. */
 static int ask_open(const ms_chan_msg_t *m, int append, char *why, size_t why_len)
 {
     char path[MS_CHAN_MAX + 1];
     snprintf(path, sizeof(path), "%.*s", (int)m->len, m->body);
-    if (append ? !named(path, M.o->logs, M.o->nlogs) : !named(path, M.o->files, M.o->nfiles)) {
+    named_log_t *l = append ? named_log(path) : NULL;
+    if (append ? l == NULL : !named(path, M.o->files, M.o->nfiles)) {
         snprintf(why, why_len,
                  "cannot open %.300s: not a %s the server was started with, and the workers' "
                  "user may not open it (a restart opens a new one)",
                  path, append ? "log file" : "TLS file");
         return -1;
     }
-    int fd = append ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644)
-                    : open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    struct stat st;
-    if (fd >= 0 &&
-        (fstat(fd, &st) < 0 || S_ISDIR(st.st_mode) || (!append && !S_ISREG(st.st_mode)))) {
-        close(fd);
-        fd = -1;
-        errno = EINVAL;
+    if (append) {
+        int fd = fcntl(l->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            snprintf(why, why_len, "cannot hand over the log %.300s: %s", path, strerror(errno));
+        return fd;
     }
-    if (fd < 0)
-        snprintf(why, why_len, "cannot open %.400s: %s", path,
-                 errno == EINVAL ? "not a regular file" : strerror(errno));
+    int links = 0;
+    const char *refused = NULL;
+    int fd = walk(AT_FDCWD, path, O_RDONLY, &links, &refused);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -EINVAL;
+        refused = "not a regular file";
+    }
+    if (fd < 0) {
+        snprintf(why, why_len, "cannot open %.300s: %s", path, refused ? refused : strerror(-fd));
+        return -1;
+    }
     return fd;
 }
 
@@ -516,6 +836,11 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
     const char *body = NULL;
     switch (m->type) {
     case MS_CHAN_READY: worker_ready(w); return;
+    case MS_CHAN_FAILED:
+        /* Said once, before it exits: exit_cb names it. */
+        if (w->failed == NULL && !w->is_ready)
+            w->failed = strndup(m->body, m->len < 1000 ? m->len : 1000);
+        return;
     case MS_CHAN_ZONE:
         fd = ask_zone(m, why, sizeof(why));
         keep = 1; /* the master's own, for every later worker */
@@ -735,6 +1060,8 @@ static void on_signal(uv_signal_t *h, int signum)
         }
         break;
     case SIGUSR1:
+        /* The master opens the logs anew, itself, before the workers ask for them. */
+        logs_reopen();
         ms_log_reopen();
         kill_all(SIGUSR1);
         break;
@@ -762,18 +1089,14 @@ int ms_master_run(const ms_master_opts_t *o)
         uv_timer_init(M.loop, &s->respawn);
         s->respawn.data = s;
     }
-    for (int i = 0; i < o->nlogs; i++) {
-        /* Each log the workers will ask for, opened (made) once here: a bad path stops the
-         * start, not every worker in turn. */
-        int fd = open(o->logs[i], O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
-        if (fd < 0) {
-            int err = errno;
-            ms_log(MS_LOG_ERR, "cannot open the log %s: %s", o->logs[i], strerror(err));
-            return uv_translate_sys_error(err);
-        }
-        close(fd);
+    int rc = logs_open();
+    if (rc < 0) {
+        logs_close();
+        return rc;
     }
-    int rc = activated_sockets(o);
+    ms__log_opener = master_log;
+    ms_log_reopen(); /* the master's own log, if it has one: the file just opened */
+    rc = activated_sockets(o);
     if (rc < 0)
         return rc;
     M.activated = rc > 0;
@@ -824,7 +1147,8 @@ int ms_master_run(const ms_master_opts_t *o)
         close(M.metrics_fd);
     }
     free(M.metrics_writer);
-    return 0;
+    logs_close();
+    return M.code;
 }
 
 /* -- Users ---------------------------------------------------------------------------------- */

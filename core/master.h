@@ -26,6 +26,15 @@ struct ms_master_opts_s {
      * bad one stops it there. */
     const char **files, **logs;
     int nfiles, nlogs;
+    /* The shared dictionaries the app declared at the start: the only zones the master
+     * makes (MS_CHAN_ZONE), each only with its declared size. */
+    const char **zone_names;
+    const uint64_t *zone_sizes;
+    int nzones;
+    /* Out: why the start failed when a worker could not start (ms_master_run returns
+     * UV_ECANCELED): the worker's own sentence when it sent one (MS_CHAN_FAILED). */
+    char *why;
+    size_t why_len;
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
 };
@@ -48,6 +57,9 @@ int ms__cpus_of_quota(long long quota, long long period);
  * the master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the TLS ticket
  * keys and the files only the master may open, and says there that it is ready, within
  * start_timeout seconds or it is killed (a reload then fails and the old worker keeps serving).
+ * A worker that cannot start says why (MS_CHAN_FAILED) and exits: at the start, before every
+ * slot has served, that stops the master (UV_ECANCELED, the sentence in o->why); during a
+ * reload, the reload fails with one log line and the old workers serve on.
  * Returns 0 or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 

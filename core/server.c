@@ -138,10 +138,16 @@ void ms_log_format(int json)
     log_json = json != 0;
 }
 
+int (*ms__log_opener)(const char *path);
+
 int ms_log_open(const char *path)
 {
     int fd = 2;
-    if (path != NULL) {
+    if (path != NULL && ms__log_opener != NULL) {
+        fd = ms__log_opener(path); /* the master's: its named log, opened as it was named */
+        if (fd < 0)
+            return fd;
+    } else if (path != NULL) {
         char why[512];
         fd = ms_chan_open(path, 1, why, sizeof(why)); /* (a worker's: through its master) */
         if (fd < 0) {

@@ -854,10 +854,11 @@ static const char **string_list(lua_State *L, int t, const char *key, int *n)
 
 /* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
  * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n, metrics = i,
- * uid = n, gid = n, files = { path, ... }, logs = { path, ... } }: runs the master until it
- * is stopped. (`https`: which listeners the workers serve TLS on; `metrics`: which one, from
- * 1, is the metrics listener, for the log; uid and gid: who the workers run as; files and
- * logs: ms_master_opts_t's.) */
+ * uid = n, gid = n, files = { path, ... }, logs = { path, ... }, zones = { name = bytes,
+ * ... } }: runs the master until it is stopped; nil, why, true when a log could not be opened
+ * or a worker could not start (the sentence is whole). (`https`: which listeners the workers
+ * serve TLS on; `metrics`: which one, from 1, is the metrics listener, for the log; uid and
+ * gid: who the workers run as; files, logs and zones: ms_master_opts_t's.) */
 static int core_master(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -918,8 +919,33 @@ static int core_master(lua_State *L)
         return luaL_error(L, "uid and gid go together");
     o.files = string_list(L, 1, "files", &o.nfiles);
     o.logs = string_list(L, 1, "logs", &o.nlogs);
+    lua_getfield(L, 1, "zones");
+    int zt = lua_gettop(L);
+    if (lua_istable(L, zt)) {
+        for (lua_pushnil(L); lua_next(L, zt) != 0; lua_pop(L, 1))
+            o.nzones++;
+    }
+    o.zone_names = lua_newuserdata(L, sizeof(char *) * ((size_t)o.nzones + 1));
+    uint64_t *sizes = lua_newuserdata(L, sizeof(uint64_t) * ((size_t)o.nzones + 1));
+    o.zone_sizes = sizes;
+    int nz = 0;
+    if (lua_istable(L, zt)) {
+        for (lua_pushnil(L); lua_next(L, zt) != 0; lua_pop(L, 1)) {
+            o.zone_names[nz] = luaL_checkstring(L, -2); /* (the table keeps it alive) */
+            sizes[nz++] = (uint64_t)luaL_checknumber(L, -1);
+        }
+    }
+    char why[1200] = "";
+    o.why = why;
+    o.why_len = sizeof(why);
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
+    if (rc < 0 && why[0] != '\0') {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        lua_pushboolean(L, 1);
+        return 3;
+    }
     if (rc < 0)
         return ms_lua_fail(L, rc);
     lua_pushboolean(L, 1);
@@ -944,6 +970,19 @@ static int core_worker_ready(lua_State *L)
 {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     int rc = ms_chan_send(MS_CHAN_WORKER_FD, MS_CHAN_READY, NULL, 0, -1);
+    if (rc < 0)
+        return ms_lua_fail(L, uv_translate_sys_error(-rc));
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* core.worker_failed(why) -> true | nil, err: tells the master this worker cannot start, and
+ * why (it then exits): the master stops a start, or fails a reload, with that sentence. */
+static int core_worker_failed(lua_State *L)
+{
+    size_t len;
+    const char *why = luaL_checklstring(L, 1, &len);
+    int rc = ms_chan_send(MS_CHAN_WORKER_FD, MS_CHAN_FAILED, why, len < 1000 ? len : 1000, -1);
     if (rc < 0)
         return ms_lua_fail(L, uv_translate_sys_error(-rc));
     lua_pushboolean(L, 1);
@@ -1271,6 +1310,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"master", core_master},
                                      {"worker_init", core_worker_init},
                                      {"worker_ready", core_worker_ready},
+                                     {"worker_failed", core_worker_failed},
                                      {"master_zone", core_master_zone},
                                      {"master_tickets", core_master_tickets},
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},

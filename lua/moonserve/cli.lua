@@ -109,6 +109,16 @@ end
 local function die(msg)
     -- (A mistake in the configuration is the user's: no position inside moonserve's code.)
     msg = msg:gsub("^[^\n:]*moonserve/[%w_/]+%.lua:%d+: ", "")
+    -- A worker that cannot start tells its master, which stops the start or fails the
+    -- reload with this sentence: one line, the master's.
+    if os.getenv("MOONSERVE_WORKER") then
+        local ok, told = pcall(function()
+            return require("moonserve.base").core.worker_failed(msg)
+        end)
+        if ok and told then
+            return 2
+        end
+    end
     io.stderr:write("moonserve: ", msg, "\n")
     return 2
 end
@@ -294,7 +304,11 @@ function _M.main(args)
         if not chunk then
             return die(err)
         end
-        app = chunk()
+        local ok
+        ok, app = pcall(chunk)
+        if not ok then
+            return die(tostring(app))
+        end
         if type(app) ~= "table" or type(app.handle) ~= "function" then
             return die(app_file .. " must return an app (moonserve.app())")
         end

@@ -564,8 +564,9 @@ end
 
 -- A worker maps the zones of the app's shared dictionaries, which it asks of the master: the
 -- master makes one the first time it is asked for and keeps it, so the values survive a
--- reload, and a reload may declare more. One the master made with another size fails the
--- worker before it is ready (a reload then fails and the old workers stay).
+-- reload. It makes only those the app declared when it started, with their sizes: another
+-- name or size fails the worker before it is ready (a reload then fails and the old workers
+-- stay).
 local function attach_shared(the_app)
     local shared = require "moonserve.shared"
     local names = {}
@@ -927,13 +928,15 @@ function _M.run(the_app, opts)
             https[i] = l.tls ~= nil
             metrics_at = l.metrics and i or metrics_at
         end
-        local ok, err = core.master { argv = command_line(), listen = addresses(listen),
+        -- (zones: the dictionaries declared now, the only ones the master will make.)
+        local ok, err, whole = core.master { argv = command_line(), listen = addresses(listen),
             https = https, metrics = metrics_at, workers = workers,
             stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
             ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,
-            logs = logs }
+            logs = logs, zones = the_app.shared_decl }
         if not ok then
-            error("cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
+            error(whole == true and err
+                or "cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)
         end
         base.log(base.LOG_INFO, "stopped")
         return true

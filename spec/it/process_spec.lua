@@ -120,4 +120,52 @@ describe("moonserve with workers", function()
         assert.is_true(srv:stop())
         os.remove(log .. ".1")
     end)
+    it("fails a start whose workers refuse the configuration, with their sentence, instead of "
+        .. "starting them again and again", function()
+        local bin = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+        local t0 = socket.gettime()
+        local out, status = helper.run(string.format("%s 20 %s %s --listen 127.0.0.1:0 "
+            .. "--workers 2 --limit no_such_key=1 2>&1", helper.tool("timeout"),
+            helper.sh_quote(bin), helper.sh_quote(helper.root .. "/spec/fixtures/app.lua")))
+        assert.equal(2, status, out)
+        assert.is_true(socket.gettime() - t0 < 10, "the master stopped late")
+        assert.truthy(out:find("\nmoonserve: worker %d %(pid %d+%) could not start: unknown "
+            .. "limit no_such_key"), out)
+        assert.is_nil(out:find("replacing it", 1, true), out)
+    end)
+
+    it("fails a reload whose workers refuse the new app: the old workers serve on, and one line "
+        .. "says why", function()
+        local file = os.tmpname() .. ".lua"
+        local good = [[
+local app = require("moonserve").app()
+app:get("/pid", function() return 200, tostring(require("ffi").C.getpid()) end)
+return app
+]]
+        helper.write_file(file, "require('ffi').cdef 'int getpid(void);'\n" .. good)
+        local srv = helper.spawn_server { app = file, args = "--workers 2" }
+        finally(function() srv:stop() os.remove(file) end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        local before = children(srv.pid)
+        helper.write_file(file, [[
+local app = require("moonserve").app()
+app:shared_dict("cache", "12q")
+return app
+]])
+        os.execute("kill -HUP " .. srv.pid)
+        assert.truthy(wait_for(function()
+            return srv:log():find("reload failed", 1, true)
+        end), srv:log())
+        socket.sleep(0.5)
+        local log = srv:log()
+        local _, lines = log:gsub("worker %d %(pid %d+%) could not start: [^\n]*bad size[^\n]*: "
+            .. "reload failed, the old workers keep serving\n", "")
+        assert.equal(1, lines, log)
+        assert.is_nil(log:find("\nmoonserve: ", 1, true), log) -- no line of the worker's own
+        assert.same(before, children(srv.pid))
+        for _ = 1, 10 do
+            local pid = get(srv.port, "/pid").body
+            assert.truthy(pid == before[1] or pid == before[2], pid)
+        end
+    end)
 end)

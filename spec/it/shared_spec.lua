@@ -93,14 +93,15 @@ describe("moonserve.shared with workers", function()
         assert.equal("across", get(srv.port, "/get?k=kept").body)
     end)
 
-    it("makes a dictionary a reload declares, and keeps it through the next", function()
+    it("makes only the dictionaries declared at the start: a reload that declares another "
+        .. "fails, and the old workers serve on", function()
         local more_file = os.tmpname()
-        helper.write_file(more_file, "\n")
+        helper.write_file(more_file, "added\n")
         local srv = helper.spawn_server { app = "spec/fixtures/shared.lua",
             args = "--workers 2", env = { SHARED_MORE_FILE = more_file } }
         finally(function() srv:stop() os.remove(more_file) end)
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
-        assert.equal(404, get(srv.port, "/get?d=added&k=a").status)
+        assert.equal(200, get(srv.port, "/set?d=added&k=a&v=new").status)
         local function reload()
             local before = children(srv.pid)
             os.execute("kill -HUP " .. srv.pid)
@@ -110,20 +111,6 @@ describe("moonserve.shared with workers", function()
                     now[2] ~= before[1] and now[2] ~= before[2]
             end))
         end
-        helper.write_file(more_file, "added\n")
-        reload()
-        assert.is_true(wait_for(function()
-            return srv:log():find("shared dictionary 'added' made", 1, true) ~= nil
-        end))
-        -- Set through one worker, read through whichever: both map the same new zone.
-        assert.equal(200, get(srv.port, "/set?d=added&k=a&v=new").status)
-        at_once(srv.port, "/set?d=added&k=b&v=2", 4)
-        for _ = 1, 10 do
-            assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
-        end
-        reload()
-        assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
-        assert.equal("2", get(srv.port, "/get?d=added&k=b").body)
         -- Dropped from the app, then declared again: the master kept it, values and all.
         helper.write_file(more_file, "\n")
         reload()
@@ -131,6 +118,31 @@ describe("moonserve.shared with workers", function()
         helper.write_file(more_file, "added\n")
         reload()
         assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
+        -- A name the start did not declare: the reload fails, with one line.
+        helper.write_file(more_file, "other\n")
+        local before = children(srv.pid)
+        os.execute("kill -HUP " .. srv.pid)
+        assert.is_true(wait_for(function()
+            return srv:log():find("reload failed", 1, true) ~= nil
+        end), srv:log())
+        local _, lines = srv:log():gsub("shared dictionary 'other' was not declared when the "
+            .. "server started %(a new dictionary needs a restart%)[^\n]*reload failed", "")
+        assert.equal(1, lines, srv:log())
+        socket.sleep(0.3)
+        assert.same(before, children(srv.pid))
+        assert.equal("new", get(srv.port, "/get?d=added&k=a").body)
+    end)
+
+    it("refuses a worker's ask for a zone the app never declared (no 1 GiB zones on demand)",
+        function()
+        local srv = helper.spawn_server { app = "spec/fixtures/worker_attack.lua",
+            args = "--workers 1" }
+        finally(function() srv:stop() end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 1 end))
+        local res = get(srv.port, "/zones")
+        assert.equal("0 made; shared dictionary 'flood4' was not declared when the server "
+            .. "started (a new dictionary needs a restart)", res.body)
+        assert.is_nil(srv:log():find("shared dictionary 'flood", 1, true), srv:log())
     end)
 
     it("stays usable when a worker is killed in the middle of its writes", function()

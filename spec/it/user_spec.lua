@@ -3,6 +3,7 @@
 -- root; as anyone else these are pending.)
 local ffi = require "ffi"
 local helper = require "helper"
+local socket = require "socket"
 
 local children, wait_for, q = helper.children, helper.wait_for, helper.sh_quote
 
@@ -153,6 +154,66 @@ describe("moonserve --user and --group", function()
         assert.is_nil(io.open(dir .. "/elsewhere.log"))
         assert.same(before, children(srv.pid))
         assert.equal("site", get("/?still"))
+    end)
+
+    run("opens no file but the named ones for a worker: an access log it replaced by a link "
+        .. "into a directory only root enters makes no file there, on its own USR1 or on the "
+        .. "operator's", function()
+        local private = private_dir() -- where the link points: root's alone
+        local logs = helper.run("mktemp -d"):match("%S+")
+        helper.run("chown nobody " .. q(logs)) -- a log directory the workers' user may write
+        local copy, env, app = readable_copy("worker_attack.lua")
+        local access, target = logs .. "/access.log", private .. "/owned.log"
+        env.TRAP_LOG, env.TRAP_TARGET = access, target
+        local srv = helper.spawn_server { app = app, env = env, bare = true,
+            args = string.format("--listen 127.0.0.1:0 --workers 1 --user nobody "
+                .. "--access-log %s", q(access)) }
+        finally(function()
+            srv:stop()
+            helper.run("rm -rf " .. q(private) .. " " .. q(logs) .. " " .. q(copy))
+        end)
+        local function get(path)
+            return helper.curl(string.format("http://127.0.0.1:%d%s", srv.port, path))
+        end
+        assert.equal("hello world", get("/hello"))
+        -- The worker swaps the log for a link and has the logs reopened: it gets the file the
+        -- master opened, not a new one where the link points.
+        assert.equal("set", get("/trap"))
+        assert.equal("hello world", get("/hello?after-trap"))
+        socket.sleep(0.3)
+        assert.is_nil(io.open(target), "the master made " .. target)
+        -- The operator's USR1 meets the link: refused, one line; the old file serves on.
+        os.execute("kill -USR1 " .. srv.pid)
+        assert.truthy(wait_for(function()
+            return srv:log():find("a symbolic link in a directory the workers' user may write",
+                1, true)
+        end), srv:log())
+        assert.equal("hello world", get("/hello?after-usr1"))
+        socket.sleep(0.3)
+        assert.is_nil(io.open(target), "the master made " .. target)
+        local _, lines = srv:log():gsub("cannot open the log [^\n]*writing to the old file", "")
+        assert.equal(1, lines, srv:log())
+    end)
+
+    run("reads for a worker no file but the named TLS files: a key it replaced by a link to "
+        .. "root's secret is refused", function()
+        local private = private_dir()
+        helper.write_file(private .. "/secret", "root's secret\n")
+        local tls = private_dir() -- the TLS files, in a directory the workers' user owns
+        helper.run("chown nobody " .. q(tls))
+        local copy, env, app = readable_copy("worker_attack.lua")
+        env.STEAL_KEY, env.STEAL_TARGET = tls .. "/key.pem", private .. "/secret"
+        local srv = helper.spawn_server { app = app, env = env, bare = true,
+            args = string.format("--listen 127.0.0.1:0 --workers 1 --user nobody --tls-cert %s "
+                .. "--tls-key %s", q(tls .. "/cert.pem"), q(tls .. "/key.pem")) }
+        finally(function()
+            srv:stop()
+            helper.run("rm -rf " .. q(private) .. " " .. q(tls) .. " " .. q(copy))
+        end)
+        local out = https(srv.port, "/steal")
+        assert.is_nil(out:find("root's secret", 1, true), out)
+        assert.truthy(out:find("a symbolic link in a directory the workers' user may write", 1,
+            true), out)
     end)
 
     it("names a user or group that does not exist, at the start and with --check", function()

@@ -183,10 +183,15 @@ end
 -- -- The parent's side ----------------------------------------------------------------------
 
 -- A subrequest goes to the engine as HTTP/1.1 text, so what it carries must stay data there.
--- The bytes a request line cannot hold (its parser refuses them): the control bytes, the
--- space, DEL and the bytes from 0x80. A CR or LF would end the line, and the rest of the
--- string would be fields, or a second request, of the caller's choosing.
-local NOT_IN_LINE = "[%z\1-\32\127-\255]"
+-- A control byte or DEL in its URI or string args raises, as nginx's unsafe URI check does: a
+-- CR or LF would end the line, and the rest of the string would be fields, or a second
+-- request, of the caller's choosing. A space and the bytes from 0x80, which nginx takes as
+-- data, are sent percent-encoded, which the subrequest's parser decodes back.
+local CONTROL = "[%z\1-\31\127]"
+local TO_ENCODE = "[ \128-\255]"
+local function encode_byte(c)
+    return format("%%%02X", byte(c))
+end
 -- A field of the subrequest: a name that is a token (RFC 9110 5.6.2), a value without CR, LF
 -- or NUL. The parent's fields are such (its parser's, or escaped by ngx.req.set_header);
 -- this holds it where they become text.
@@ -201,10 +206,10 @@ end
 local function prepare(st, uri, opts, fname, i)
     if type(uri) ~= "string" then
         bad(i, "string expected, got " .. type(uri), fname)
-    elseif sub(uri, 1, 1) ~= "/" or find(uri, NOT_IN_LINE) or find(uri, "#", 1, true) then
-        bad(i, "a URI that starts with / and has no spaces, control characters or bytes from "
-            .. "0x80 expected", fname)
+    elseif sub(uri, 1, 1) ~= "/" or find(uri, CONTROL) or find(uri, "#", 1, true) then
+        bad(i, "a URI that starts with / and has no control characters expected", fname)
     end
+    uri = gsub(uri, TO_ENCODE, encode_byte)
     if opts ~= nil and type(opts) ~= "table" then
         bad(i + 1, "table expected, got " .. type(opts), fname)
     end
@@ -222,11 +227,12 @@ local function prepare(st, uri, opts, fname, i)
     elseif args ~= nil and type(args) ~= "string" then
         error("Bad args option value", 3)
     elseif args then
-        local at = find(args, NOT_IN_LINE)
+        local at = find(args, CONTROL)
         if at then
             error(format("unsafe byte \"0x%02x\" in args: a request line cannot hold it (escape "
                 .. "it with ngx.escape_uri, or give args as a table)", byte(args, at)), 3)
         end
+        args = gsub(args, TO_ENCODE, encode_byte)
     end
     if args and args ~= "" then
         uri = uri .. (find(uri, "?", 1, true) and "&" or "?") .. args

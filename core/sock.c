@@ -312,25 +312,21 @@ static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
         }
     }
     size_t take;
-    int rc = MS_SOCK_DONE;
     if (u->match_end > 0) {
-        size_t upto = u->inclusive ? u->match_end : u->match_end - u->plen;
-        if (size == 0 || upto <= size) {
-            /* The last piece, or the whole of it: the iterator starts over after it. */
-            take = u->match_end;
-            set_result(s, p, upto);
-            if (size != 0) {
-                if (upto == 0)
-                    rc = MS_SOCK_END;
-                else
-                    u->finished = 1;
-            }
-            if (rc == MS_SOCK_END)
-                set_result(s, NULL, 0);
-            consume(s, take);
+        size_t pre = u->match_end - u->plen; /* the bytes before the pattern */
+        if (size == 0 || pre < size) {
+            /* The last piece, or the whole of it: the iterator starts over after it. As in
+             * lua-nginx-module, a sized read that meets the pattern at once returns "" (the
+             * pattern alone when inclusive), and only the call after it the end: a reader
+             * that handed out exactly `size` bytes has not yet looked past them. A piece
+             * that ends with the pattern may so be longer than `size` when inclusive. */
+            set_result(s, p, u->inclusive ? u->match_end : pre);
+            if (size != 0)
+                u->finished = 1;
+            consume(s, u->match_end);
             u->scanned = u->j = u->match_end = 0;
             u->gen = s->rgen;
-            return rc;
+            return MS_SOCK_DONE;
         }
         take = size;
         u->match_end -= size;
@@ -343,7 +339,7 @@ static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
     consume(s, take);
     u->scanned -= take;
     u->gen = s->rgen;
-    return rc;
+    return MS_SOCK_DONE;
 }
 
 static int read_match(ms_sock_t *s)

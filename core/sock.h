@@ -120,9 +120,11 @@ int ms_sock_receive(ms_sock_t *s, int pattern, size_t n, ms_sock_cb cb);
 
 /* receiveuntil(pattern[, { inclusive = true }]): an incremental matcher (KMP), right across
  * reads. Without a size each call returns the data before the next occurrence (with it when
- * inclusive). With a size each call returns at most `size` bytes, and the call after the
- * last piece returns MS_SOCK_END (OpenResty's nil, nil), after which the iterator starts
- * over. May be shared with other reads of the socket; the pattern is copied. */
+ * inclusive). With a size each call returns `size` bytes while at least that many come before
+ * the pattern, then the rest before it, fewer than `size` and possibly none (with the pattern
+ * when inclusive), and the call after that returns MS_SOCK_END (OpenResty's nil, nil, nil),
+ * after which the iterator starts over: lua-nginx-module's pieces exactly. May be shared
+ * with other reads of the socket; the pattern is copied. */
 typedef struct ms_sock_until_s ms_sock_until_t;
 ms_sock_until_t *ms_sock_until_new(const char *pattern, size_t len, int inclusive);
 void ms_sock_until_free(ms_sock_until_t *u);

@@ -178,7 +178,7 @@ local function read_result(g, rc)
         local s = ffi_str(v.data, v.len)
         return s -- (no tail call: a trace cannot return from one to a built-in)
     elseif rc == END then
-        return nil, nil
+        return nil, nil, nil -- (lua-nginx-module's three)
     end
     local partial = ""
     if v ~= nil and v.data ~= nil and v.len > 0 then

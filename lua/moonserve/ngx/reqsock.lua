@@ -185,15 +185,16 @@ function Reader:receiveuntil(pattern, opts)
             local i = find(self.buf, pattern, self.pos, true)
             if i then
                 local n = i - self.pos
-                if size and n > size then
+                -- As lua-nginx-module: a piece of exactly `size` bytes leaves the pattern
+                -- for the next call, which returns "" (the pattern when inclusive), and the
+                -- call after it nil.
+                if size and n >= size then
                     return take(self, size)
                 end
                 local data = take(self, n)
                 take(self, plen)
                 if inclusive then
                     data = data .. pattern
-                elseif size and n == 0 then
-                    return nil, nil, nil -- (the pattern came first: nothing before it)
                 end
                 if size then
                     reached = true

@@ -1037,7 +1037,7 @@ int ms_sock_connect(ms_sock_t *s, const char *host, size_t host_len, int port,
     ms_spool_t *p = s->pool = pool_get(s->sk, k, klen, o);
     rbuf_release(s);
 
-    ms_sconn_t *c = pool_take(p);
+    ms_sconn_t *c = o && o->fresh ? NULL : pool_take(p);
     if (c != NULL) {
         attach(s, c);
         return MS_SOCK_DONE;
@@ -1474,8 +1474,18 @@ int ms_sock_sslhandshake(ms_sock_t *s, const ms_sock_tls_opts_t *o, ms_sock_cb c
     if (s->write_cb)
         return MS_SOCK_EBUSY_WRITE;
     ms_sconn_t *c = s->c;
-    if (c->tls) /* from the pool, its handshake done: OpenResty's no-op */
-        return ms__stls_done(c->tls) ? MS_SOCK_DONE : MS_SOCK_ESSL;
+    if (c->tls) {
+        /* From the pool, its handshake done: OpenResty returns success whatever this
+         * handshake asks, so a connection set up with verify off (or for another name, or
+         * with another client certificate) would pass for a verified one. Only the same
+         * wishes get it; else it goes, and the caller connects anew. */
+        if (!ms__stls_done(c->tls))
+            return MS_SOCK_ESSL;
+        if (ms__stls_same(c->tls, s->sk, o, s->cert))
+            return MS_SOCK_DONE;
+        sock_close_conn(s, MS_SOCK_ETLSPOOL, 0);
+        return MS_SOCK_ETLSPOOL;
+    }
     if (s->rlen > s->rpos)
         return MS_SOCK_EUNREAD;
     int err = 0;

@@ -241,7 +241,8 @@ describe("ngx.req.socket(true) and the caps", function()
 
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/ngx_socket.lua",
-            args = "--limit websockets=1 --limit in_flight=1 --limit send_timeout=1" }
+            args = "--limit websockets=1 --limit in_flight=1 --limit send_timeout=1 "
+                .. "--limit raw_socket_buffer_bytes=65536" }
     end)
 
     teardown(function()
@@ -253,6 +254,24 @@ describe("ngx.req.socket(true) and the caps", function()
         assert(s:send("GET /raw_hold HTTP/1.1\r\nHost: sock.test\r\n\r\n"))
         return s, assert(helper.read_response(s, true))
     end
+
+    it("closes a raw connection whose line outgrows raw_socket_buffer_bytes, with one log "
+        .. "line; a line under it still comes back", function()
+        local s, head = hold()
+        assert.equal(101, head.status)
+        assert(s:send(("x"):rep(1000) .. "\n"))
+        assert.equal(("x"):rep(1000), s:receive("*l"))
+        local big = ("y"):rep(200000) -- no LF: the handler's receive() holds it all
+        s:send(big)
+        s:settimeout(5)
+        local line, err = s:receive("*l")
+        s:close()
+        assert.is_nil(line)
+        assert.equal("closed", err)
+        local n = 0
+        for _ in srv:log():gmatch("held more than raw_socket_buffer_bytes") do n = n + 1 end
+        assert.equal(1, n)
+    end)
 
     it("counts an open raw connection against websockets, not in_flight: past the cap a 101 "
         .. "is a 503, requests still go", function()

@@ -174,6 +174,11 @@ uint32_t ms_raw_timeout_ms(ms_server_t *s, int send)
     return send ? s->limits.socket_send_timeout_ms : s->limits.socket_read_timeout_ms;
 }
 
+uint32_t ms_raw_buffer_cap(ms_server_t *s)
+{
+    return s->limits.raw_socket_buffer_bytes;
+}
+
 int ms_raw_closed(ms_raw_t *t)
 {
     return t->cut;

@@ -36,5 +36,7 @@ int ms_raw_closed(ms_raw_t *t);
 /* The server's socket_read_timeout (send: socket_send_timeout) in ms: the request sockets'
  * default, as OpenResty's lua_socket_read_timeout is theirs. */
 uint32_t ms_raw_timeout_ms(ms_server_t *s, int send);
+/* raw_socket_buffer_bytes: the most a line, pattern or "*a" read of the Lua side holds. */
+uint32_t ms_raw_buffer_cap(ms_server_t *s);
 
 #endif

@@ -312,25 +312,21 @@ static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
         }
     }
     size_t take;
-    int rc = MS_SOCK_DONE;
     if (u->match_end > 0) {
-        size_t upto = u->inclusive ? u->match_end : u->match_end - u->plen;
-        if (size == 0 || upto <= size) {
-            /* The last piece, or the whole of it: the iterator starts over after it. */
-            take = u->match_end;
-            set_result(s, p, upto);
-            if (size != 0) {
-                if (upto == 0)
-                    rc = MS_SOCK_END;
-                else
-                    u->finished = 1;
-            }
-            if (rc == MS_SOCK_END)
-                set_result(s, NULL, 0);
-            consume(s, take);
+        size_t pre = u->match_end - u->plen; /* the bytes before the pattern */
+        if (size == 0 || pre < size) {
+            /* The last piece, or the whole of it: the iterator starts over after it. As in
+             * lua-nginx-module, a sized read that meets the pattern at once returns "" (the
+             * pattern alone when inclusive), and only the call after it the end: a reader
+             * that handed out exactly `size` bytes has not yet looked past them. A piece
+             * that ends with the pattern may so be longer than `size` when inclusive. */
+            set_result(s, p, u->inclusive ? u->match_end : pre);
+            if (size != 0)
+                u->finished = 1;
+            consume(s, u->match_end);
             u->scanned = u->j = u->match_end = 0;
             u->gen = s->rgen;
-            return rc;
+            return MS_SOCK_DONE;
         }
         take = size;
         u->match_end -= size;
@@ -343,7 +339,7 @@ static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
     consume(s, take);
     u->scanned -= take;
     u->gen = s->rgen;
-    return rc;
+    return MS_SOCK_DONE;
 }
 
 static int read_match(ms_sock_t *s)
@@ -1041,7 +1037,7 @@ int ms_sock_connect(ms_sock_t *s, const char *host, size_t host_len, int port,
     ms_spool_t *p = s->pool = pool_get(s->sk, k, klen, o);
     rbuf_release(s);
 
-    ms_sconn_t *c = pool_take(p);
+    ms_sconn_t *c = o && o->fresh ? NULL : pool_take(p);
     if (c != NULL) {
         attach(s, c);
         return MS_SOCK_DONE;
@@ -1478,8 +1474,18 @@ int ms_sock_sslhandshake(ms_sock_t *s, const ms_sock_tls_opts_t *o, ms_sock_cb c
     if (s->write_cb)
         return MS_SOCK_EBUSY_WRITE;
     ms_sconn_t *c = s->c;
-    if (c->tls) /* from the pool, its handshake done: OpenResty's no-op */
-        return ms__stls_done(c->tls) ? MS_SOCK_DONE : MS_SOCK_ESSL;
+    if (c->tls) {
+        /* From the pool, its handshake done: OpenResty returns success whatever this
+         * handshake asks, so a connection set up with verify off (or for another name, or
+         * with another client certificate) would pass for a verified one. Only the same
+         * wishes get it; else it goes, and the caller connects anew. */
+        if (!ms__stls_done(c->tls))
+            return MS_SOCK_ESSL;
+        if (ms__stls_same(c->tls, s->sk, o, s->cert))
+            return MS_SOCK_DONE;
+        sock_close_conn(s, MS_SOCK_ETLSPOOL, 0);
+        return MS_SOCK_ETLSPOOL;
+    }
     if (s->rlen > s->rpos)
         return MS_SOCK_EUNREAD;
     int err = 0;

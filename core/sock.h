@@ -21,7 +21,8 @@
     X(ERESOLVE, -10107, "could not be resolved (2: Server failure)")                               \
     X(ESSL, -10108, "handshake failed")                                                            \
     X(EHOST, -10109, "certificate host mismatch")                                                  \
-    X(EVERIFY, -10110, "certificate verify failed")
+    X(EVERIFY, -10110, "certificate verify failed")                                                \
+    X(ETLSPOOL, -10111, "pooled connection was set up with other TLS options")
 
 enum {
 #define MS_SOCK_ERR_ENUM(name, value, msg) MS_SOCK_##name = (value),
@@ -96,6 +97,8 @@ typedef struct ms_sock_opts_s {
     uint32_t backlog;   /* > 0: at most pool_size connections of this pool are open at once,
                          * and up to `backlog` connects wait for one (then MS_SOCK_EBACKLOG);
                          * a connect waits at most the connect timeout */
+    uint8_t fresh;      /* a new connection, not an idle one of the pool (sslhandshake's
+                         * MS_SOCK_ETLSPOOL) */
 } ms_sock_opts_t;
 
 /* Connects to `host` (an IPv4 or IPv6 address, a name to resolve, or "unix:/path", where
@@ -120,9 +123,11 @@ int ms_sock_receive(ms_sock_t *s, int pattern, size_t n, ms_sock_cb cb);
 
 /* receiveuntil(pattern[, { inclusive = true }]): an incremental matcher (KMP), right across
  * reads. Without a size each call returns the data before the next occurrence (with it when
- * inclusive). With a size each call returns at most `size` bytes, and the call after the
- * last piece returns MS_SOCK_END (OpenResty's nil, nil), after which the iterator starts
- * over. May be shared with other reads of the socket; the pattern is copied. */
+ * inclusive). With a size each call returns `size` bytes while at least that many come before
+ * the pattern, then the rest before it, fewer than `size` and possibly none (with the pattern
+ * when inclusive), and the call after that returns MS_SOCK_END (OpenResty's nil, nil, nil),
+ * after which the iterator starts over: lua-nginx-module's pieces exactly. May be shared
+ * with other reads of the socket; the pattern is copied. */
 typedef struct ms_sock_until_s ms_sock_until_t;
 ms_sock_until_t *ms_sock_until_new(const char *pattern, size_t len, int inclusive);
 void ms_sock_until_free(ms_sock_until_t *u);
@@ -165,7 +170,11 @@ typedef struct ms_sock_tls_opts_s {
 } ms_sock_tls_opts_t;
 
 /* Handshakes within the connect timeout (UV_ETIMEDOUT). Fails with MS_SOCK_ESSL, EHOST or
- * EVERIFY and closes the socket; MS_SOCK_EUNREAD with plaintext bytes still unread. */
+ * EVERIFY and closes the socket; MS_SOCK_EUNREAD with plaintext bytes still unread. On a
+ * connection from the pool, already through its handshake, returns MS_SOCK_DONE at once when
+ * that handshake was asked for the same name, verification, trusted CAs and client
+ * certificate; else closes it and returns MS_SOCK_ETLSPOOL: the caller connects anew with
+ * `fresh` set (moonserve.socket does) and handshakes on that. */
 int ms_sock_sslhandshake(ms_sock_t *s, const ms_sock_tls_opts_t *o, ms_sock_cb cb);
 /* The connection's session (a new reference), or NULL when it speaks no TLS. */
 ms_tls_session_t *ms_sock_tls_session(ms_sock_t *s);

@@ -57,6 +57,7 @@ struct ms_sockets_s {
     uint32_t inflight;
     uint64_t lookups_started; /* getaddrinfo calls made: tests count them */
     struct ssl_ctx_st *tls_ctx; /* tls_client.c: the client context, made at first use */
+    uint32_t trust_gen;         /* tls_client.c: counts ms_sock_tls_trust calls */
 };
 
 /* The worker's sockets state, made at first use. */
@@ -74,6 +75,9 @@ void ms__stls_free(ms_stls_t *t);
 /* MS_SOCK_DONE, MS_SOCK_PENDING (wants bytes), or MS_SOCK_ESSL, EHOST, EVERIFY. */
 int ms__stls_handshake(ms_stls_t *t);
 int ms__stls_done(const ms_stls_t *t);
+/* 1 when `t` was set up for the same wishes (name, verify, trusted CAs, client certificate). */
+int ms__stls_same(const ms_stls_t *t, const ms_sockets_t *sk, const ms_sock_tls_opts_t *o,
+                  const ms_stls_cert_t *cert);
 int ms__stls_verr(const ms_stls_t *t);
 const char *ms__stls_verify_text(int verr);
 char *ms__stls_in_space(ms_stls_t *t, size_t *len);

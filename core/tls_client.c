@@ -24,6 +24,7 @@ struct ms_tls_session_s {
 };
 
 struct ms_stls_cert_s {
+    unsigned char fp[32]; /* the leaf's SHA-256: a pooled connection's identity names it */
     X509 *leaf;
     STACK_OF(X509) *chain; /* the certificates after the first, may be NULL */
     EVP_PKEY *key;
@@ -37,6 +38,9 @@ struct ms_stls_s {
     ms_buf_t out; /* owned: ciphertext OpenSSL wrote, for sock.c to send */
     int verr;     /* the first certificate error met (X509_V_ERR_*), 0: none */
     uint8_t done; /* the handshake completed */
+    /* What the handshake was asked for (tls_identity): a pooled connection is handed over
+     * TLS only to a handshake that asks for the same. */
+    unsigned char id[32];
 };
 
 /* -- Sessions --------------------------------------------------------------------------- */
@@ -171,6 +175,7 @@ int ms_sock_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errl
         set_err(err, errlen, "cannot load the trusted certificates in", file);
         return UV_EINVAL;
     }
+    sk->trust_gen++; /* pooled connections verified before were verified against less */
     return 0;
 }
 
@@ -235,6 +240,12 @@ ms_stls_cert_t *ms__stls_cert_new(const char *cert, size_t cert_len, const char 
         ms__stls_cert_free(c);
         return NULL;
     }
+    unsigned int fplen = sizeof(c->fp);
+    if (X509_digest(c->leaf, EVP_sha256(), c->fp, &fplen) != 1) {
+        set_err(err, errlen, "bad client certificate", NULL);
+        ms__stls_cert_free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -251,6 +262,41 @@ static int on_verify(int ok, X509_STORE_CTX *store)
     if (t && t->verr == 0)
         t->verr = X509_STORE_CTX_get_error(store);
     return 0;
+}
+
+/* A handshake's wishes as one digest: the name (SNI and what is verified), verification
+ * on or off, the trusted CAs as they were (their generation) and the client certificate.
+ * A connection set up with verify off, another name or another certificate must not pass
+ * for one that was asked for these (the resumed session and OCSP change nothing the peer
+ * is trusted for). */
+static void tls_identity(const ms_sockets_t *sk, const ms_sock_tls_opts_t *o,
+                         const ms_stls_cert_t *cert, unsigned char out[32])
+{
+    unsigned char b[1 + 4 + 1 + 32 + MS_HOST_MAX];
+    size_t n = 0, nlen = o->name ? o->name_len : 0;
+    b[n++] = o->verify ? 1 : 0;
+    memcpy(b + n, &sk->trust_gen, 4);
+    n += 4;
+    b[n++] = cert != NULL;
+    if (cert)
+        memcpy(b + n, cert->fp, 32);
+    n += 32;
+    if (nlen > MS_HOST_MAX)
+        nlen = MS_HOST_MAX; /* (refused by ms__stls_new) */
+    memcpy(b + n, o->name ? o->name : "", nlen);
+    n += nlen;
+    if (!cert)
+        memset(b + 6, 0, 32);
+    unsigned int len = 32;
+    EVP_Digest(b, n, out, &len, EVP_sha256(), NULL);
+}
+
+int ms__stls_same(const ms_stls_t *t, const ms_sockets_t *sk, const ms_sock_tls_opts_t *o,
+                  const ms_stls_cert_t *cert)
+{
+    unsigned char id[32];
+    tls_identity(sk, o, cert, id);
+    return CRYPTO_memcmp(id, t->id, sizeof(id)) == 0;
 }
 
 static int is_address(const char *name)
@@ -286,6 +332,7 @@ ms_stls_t *ms__stls_new(ms_sockets_t *sk, const ms_sock_tls_opts_t *o, const ms_
     memset(t, 0, sizeof(*t));
     t->ssl = ssl;
     t->session = session_new();
+    tls_identity(sk, o, cert, t->id);
     SSL_set_app_data(ssl, t);
     BIO *bio = BIO_new(bio_method);
     BIO_set_data(bio, t);

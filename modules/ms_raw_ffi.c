@@ -67,3 +67,10 @@ MS_FFI double ms_ffi_raw_default_timeout(ms_server_t *s, int send)
 {
     return ms_raw_timeout_ms(s, send) / 1000.0;
 }
+
+/* The server's raw_socket_buffer_bytes: the most a raw request socket's line, pattern or "*a"
+ * read holds before it fails. */
+MS_FFI double ms_ffi_raw_buffer_cap(ms_server_t *s)
+{
+    return (double)ms_raw_buffer_cap(s);
+}

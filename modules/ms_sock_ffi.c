@@ -144,10 +144,11 @@ MS_FFI void ms_ffi_sock_settimeouts(ms_ffi_sock_t *g, double c, double s, double
 }
 
 MS_FFI int ms_ffi_sock_connect(ms_ffi_sock_t *g, const char *host, size_t len, int port,
-                               const char *pool, size_t pool_len, int pool_size, int backlog)
+                               const char *pool, size_t pool_len, int pool_size, int backlog,
+                               int fresh)
 {
     ms_sock_opts_t o = {pool, pool_len, pool_size > 0 ? (uint32_t)pool_size : 0,
-                        backlog > 0 ? (uint32_t)backlog : 0};
+                        backlog > 0 ? (uint32_t)backlog : 0, fresh != 0};
     return ms_sock_connect(g->s, host, len, port, &o, on_read);
 }
 

@@ -47,7 +47,8 @@ void ms_ffi_udp_init(ms_ffi_sock_t *g, ms_server_t *srv);
 void ms_ffi_sock_release(ms_ffi_sock_t *g);
 void ms_ffi_sock_settimeouts(ms_ffi_sock_t *g, double c, double s, double r);
 int ms_ffi_sock_connect(ms_ffi_sock_t *g, const char *host, size_t len, int port,
-                        const char *pool, size_t pool_len, int pool_size, int backlog);
+                        const char *pool, size_t pool_len, int pool_size, int backlog,
+                        int fresh);
 int ms_ffi_sock_send(ms_ffi_sock_t *g, const ms_ffi_buf_t *bufs, unsigned n);
 int ms_ffi_sock_receive(ms_ffi_sock_t *g, int pattern, double n);
 int ms_ffi_sock_receiveuntil(ms_ffi_sock_t *g, ms_sock_until_t *u, double size);
@@ -74,6 +75,7 @@ int ms_ffi_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errle
 local PENDING, DONE, END = 0, 1, 2
 local LINE, ALL, BYTES, ANY = 0, 1, 2, 3
 local EOF = -4095 -- UV_EOF: "closed"
+local ETLSPOOL = -10111 -- MS_SOCK_ETLSPOOL (core/sock.h): a pooled connection of other TLS wishes
 local READ, WRITE = 1, 2
 
 local msgbuf = ffi.new("char[512]")
@@ -178,7 +180,7 @@ local function read_result(g, rc)
         local s = ffi_str(v.data, v.len)
         return s -- (no tail call: a trace cannot return from one to a built-in)
     elseif rc == END then
-        return nil, nil
+        return nil, nil, nil -- (lua-nginx-module's three)
     end
     local partial = ""
     if v ~= nil and v.data ~= nil and v.len > 0 then
@@ -358,8 +360,12 @@ function Tcp:connect(host, port, opts)
         return nil, "closed"
     end
     coro_check("socket:connect", "wait", 2)
+    -- (kept for sslhandshake, which connects anew when a pooled connection was set up with
+    -- other TLS wishes)
+    self.peer_host, self.peer_port, self.peer_pool = host, port, pool
+    self.peer_pool_size, self.peer_backlog = pool_size, backlog
     local rc = C.ms_ffi_sock_connect(g, host, #host, port, pool, pool and #pool or 0,
-        pool_size or 0, backlog or 0)
+        pool_size or 0, backlog or 0, 0)
     rc = await(self, g, rc, READ, "socket:connect")
     if rc == DONE then
         return 1
@@ -553,6 +559,21 @@ function Tcp:sslhandshake(reused_session, server_name, verify, send_status_req)
     coro_check("socket:sslhandshake", "wait", 2)
     local rc = C.ms_ffi_sock_sslhandshake(g, sess, server_name,
         server_name and #server_name or 0, on and 1 or 0, send_status_req and 1 or 0)
+    if rc == ETLSPOOL then
+        -- The connection came from the pool set up for another name, verification or client
+        -- certificate (OpenResty hands it over as it is): the engine closed it, and this
+        -- handshake gets a new connection of its own (not counted as reused).
+        local host = self.peer_host
+        rc = C.ms_ffi_sock_connect(g, host, #host, self.peer_port, self.peer_pool,
+            self.peer_pool and #self.peer_pool or 0, self.peer_pool_size or 0,
+            self.peer_backlog or 0, 1)
+        rc = await(self, g, rc, READ, "socket:sslhandshake")
+        if rc ~= DONE then
+            return nil, errmsg(g, rc)
+        end
+        rc = C.ms_ffi_sock_sslhandshake(g, sess, server_name,
+            server_name and #server_name or 0, on and 1 or 0, send_status_req and 1 or 0)
+    end
     rc = await(self, g, rc, READ, "socket:sslhandshake")
     if rc ~= DONE then
         return nil, errmsg(g, rc)

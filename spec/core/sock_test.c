@@ -362,13 +362,18 @@ TEST(sock_until_split_at_every_byte)
          "[hell][o, w][orld][! -a][gent][zh][END][ bla]"},
         {"\r\n--abcedhb", "hello, world! -agentzh\r\n--abcedhb blah", 1, 0,
          "[hello, world! -agentzh\r\n--abcedhb]"},
-        {"--b", "x--a--b-y--b", 1, 5, "[x--a-][-b][END][-y--b][END]"},
+        /* Inclusive with a size: the pattern ends the last piece whole, as in lua-nginx-module. */
+        {"--b", "x--a--b-y--b", 1, 5, "[x--a--b][END][-y--b][END]"},
+        {"--b", "abcdef--b", 1, 3, "[abc][def][--b][END]"},
         /* Overlaps that a naive restart would miss. */
         {"aab", "aaab", 0, 0, "[a]"},
         {"abab", "abababx abab", 0, 0, "[][abx ]"},
         {"aaa", "aaaaaaa", 0, 0, "[][]"},
-        {"abcabd", "abcabcabd!", 0, 3, "[abc][END]"},
-        {"ab", "abab", 0, 4, "[END][END]"},
+        /* A piece of exactly the size before the pattern: "" comes next, then the end, as in
+         * lua-nginx-module (lua-resty-upload's header reader counts on it). */
+        {"abcabd", "abcabcabd!", 0, 3, "[abc][][END]"},
+        {"ab", "xab", 0, 1, "[x][][END]"},
+        {"ab", "abab", 0, 4, "[][END][][END]"},
     };
     char out[512];
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -240,7 +240,7 @@ TEST(tls_client_verifies_echoes_pools_and_resumes)
     /* Trusted and right: 1 MB each way through a small send buffer, so that most of it goes
      * out in the background while the echo comes back and is held back (the read buffer is
      * full and nobody reads) until the read starts. */
-    ms_sock_opts_t po = {"tls", 3, 0, 0};
+    ms_sock_opts_t po = {"tls", 3, 0, 0, 0};
     ASSERT(await(ms_sock_connect(s, "127.0.0.1", 9, lport, &po, on_done)) == MS_SOCK_DONE);
     ASSERT_EQ(MS_SOCK_DONE, handshake(s, "localhost", 1, NULL));
     const char *version, *cipher;

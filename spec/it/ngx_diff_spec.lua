@@ -39,6 +39,11 @@ local CASES = {
     { path = "/sock_until", send = "abc--defgh--tail" },
     { path = "/sock_until", name = "a pattern at the end", send = "abc--defgh--tail--" },
     { path = "/sock_slow", head = "Content-Length: 6\r\n", raw_body = "x" },
+    { path = "/sock_until_sized", send = "ab--c--\r\nxy==rest" },
+    { path = "/upload", head = "Content-Type: multipart/form-data; boundary=up-b0undary\r\n",
+      send = (dofile((os.getenv("MOONSERVE_SRC") or ".") .. "/spec/fixtures/multipart_body.lua")
+          .body("up-b0undary", 40000)) },
+    { path = "/upload_tcp?n=40000" },
     { path = "/sock_read_first", send = "x" },
 }
 

@@ -51,6 +51,40 @@ describe("ngx.req.socket", function()
                 .. "settimeout (0): \nafter (2): nil | closed\n", res.body)
         end)
 
+        twice("returns \"\" from a sized receiveuntil read that meets the pattern at once, and "
+            .. "nil, nil, nil only from the call after it, as lua-nginx-module does", function()
+            local res = post("/sock_until_sized", "ab--c--\r\nxy==rest")
+            assert.equal("u2 (1): ab\nu2 (1): \nu2 (3): nil | nil | nil\nu2 (1): c\n"
+                .. "u2 (3): nil | nil | nil\nline512 (1): \nline1 (3): nil | nil | nil\n"
+                .. "inc2 (1): xy\ninc2 (1): ==\ninc2 (3): nil | nil | nil\nrest (1): rest\n",
+                res.body)
+        end)
+
+        it("streams a 5 MB multipart upload in 8 KiB pieces through lua-resty-upload's calls, "
+            .. "on the request body and on a TCP socket", function()
+            local mp = dofile((os.getenv("MOONSERVE_SRC") or ".")
+                .. "/spec/fixtures/multipart_body.lua")
+            local n = 5000000
+            local body, file = mp.body("up-b0undary", n)
+            local tmp = os.tmpname()
+            helper.write_file(tmp, file)
+            local md5 = helper.sh(helper.tool("md5sum") .. " " .. q(tmp)):match("^(%x+)")
+            os.remove(tmp)
+            local want = 'Content-Disposition: form-data; name="title" | 7 bytes | 1 pieces | '
+                .. "max 7 | ec96ebbf50206107799d38a53543f494\n"
+                .. 'Content-Disposition: form-data; name="file"; filename="f.bin"; '
+                .. "Content-Type: application/octet-stream | " .. n .. " bytes | "
+                .. math.ceil(n / 8192) .. " pieces | max 8192 | " .. md5 .. "\n"
+            local res = post("/upload?stats=1", body,
+                "Content-Type: multipart/form-data; boundary=up-b0undary\r\n")
+            assert.equal(200, res.status)
+            assert.equal(want, res.body)
+            res = assert(helper.request(srv.port, "GET /upload_tcp?stats=1&n=" .. n
+                .. " HTTP/1.1\r\n"
+                .. "Host: sock.test\r\n\r\n"))
+            assert.equal(want, res.body)
+        end)
+
         it("times a read out after settimeout's milliseconds, with what came as the partial "
             .. "result, and stays usable", function()
             local s = helper.connect(srv.port)
@@ -207,7 +241,8 @@ describe("ngx.req.socket(true) and the caps", function()
 
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/ngx_socket.lua",
-            args = "--limit websockets=1 --limit in_flight=1 --limit send_timeout=1" }
+            args = "--limit websockets=1 --limit in_flight=1 --limit send_timeout=1 "
+                .. "--limit raw_socket_buffer_bytes=65536" }
     end)
 
     teardown(function()
@@ -219,6 +254,24 @@ describe("ngx.req.socket(true) and the caps", function()
         assert(s:send("GET /raw_hold HTTP/1.1\r\nHost: sock.test\r\n\r\n"))
         return s, assert(helper.read_response(s, true))
     end
+
+    it("closes a raw connection whose line outgrows raw_socket_buffer_bytes, with one log "
+        .. "line; a line under it still comes back", function()
+        local s, head = hold()
+        assert.equal(101, head.status)
+        assert(s:send(("x"):rep(1000) .. "\n"))
+        assert.equal(("x"):rep(1000), s:receive("*l"))
+        local big = ("y"):rep(200000) -- no LF: the handler's receive() holds it all
+        s:send(big)
+        s:settimeout(5)
+        local line, err = s:receive("*l")
+        s:close()
+        assert.is_nil(line)
+        assert.equal("closed", err)
+        local n = 0
+        for _ in srv:log():gmatch("held more than raw_socket_buffer_bytes") do n = n + 1 end
+        assert.equal(1, n)
+    end)
 
     it("counts an open raw connection against websockets, not in_flight: past the cap a 101 "
         .. "is a 503, requests still go", function()

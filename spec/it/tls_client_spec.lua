@@ -77,6 +77,18 @@ describe("TLS on client sockets (sock:sslhandshake)", function()
             "-cert2 %s -key2 %s", q(dir .. "/leaf.pem"), q(dir .. "/leaf.key")))
         -- Wants a client certificate of the test CA.
         s_server("mutual", cert .. " -Verify 1 -CAfile " .. q(dir .. "/ca.pem"))
+        -- Peers that echo lines (reversed) on connections they keep, many at once, for the
+        -- pool: the self-signed one, and one that wants a client certificate of the test CA.
+        local function keeper(name, args)
+            local port = free_port()
+            pids[#pids + 1] = start(string.format("%s %s %d %s", helper.tool("ssl"),
+                q(helper.root .. "/spec/fixtures/tls_echo.py"), port, args))
+            wait_port(port)
+            ports[name] = port
+        end
+        keeper("rogue_keep", q(dir .. "/rogue.pem") .. " " .. q(dir .. "/rogue.key"))
+        keeper("mutual_keep", q(dir .. "/leaf.pem") .. " " .. q(dir .. "/leaf.key") .. " "
+            .. q(dir .. "/ca.pem"))
         ports.redis = free_port()
         pids[#pids + 1] = start(string.format("%s --port 0 --tls-port %d --bind 127.0.0.1 "
             .. "--tls-cert-file %s --tls-key-file %s --tls-ca-cert-file %s --tls-auth-clients no "
@@ -174,6 +186,52 @@ describe("TLS on client sockets (sock:sslhandshake)", function()
                 assert.equal(first + 3, a)
             end
         end
+    end)
+
+    describe("a pooled TLS connection goes only to a handshake of the same wishes", function()
+        local round = 0
+        local function mix(port, a, b, ngx)
+            round = round + 1
+            local function wish(i, w)
+                return string.format("&name%d=%s&verify%d=%s%s", i, w.name, i, w.verify,
+                    w.cert and string.format("&cert%d=%s", i, w.cert) or "")
+            end
+            return get("/mix?round=" .. round .. "&port=" .. port .. wish(1, a) .. wish(2, b)
+                .. (ngx and "&ngx=1" or ""))
+        end
+        local unverified = { name = "localhost", verify = "0" }
+        local bank = { name = "bank.example", verify = "1" }
+
+        twice("a connection made with verify off is not handed, \"verified\", to a handshake "
+            .. "that verifies another name: that one gets a new connection, and fails as a new "
+            .. "one does", function()
+            assert.equal("0 0 ok olleh, 1 fail 18: self-signed certificate",
+                mix(ports.rogue_keep, unverified, bank))
+            -- the same on the ngx layer's sockets (OpenResty's hand it over: docs/ngx.md)
+            assert.equal("0 0 ok olleh, 1 fail 18: self-signed certificate",
+                mix(ports.rogue_keep, unverified, bank, true))
+            -- another name, verification off both times: another connection too
+            assert.equal("0 0 ok olleh, 1 0 ok olleh",
+                mix(ports.rogue_keep, unverified, { name = "other.test", verify = "0" }))
+        end)
+
+        twice("the same wishes reuse it, with no new handshake", function()
+            assert.equal("0 0 ok olleh, 1 1 ok olleh",
+                mix(ports.rogue_keep, unverified, unverified))
+            local mutual = { name = "localhost", verify = "1", cert = "client" }
+            assert.equal("0 0 ok olleh, 1 1 ok olleh", mix(ports.mutual_keep, mutual, mutual))
+        end)
+
+        twice("a connection that presented a client certificate is not handed to a socket "
+            .. "without one, nor with another", function()
+            local mutual = { name = "localhost", verify = "1", cert = "client" }
+            -- (TLS 1.3: the peer's refusal of a client without a certificate ends the first
+            -- read)
+            assert.matches("^0 0 ok olleh, 1 0 ok fail read ",
+                mix(ports.mutual_keep, mutual, { name = "localhost", verify = "1" }))
+            assert.equal("0 0 ok olleh, 1 0 ok olleh", mix(ports.mutual_keep, mutual,
+                { name = "localhost", verify = "1", cert = "leaf" }))
+        end)
     end)
 
     it("speaks RESP to Redis over TLS, verified, on a pooled connection", function()

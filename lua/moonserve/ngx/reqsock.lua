@@ -5,14 +5,14 @@
 -- reads and writes its frames on. Both read through one buffer of their own here: receive
 -- (a size, "*l", "*a"), receiveany, receiveuntil, with OpenResty's results and errors.
 local ffi = require "ffi"
+local strbuf = require "string.buffer"
 local base = require "moonserve.base"
 local coro = require "moonserve.coroutine"
 local dispatcher = require "moonserve.dispatcher"
 local response = require "moonserve.response"
 
 local C = base.C
-local ffi_str = ffi.string
-local sub, find, gsub = string.sub, string.find, string.gsub
+local find, gsub = string.find, string.gsub
 local type, tostring, tonumber, error, setmetatable, floor = type, tostring, tonumber, error,
     setmetatable, math.floor
 local anchors, drain = base.anchors, response.drain
@@ -30,6 +30,9 @@ int ms_ffi_raw_send(ms_raw_t *t, ms_server_t *s, const char *p, size_t len);
 int ms_ffi_raw_congested(ms_raw_t *t, ms_req_view_t *r);
 int ms_ffi_req_wait_body_for(ms_req_view_t *r, double seconds);
 double ms_ffi_raw_default_timeout(ms_server_t *s, int send);
+double ms_ffi_raw_buffer_cap(ms_server_t *s);
+void *memchr(const void *s, int c, size_t n);
+void *memmem(const void *h, size_t hn, const void *n, size_t nn);
 ]]
 
 local ptr = ffi.new("const char *[1]") -- reused; never held across a yield
@@ -46,18 +49,17 @@ local _M = {}
 
 local Reader = {}
 
+-- The unread bytes wait in a string.buffer (appends amortised, consumed from the front), and
+-- each line or pattern search starts where the last one stopped: a read is linear in the
+-- bytes it holds, however they come in.
+
 -- The bytes not yet handed out.
 local function avail(self)
-    return #self.buf - self.pos + 1
+    return #self.buf
 end
 
 local function take(self, n)
-    local s = sub(self.buf, self.pos, self.pos + n - 1)
-    self.pos = self.pos + n
-    if self.pos > #self.buf then
-        self.buf, self.pos = "", 1
-    end
-    return s
+    return self.buf:get(n)
 end
 
 -- A failed read: everything buffered goes out as the partial result. Once "closed" was
@@ -69,34 +71,54 @@ local function fail(self, err)
         end
         self.told_closed = true
     end
-    return nil, err, take(self, avail(self))
+    return nil, err, self.buf:get()
 end
 
--- More bytes into the buffer: true, or nil and "closed" / "timeout" / an error.
-local function more(self)
-    local s, err = self:_fill()
-    if not s then
+-- More bytes into the buffer: true, or nil and "closed" / "timeout" / an error. `capped`:
+-- a read whose size is the peer's to choose (a line, a pattern, "*a"), held to the raw
+-- socket's raw_socket_buffer_bytes.
+local function more(self, capped)
+    local ok, err = self:_fill()
+    if not ok then
         return nil, err
     end
-    if self.pos > 1 then
-        self.buf, self.pos = sub(self.buf, self.pos) .. s, 1
-    else
-        self.buf = self.buf .. s
+    if capped and self.cap and #self.buf > self.cap then
+        return nil, "too much data buffered (raw_socket_buffer_bytes)"
     end
     return true
 end
 
+-- A failed read past the cap: one log line, and the connection goes.
+local function over(self, err)
+    if err == "too much data buffered (raw_socket_buffer_bytes)" then
+        require("moonserve.log").error("ngx.req.socket(true): a read held more than "
+            .. "raw_socket_buffer_bytes (" .. self.cap .. "); connection closed")
+        self.buf:reset()
+        self:_release()
+        self.told_closed = true
+        return nil, err
+    end
+    return fail(self, err)
+end
+
 local function receive_line(self)
+    local scanned = 0
     while true do
-        local i = find(self.buf, "\n", self.pos, true)
-        if i then
-            local line = sub(self.buf, self.pos, i - 1)
-            take(self, i - self.pos + 1)
-            return (gsub(line, "\r", ""))
+        local p, n = self.buf:ref()
+        local lf = n > scanned and C.memchr(p + scanned, 10, n - scanned) or nil
+        if lf ~= nil then
+            local i = ffi.cast("const char *", lf) - p
+            local line = self.buf:get(i)
+            self.buf:skip(1)
+            if find(line, "\r", 1, true) then
+                line = gsub(line, "\r", "")
+            end
+            return line
         end
-        local ok, err = more(self)
+        scanned = n
+        local ok, err = more(self, true)
         if not ok then
-            return fail(self, err)
+            return over(self, err)
         end
     end
 end
@@ -110,12 +132,12 @@ function Reader:receive(pattern)
         return receive_line(self)
     elseif pattern == "*a" then
         while true do
-            local ok, err = more(self)
+            local ok, err = more(self, true)
             if not ok then
                 if err == "closed" then
-                    return take(self, avail(self))
+                    return self.buf:get()
                 end
-                return fail(self, err)
+                return over(self, err)
             end
         end
     end
@@ -155,8 +177,9 @@ function Reader:receiveany(max)
 end
 
 -- An iterator reading up to `pattern`: each call returns the data before the next
--- occurrence (consumed with it); with a size, at most `size` bytes a call, then nil once the
--- pattern is reached. opts.inclusive: the pattern ends the data.
+-- occurrence (consumed with it); with a size, pieces of `size` bytes while that many come
+-- before the pattern, then the rest before it ("" when the pattern comes next), then nil
+-- on the call after it, as lua-nginx-module. opts.inclusive: the pattern ends the data.
 function Reader:receiveuntil(pattern, opts)
     self:_check("receiveuntil")
     if type(pattern) ~= "string" or pattern == "" then
@@ -181,32 +204,37 @@ function Reader:receiveuntil(pattern, opts)
         if self.told_closed then
             return nil, "closed"
         end
+        local scanned = 0 -- bytes searched already: a match ends past scanned - plen + 1
         while true do
-            local i = find(self.buf, pattern, self.pos, true)
-            if i then
-                local n = i - self.pos
-                if size and n > size then
+            local p, n = self.buf:ref()
+            local from = scanned > plen - 1 and scanned - (plen - 1) or 0
+            local m = n - from >= plen and C.memmem(p + from, n - from, pattern, plen) or nil
+            if m ~= nil then
+                local i = ffi.cast("const char *", m) - p
+                -- As lua-nginx-module: a piece of exactly `size` bytes leaves the pattern
+                -- for the next call, which returns "" (the pattern when inclusive), and the
+                -- call after it nil.
+                if size and i >= size then
                     return take(self, size)
                 end
-                local data = take(self, n)
-                take(self, plen)
+                local data = take(self, i)
+                self.buf:skip(plen)
                 if inclusive then
                     data = data .. pattern
-                elseif size and n == 0 then
-                    return nil, nil, nil -- (the pattern came first: nothing before it)
                 end
                 if size then
                     reached = true
                 end
                 return data
             end
+            scanned = n
             -- Bytes that cannot begin the pattern may go to a sized read now.
-            if size and avail(self) - (plen - 1) >= size then
+            if size and n - (plen - 1) >= size then
                 return take(self, size)
             end
-            local ok, err = more(self)
+            local ok, err = more(self, not size)
             if not ok then
-                return fail(self, err)
+                return over(self, err)
             end
         end
     end
@@ -268,7 +296,8 @@ function Body.__index:_fill()
     while true do
         local n = C.ms_ffi_req_body_take(r, ptr)
         if n > 0 then
-            return ffi_str(ptr[0], n)
+            self.buf:putcdata(ptr[0], n)
+            return true
         elseif n == 0 then
             return nil, "closed"
         elseif n ~= EAGAIN then
@@ -307,9 +336,9 @@ function Raw.__index:_fill()
         end
         local n = C.ms_ffi_raw_peek(t, ptr)
         if n > 0 then
-            local s = ffi_str(ptr[0], n)
+            self.buf:putcdata(ptr[0], n)
             C.ms_ffi_raw_consume(t, tonumber(n))
-            return s
+            return true
         elseif n < 0 then
             return nil, "closed"
         end
@@ -435,8 +464,8 @@ function _M.upgrade(st)
         return nil, (base.fail(err_out[0]))
     end
     local srv = C.ms_ffi_req_server(r)
-    local sock = defaults(setmetatable({ _t = t, _r = r, _srv = srv, buf = "", pos = 1 }, Raw),
-        srv)
+    local sock = defaults(setmetatable({ _t = t, _r = r, _srv = srv, buf = strbuf.new(),
+        cap = C.ms_ffi_raw_buffer_cap(srv) }, Raw), srv)
     dispatcher.adopt(dispatcher.owner("ngx.req.socket"), sock)
     st.raw = sock
     return true
@@ -484,7 +513,7 @@ function _M.socket(st, raw)
     if not len or len <= 0 then
         return nil, "no body"
     end
-    local sock = defaults(setmetatable({ req = req, buf = "", pos = 1 }, Body),
+    local sock = defaults(setmetatable({ req = req, buf = strbuf.new() }, Body),
         C.ms_ffi_req_server(req.r))
     st.body_sock = sock
     return sock

@@ -531,6 +531,15 @@ describe("WebSocket", function()
             end)
         end)
 
+        it("takes a message of max_message_bytes whose compressed frame is larger", function()
+            local t = client("big_deflated")
+            assert.matches("permessage%-deflate", t.extensions, nil, t._out)
+            assert.equal(t.want, t.echo, t._out) -- 1 MiB of noise, in a frame a little over it
+            assert.equal("1009", t.close_code, t._out) -- one byte more, inflated, is over
+            assert.matches("WebSocket closed with 1009: message over the size cap as it inflates",
+                srv:log())
+        end)
+
         it("stops a decompression bomb at max_message_bytes as it inflates (1009)", function()
             local t = client("deflate_bomb")
             assert.equal("True", t.extension, t._out)
@@ -538,6 +547,24 @@ describe("WebSocket", function()
             assert.equal("1009", t.close, t._out)
             assert.matches("WebSocket closed with 1009: message over the size cap as it inflates",
                 srv:log())
+        end)
+    end)
+
+    describe("floods of frames that carry nothing", function()
+        it("closes a message of more fragments than websocket_fragments with 1008", function()
+            local t = client("flood", "fragments")
+            assert.equal("101", t.status, t._out)
+            assert.equal("1008", t.close, t._out)
+            assert.equal("too many fragments in one message", t.reason, t._out)
+            assert.matches("WebSocket closed with 1008: too many fragments in one message",
+                srv:log())
+        end)
+
+        it("closes a peer over websocket_control_rate pings a second with 1008", function()
+            local t = client("flood", "pings")
+            assert.equal("1008", t.close, t._out)
+            assert.equal("too many control frames a second", t.reason, t._out)
+            assert.truthy(tonumber(t.pongs) <= 100, t._out) -- the default: 100 a second
         end)
     end)
 

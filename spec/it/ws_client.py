@@ -137,6 +137,69 @@ async def deflate():
         say("binary", await ws.recv() == big)
 
 
+async def big_deflated():
+    """A message of the default cap (1 MiB) of bytes that do not shrink, sent compressed: its
+    frame is a little larger than the message, and must pass."""
+    import websockets
+    async with websockets.connect(URL + "/ws/size") as ws:
+        say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
+        big = os.urandom(1 << 20)
+        await ws.send(big)
+        say("echo", await ws.recv())
+        say("want", "%d %d" % (len(big), sum(big[i] for i in range(0, len(big), 4096)) % 65536))
+        await ws.send(big + b"!")  # one byte more: over the cap
+        try:
+            await ws.recv()
+        except websockets.ConnectionClosed as e:
+            say("close_code", e.rcvd.code if e.rcvd else None)
+
+
+def flood():
+    """Raw frames: a text message opened, then empty continuations without end (PATH:
+    "fragments"), or pings without end ("pings"). Sends up to COUNT frames at once and reads
+    what the server answers until its close."""
+    import base64
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n\r\n" % key).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    head, buf = head.split(b"\r\n\r\n", 1)
+    say("status", head.split(b" ")[1].decode())
+    count = int(os.environ.get("COUNT", "5000"))
+    if PATH == "pings":
+        frames = mask_frame(0x89, b"p") * count
+    else:
+        frames = mask_frame(0x01, b"a") + mask_frame(0x00, b"") * count
+    try:
+        sock.sendall(frames)
+    except OSError as e:
+        say("send_error", e.errno)
+    close = None
+    pongs = 0
+    while close is None:
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+        fs, buf = parse_frames(buf)
+        for op, body in fs:
+            if op == 0xA:
+                pongs += 1
+            elif op == 8:
+                close = struct.unpack(">H", body[:2])[0] if len(body) >= 2 else 1005
+                say("reason", body[2:].decode())
+    say("pongs", pongs)
+    say("close", close)
+    sock.close()
+
+
 async def kept():
     """The websockets library keeps its context (it offers client_max_window_bits and neither
     no_context_takeover): many similar messages each way, some of them long."""
@@ -444,12 +507,15 @@ CASES = {
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
     "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
     "wait_stop": wait_stop, "private": private, "deflate": deflate, "kept": kept,
+    "big_deflated": big_deflated,
 }
 
 if CASE == "h2":
     h2_case()
 elif CASE == "deflate_bomb":
     deflate_bomb()
+elif CASE == "flood":
+    flood()
 elif CASE == "kept_raw":
     kept_raw()
 elif CASE == "raw_close":

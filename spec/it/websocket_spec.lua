@@ -649,6 +649,49 @@ describe("WebSocket", function()
         end)
     end)
 
+    describe("behind sessions and moonserve.csrf with form tokens", function()
+        -- A browser over TLS opens its WebSocket with HTTP/2's extended CONNECT, not GET.
+        local function h2_csrf(env, port)
+            local out = helper.run(string.format("%s %s %s %d h2_csrf 2>&1", env,
+                q(helper.tool("websockets")), q(helper.root .. "/spec/it/ws_client.py"), port))
+            local t = {}
+            for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
+                t[k] = v
+            end
+            assert.equal("200", t.app_status, out)
+            assert.equal("hello app", t.app_echo, out)
+            assert.equal("200", t.mounted_status, out) -- a mounted app's socket too
+            assert.equal("hello mounted", t.mounted_echo, out)
+            assert.equal("403", t.cross_status, out) -- the handshake's origin check
+            return t
+        end
+
+        it("takes an HTTP/2 WebSocket (extended CONNECT) over h2c", function()
+            local srv2 = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua" }
+            local ok, err = pcall(h2_csrf, "", srv2.port)
+            srv2:stop()
+            assert(ok, err)
+        end)
+
+        it("takes it over TLS, where browsers use it", function()
+            local dir = os.tmpname()
+            os.remove(dir)
+            helper.sh("mkdir -p " .. q(dir))
+            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
+                .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
+                q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
+            local tls = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua",
+                args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
+                    q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
+            local ok, t = pcall(h2_csrf, "WS_TLS_CA=" .. q(dir .. "/ws.pem"), tls.ports[2])
+            tls:stop()
+            helper.sh("rm -rf " .. q(dir))
+            assert(ok, t)
+            assert.equal("h2", t.alpn)
+        end)
+    end)
+
     describe("under the websockets limit", function()
         it("refuses an upgrade past it with 503 and does not count sockets in in_flight", function()
             local small = helper.spawn_server { app = "spec/fixtures/websocket.lua",

@@ -83,7 +83,13 @@
     X(resolver_names, resolver_names, uint32_t, 1024, COUNT, 0,                                    \
       "names in a worker's resolver cache")                                                      \
     X(handshake_timeout, handshake_timeout_ms, uint32_t, 10, SECONDS, 0,                           \
-      "a whole TLS handshake, from the accept: close")
+      "a whole TLS handshake, from the accept: close")                                             \
+    /* A WebSocket peer's frames that carry little and cost a frame's work each: empty             \
+     * continuations, pings (each answered). 0: no cap. */                                         \
+    X(websocket_fragments, websocket_fragments, uint32_t, 4096, COUNT, 0,                          \
+      "frames of one WebSocket message: close 1008 (0: no cap)")                                   \
+    X(websocket_control_rate, websocket_control_rate, uint32_t, 100, COUNT, 0,                     \
+      "WebSocket pings and pongs a second: close 1008 (0: no cap)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -137,6 +137,15 @@ void ms_ws_parser_init(ms_ws_parser_t *p, const ms_ws_parser_ops_t *ops, uint64_
     p->hneed = 2;
 }
 
+uint64_t ms_ws_deflated_cap(uint64_t n)
+{
+    /* zlib's conservative deflateBound (any window and memLevel: stored blocks, or fixed
+     * codes at 9 bits a byte), and 64 bytes for the empty stored blocks that flushes add. */
+    if (n > UINT64_MAX / 2)
+        return n;
+    return n + ((n + 7) >> 3) + ((n + 63) >> 6) + 5 + 64;
+}
+
 /* -- Message buffers ---------------------------------------------------------------------
  * A socket holds a buffer only while a message is on its way: the frames of one being
  * reassembled, its inflated form, messages the handler has not taken yet. Buffers of up to
@@ -478,23 +487,44 @@ static int frame_begin(ms_ws_parser_t *p)
         if (len >> 63)
             return fail(p, MS_WS_PROTOCOL, "frame length with its top bit set");
     }
-    if (len > p->max_frame)
+    /* A compressed message may take a little more on the wire than inflated (deflate
+     * stores what it cannot shrink, with a few bytes a block): its frames are held to that
+     * bound, and the message inflated to max_message (inflate_message). */
+    int compressed = p->op == MS_WS_CONT ? p->msg_compressed : !(p->op & 0x8) && (h[0] & 0x40) != 0;
+    uint64_t frame_cap = compressed ? ms_ws_deflated_cap(p->max_frame) : p->max_frame;
+    uint64_t msg_cap = compressed ? ms_ws_deflated_cap(p->max_message) : p->max_message;
+    if (len > frame_cap)
         return fail(p, MS_WS_TOO_BIG, "frame over the size cap");
-    if (!(p->op & 0x8)) {
+    if (p->op & 0x8) {
+        /* Each ping costs a pong and a wake: a peer may not send them without end. */
+        if (p->max_control != 0) {
+            if (p->now - p->ctl_since >= 1000) {
+                p->ctl_since = p->now;
+                p->ctl_n = 0;
+            }
+            if (++p->ctl_n > p->max_control)
+                return fail(p, MS_WS_POLICY, "too many control frames a second");
+        }
+    } else {
         if (p->op == MS_WS_CONT) {
             if (p->msg_op == 0)
                 return fail(p, MS_WS_PROTOCOL, "continuation frame outside a message");
+            /* Empty continuations cost the peer two bytes each and us a frame's work: a
+             * message is held to a count of frames as to a size. */
+            if (p->max_fragments != 0 && ++p->frags > p->max_fragments)
+                return fail(p, MS_WS_POLICY, "too many fragments in one message");
         } else {
             if (p->msg_op != 0)
                 return fail(p, MS_WS_PROTOCOL, "new message inside a fragmented one");
             p->msg_op = p->op;
-            p->msg_compressed = (h[0] & 0x40) != 0;
+            p->msg_compressed = (uint8_t)compressed;
             p->utf8.need = 0;
+            p->frags = 1;
         }
-        if (p->msg.len + len > p->max_message)
+        if (p->msg.len + len > msg_cap)
             return fail(p, MS_WS_TOO_BIG, "message over the size cap");
         /* Grown to what the frames so far announce, never past the cap. */
-        buf_reserve(&p->msg, (size_t)(p->msg.len + len), (size_t)p->max_message);
+        buf_reserve(&p->msg, (size_t)(p->msg.len + len), (size_t)msg_cap);
     }
     p->flen = len;
     p->fgot = 0;
@@ -829,7 +859,7 @@ static void on_data(ms_tunnel_t *t, const char *p, size_t n)
     ms_ws_t *ws = t->data;
     if (ws->gone || ws->p.done || ws->freed)
         return; /* (after a close, what the peer still sends is dropped) */
-    ws->last_rx = now_ms(ws);
+    ws->last_rx = ws->p.now = now_ms(ws);
     ws->in_parse = 1;
     int rc = ms_ws_parse(&ws->p, p, n);
     ws->in_parse = 0;
@@ -1003,6 +1033,8 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     ms_ws_t *ws = ms_mem_alloc(sizeof(*ws));
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
+    ws->p.max_fragments = s->limits.websocket_fragments;
+    ws->p.max_control = s->limits.websocket_control_rate;
     ws->p.deflate = o->deflate_bits != 0;
     ws->p.inflate_bits = o->deflate_bits != 0 ? o->inflate_bits : 0;
     ws->p.deflate_keep = o->deflate_bits != 0 ? o->deflate_keep : 0;

@@ -58,6 +58,13 @@ struct ms_ws_parser_s {
     void *data;           /* the owner's */
     uint64_t max_message; /* bytes of one reassembled message: over it is 1009 */
     uint64_t max_frame;   /* bytes of one frame's payload: over it is 1009 */
+    /* A compressed message's frames are held to what deflate may make of these two at
+     * worst (ms_ws_deflated_cap); the message inflated, to max_message. */
+    uint32_t max_fragments;    /* frames of one message: past it is 1008; 0: no cap */
+    uint32_t max_control;      /* control frames in a second: past it is 1008; 0: no cap */
+    uint32_t now;              /* the owner's clock (ms) when it feeds: what a second is */
+    uint32_t frags;            /* frames of the message being reassembled */
+    uint32_t ctl_n, ctl_since; /* control frames counted since that time */
     /* the frame being read */
     uint8_t head[MS_WS_HEAD_MAX];
     uint8_t hlen, hneed; /* head bytes had, and needed */
@@ -90,6 +97,10 @@ struct ms_ws_parser_s {
 /* A parser for a server's side: client frames must be masked. */
 void ms_ws_parser_init(ms_ws_parser_t *p, const ms_ws_parser_ops_t *ops, uint64_t max_message,
                        uint64_t max_frame);
+/* The most bytes a compressed message (or frame) may take on the wire whose inflated form
+ * is at most `n` bytes: deflate's worst-case expansion, with room for the empty blocks
+ * a sender's flushes leave. */
+uint64_t ms_ws_deflated_cap(uint64_t n);
 /* Frees what the parser holds. */
 void ms_ws_parser_free(ms_ws_parser_t *p);
 /* Feeds bytes from the peer. Returns 0, or MS_EBADREQ for a protocol error: the close with

@@ -772,6 +772,10 @@ function App:mount(prefix, other)
         self.router:add(m:upper(), prefix, route)
         self.router:add(m:upper(), prefix .. "/*", route)
     end
+    -- HTTP/2's WebSocket opens with CONNECT (RFC 8441): the mounted app's app:websocket
+    -- takes it, as it takes HTTP/1.1's GET, and answers any other CONNECT itself.
+    self.router:add("CONNECT", prefix, route)
+    self.router:add("CONNECT", prefix .. "/*", route)
     return self
 end
 

@@ -1,16 +1,25 @@
 --- moonserve/csrf.lua: refusing cross-site requests, by their origin headers or by form tokens.
 -- @module moonserve.csrf
 local crypto = require "moonserve.crypto"
+local multipart = require "moonserve.multipart"
 local security = require "moonserve.security"
 
 local b64enc, b64dec = crypto.base64url_encode, crypto.base64url_decode
 local hmac, equal = crypto.hmac_sha256, crypto.equal
 local upper, match, sub = string.upper, string.match, string.sub
+local concat = table.concat
 local setmetatable, type = setmetatable, type
 
 local _M = {}
 
 local SAFE = security.SAFE
+
+-- Whether a request opens a WebSocket over HTTP/2: RFC 8441's extended CONNECT, which
+-- browsers send where HTTP/1.1 has a GET with Upgrade. It is that GET's twin: no form posts
+-- it, and app:websocket checks its Origin in the handshake; it passes as the GET does.
+local function websocket_connect(method, protocol)
+    return protocol == "websocket" and upper(method) == "CONNECT"
+end
 
 -- The origin of an absolute URL (a Referer), or nil: "scheme://host[:port]".
 local function origin_of(url)
@@ -41,7 +50,9 @@ end
 -- scheme ("http" or "https": how the client reached us, when that is known),
 -- trusted_origins ({ "https://app.example.org" }), allow_same_site (accept Sec-Fetch-Site:
 -- same-site), require_origin (refuse a request with none of Sec-Fetch-Site, Origin and
--- Referer). Returns true, or false and the reason.
+-- Referer). Safe methods pass, and so does an HTTP/2 WebSocket's CONNECT (`:protocol`
+-- websocket in headers), whose handshake checks its origin. Returns true, or false and the
+-- reason.
 function _M.check(method, headers, host, opts)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
@@ -49,7 +60,7 @@ function _M.check(method, headers, host, opts)
     if type(headers) ~= "table" then
         error("bad headers (table expected)", 2)
     end
-    if SAFE[upper(method)] then
+    if SAFE[upper(method)] or websocket_connect(method, headers[":protocol"]) then
         return true
     end
     opts = opts or {}
@@ -113,10 +124,82 @@ end
 
 -- -- The middleware ---------------------------------------------------------------------
 
+-- The largest _csrf field taken from a multipart body: a token is 64 bytes.
+local TOKEN_MAX = 256
+
+-- The value of the first _csrf part of a multipart body, or nil. Reads the body only up to
+-- the end of that part, whatever comes before it (a file, if the form put it first), and
+-- hands what it read back to the request (req:_unread), so the handler reads the whole body
+-- as if nothing had: what is held meanwhile is at most the request's body limit, and only
+-- the token when the form puts _csrf first (as a hidden field at the top of the form does).
+local function multipart_token(req, boundary)
+    local p = multipart.parser(boundary)
+    local held, n = {}, 0
+    local value, size -- the _csrf part's pieces while it is read
+    local token
+    while true do
+        local ev, err = p:next()
+        if ev then
+            local kind = ev.type
+            if kind == "part" then
+                if ev.name == "_csrf" then
+                    value, size = {}, 0
+                end
+            elseif kind == "data" then
+                if value then
+                    size = size + #ev.data
+                    if size > TOKEN_MAX then
+                        break -- no token: refused
+                    end
+                    value[#value + 1] = ev.data
+                end
+            elseif kind == "part_end" then
+                if value then
+                    token = concat(value)
+                    break
+                end
+            else -- "end": no _csrf part
+                break
+            end
+        elseif err then
+            break -- a malformed body; the handler's own reading will say so
+        else
+            local piece = req:read()
+            if piece then
+                n = n + 1
+                held[n] = piece
+                p:feed(piece)
+            else
+                -- the end, or a read that failed: the handler's own read says which
+                break
+            end
+        end
+    end
+    req:_unread(held)
+    return token
+end
+
+-- The token a request carries: the X-CSRF-Token header, else the _csrf field of its form
+-- (urlencoded or multipart/form-data).
+local function token_of(req)
+    local token = req:header("x-csrf-token")
+    if token then
+        return token
+    end
+    local boundary = multipart.boundary(req:header("content-type"))
+    if boundary then
+        return multipart_token(req, boundary)
+    end
+    local form = req:form()
+    return form and form._csrf
+end
+
 --- Middleware (moonserve.csrf) against cross-site requests: unsafe methods from another
 -- origin get 403 (check above: opts.trusted_origins, opts.allow_same_site,
--- opts.require_origin). With opts.secret, forms must also carry a token: the field _csrf, or the header
--- X-CSRF-Token; templates get it as csrf_token(). A token is bound to the session (with
+-- opts.require_origin). With opts.secret, forms must also carry a token: the field _csrf
+-- (urlencoded or multipart), or the header X-CSRF-Token; templates get it as csrf_token().
+-- An HTTP/2 WebSocket's CONNECT passes as the HTTP/1.1 upgrade's GET does (app:websocket
+-- checks its origin). A token is bound to the session (with
 -- sessions before this middleware), whose cookie it makes sure is set, or else to a cookie
 -- of its own (opts.cookie, "csrf"): either way it verifies on the visitor's next request.
 function _M.middleware(opts)
@@ -126,12 +209,17 @@ function _M.middleware(opts)
         _M.token(secret, "-") -- a bad secret raises here, at setup
     end
     return function(req, res, next)
-        local host, scheme = security.authority(req)
-        local ok, why = _M.check(req.method, req:headers(), host, {
-            scheme = scheme, trusted_origins = opts.trusted_origins,
-            allow_same_site = opts.allow_same_site, require_origin = opts.require_origin })
-        if not ok then
-            return res:status(403):send("Forbidden: " .. tostring(why) .. "\n")
+        local method = req.method
+        local safe = SAFE[method] or (method == "CONNECT"
+            and websocket_connect(method, req:header(":protocol")))
+        if not safe then
+            local host, scheme = security.authority(req)
+            local ok, why = _M.check(method, req:headers(), host, {
+                scheme = scheme, trusted_origins = opts.trusted_origins,
+                allow_same_site = opts.allow_same_site, require_origin = opts.require_origin })
+            if not ok then
+                return res:status(403):send("Forbidden: " .. tostring(why) .. "\n")
+            end
         end
         if not secret then
             return next()
@@ -159,12 +247,8 @@ function _M.middleware(opts)
                 return _M.token(secret, bound)
             end
         end
-        if not SAFE[req.method] then
-            local token = req:header("x-csrf-token")
-            if not token then
-                local form = req:form()
-                token = form and form._csrf
-            end
+        if not safe then
+            local token = token_of(req)
             if not id or type(token) ~= "string" or not _M.verify(secret, id, token) then
                 return res:status(403):send("Forbidden: missing or bad CSRF token\n")
             end

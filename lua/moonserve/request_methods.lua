@@ -83,6 +83,33 @@ function Request:parts(opts)
     return require("moonserve.multipart").parts(self, opts)
 end
 
+--- Hands back pieces of the body that were read (middleware that looked into it: the
+-- multipart _csrf field of moonserve.csrf): read(), and so body(), parts() and form(),
+-- return them first, in order, then what is still to come. The list is the request's now.
+-- @local
+function Request:_unread(pieces)
+    local n = #pieces
+    if n == 0 then
+        return
+    end
+    -- The request's own read() and _read() stand in front of its class's until the last
+    -- piece is handed out; then what was there before (the class's) is back.
+    local read, read_ = rawget(self, "read"), rawget(self, "_read")
+    local i = 0
+    local function give()
+        i = i + 1
+        local piece = pieces[i]
+        pieces[i] = nil
+        if i == n then
+            rawset(self, "read", read)
+            rawset(self, "_read", read_)
+        end
+        return piece
+    end
+    rawset(self, "read", give)
+    rawset(self, "_read", give)
+end
+
 --- The whole body (what read() has not taken yet) as one string, or nil and an error.
 -- @treturn ?string the body, or nil and an error
 -- @usage local body, err = req:body()

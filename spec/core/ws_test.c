@@ -319,6 +319,95 @@ TEST(ws_builds_server_frames_unmasked)
     ASSERT_EQ(0xe8, f[3]);
 }
 
+/* -- Floods of frames that carry nothing ---------------------------------------------------- */
+
+/* Feeds the wire to a parser with a cap on fragments and on control frames a second, its
+ * clock at `now`; a byte at a time with `bytewise`. */
+static int feed_counted(ms_ws_parser_t *p, seen_t *s, const wire_t *wire, uint32_t frags,
+                        uint32_t control, int bytewise)
+{
+    memset(s, 0, sizeof(*s));
+    ms_ws_parser_init(p, &seen_ops, 1 << 20, 1 << 20);
+    p->data = s;
+    p->max_fragments = frags;
+    p->max_control = control;
+    int rc = 0;
+    for (size_t i = 0; i < wire->n && rc == 0; i += bytewise ? 1 : wire->n)
+        rc = ms_ws_parse(p, (const char *)wire->b + i, bytewise ? 1 : wire->n);
+    return rc;
+}
+
+TEST(ws_closes_a_message_of_more_fragments_than_its_cap_with_1008)
+{
+    w.n = 0;
+    add(&w, 0x01, S("a"));
+    for (int i = 0; i < 3; i++)
+        add(&w, 0x00, "", 0);
+    add(&w, 0x80, S("b"));
+    for (int bw = 0; bw < 2; bw++) {
+        ms_ws_parser_t p;
+        static seen_t s;
+        ASSERT_EQ(0, feed_counted(&p, &s, &w, 5, 0, bw)); /* five frames: at the cap */
+        ASSERT_STR_EQ("text(ab)", s.log);
+        ms_ws_parser_free(&p);
+        ASSERT_EQ(MS_EBADREQ, feed_counted(&p, &s, &w, 4, 0, bw));
+        ASSERT_EQ(1008, sent_close(&s));
+        ASSERT_STR_EQ("too many fragments in one message", p.why);
+        ASSERT_STR_EQ("", s.log);
+        ms_ws_parser_free(&p);
+        ASSERT_EQ(0, feed_counted(&p, &s, &w, 0, 0, bw)); /* 0: no cap */
+        ms_ws_parser_free(&p);
+    }
+    /* A flood of empty continuations stops at the cap: nothing after it is read. */
+    w.n = 0;
+    add(&w, 0x02, "", 0);
+    while (w.n + 6 <= sizeof(w.b))
+        add(&w, 0x00, "", 0); /* six bytes each: about 21800 of them */
+    ms_ws_parser_t p;
+    static seen_t s;
+    ASSERT_EQ(MS_EBADREQ, feed_counted(&p, &s, &w, 4096, 0, 0));
+    ASSERT_EQ(1008, sent_close(&s));
+    ASSERT_EQ(4097, p.frags);
+    ASSERT_EQ(1, p.done);
+    ms_ws_parser_free(&p);
+    /* Each message counts its own frames. */
+    w.n = 0;
+    for (int m = 0; m < 3; m++) {
+        add(&w, 0x01, S("x"));
+        add(&w, 0x00, "", 0);
+        add(&w, 0x80, "", 0);
+    }
+    ASSERT_EQ(0, feed_counted(&p, &s, &w, 3, 0, 0));
+    ASSERT_STR_EQ("text(x) text(x) text(x)", s.log);
+    ms_ws_parser_free(&p);
+}
+
+TEST(ws_closes_a_peer_over_its_control_frames_a_second_with_1008)
+{
+    ms_ws_parser_t p;
+    static seen_t s;
+    w.n = 0;
+    for (int i = 0; i < 3; i++)
+        add(&w, 0x89, S("p"));
+    p.now = 0;
+    ASSERT_EQ(0, feed_counted(&p, &s, &w, 0, 3, 0)); /* three in a second: at the cap */
+    ASSERT_STR_EQ("ping(p) ping(p) ping(p)", s.log);
+    /* The next second has its own count; one more within it closes. */
+    p.now = 1000;
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    p.now = 1999;
+    uint8_t pong[16];
+    size_t n = client_frame(pong, 0x8A, "", 0, 0);
+    ASSERT_EQ(MS_EBADREQ, ms_ws_parse(&p, (const char *)pong, n));
+    ASSERT_EQ(1008, sent_close(&s));
+    ASSERT_STR_EQ("too many control frames a second", p.why);
+    ms_ws_parser_free(&p);
+    /* 0: no cap */
+    ASSERT_EQ(0, feed_counted(&p, &s, &w, 0, 0, 0));
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    ms_ws_parser_free(&p);
+}
+
 /* -- permessage-deflate ------------------------------------------------------------------ */
 
 /* `n` bytes of `in` as one compressed message's payload: raw deflate, its 00 00 ff ff off. */
@@ -409,6 +498,85 @@ TEST(ws_stops_a_decompression_bomb_at_the_message_cap)
     ASSERT_STR_EQ("message over the size cap as it inflates", p.why);
     ASSERT(p.zout.cap <= (1 << 20) + 1); /* it never held more than the cap */
     ASSERT(ms_mem_stats.allocs + ms_mem_stats.reallocs - allocs < 20);
+    ms_ws_parser_free(&p);
+}
+
+/* What a parser handed on last: its opcode and length. */
+static int last_op;
+static size_t last_len;
+static void count_message(ms_ws_parser_t *p, int op, const char *d, size_t n, int code)
+{
+    last_op = op;
+    last_len = n;
+}
+static const ms_ws_parser_ops_t count_ops = {.message = count_message, .send = seen_send};
+
+TEST(ws_takes_a_compressed_message_at_the_cap_whose_frame_is_larger_than_the_cap)
+{
+    /* Bytes that do not shrink: deflate stores them, with a few bytes a block, so a message
+     * of exactly the cap (1 MiB) takes a frame a little over it. The frame passes; the
+     * check is on the message inflated. */
+    enum { CAP = 1 << 20 };
+    static char noise[CAP + 1];
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; i < sizeof(noise); i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        noise[i] = (char)x;
+    }
+    static uint8_t z[CAP + CAP / 4], frame[CAP + CAP / 4 + 16];
+    size_t zn = squeeze(noise, CAP, z, sizeof(z));
+    ASSERT(zn > CAP);
+    ASSERT(zn <= ms_ws_deflated_cap(CAP));
+    size_t fn = client_frame(frame, 0xC2, (const char *)z, zn, 0);
+    ms_ws_parser_t p;
+    static seen_t s;
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &count_ops, CAP, CAP);
+    p.data = &s;
+    p.deflate = 1;
+    last_op = 0;
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)frame, fn));
+    ASSERT_EQ(MS_WS_BINARY, last_op);
+    ASSERT_EQ(CAP, last_len);
+    ASSERT_EQ(-1, sent_close(&s));
+    /* Fragmented, the same. */
+    size_t half = zn / 2;
+    size_t f1 = client_frame(frame, 0x42, (const char *)z, half, 0);
+    size_t f2 = client_frame(frame + f1, 0x80, (const char *)z + half, zn - half, 0);
+    last_op = 0;
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)frame, f1 + f2));
+    ASSERT_EQ(CAP, last_len);
+    ms_ws_parser_free(&p);
+    /* One byte more, inflated, is over the cap: refused as it inflates. */
+    zn = squeeze(noise, CAP + 1, z, sizeof(z));
+    fn = client_frame(frame, 0xC2, (const char *)z, zn, 0);
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &count_ops, CAP, CAP);
+    p.data = &s;
+    p.deflate = 1;
+    ASSERT_EQ(MS_EBADREQ, ms_ws_parse(&p, (const char *)frame, fn));
+    ASSERT_EQ(1009, sent_close(&s));
+    ASSERT_STR_EQ("message over the size cap as it inflates", p.why);
+    ms_ws_parser_free(&p);
+    /* An uncompressed frame is held to the cap itself, and a compressed one to deflate's
+     * worst case of it. */
+    static wire_t big;
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &count_ops, 1000, 1000);
+    p.data = &s;
+    p.deflate = 1;
+    big.n = client_frame(big.b, 0x82, noise, 1001, 0);
+    ASSERT_EQ(MS_EBADREQ, ms_ws_parse(&p, (const char *)big.b, big.n));
+    ASSERT_STR_EQ("frame over the size cap", p.why);
+    ms_ws_parser_free(&p);
+    memset(&s, 0, sizeof(s));
+    ms_ws_parser_init(&p, &count_ops, 1000, 1000);
+    p.data = &s;
+    p.deflate = 1;
+    big.n = client_frame(big.b, 0xC2, noise, (size_t)ms_ws_deflated_cap(1000) + 1, 0);
+    ASSERT_EQ(MS_EBADREQ, ms_ws_parse(&p, (const char *)big.b, big.n));
+    ASSERT_STR_EQ("frame over the size cap", p.why);
+    ASSERT_EQ(1009, sent_close(&s));
     ms_ws_parser_free(&p);
 }
 

@@ -19,17 +19,38 @@ local function png_size(path)
     return u32(17), u32(21)
 end
 
-describe("the demo site in headless Chromium", function()
-    local srv, facts, dir, keep
+-- Over cleartext (HTTP/1.1, as in development) and over TLS (HTTP/2 by ALPN, as in
+-- production: there Chromium opens the page's WebSocket with an extended CONNECT on the
+-- page's connection, through the demo's sessions and CSRF middleware).
+for _, over in ipairs { "cleartext", "TLS" } do
+
+describe("the demo site in headless Chromium over " .. over, function()
+    local srv, facts, dir, keep, certs, access
 
     setup(function()
-        srv = helper.spawn_server { args = "--workers 2" }
         keep = os.getenv("MOONSERVE_SCREENSHOTS")
+        keep = keep and over == "cleartext" and keep or nil
         dir = keep or helper.run("mktemp -d"):gsub("%s+$", "")
         os.execute("mkdir -p " .. q(dir))
+        local url
+        if over == "TLS" then
+            certs = helper.run("mktemp -d"):gsub("%s+$", "")
+            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
+                .. "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>&1",
+                helper.tool("openssl"), q(certs .. "/demo.key"), q(certs .. "/demo.pem")))
+            access = certs .. "/access.log"
+            srv = helper.spawn_server { args = string.format("--workers 2 --listen 127.0.0.1:0 "
+                .. "--tls-cert %s --tls-key %s --access-log %s", q(certs .. "/demo.pem"),
+                q(certs .. "/demo.key"), q(access)) }
+            url = "https://127.0.0.1:" .. srv.ports[2]
+        else
+            srv = helper.spawn_server { args = "--workers 2" }
+            url = "http://127.0.0.1:" .. srv.port
+        end
         local out = helper.run(q(helper.tool("websockets")) .. " "
             .. q(helper.root .. "/spec/it/browser.py") .. " " .. q(helper.tool("chromium"))
-            .. " http://127.0.0.1:" .. srv.port .. " " .. q(dir) .. " 2>&1")
+            .. " " .. url .. " " .. q(dir) .. " 2>&1")
         facts = { _out = out, errors = {} }
         for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
             if k == "console_error" then
@@ -44,6 +65,9 @@ describe("the demo site in headless Chromium", function()
         srv:stop()
         if not keep then
             os.execute("rm -rf " .. q(dir))
+        end
+        if certs then
+            os.execute("rm -rf " .. q(certs))
         end
     end)
 
@@ -71,10 +95,28 @@ describe("the demo site in headless Chromium", function()
             assert.equal("False", facts.desktop_overflow)
         end)
 
-    it("carries a counter click and chat messages between two tabs on two workers", function()
+    if over == "TLS" then
+        it("speaks HTTP/2, its live socket an extended CONNECT that the CSRF middleware lets by",
+            function()
+                assert.equal("h2", facts.page_protocol, facts._out)
+                -- the access log's line comes when the socket ends (the browser has gone)
+                local line
+                helper.wait_for(function()
+                    line = helper.read_file(access):match('[^\n]*"CONNECT /live HTTP/2"[^\n]*')
+                    return line
+                end, 5)
+                assert.truthy(line, helper.read_file(access))
+                assert.matches('"CONNECT /live HTTP/2" 200 ', line)
+            end)
+    end
+
+    it("carries a counter click and chat messages between two tabs" .. (over == "TLS" and ""
+        or " on two workers"), function()
         local a, b = (facts.workers or ""):match("^(%d),(%d)$")
         assert.truthy(a, facts._out)
-        assert.are_not.equal(a, b, facts._out)
+        if over ~= "TLS" then -- (over HTTP/2 the two tabs share one connection, and a worker)
+            assert.are_not.equal(a, b, facts._out)
+        end
         local after, before = facts.count_step:match("^(%d+)-(%d+)$")
         assert.equal(tonumber(before) + 1, tonumber(after), facts._out)
         assert.matches("^Ada Lovelace %(worker " .. b .. "%): hello from the phone$", facts.chat)
@@ -88,3 +130,5 @@ describe("the demo site in headless Chromium", function()
         assert.same({ 375, 812 }, { png_size(dir .. "/demo-phone.png") })
     end)
 end)
+
+end

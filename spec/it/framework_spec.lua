@@ -71,6 +71,25 @@ describe("the framework over a real server (" .. server .. ")", function()
         os.remove(file)
     end)
 
+    it("takes the CSRF token from a multipart field before or after the file part", function()
+        local token = curl("-s " .. url .. "/form"):match('name="_csrf" value="([^"]+)"')
+        local file = os.tmpname()
+        assert(helper.run("head -c 3000000 /dev/urandom > " .. file))
+        local doc = "-F 'doc=@" .. file .. ";filename=big.bin' "
+        local field = "-F _csrf=" .. token .. " "
+        -- curl sends the parts in the order given; the handler reads every one of them
+        local out = curl("-s " .. field .. "-F title=hello " .. doc .. url .. "/upload")
+        assert.equal("_csrf::" .. #token .. ",title::5,doc:big.bin:3000000", out)
+        out = curl("-s -F title=hello " .. doc .. field .. url .. "/upload")
+        assert.equal("title::5,doc:big.bin:3000000,_csrf::" .. #token, out)
+        out = curl("-s -o /dev/null -w '%{http_code}' -F title=hello " .. doc .. url .. "/upload")
+        assert.equal("403", out)
+        out = curl("-s -o /dev/null -w '%{http_code}' -F title=hello " .. doc .. "-F _csrf="
+            .. token:sub(1, -3) .. "xx " .. url .. "/upload")
+        assert.equal("403", out)
+        os.remove(file)
+    end)
+
     it("negotiates within a route group", function()
         assert.equal("json", curl("-s -H 'Accept: application/json' " .. url .. "/api/who"))
         assert.equal("html", curl("-s -H 'Accept: text/html' " .. url .. "/api/who"))

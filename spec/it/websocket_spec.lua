@@ -531,6 +531,15 @@ describe("WebSocket", function()
             end)
         end)
 
+        it("takes a message of max_message_bytes whose compressed frame is larger", function()
+            local t = client("big_deflated")
+            assert.matches("permessage%-deflate", t.extensions, nil, t._out)
+            assert.equal(t.want, t.echo, t._out) -- 1 MiB of noise, in a frame a little over it
+            assert.equal("1009", t.close_code, t._out) -- one byte more, inflated, is over
+            assert.matches("WebSocket closed with 1009: message over the size cap as it inflates",
+                srv:log())
+        end)
+
         it("stops a decompression bomb at max_message_bytes as it inflates (1009)", function()
             local t = client("deflate_bomb")
             assert.equal("True", t.extension, t._out)
@@ -538,6 +547,24 @@ describe("WebSocket", function()
             assert.equal("1009", t.close, t._out)
             assert.matches("WebSocket closed with 1009: message over the size cap as it inflates",
                 srv:log())
+        end)
+    end)
+
+    describe("floods of frames that carry nothing", function()
+        it("closes a message of more fragments than websocket_fragments with 1008", function()
+            local t = client("flood", "fragments")
+            assert.equal("101", t.status, t._out)
+            assert.equal("1008", t.close, t._out)
+            assert.equal("too many fragments in one message", t.reason, t._out)
+            assert.matches("WebSocket closed with 1008: too many fragments in one message",
+                srv:log())
+        end)
+
+        it("closes a peer over websocket_control_rate pings a second with 1008", function()
+            local t = client("flood", "pings")
+            assert.equal("1008", t.close, t._out)
+            assert.equal("too many control frames a second", t.reason, t._out)
+            assert.truthy(tonumber(t.pongs) <= 100, t._out) -- the default: 100 a second
         end)
     end)
 
@@ -619,6 +646,49 @@ describe("WebSocket", function()
             assert.equal("1000", t.close, out)
             assert.equal("200", t.own_origin_status, out)
             assert.equal("403", t.cross_status, out)
+        end)
+    end)
+
+    describe("behind sessions and moonserve.csrf with form tokens", function()
+        -- A browser over TLS opens its WebSocket with HTTP/2's extended CONNECT, not GET.
+        local function h2_csrf(env, port)
+            local out = helper.run(string.format("%s %s %s %d h2_csrf 2>&1", env,
+                q(helper.tool("websockets")), q(helper.root .. "/spec/it/ws_client.py"), port))
+            local t = {}
+            for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
+                t[k] = v
+            end
+            assert.equal("200", t.app_status, out)
+            assert.equal("hello app", t.app_echo, out)
+            assert.equal("200", t.mounted_status, out) -- a mounted app's socket too
+            assert.equal("hello mounted", t.mounted_echo, out)
+            assert.equal("403", t.cross_status, out) -- the handshake's origin check
+            return t
+        end
+
+        it("takes an HTTP/2 WebSocket (extended CONNECT) over h2c", function()
+            local srv2 = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua" }
+            local ok, err = pcall(h2_csrf, "", srv2.port)
+            srv2:stop()
+            assert(ok, err)
+        end)
+
+        it("takes it over TLS, where browsers use it", function()
+            local dir = os.tmpname()
+            os.remove(dir)
+            helper.sh("mkdir -p " .. q(dir))
+            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
+                .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
+                q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
+            local tls = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua",
+                args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
+                    q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
+            local ok, t = pcall(h2_csrf, "WS_TLS_CA=" .. q(dir .. "/ws.pem"), tls.ports[2])
+            tls:stop()
+            helper.sh("rm -rf " .. q(dir))
+            assert(ok, t)
+            assert.equal("h2", t.alpn)
         end)
     end)
 

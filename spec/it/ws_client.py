@@ -137,6 +137,69 @@ async def deflate():
         say("binary", await ws.recv() == big)
 
 
+async def big_deflated():
+    """A message of the default cap (1 MiB) of bytes that do not shrink, sent compressed: its
+    frame is a little larger than the message, and must pass."""
+    import websockets
+    async with websockets.connect(URL + "/ws/size") as ws:
+        say("extensions", ws.response_headers.get("Sec-WebSocket-Extensions"))
+        big = os.urandom(1 << 20)
+        await ws.send(big)
+        say("echo", await ws.recv())
+        say("want", "%d %d" % (len(big), sum(big[i] for i in range(0, len(big), 4096)) % 65536))
+        await ws.send(big + b"!")  # one byte more: over the cap
+        try:
+            await ws.recv()
+        except websockets.ConnectionClosed as e:
+            say("close_code", e.rcvd.code if e.rcvd else None)
+
+
+def flood():
+    """Raw frames: a text message opened, then empty continuations without end (PATH:
+    "fragments"), or pings without end ("pings"). Sends up to COUNT frames at once and reads
+    what the server answers until its close."""
+    import base64
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n\r\n" % key).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    head, buf = head.split(b"\r\n\r\n", 1)
+    say("status", head.split(b" ")[1].decode())
+    count = int(os.environ.get("COUNT", "5000"))
+    if PATH == "pings":
+        frames = mask_frame(0x89, b"p") * count
+    else:
+        frames = mask_frame(0x01, b"a") + mask_frame(0x00, b"") * count
+    try:
+        sock.sendall(frames)
+    except OSError as e:
+        say("send_error", e.errno)
+    close = None
+    pongs = 0
+    while close is None:
+        try:
+            data = sock.recv(65536)
+        except OSError:
+            break
+        if not data:
+            break
+        buf += data
+        fs, buf = parse_frames(buf)
+        for op, body in fs:
+            if op == 0xA:
+                pongs += 1
+            elif op == 8:
+                close = struct.unpack(">H", body[:2])[0] if len(body) >= 2 else 1005
+                say("reason", body[2:].decode())
+    say("pongs", pongs)
+    say("close", close)
+    sock.close()
+
+
 async def kept():
     """The websockets library keeps its context (it offers client_max_window_bits and neither
     no_context_takeover): many similar messages each way, some of them long."""
@@ -279,39 +342,45 @@ def parse_frames(buf):
     return out, buf
 
 
-def h2_case():
-    import h2.config
-    import h2.connection
-    import h2.events
-    import h2.settings
+class H2:
+    """An HTTP/2 connection with the h2 library, over TLS with h2 by ALPN when WS_TLS_CA
+    names the CA to trust (as a browser speaks it), else h2c with prior knowledge; WebSockets
+    are opened on it with extended CONNECT (RFC 8441)."""
 
-    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
-    # WS_TLS_CA: over TLS with h2 by ALPN, as a browser speaks it, trusting that CA.
-    ca = os.environ.get("WS_TLS_CA")
-    scheme, authority = "http", "127.0.0.1:%d" % PORT
-    if ca:
-        ctx = ssl.create_default_context(cafile=ca)
-        ctx.set_alpn_protocols(["h2"])
-        sock = ctx.wrap_socket(sock, server_hostname="localhost")
-        say("alpn", sock.selected_alpn_protocol())
-        scheme, authority = "https", "localhost:%d" % PORT
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
-    sock.sendall(conn.data_to_send())
-    enabled = None
-    streams = {}
+    def __init__(self):
+        import h2.config
+        import h2.connection
+        sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+        ca = os.environ.get("WS_TLS_CA")
+        self.scheme, self.authority = "http", "127.0.0.1:%d" % PORT
+        if ca:
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.set_alpn_protocols(["h2"])
+            sock = ctx.wrap_socket(sock, server_hostname="localhost")
+            say("alpn", sock.selected_alpn_protocol())
+            self.scheme, self.authority = "https", "localhost:%d" % PORT
+        self.sock = sock
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        sock.sendall(self.conn.data_to_send())
+        self.enabled = None
+        self.streams = {}
+        self.pump(lambda: self.enabled is not None)
+        say("enable_connect_protocol", self.enabled)
 
-    def pump(until):
-        nonlocal enabled
+    def pump(self, until):
+        import h2.events
+        import h2.settings
+        conn, streams = self.conn, self.streams
         while not until():
-            data = sock.recv(65536)
+            data = self.sock.recv(65536)
             if not data:
                 return False
             for ev in conn.receive_data(data):
                 if isinstance(ev, h2.events.RemoteSettingsChanged):
                     s = ev.changed_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL)
                     if s is not None:
-                        enabled = s.new_value
+                        self.enabled = s.new_value
                 elif isinstance(ev, h2.events.ResponseReceived):
                     streams.setdefault(ev.stream_id, {})["headers"] = dict(ev.headers)
                 elif isinstance(ev, h2.events.DataReceived):
@@ -320,37 +389,62 @@ def h2_case():
                     conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                 elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
                     streams.setdefault(ev.stream_id, {})["ended"] = True
-            sock.sendall(conn.data_to_send())
+            self.sock.sendall(conn.data_to_send())
         return True
 
-    pump(lambda: enabled is not None)
-    say("enable_connect_protocol", enabled)
-
-    def open_ws(path, extra=()):
+    def open_ws(self, path, extra=()):
+        conn = self.conn
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, [(":method", "CONNECT"), (":protocol", "websocket"),
-                                (":scheme", scheme), (":path", path),
-                                (":authority", authority),
+                                (":scheme", self.scheme), (":path", path),
+                                (":authority", self.authority),
                                 ("sec-websocket-version", "13")] + list(extra))
-        sock.sendall(conn.data_to_send())
-        pump(lambda: "headers" in streams.get(sid, {}))
+        self.sock.sendall(conn.data_to_send())
+        self.pump(lambda: "headers" in self.streams.get(sid, {}))
         return sid
 
-    def send(sid, frame):
-        conn.send_data(sid, frame)
-        sock.sendall(conn.data_to_send())
+    def status(self, sid):
+        return self.streams[sid]["headers"].get(b":status", b"").decode()
 
-    def frames(sid, count):
-        got = []
+    def send(self, sid, frame):
+        self.conn.send_data(sid, frame)
+        self.sock.sendall(self.conn.data_to_send())
+
+    def frames(self, sid, count):
         while True:
-            st = streams.setdefault(sid, {})
+            st = self.streams.setdefault(sid, {})
             fs, rest = parse_frames(st.get("data", b""))
             if len(fs) >= count or st.get("ended"):
                 st["data"] = rest
                 return fs
             had = len(st.get("data", b""))
-            if not pump(lambda: len(st.get("data", b"")) > had or st.get("ended")):
+            if not self.pump(lambda: len(st.get("data", b"")) > had or st.get("ended")):
                 return fs
+
+
+def h2_csrf():
+    """WebSockets over HTTP/2 behind sessions and moonserve.csrf with form tokens (the
+    documented stack, spec/fixtures/ws_csrf.lua), as a browser's page opens them: its own
+    Origin, a cookie-less first visit; on the app (/live) and in a mounted app (/chat/live)."""
+    c = H2()
+    own = [("origin", "%s://%s" % (c.scheme, c.authority))]
+    for name, path in (("app", "/live"), ("mounted", "/chat/live")):
+        sid = c.open_ws(path, own)
+        say(name + "_status", c.status(sid))
+        if c.status(sid) == "200":
+            c.send(sid, mask_frame(0x81, ("hello " + name).encode()))
+            fs = c.frames(sid, 1)
+            say(name + "_echo", fs[0][1].decode() if fs else None)
+    # the handshake still checks the Origin: a cross-site page's socket is refused
+    bad = c.open_ws("/live", [("origin", "https://evil.example")])
+    say("cross_status", c.status(bad))
+    c.sock.close()
+
+
+def h2_case():
+    c = H2()
+    scheme, authority, streams = c.scheme, c.authority, c.streams
+    open_ws, send, frames, sock = c.open_ws, c.send, c.frames, c.sock
 
     sid = open_ws("/ws/echo", [("sec-websocket-protocol", "chat.v1")])
     h = streams[sid]["headers"]
@@ -444,12 +538,17 @@ CASES = {
     "echo": echo, "no_protocol": no_protocol, "client_close": client_close,
     "server_close": server_close, "too_big": too_big, "timeout": timeout, "room": room,
     "wait_stop": wait_stop, "private": private, "deflate": deflate, "kept": kept,
+    "big_deflated": big_deflated,
 }
 
 if CASE == "h2":
     h2_case()
+elif CASE == "h2_csrf":
+    h2_csrf()
 elif CASE == "deflate_bomb":
     deflate_bomb()
+elif CASE == "flood":
+    flood()
 elif CASE == "kept_raw":
     kept_raw()
 elif CASE == "raw_close":

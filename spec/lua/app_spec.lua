@@ -120,6 +120,57 @@ describe("moonserve.app", function()
         assert.equal(404, (helper.simulate(app, "GET", "/blog/nope")))
     end)
 
+    it("routes an HTTP/2 WebSocket's CONNECT into a mounted app as it routes the GET", function()
+        -- RFC 8441: over HTTP/2 a browser opens a WebSocket with CONNECT and :protocol.
+        local websocket = require "moonserve.websocket"
+        local serve, seen = websocket.serve, {}
+        websocket.serve = function(req, res) -- the handshake itself needs the core
+            seen[#seen + 1] = req.method .. " " .. req.base_path .. " " .. req.path
+            return res:send("upgraded")
+        end
+        local inner = moonserve.app()
+        local ok, err = pcall(inner.websocket, inner, "/live", function() end)
+        websocket.serve = serve
+        assert(ok, err)
+        inner:get("/page", function(_, res) res:send("page") end)
+        local app = moonserve.app()
+        app:use(moonserve.sessions { secret = string.rep("s", 32) })
+        app:use(moonserve.csrf { secret = string.rep("t", 32) })
+        app:mount("/chat", inner)
+        -- A request and reply made in Lua: the fields and methods app:handle uses.
+        local function handle(method, path, fields)
+            fields.host = "test"
+            local req = setmetatable({ method = method, path = path, target = path,
+                query_string = "", id = 1, tls = true }, require("moonserve.request_methods")
+                .metatable({}, {
+                    header = function(_, name) return fields[name:lower()] end,
+                    headers = function() return fields end,
+                    _static_dir = function() return false end,
+                }))
+            local res = { code = 200 }
+            function res:status(c) self.code = c return self end
+            function res:header() return self end
+            function res:cookie() return self end
+            function res:before_send() return self end
+            function res:_fields_checked() return self end
+            function res:send(b) self.body = b or "" return true end
+            function res:sent() return self.body ~= nil end
+            function res:_reset() self.code = 200 return true end
+            local r = app:handle(req, res)
+            return res.code, res.body, r
+        end
+        local code, body = handle("CONNECT", "/chat/live", { [":protocol"] = "websocket",
+            origin = "https://test", ["sec-websocket-version"] = "13" })
+        assert.equal(200, code, body)
+        assert.equal("upgraded", body)
+        code = handle("GET", "/chat/live", { upgrade = "websocket", connection = "Upgrade" })
+        assert.equal(200, code)
+        assert.same({ "CONNECT /chat /live", "GET /chat /live" }, seen)
+        -- Any other CONNECT under the mount is the mounted app's to refuse.
+        assert.equal(405, (handle("CONNECT", "/chat/page", { [":protocol"] = "websocket",
+            origin = "https://test" })))
+    end)
+
     it("sends a mounted app's security fields, once, in place of its parent's", function()
         local inner = moonserve.app()
         inner:get("/", function(_, res) res:send("in") end)

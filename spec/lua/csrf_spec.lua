@@ -107,6 +107,16 @@ describe("moonserve.csrf", function()
                 { scheme = "http" }))
         end)
 
+        it("lets an HTTP/2 WebSocket's CONNECT through as the GET of an upgrade", function()
+            -- RFC 8441: the handshake of app:websocket checks its Origin.
+            local hostile = { [":protocol"] = "websocket", origin = "https://evil.test" }
+            assert.is_true(csrf.check("CONNECT", hostile, HOST))
+            assert.is_false(csrf.check("CONNECT", { origin = "https://evil.test" }, HOST))
+            assert.is_false(csrf.check("CONNECT", { [":protocol"] = "webtransport",
+                origin = "https://evil.test" }, HOST))
+            assert.is_false(csrf.check("POST", hostile, HOST))
+        end)
+
         it("raises on a method or headers of the wrong type", function()
             assert.has_error(function() csrf.check(nil, {}, HOST) end)
             assert.has_error(function() csrf.check("POST", nil, HOST) end)
@@ -165,6 +175,184 @@ describe("moonserve.csrf", function()
             assert.has_error(function() csrf.token("short", SID) end)
             assert.has_error(function() csrf.token(SECRET, nil) end)
             assert.has_error(function() csrf.verify(SECRET, nil, "x") end)
+        end)
+    end)
+
+    describe("middleware", function()
+        local moonserve = require "moonserve"
+        local helper = require "helper"
+        local request_methods = require "moonserve.request_methods"
+
+        -- A request as the middleware sees it, made in Lua: method, fields, a session and a
+        -- body read in the given pieces; and a reply that records its status.
+        local function fake(method, fields, pieces)
+            local i = 0
+            local methods = {
+                header = function(_, name) return fields[name:lower()] end,
+                headers = function() return fields end,
+                read = function()
+                    i = i + 1
+                    return pieces and pieces[i]
+                end,
+            }
+            methods._read = methods.read
+            local req = setmetatable({ method = method, cookies = {},
+                session = { id = "the session id", keep = function() end } },
+                request_methods.metatable({}, methods))
+            local res = { code = 200 }
+            function res:status(c) self.code = c return self end
+            function res:send(b) self.body = b return true end
+            return req, res
+        end
+
+        local function run(mw, req, res)
+            local passed = false
+            mw(req, res, function() passed = true end)
+            return passed, res.code, res.body
+        end
+
+        it("lets an HTTP/2 WebSocket's CONNECT through without a token", function()
+            -- As the GET of an HTTP/1.1 upgrade: no form sends it, and app:websocket checks
+            -- its Origin (a 403 here would fail every browser's socket over TLS).
+            local mw = csrf.middleware { secret = SECRET }
+            local req, res = fake("CONNECT", { host = HOST, [":protocol"] = "websocket",
+                origin = "https://" .. HOST, ["sec-websocket-version"] = "13" })
+            assert.is_true((run(mw, req, res)))
+            assert.is_function(res.csrf_token) -- pages it serves may still make tokens
+            -- a CONNECT for anything else needs what any unsafe method needs
+            req, res = fake("CONNECT", { host = HOST, origin = "https://" .. HOST })
+            local passed, code, body = run(mw, req, res)
+            assert.is_false(passed)
+            assert.equal(403, code)
+            assert.equal("Forbidden: missing or bad CSRF token\n", body)
+            -- and without tokens, the origin check alone lets it through as well
+            req, res = fake("CONNECT", { host = HOST, [":protocol"] = "websocket",
+                origin = "https://evil.test" })
+            assert.is_true((run(csrf.middleware(), req, res)))
+        end)
+
+        local B = "----form-boundary-7MA4YWxk"
+        local CT = "multipart/form-data; boundary=" .. B
+
+        -- A multipart body of { name, value[, filename] } parts.
+        local function multipart_body(parts)
+            local out = {}
+            for _, p in ipairs(parts) do
+                out[#out + 1] = "--" .. B .. "\r\nContent-Disposition: form-data; name=\""
+                    .. p[1] .. "\"" .. (p[3] and "; filename=\"" .. p[3] .. "\"" or "")
+                    .. "\r\n" .. (p[3] and "Content-Type: application/octet-stream\r\n" or "")
+                    .. "\r\n" .. p[2] .. "\r\n"
+            end
+            out[#out + 1] = "--" .. B .. "--\r\n"
+            return table.concat(out)
+        end
+
+        local function pieces_of(s, size)
+            local t = {}
+            for i = 1, #s, size do
+                t[#t + 1] = s:sub(i, i + size - 1)
+            end
+            return t
+        end
+
+        it("takes the token from a multipart field before or after a file part", function()
+            local mw = csrf.middleware { secret = SECRET }
+            local token = csrf.token(SECRET, "the session id")
+            local file = string.rep("0123456789abcdef", 4096) -- 64 KiB
+            local orders = {
+                { { "_csrf", token }, { "title", "hi" }, { "upload", file, "a.bin" } },
+                { { "title", "hi" }, { "upload", file, "a.bin" }, { "_csrf", token } },
+            }
+            for _, parts in ipairs(orders) do
+                local body = multipart_body(parts)
+                for _, size in ipairs { 1, 1000, #body } do
+                    local pieces = pieces_of(body, size)
+                    local req, res = fake("POST", { host = HOST, ["content-type"] = CT }, pieces)
+                    assert.is_true((run(mw, req, res)), size)
+                    -- The handler reads the whole body, the pieces the middleware took first.
+                    local seen = {}
+                    for p in assert(req:parts()) do
+                        seen[#seen + 1] = p.name .. "=" .. #p:body()
+                    end
+                    assert.equal(#parts, #seen)
+                    for k, p in ipairs(parts) do
+                        assert.equal(p[1] .. "=" .. #p[2], seen[k])
+                    end
+                    -- and the body whole, as it came
+                    req, res = fake("POST", { host = HOST, ["content-type"] = CT },
+                        pieces_of(body, size))
+                    assert.is_true((run(mw, req, res)))
+                    assert.equal(body, req:body())
+                    assert.is_nil(req:read())
+                end
+            end
+        end)
+
+        it("reads a multipart body only up to the end of its _csrf field", function()
+            local mw = csrf.middleware { secret = SECRET }
+            local token = csrf.token(SECRET, "the session id")
+            local body = multipart_body { { "_csrf", token }, { "upload", string.rep("x", 5000),
+                "a.bin" } }
+            local pieces = pieces_of(body, 100)
+            local req, res = fake("POST", { host = HOST, ["content-type"] = CT }, pieces)
+            local taken = 0
+            local read = getmetatable(req).__index(req, "read")
+            rawset(req, "read", function(self) taken = taken + 1 return read(self) end)
+            assert.is_true((run(mw, req, res)))
+            assert.truthy(taken < 5, taken) -- not the 52 pieces of the whole body
+            rawset(req, "read", nil)
+            assert.equal(body, req:body())
+        end)
+
+        it("refuses a multipart body without a good _csrf field, and leaves it readable", function()
+            local mw = csrf.middleware { secret = SECRET }
+            local bad = {
+                multipart_body { { "title", "hi" }, { "upload", "data", "a.bin" } },
+                multipart_body { { "_csrf", "not a token" } },
+                multipart_body { { "_csrf", string.rep("A", 300) } }, -- longer than any token
+                multipart_body { { "_csrf", csrf.token(SECRET, "another session") } },
+                "--" .. B .. "\r\nContent-Type: text/plain\r\n\r\nno disposition\r\n--" .. B,
+            }
+            for _, body in ipairs(bad) do
+                local req, res = fake("POST", { host = HOST, ["content-type"] = CT },
+                    pieces_of(body, 7))
+                local passed, code, text = run(mw, req, res)
+                assert.is_false(passed)
+                assert.equal(403, code)
+                assert.equal("Forbidden: missing or bad CSRF token\n", text)
+                assert.equal(body, req:body())
+            end
+        end)
+
+        it("checks a multipart token through the real dispatch, with sessions", function()
+            local app = moonserve.app()
+            app:use(moonserve.sessions { secret = SECRET })
+            app:use(moonserve.csrf { secret = SECRET })
+            app:get("/form", function(_, res) res:send(res.csrf_token()) end)
+            app:post("/up", function(req, res)
+                local out = {}
+                for part in assert(req:parts()) do
+                    out[#out + 1] = part.name .. ":" .. #part:body()
+                end
+                res:send(table.concat(out, " "))
+            end)
+            local _, gh, token = helper.simulate(app, "GET", "/form")
+            local cookie = gh["set-cookie"]:match("^([^;]+)")
+            local headers = { cookie = cookie, ["content-type"] = CT }
+            local file = string.rep("z", 20000)
+            for _, parts in ipairs {
+                { { "_csrf", token }, { "upload", file, "z.bin" } },
+                { { "upload", file, "z.bin" }, { "_csrf", token } },
+            } do
+                local status, _, out = helper.simulate(app, "POST", "/up",
+                    { headers = headers, body = multipart_body(parts) })
+                assert.equal(200, status, out)
+                assert.equal(parts[1][1] .. ":" .. #parts[1][2] .. " " .. parts[2][1] .. ":"
+                    .. #parts[2][2], out)
+            end
+            local status = helper.simulate(app, "POST", "/up", { headers = headers,
+                body = multipart_body { { "upload", file, "z.bin" } } })
+            assert.equal(403, status)
         end)
     end)
 end)

@@ -86,9 +86,9 @@
       "a whole TLS handshake, from the accept: close")                                             \
     /* A WebSocket peer's frames that carry little and cost a frame's work each: empty             \
      * continuations, pings (each answered). 0: no cap. */                                         \
-    X(websocket_fragments, websocket_fragments, uint32_t, 4096, COUNT, 0,                          \
+    X(websocket_fragments, websocket_fragments, uint32_t, 4096, COUNT, 65535,                      \
       "frames of one WebSocket message: close 1008 (0: no cap)")                                   \
-    X(websocket_control_rate, websocket_control_rate, uint32_t, 100, COUNT, 0,                     \
+    X(websocket_control_rate, websocket_control_rate, uint32_t, 100, COUNT, 65535,                 \
       "WebSocket pings and pongs a second: close 1008 (0: no cap)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */

@@ -498,8 +498,9 @@ static int frame_begin(ms_ws_parser_t *p)
     if (p->op & 0x8) {
         /* Each ping costs a pong and a wake: a peer may not send them without end. */
         if (p->max_control != 0) {
-            if (p->now - p->ctl_since >= 1000) {
-                p->ctl_since = p->now;
+            uint32_t now = p->ops->now != NULL ? p->ops->now(p) : 0;
+            if (now - p->ctl_since >= 1000) {
+                p->ctl_since = now;
                 p->ctl_n = 0;
             }
             if (++p->ctl_n > p->max_control)
@@ -810,7 +811,13 @@ static void on_send(ms_ws_parser_t *p, const char *d, size_t n)
         write_frame(ws, d, n);
 }
 
-static const ms_ws_parser_ops_t ws_parser_ops = {.message = on_message, .send = on_send};
+static uint32_t on_clock(ms_ws_parser_t *p)
+{
+    return now_ms(ws_of_parser(p));
+}
+
+static const ms_ws_parser_ops_t ws_parser_ops = {
+    .message = on_message, .send = on_send, .now = on_clock};
 
 /* How long until `limit` ms have passed, `quiet` ms of them already. */
 static uint32_t left(uint32_t quiet, uint32_t limit)
@@ -859,7 +866,7 @@ static void on_data(ms_tunnel_t *t, const char *p, size_t n)
     ms_ws_t *ws = t->data;
     if (ws->gone || ws->p.done || ws->freed)
         return; /* (after a close, what the peer still sends is dropped) */
-    ws->last_rx = ws->p.now = now_ms(ws);
+    ws->last_rx = now_ms(ws);
     ws->in_parse = 1;
     int rc = ms_ws_parse(&ws->p, p, n);
     ws->in_parse = 0;
@@ -1033,8 +1040,8 @@ ms_ws_t *ms_ws_accept(ms_req_t *r, const ms_ws_opts_t *o, int *err)
     ms_ws_t *ws = ms_mem_alloc(sizeof(*ws));
     memset(ws, 0, sizeof(*ws));
     ms_ws_parser_init(&ws->p, &ws_parser_ops, o->max_message, o->max_frame);
-    ws->p.max_fragments = s->limits.websocket_fragments;
-    ws->p.max_control = s->limits.websocket_control_rate;
+    ws->p.max_fragments = (uint16_t)s->limits.websocket_fragments; /* (at most 65535) */
+    ws->p.max_control = (uint16_t)s->limits.websocket_control_rate;
     ws->p.deflate = o->deflate_bits != 0;
     ws->p.inflate_bits = o->deflate_bits != 0 ? o->inflate_bits : 0;
     ws->p.deflate_keep = o->deflate_bits != 0 ? o->deflate_keep : 0;

@@ -44,6 +44,9 @@ typedef struct ms_ws_parser_ops_s {
     /* Bytes for the peer that the parser answers itself: a pong, the close that answers a
      * close, the close of a protocol error. Copied by the callee. */
     void (*send)(ms_ws_parser_t *p, const char *data, size_t n);
+    /* The owner's clock in milliseconds (wrapping), asked at a control frame only, for the
+     * cap on control frames a second. NULL: the clock stands still (one window). */
+    uint32_t (*now)(ms_ws_parser_t *p);
 } ms_ws_parser_ops_t;
 
 /* UTF-8 checked a byte at a time: how many continuation bytes are owed, and the range the
@@ -60,13 +63,12 @@ struct ms_ws_parser_s {
     uint64_t max_frame;   /* bytes of one frame's payload: over it is 1009 */
     /* A compressed message's frames are held to what deflate may make of these two at
      * worst (ms_ws_deflated_cap); the message inflated, to max_message. */
-    uint32_t max_fragments;    /* frames of one message: past it is 1008; 0: no cap */
-    uint32_t max_control;      /* control frames in a second: past it is 1008; 0: no cap */
-    uint32_t now;              /* the owner's clock (ms) when it feeds: what a second is */
-    uint32_t frags;            /* frames of the message being reassembled */
-    uint32_t ctl_n, ctl_since; /* control frames counted since that time */
     /* the frame being read */
     uint8_t head[MS_WS_HEAD_MAX];
+    /* Frames of one message, and control frames a second: past either is 1008; 0: no cap.
+     * (These and the counts below are 16 bits, and sit in what were alignment holes, so that
+     * an open socket stays in its allocation size class.) */
+    uint16_t max_fragments, max_control;
     uint8_t hlen, hneed; /* head bytes had, and needed */
     uint8_t op, fin;
     uint8_t in_payload;
@@ -74,6 +76,8 @@ struct ms_ws_parser_s {
     /* the message being reassembled */
     uint8_t msg_op; /* MS_WS_TEXT or MS_WS_BINARY while one is open, else 0 */
     ms_ws_utf8_t utf8;
+    uint16_t frags; /* frames of the message being reassembled */
+    uint16_t ctl_n; /* control frames since ctl_since */
     ms_buf_t msg; /* owned while a message is on its way; given back once it is handed on */
     uint8_t *ctl; /* a control frame's payload while it comes in pieces; NULL between them */
     /* permessage-deflate (RFC 7692) */
@@ -84,6 +88,7 @@ struct ms_ws_parser_s {
     uint8_t deflate_keep;   /* the socket keeps its own context for what it sends, with this
                              * zlib memLevel (1..9); 0: it does not. (Its owner's, here so
                              * that one pointer holds both ways.) */
+    uint32_t ctl_since;     /* the owner's clock (ms) when ctl_n began counting */
     ms_buf_t zout;          /* owned: the message being inflated; given back with it */
     ms_ws_zctx_t *z;        /* owned, with takeover either way: the streams kept, each made at
                              * the first message that needs it, until the socket goes */

@@ -600,14 +600,15 @@ static void discard_expired(ms_timer_t *t)
 static void discard_rest(ms_stream_t *st)
 {
     ms_req_t *r = &st->req;
-    if (st->closed || (r->v.flags & MS_REQ_BODY_DONE) || st->discard == DISCARD_OVER)
+    if (st->closed || (r->v.flags & MS_REQ_BODY_DONE))
         return;
     ms_server_t *s = r->conn->server;
     if (st->discard == DISCARD_NONE) {
         st->discard = DISCARD_ON;
         st->body_mark = r->body_seen;
     }
-    if (s->limits.discard_bytes == 0 || s->limits.discard_timeout_ms == 0)
+    if (st->discard == DISCARD_OVER || s->limits.discard_bytes == 0 ||
+        s->limits.discard_timeout_ms == 0)
         discard_over(st);
     else if (!(r->v.flags & MS_REQ_IN_HANDLER) && r->timer.index == 0)
         ms_timer_start(s, &r->timer, s->limits.discard_timeout_ms, discard_expired);
@@ -680,6 +681,7 @@ static void body_check(ms_timer_t *t)
     }
     s->stats->timeouts++;
     ms__conn_hold(c);
+    st->discard = DISCARD_OVER; /* a client this slow has had its time: reset once answered */
     ms__req_refuse(r, 408, "body not complete within body_timeout at body_min_rate");
     if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
         ms__conn_rearm(c);

@@ -86,9 +86,9 @@
      * and dropped (as nginx does) so that the client sees a stream that ends, up to these;        \
      * past either, RST_STREAM(NO_ERROR). */                                                       \
     X(discard_bytes, discard_bytes, uint64_t, 8388608, BYTES, 0,                                   \
-      "HTTP/2 body bytes dropped after an early reply; past it, RST_STREAM")                       \
+      "HTTP/2 body dropped after an early reply; then RST_STREAM")                                 \
     X(discard_timeout, discard_timeout_ms, uint32_t, 10, SECONDS, 0,                               \
-      "HTTP/2 body dropped after an early reply for at most: RST_STREAM")
+      "HTTP/2 body dropped after its handler ends; then RST_STREAM")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

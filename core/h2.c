@@ -22,6 +22,24 @@
 /* What the frame pre-scan looks at of each frame: the 9-byte header, a pad length and a
  * stream dependency. */
 #define H2_SCAN_HEAD 14
+/* What the pre-scan returns when it has answered a connection error itself (GOAWAY queued,
+ * logged): no NGHTTP2_ERR_* is -1. */
+#define H2_ANSWERED (-1)
+
+/* Closed streams (RFC 9113 5.1): nghttp2 forgets a stream once it closes
+ * (no_closed_streams, which keeps its memory flat), so for the client's last H2_CLOSED_IDS
+ * stream ids the connection keeps 2 bits each of how they closed, enough to answer a frame
+ * that still comes on one. An older id is answered as a stream we reset: ignored. */
+#define H2_CLOSED_IDS 64
+enum {
+    CLOSED_OTHER,  /* open, older than the window, or reset by us: ignore its frames (5.1) */
+    CLOSED_ENDED,  /* both sides ended it: DATA or HEADERS is a connection STREAM_CLOSED */
+    CLOSED_RESET,  /* the client reset it: DATA or HEADERS is a stream STREAM_CLOSED */
+    CLOSED_UNUSED, /* skipped by a higher id, never opened: HEADERS is a PROTOCOL_ERROR */
+};
+
+/* A stream whose reply is complete before the client ended its side (DISCARD_*). */
+enum { DISCARD_NONE, DISCARD_ON, DISCARD_OVER };
 
 typedef struct ms_stream_s ms_stream_t;
 
@@ -47,6 +65,11 @@ typedef struct ms_h2_s {
     uint8_t scan_len;
     uint8_t scan_hd[H2_SCAN_HEAD];
     int32_t malformed_id; /* a HEADERS frame the pre-scan found malformed opens this stream */
+    /* How the client's streams up to top_id closed (CLOSED_*): bit d of closed_lo and
+     * closed_hi for stream top_id - 2d. */
+    int32_t top_id;                 /* the client's highest stream id opened (-1: none yet) */
+    int32_t reset_sent, reset_recv; /* the stream whose RST_STREAM was sent, received last */
+    uint64_t closed_lo, closed_hi;
 } ms_h2_t;
 
 struct ms_stream_s {
@@ -68,6 +91,7 @@ struct ms_stream_s {
     uint8_t tunnel;      /* a tunnel (extended CONNECT): its body has no deadline, and it is
                           * not reset when its handler is done */
     uint8_t read_paused; /* a tunnel that reads no more for now: its window is not granted */
+    uint8_t discard;     /* DISCARD_*: the rest of the body is read and dropped */
     uint32_t unconsumed; /* ... of so many bytes */
     int32_t lua_anchor;  /* a Lua string partly framed: released with its last part */
     uint64_t body_start; /* when the body's budget began (loop ms; 0: not yet) */
@@ -110,7 +134,7 @@ static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
         st->head_bytes = 0;
         st->refused = 0;
         st->closed = st->deferred = st->provider = st->reset_after = st->dispatched = 0;
-        st->end_sent = st->malformed = st->tunnel = st->read_paused = 0;
+        st->end_sent = st->malformed = st->tunnel = st->read_paused = st->discard = 0;
         st->unconsumed = 0;
         st->body_start = st->body_mark = 0;
     }
@@ -142,6 +166,8 @@ static void stream_free(ms_stream_t *st)
     if (st->next != NULL)
         st->next->prev = st->prev;
     h2->nstreams--;
+    if (MS_UNLIKELY(st->req.timer.index != 0))
+        ms_timer_stop(s, &st->req.timer); /* (discard_expired) */
     if (st->out != NULL) {
         /* A string framed in part must outlive what the connection still writes of it: the
          * connection's queue takes its anchor. */
@@ -186,6 +212,84 @@ static void glitch(ms_h2_t *h2)
         ms_log(MS_LOG_INFO, "%s: HTTP/2: GOAWAY after %d protocol glitches", peer, H2_GLITCHES_MAX);
         nghttp2_session_terminate_session(h2->ng, NGHTTP2_ENHANCE_YOUR_CALM);
     }
+}
+
+/* -- Closed streams ---------------------------------------------------------------------------- */
+
+/* How client stream `id` (odd, at most top_id) closed: CLOSED_*. */
+static inline int closed_state(const ms_h2_t *h2, uint32_t id)
+{
+    uint32_t d = ((uint32_t)h2->top_id - id) / 2;
+    if (d >= H2_CLOSED_IDS)
+        return CLOSED_OTHER;
+    return (int)((h2->closed_lo >> d) & 1) | (int)((h2->closed_hi >> d) & 1) << 1;
+}
+
+/* The client opened (or tried to open) stream `id`: the ids it skipped can never be opened
+ * (RFC 9113 5.1.1), and the window moves up. */
+static void closed_advance(ms_h2_t *h2, int32_t id)
+{
+    if (id <= h2->top_id || !(id & 1))
+        return;
+    uint32_t k = (uint32_t)(id - h2->top_id) / 2; /* (top_id starts at -1: id 1 moves by 1) */
+    uint64_t unused = (k >= H2_CLOSED_IDS ? ~(uint64_t)0 : ((uint64_t)1 << k) - 1) & ~(uint64_t)1;
+    h2->closed_lo = (k >= H2_CLOSED_IDS ? 0 : h2->closed_lo << k) | unused;
+    h2->closed_hi = (k >= H2_CLOSED_IDS ? 0 : h2->closed_hi << k) | unused;
+    h2->top_id = id;
+}
+
+/* nghttp2 closed stream `id`: remember how, while it is in the window. */
+static void closed_mark(ms_h2_t *h2, int32_t id)
+{
+    int state = id == h2->reset_sent   ? CLOSED_OTHER
+                : id == h2->reset_recv ? CLOSED_RESET
+                                       : CLOSED_ENDED;
+    uint32_t d = (uint32_t)(h2->top_id - id) / 2;
+    if (id > h2->top_id || !(id & 1) || d >= H2_CLOSED_IDS)
+        return;
+    h2->closed_lo |= (uint64_t)(state & 1) << d;
+    h2->closed_hi |= (uint64_t)(state >> 1) << d;
+}
+
+/* A connection error the pre-scan found (RFC 9113 5.4.1): one log line, and GOAWAY. */
+static ssize_t conn_error(ms_h2_t *h2, uint32_t code, uint32_t id, const char *why)
+{
+    char peer[64];
+    ms_conn_peer(h2->conn, peer, sizeof(peer));
+    ms_log(MS_LOG_INFO, "%s: HTTP/2: GOAWAY: stream %u: %s", peer, id, why);
+    h2->conn->server->stats->bad_requests++;
+    nghttp2_session_terminate_session(h2->ng, code);
+    return H2_ANSWERED;
+}
+
+/* A DATA or HEADERS frame on client stream `id`, which is at most top_id and not open, or a
+ * PRIORITY frame on stream 0: answered as RFC 9113 5.1 and 6.3 say (nghttp2, which has
+ * forgotten the stream, would ignore it). Returns 0 (the frame goes on to nghttp2, which
+ * drops it, HPACK state and all) or H2_ANSWERED. */
+static ssize_t closed_frame(ms_h2_t *h2, int type, uint32_t id)
+{
+    if (type == NGHTTP2_PRIORITY)
+        return conn_error(h2, NGHTTP2_PROTOCOL_ERROR, id, "PRIORITY on stream 0");
+    int state = (int32_t)id <= h2->top_id ? closed_state(h2, id) : CLOSED_OTHER;
+    if (state == CLOSED_UNUSED && type == NGHTTP2_HEADERS)
+        return conn_error(h2, NGHTTP2_PROTOCOL_ERROR, id,
+                          "HEADERS on a stream id below one already used");
+    if (state == CLOSED_ENDED)
+        return conn_error(h2, NGHTTP2_STREAM_CLOSED, id,
+                          type == NGHTTP2_DATA ? "DATA on a closed stream"
+                                               : "HEADERS on a closed stream");
+    if (state != CLOSED_OTHER) {
+        /* Reset by the client, or never opened: a stream error (5.1, 6.1). */
+        char peer[64];
+        ms_conn_peer(h2->conn, peer, sizeof(peer));
+        ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %u: reset: %s on a stream %s", peer, id,
+               type == NGHTTP2_DATA ? "DATA" : "HEADERS",
+               state == CLOSED_RESET ? "the client reset" : "never opened");
+        h2->conn->server->stats->bad_requests++;
+        glitch(h2);
+        nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, (int32_t)id, NGHTTP2_STREAM_CLOSED);
+    }
+    return 0;
 }
 
 /* -- Replies --------------------------------------------------------------------------------- */
@@ -466,17 +570,48 @@ static void h2_fail(ms_req_t *r)
         nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_INTERNAL_ERROR);
 }
 
-/* A stream whose reply is complete, or will be, while the client has not ended its side:
- * nothing will read what it still sends, and the open stream would hold its memory with no
- * deadline. It is reset with NO_ERROR (RFC 9113 8.1) once the reply's last frame has gone. */
-static void reset_when_sent(ms_stream_t *st)
+/* Past discard_bytes or discard_timeout: the stream is reset with NO_ERROR (RFC 9113 8.1)
+ * once the reply's last frame has gone. */
+static void discard_over(ms_stream_t *st)
 {
-    if (st->closed || (st->req.v.flags & MS_REQ_BODY_DONE))
+    st->discard = DISCARD_OVER;
+    if (st->closed)
         return;
     if (st->end_sent)
         nghttp2_submit_rst_stream(st->h2->ng, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
     else
         st->reset_after = 1;
+}
+
+static void discard_expired(ms_timer_t *t)
+{
+    ms_stream_t *st = (ms_stream_t *)container_of(t, ms_req_t, timer);
+    ms_conn_t *c = st->req.conn;
+    discard_over(st);
+    h2_flush_soon(c);
+}
+
+/* A stream whose reply is complete, or will be, while the client has not ended its side:
+ * nothing reads what it still sends. A reset at once would lose the reply for common clients
+ * (curl drops a reply whose stream is reset while it still uploads), so, as nginx does, the
+ * rest is read and dropped (its window granted: on_data), within discard_bytes from now and
+ * discard_timeout from the handler's end; the client ends its side, or past either bound
+ * the stream is reset (discard_over). */
+static void discard_rest(ms_stream_t *st)
+{
+    ms_req_t *r = &st->req;
+    if (st->closed || (r->v.flags & MS_REQ_BODY_DONE))
+        return;
+    ms_server_t *s = r->conn->server;
+    if (st->discard == DISCARD_NONE) {
+        st->discard = DISCARD_ON;
+        st->body_mark = r->body_seen;
+    }
+    if (st->discard == DISCARD_OVER || s->limits.discard_bytes == 0 ||
+        s->limits.discard_timeout_ms == 0)
+        discard_over(st);
+    else if (!(r->v.flags & MS_REQ_IN_HANDLER) && r->timer.index == 0)
+        ms_timer_start(s, &r->timer, s->limits.discard_timeout_ms, discard_expired);
 }
 
 /* The handler is done with the stream: it goes when nghttp2 is done with it too, at the
@@ -488,7 +623,7 @@ static void h2_finished(ms_req_t *r)
     if (st->closed)
         stream_free(st);
     else if (!st->tunnel)
-        reset_when_sent(st);
+        discard_rest(st);
     if (!(c->flags & MS_CONN_IN_FEED))
         h2_flush_soon(c);
     ms__conn_rearm(c);
@@ -499,7 +634,7 @@ static void h2_finished(ms_req_t *r)
 
 /* The core answers the stream (ms__req_refuse logged it): the refusal as its reply unless
  * one has begun, then a handler waiting for the body learns. The rest of the body is not
- * wanted: the client is told so once the reply has gone (a reset now would drop it). */
+ * wanted: it is dropped (discard_rest; a reset now would lose the reply). */
 static void h2_refuse(ms_req_t *r, int status)
 {
     ms_stream_t *st = stream_of(r);
@@ -516,7 +651,7 @@ static void h2_refuse(ms_req_t *r, int status)
             ms_reply_field(r, retry, sizeof(retry) - 1);
         ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
     }
-    reset_when_sent(st);
+    discard_rest(st);
     if (r->v.wait == MS_WAIT_BODY)
         ms__req_wake(r, MS_WAIT_BODY);
 }
@@ -546,6 +681,7 @@ static void body_check(ms_timer_t *t)
     }
     s->stats->timeouts++;
     ms__conn_hold(c);
+    st->discard = DISCARD_OVER; /* a client this slow has had its time: reset once answered */
     ms__req_refuse(r, 408, "body not complete within body_timeout at body_min_rate");
     if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
         ms__conn_rearm(c);
@@ -604,6 +740,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
     }
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
+    closed_advance(h2, frame->hd.stream_id);
     if (h2->going_away == GOAWAY_SENT) {
         nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
                                   NGHTTP2_REFUSED_STREAM);
@@ -804,6 +941,9 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *frame, void *
         if (st != NULL && end_stream)
             goto body_done;
         break;
+    case NGHTTP2_RST_STREAM:
+        h2->reset_recv = frame->hd.stream_id; /* (closed next: on_stream_close) */
+        break;
     case NGHTTP2_PING:
         if ((frame->hd.flags & NGHTTP2_FLAG_ACK) && h2->going_away == GOAWAY_NOTICE &&
             memcmp(frame->ping.opaque_data, GOAWAY_PING, 8) == 0)
@@ -827,6 +967,9 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
     ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
     if (st == NULL || !(st->req.v.flags & MS_REQ_IN_HANDLER)) {
         nghttp2_session_consume(ng, id, len); /* nobody reads it: let it go */
+        if (st != NULL && st->discard == DISCARD_ON &&
+            (st->req.body_seen += len) - st->body_mark > st->req.conn->server->limits.discard_bytes)
+            discard_over(st);
         return 0;
     }
     ms_req_t *r = &st->req;
@@ -854,7 +997,7 @@ static int on_data(nghttp2_session *ng, uint8_t flags, int32_t id, const uint8_t
 static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void *user)
 {
     (void)code;
-    (void)user;
+    closed_mark(user, id);
     ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, id);
     if (st == NULL)
         return 0;
@@ -874,7 +1017,12 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void 
  * nobody reads (refused, late, or its handler done) is reset now. */
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
-    (void)user;
+    if (frame->hd.type == NGHTTP2_RST_STREAM) {
+        ms_h2_t *h2 = user;
+        h2->reset_sent = frame->hd.stream_id;    /* (closed next: on_stream_close) */
+        closed_advance(h2, frame->hd.stream_id); /* (nghttp2 refused it unopened) */
+        return 0;
+    }
     if ((frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) ||
         !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
         return 0;
@@ -945,6 +1093,7 @@ static ms_h2_t *session_new(ms_conn_t *c)
     memset(h2, 0, sizeof(*h2));
     h2->conn = c;
     h2->scan_skip = MS_H2_PREFACE_LEN; /* every session's input starts with the preface */
+    h2->top_id = -1;
     if (nghttp2_session_server_new2(&h2->ng, callbacks, h2, options) != 0) {
         ms_mem_free(h2);
         return NULL;
@@ -1048,6 +1197,7 @@ static void h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restl
                       (const uint8_t *)f->value.base, f->value.len, 0, st);
     }
     c->pstate = h2;
+    closed_advance(h2, 1);
     dispatch(h2, st, 1);
     if (restlen > 0)
         h2_feed(c, rest, restlen);
@@ -1085,14 +1235,19 @@ static uint8_t *scan_self_dependency(uint8_t *hd, size_t have)
 }
 
 /* A frame makes stream `id` depend on itself: the stream is reset with PROTOCOL_ERROR, or,
- * when this HEADERS frame opens it, reset instead of being dispatched. */
-static void self_dependent(ms_h2_t *h2, int32_t id, int type)
+ * when this HEADERS frame opens it, reset instead of being dispatched. A PRIORITY frame on a
+ * stream not yet opened is a connection error: an idle stream cannot be reset (5.1), and
+ * nghttp2 would drop the RST_STREAM unsent. Returns 0 or H2_ANSWERED. */
+static ssize_t self_dependent(ms_h2_t *h2, int32_t id, int type)
 {
     ms_stream_t *st = nghttp2_session_get_stream_user_data(h2->ng, id);
     if (type == NGHTTP2_HEADERS && st == NULL) {
         h2->malformed_id = id; /* (on_begin_headers) */
-        return;
+        return 0;
     }
+    if (id > h2->top_id)
+        return conn_error(h2, NGHTTP2_PROTOCOL_ERROR, (uint32_t)id,
+                          "PRIORITY makes an idle stream depend on itself");
     char peer[64];
     ms_conn_peer(h2->conn, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2 stream %d: reset: it depends on itself", peer, id);
@@ -1101,6 +1256,7 @@ static void self_dependent(ms_h2_t *h2, int32_t id, int type)
     if (st != NULL)
         st->malformed = 1;
     nghttp2_submit_rst_stream(h2->ng, NGHTTP2_FLAG_NONE, id, NGHTTP2_PROTOCOL_ERROR);
+    return 0;
 }
 
 /* Feeds nghttp2 `n` bytes; 0, or its error (a negative NGHTTP2_ERR_*). */
@@ -1115,13 +1271,20 @@ static ssize_t feed_ng(ms_h2_t *h2, const uint8_t *p, size_t n)
  * stream error (5.3.1: PROTOCOL_ERROR), which it does not look for in PRIORITY (dropped
  * unread) and makes a connection error in HEADERS. So the frame headers are looked at
  * first; a frame that breaks the rule reaches nghttp2 depending on the root instead, and
- * its stream is reset here. A frame's start split across reads waits in scan_hd, unfed,
- * until it is whole. Common case: one look at each frame header, and one call to nghttp2.
- * Returns what nghttp2_session_mem_recv returns. */
+ * its stream is reset here. The pre-scan also answers DATA and HEADERS on streams nghttp2
+ * has forgotten (closed_frame) and PRIORITY on stream 0, which nghttp2 drops. Such a frame
+ * is looked at once what came before it is in nghttp2, when that could have changed its
+ * stream: a HEADERS frame scanned but not fed (top_id is behind), or a frame that may close
+ * the stream (RST_STREAM, END_STREAM; `dirty`, one bit per id modulo 64). A frame's start
+ * split across reads waits in scan_hd, unfed, until it is whole. Common case: one look at
+ * each frame header, and one call to nghttp2. Returns what nghttp2_session_mem_recv
+ * returns, or H2_ANSWERED. */
 static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
 {
     size_t pos = 0, fed = 0, hold = n;
     ssize_t rc;
+    int32_t scan_top = h2->top_id; /* the highest HEADERS id scanned, fed or not */
+    uint64_t dirty = 0;
     while (pos < n) {
         if (h2->scan_skip > 0) {
             size_t k = n - pos < h2->scan_skip ? n - pos : h2->scan_skip;
@@ -1156,17 +1319,38 @@ static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
         size_t len = (size_t)hd[0] << 16 | (size_t)hd[1] << 8 | hd[2];
         h2->scan_skip = (uint32_t)(9 + len - have);
         uint8_t *dep = have > 9 ? scan_self_dependency(hd, have) : NULL;
-        if (dep == NULL && hd != h2->scan_hd)
+        uint32_t id =
+            (uint32_t)(hd[5] & 0x7f) << 24 | (uint32_t)hd[6] << 16 | (uint32_t)hd[7] << 8 | hd[8];
+        uint64_t bit = (uint64_t)1 << (id / 2 % 64);
+        int closed = 0; /* the frame may be on a closed stream, or is PRIORITY on stream 0 */
+        if (hd[3] <= NGHTTP2_HEADERS && (id & 1)) {
+            if ((int32_t)id <= scan_top)
+                closed = (int32_t)id > h2->top_id || (dirty & bit) ||
+                         closed_state(h2, id) != CLOSED_OTHER;
+            else if (hd[3] == NGHTTP2_HEADERS)
+                scan_top = (int32_t)id;
+            if (hd[4] & NGHTTP2_FLAG_END_STREAM)
+                dirty |= bit;
+        } else if (hd[3] == NGHTTP2_RST_STREAM) {
+            dirty |= bit;
+        } else if (hd[3] == NGHTTP2_PRIORITY && id == 0) {
+            closed = 1;
+        }
+        if (MS_LIKELY(dep == NULL && !closed && hd != h2->scan_hd))
             continue;
         /* This frame's start goes to nghttp2 from here, after what came before it. */
         if ((rc = feed_ng(h2, p + fed, start - fed)) < 0)
             return rc;
+        fed = start;
+        scan_top = h2->top_id;
+        dirty = 0;
+        if (closed && (rc = closed_frame(h2, hd[3], id)) < 0)
+            return rc;
         if (dep != NULL) {
-            int32_t id = (int32_t)((uint32_t)(hd[5] & 0x7f) << 24 | (uint32_t)hd[6] << 16 |
-                                   (uint32_t)hd[7] << 8 | hd[8]);
             memcpy(copy, hd, have);
             memset(copy + (dep - hd), 0, 4); /* on the root, not exclusive */
-            self_dependent(h2, id, hd[3]);
+            if ((rc = self_dependent(h2, (int32_t)id, hd[3])) < 0)
+                return rc;
             hd = copy;
         }
         if ((rc = feed_ng(h2, hd, have)) < 0)
@@ -1193,7 +1377,7 @@ static void h2_feed(ms_conn_t *c, const char *data, size_t len)
     c->flags |= MS_CONN_IN_FEED;
     ssize_t n = recv_frames(h2, (const uint8_t *)data, len);
     c->flags = (c->flags & ~MS_CONN_IN_FEED) | in_feed;
-    if (n < 0) {
+    if (n < 0 && n != H2_ANSWERED) {
         char peer[64];
         ms_conn_peer(c, peer, sizeof(peer));
         ms_log(MS_LOG_INFO, "%s: HTTP/2: %s", peer, nghttp2_strerror((int)n));

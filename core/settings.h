@@ -81,7 +81,7 @@
     X(resolver_in_flight, resolver_in_flight, uint32_t, 2, COUNT, 0,                               \
       "lookups at once, below libuv's thread pool; the rest queue")                                \
     X(resolver_names, resolver_names, uint32_t, 1024, COUNT, 0,                                    \
-      "names in a worker's resolver cache")                                                      \
+      "names in a worker's resolver cache")                                                        \
     X(handshake_timeout, handshake_timeout_ms, uint32_t, 10, SECONDS, 0,                           \
       "a whole TLS handshake, from the accept: close")                                             \
     /* A WebSocket peer's frames that carry little and cost a frame's work each: empty             \
@@ -89,7 +89,14 @@
     X(websocket_fragments, websocket_fragments, uint32_t, 4096, COUNT, 65535,                      \
       "frames of one WebSocket message: close 1008 (0: no cap)")                                   \
     X(websocket_control_rate, websocket_control_rate, uint32_t, 100, COUNT, 65535,                 \
-      "WebSocket pings and pongs a second: close 1008 (0: no cap)")
+      "WebSocket pings and pongs a second: close 1008 (0: no cap)")                                \
+    /* What a client still sends of a body after its HTTP/2 stream's reply is complete: read       \
+     * and dropped (as nginx does) so that the client sees a stream that ends, up to these;        \
+     * past either, RST_STREAM(NO_ERROR). */                                                       \
+    X(discard_bytes, discard_bytes, uint64_t, 8388608, BYTES, 0,                                   \
+      "HTTP/2 body dropped after an early reply; then RST_STREAM")                                 \
+    X(discard_timeout, discard_timeout_ms, uint32_t, 10, SECONDS, 0,                               \
+      "HTTP/2 body dropped after its handler ends; then RST_STREAM")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -26,7 +26,7 @@ static int path_is(ms_req_t *r, const char *p)
 }
 
 static ms_buf_t echoed;
-static echo_tunnel_t tunnel; /* /tunnel's taker */
+static echo_tunnel_t tunnel;  /* /tunnel's taker */
 static char seen_fields[512]; /* /echo: "headers|trailers" as name=value; lists */
 
 static int fields_rc[8];
@@ -124,12 +124,13 @@ typedef struct reply_s {
     size_t len;
     int closed;
     uint32_t error;
+    int rst; /* RST_STREAM frames received */
     int saw_connection_field, saw_date;
 } reply_t;
 
 static reply_t replies[32]; /* by stream id / 2 */
 static nghttp2_session *client;
-static int goaway_seen;       /* GOAWAY frames the client got */
+static int goaway_seen;        /* GOAWAY frames the client got */
 static int32_t goaway_last_id; /* the last one's last stream id */
 
 static reply_t *reply_of(int32_t id)
@@ -172,6 +173,8 @@ static int c_close(nghttp2_session *s, int32_t id, uint32_t code, void *u)
 
 static int c_frame(nghttp2_session *s, const nghttp2_frame *f, void *u)
 {
+    if (f->hd.type == NGHTTP2_RST_STREAM)
+        reply_of(f->hd.stream_id)->rst++;
     if (f->hd.type == NGHTTP2_GOAWAY) {
         goaway_seen++;
         goaway_last_id = f->goaway.last_stream_id;
@@ -312,7 +315,10 @@ TEST(h2_serves_streams_as_requests_with_the_authority_as_host)
     teardown();
 }
 
-#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, 0}
+#define NV(n, v)                                                                                   \
+    {                                                                                              \
+        (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, 0                            \
+    }
 
 TEST(h2_keeps_trailers_apart_from_headers)
 {
@@ -470,9 +476,14 @@ TEST(h2_resets_a_path_without_a_leading_slash_and_a_scheme_other_than_http)
     teardown();
 }
 
-TEST(h2_a_stream_the_client_never_ends_is_reset_once_answered)
+static void run_for(uint64_t ms);
+
+TEST(h2_a_stream_the_client_never_ends_is_reset_at_discard_timeout_once_answered)
 {
-    setup();
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.discard_timeout_ms = 100;
+    setup_limits(&lim);
     body_t never = {NULL, 0, 0, NULL, 0};
     int32_t ids[4];
     for (int i = 0; i < 4; i++)
@@ -480,11 +491,47 @@ TEST(h2_a_stream_the_client_never_ends_is_reset_once_answered)
     pump();
     for (int i = 0; i < 4; i++) {
         ASSERT_EQ(200, reply_of(ids[i])->status);
+        ASSERT_EQ(0, reply_of(ids[i])->closed); /* the rest of the body would be dropped */
+    }
+    ASSERT_EQ(4, h2_of(m.conn)->nstreams);
+    run_for(150);
+    for (int i = 0; i < 4; i++) {
         ASSERT_EQ(1, reply_of(ids[i])->closed); /* RST_STREAM(NO_ERROR), RFC 9113 8.1 */
+        ASSERT_EQ(1, reply_of(ids[i])->rst);
         ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(ids[i])->error);
     }
     ASSERT_EQ(0, h2_of(m.conn)->nstreams); /* nothing held for a client that stays silent */
     ASSERT_EQ(0, srv->stats->in_flight);
+    ASSERT_EQ(0, goaway_seen);
+    teardown();
+}
+
+/* An early reply (the handler answers without reading): what the client still sends is read
+ * and dropped, so a body within discard_bytes ends its stream as usual, with no reset that
+ * a client could take for a failure; past discard_bytes the stream is reset (NO_ERROR). */
+TEST(h2_an_early_reply_drops_the_rest_of_the_body_up_to_discard_bytes)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.discard_bytes = 100000;
+    setup_limits(&lim);
+    static char big[400000];
+    memset(big, 'b', sizeof(big));
+    body_t within = {big, 90000, 0, NULL, 0}, over = {big, sizeof(big), 0, NULL, 0};
+    int32_t a = request("POST", "/x", &within), b = request("POST", "/x", &over);
+    pump();
+    ASSERT_EQ(200, reply_of(a)->status);
+    ASSERT_STR_EQ("v20 /x example.test", reply_of(a)->body);
+    ASSERT_EQ(1, reply_of(a)->closed);
+    ASSERT_EQ(0, reply_of(a)->rst); /* both sides ended it */
+    ASSERT_EQ(within.len, within.off);
+    ASSERT_EQ(200, reply_of(b)->status);
+    ASSERT_STR_EQ("v20 /x example.test", reply_of(b)->body);
+    ASSERT_EQ(1, reply_of(b)->closed);
+    ASSERT_EQ(1, reply_of(b)->rst);
+    ASSERT_EQ(NGHTTP2_NO_ERROR, (int)reply_of(b)->error);
+    ASSERT(over.off > lim.discard_bytes && over.off < over.len); /* stopped past the bound */
+    ASSERT_EQ(0, h2_of(m.conn)->nstreams);
     ASSERT_EQ(0, goaway_seen);
     teardown();
 }
@@ -696,6 +743,127 @@ TEST(h2_a_stream_that_depends_on_itself_is_reset_in_a_frame_split_anywhere)
         teardown();
     }
     ms_mem_free(in.base);
+}
+
+/* Frames on streams nghttp2 has forgotten, and PRIORITY frames it drops unread: `first`
+ * (after the preface and SETTINGS) is fed and answered, then `then`, each whole or a byte a
+ * read. Returns how many frames of `type` on stream `id` the server wrote, the last one's
+ * code in *code; *served: whether a GET on stream 101 sent after all was answered. */
+static int closed_case(const ms_buf_t *first, const ms_buf_t *then, int bytewise, int type,
+                       uint32_t id, uint32_t *code, int *served)
+{
+    ms_buf_t in = {0};
+    char block[64];
+    ms__buf_append(&in, MS_H2_PREFACE, MS_H2_PREFACE_LEN);
+    put_frame_head(&in, 0, NGHTTP2_SETTINGS, 0, 0);
+    ms__buf_append(&in, first->base, first->len);
+    setup();
+    for (int part = 0; part < 2; part++) {
+        const ms_buf_t *b = part == 0 ? &in : then;
+        if (bytewise)
+            for (size_t i = 0; i < b->len && m.conn != NULL; i++)
+                ms_memio_feed(&m, b->base + i, 1);
+        else if (m.conn != NULL)
+            ms_memio_feed(&m, b->base, b->len);
+        uv_run(&loop, UV_RUN_NOWAIT);
+    }
+    if (m.conn != NULL) {
+        ms_buf_t last = {0};
+        size_t bl = get_block(block, "/after");
+        put_frame_head(&last, bl, NGHTTP2_HEADERS,
+                       NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM, 101);
+        ms__buf_append(&last, block, bl);
+        ms_memio_feed(&m, last.base, last.len);
+        uv_run(&loop, UV_RUN_NOWAIT);
+        ms_mem_free(last.base);
+    }
+    *served = frames_of(&m.out, NGHTTP2_HEADERS, 101, NULL);
+    *code = 0xff;
+    int k = frames_of(&m.out, type, id, code);
+    m.out.len = 0;
+    teardown();
+    ms_mem_free(in.base);
+    return k;
+}
+
+static void put_get(ms_buf_t *b, uint32_t id, const char *path, int flags)
+{
+    char block[64];
+    size_t bl = get_block(block, path);
+    put_frame_head(b, bl, NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS | flags, id);
+    ms__buf_append(b, block, bl);
+}
+
+static void put_data(ms_buf_t *b, uint32_t id, int flags)
+{
+    put_frame_head(b, 3, NGHTTP2_DATA, flags, id);
+    ms__buf_append(b, "abc", 3);
+}
+
+TEST(h2_answers_frames_on_closed_streams_as_rfc_9113_5_1_says)
+{
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        ms_buf_t ended = {0}, open = {0}, data = {0}, headers = {0}, reset = {0}, lower = {0};
+        ms_buf_t ours = {0}, none = {0};
+        uint32_t code;
+        int served;
+        put_get(&ended, 1, "/x", NGHTTP2_FLAG_END_STREAM); /* answered: both sides ended it */
+        put_get(&open, 1, "/x", 0);                        /* answered, its body still open */
+        put_data(&data, 1, 0);
+        put_get(&headers, 1, "/x", NGHTTP2_FLAG_END_STREAM);
+        /* Closed by both ends: DATA or HEADERS is a connection error STREAM_CLOSED (5.1). */
+        ASSERT_EQ(1, closed_case(&ended, &data, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_STREAM_CLOSED, (int)code);
+        ASSERT_EQ(0, served);
+        ASSERT_EQ(1, closed_case(&ended, &headers, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_STREAM_CLOSED, (int)code);
+        /* Reset by the client, then DATA or HEADERS in the same read: a stream error. */
+        put_frame_head(&reset, 4, NGHTTP2_RST_STREAM, 0, 1);
+        ms__buf_append(&reset, "\0\0\0\x08", 4);
+        ms__buf_append(&reset, data.base, data.len);
+        ms__buf_append(&reset, headers.base, headers.len);
+        ASSERT_EQ(2, closed_case(&open, &reset, bytewise, NGHTTP2_RST_STREAM, 1, &code, &served));
+        ASSERT_EQ(NGHTTP2_STREAM_CLOSED, (int)code);
+        ASSERT_EQ(1, served); /* the connection goes on */
+        ASSERT_EQ(0, closed_case(&open, &reset, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        /* A HEADERS frame on a stream id below one already used, in the same read or the
+         * next: a connection error PROTOCOL_ERROR (5.1.1). */
+        put_get(&lower, 5, "/x", NGHTTP2_FLAG_END_STREAM);
+        put_get(&lower, 3, "/x", NGHTTP2_FLAG_END_STREAM);
+        ASSERT_EQ(1, closed_case(&lower, &none, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, closed_case(&lower, &none, bytewise, NGHTTP2_HEADERS, 3, &code, &served));
+        /* A stream we reset (a :path without its /): what the client had sent is ignored. */
+        put_get(&ours, 1, "x", 0);
+        ASSERT_EQ(1, closed_case(&ours, &data, bytewise, NGHTTP2_RST_STREAM, 1, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(1, served);
+        ASSERT_EQ(0, closed_case(&ours, &data, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ms_mem_free(ended.base), ms_mem_free(open.base), ms_mem_free(data.base);
+        ms_mem_free(headers.base), ms_mem_free(reset.base), ms_mem_free(lower.base);
+        ms_mem_free(ours.base);
+    }
+}
+
+TEST(h2_priority_on_stream_0_or_an_idle_stream_on_itself_is_a_connection_error)
+{
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        ms_buf_t zero = {0}, idle = {0}, none = {0};
+        uint32_t code;
+        int served;
+        /* RFC 9113 6.3: PRIORITY on stream 0 (nghttp2 drops PRIORITY unread). */
+        put_frame_head(&zero, 5, NGHTTP2_PRIORITY, 0, 0);
+        ms__buf_append(&zero, "\0\0\0\x01\x10", 5);
+        ASSERT_EQ(1, closed_case(&zero, &none, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, served);
+        /* 5.3.1: stream 7, idle, made to depend on itself: an idle stream cannot be reset. */
+        put_frame_head(&idle, 5, NGHTTP2_PRIORITY, 0, 7);
+        ms__buf_append(&idle, "\0\0\0\x07\x10", 5);
+        ASSERT_EQ(1, closed_case(&idle, &none, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ms_mem_free(zero.base), ms_mem_free(idle.base);
+    }
 }
 
 TEST(h2_field_lines_that_are_not_whole_are_refused_and_the_reply_still_goes)

@@ -586,6 +586,20 @@ return app
             os.remove(file .. ".out")
         end)
 
+        -- A reply made before the body was read (here by middleware) leaves the stream open
+        -- while the client sends the rest, which is dropped: a reset would make curl drop the
+        -- reply with "(92) Stream error in the HTTP/2 framing layer".
+        twice("answers a 4 MiB POST it does not read with 403, and curl takes the reply", function()
+            local file = tmp .. "/upload.bin"
+            sh("head -c 4194304 /dev/zero > " .. q(file))
+            local out = curl(("-o %s -w '%%{http_code} %%{exitcode}' --data-binary @%s %s/admin/x")
+                :format(q(file .. ".out"), q(file), base))
+            assert.equal("403 0", out)
+            assert.equal("forbidden", helper.read_file(file .. ".out"))
+            os.remove(file)
+            os.remove(file .. ".out")
+        end)
+
         local function streamed(path)
             local out = curl("--max-time 5 -D - " .. base .. path)
             local head, body = out:match("^(.-)\r\n\r\n(.*)$")
@@ -713,14 +727,39 @@ return app
                 c:close()
             end)
 
-        twice("ignores DATA on a stream that has closed, and goes on serving", function()
+        -- RFC 9113 5.1: a stream both sides ended is closed; DATA or HEADERS on it is a
+        -- connection error, though nghttp2 has forgotten the stream.
+        for _, late in ipairs { "DATA", "HEADERS" } do
+            twice("answers " .. late .. " on a stream both sides ended with GOAWAY STREAM_CLOSED",
+                function()
+                    local c = connect(srv.port)
+                    c:hello()
+                    c:send(headers(1, request("GET", "/"), END_HEADERS + END_STREAM))
+                    c:collect(5, c:until_done(1))
+                    assert.equal(200, c:stream(1).status)
+                    c:send(late == "DATA" and data(1, "late")
+                        or headers(1, request("GET", "/"), END_HEADERS + END_STREAM))
+                    local frames = c:collect(5)
+                    local g = find(frames, T.GOAWAY)
+                    assert.truthy(g, describe_frames(frames))
+                    assert.equal(E.STREAM_CLOSED, g.code)
+                    assert.is_true(c:closes())
+                    c:close()
+                    serves(srv.port)
+                end)
+        end
+
+        twice("ignores DATA on a stream it reset, and goes on serving", function()
             local c = connect(srv.port)
             c:hello()
-            c:send(headers(1, request("GET", "/"), END_HEADERS + END_STREAM))
-            c:collect(5, c:until_done(1))
-            assert.equal(200, c:stream(1).status)
-            c:send(data(1, "late"))
-            local frames, why = c:collect(0.5)
+            c:send(headers(1, request("GET", "/", { { "X-Upper", "1" } }), END_HEADERS))
+            local frames = c:collect(5, function(f)
+                return f.stream == 1 and f.type == T.RST_STREAM
+            end)
+            assert.equal(E.PROTOCOL_ERROR, c:stream(1).rst, describe_frames(frames))
+            c:send(data(1, "sent before the client saw the reset"))
+            local why
+            frames, why = c:collect(0.5)
             assert.equal("timeout", why, describe_frames(frames))
             assert.equal(0, #frames, describe_frames(frames))
             c:send(headers(3, request("GET", "/"), END_HEADERS + END_STREAM))
@@ -729,6 +768,82 @@ return app
             assert.equal(200, c:stream(3).status, describe_frames(frames))
             assert.equal("hello", c:stream(3).body)
         end)
+
+        twice("answers DATA on a stream the client reset with RST_STREAM STREAM_CLOSED", function()
+            local c = connect(srv.port)
+            c:hello()
+            c:send(headers(1, request("POST", "/"), END_HEADERS), rst(1, E.CANCEL), data(1, "x"))
+            local frames = c:collect(5, function(f)
+                return f.stream == 1 and f.type == T.RST_STREAM
+            end)
+            assert.equal(E.STREAM_CLOSED, c:stream(1).rst, describe_frames(frames))
+            c:send(headers(3, request("GET", "/"), END_HEADERS + END_STREAM))
+            frames = c:collect(5, c:until_done(3))
+            c:close()
+            assert.equal(200, c:stream(3).status, describe_frames(frames))
+            assert.equal(0, count(frames, T.GOAWAY), describe_frames(frames))
+        end)
+
+        twice("answers HEADERS on a stream id below one already used with GOAWAY PROTOCOL_ERROR",
+            function()
+                local c = connect(srv.port)
+                c:hello()
+                c:send(headers(5, request("GET", "/"), END_HEADERS + END_STREAM),
+                    headers(3, request("GET", "/"), END_HEADERS + END_STREAM))
+                local frames = c:collect(5)
+                local g = find(frames, T.GOAWAY)
+                assert.truthy(g, describe_frames(frames))
+                assert.equal(E.PROTOCOL_ERROR, g.code)
+                assert.is_nil(c.streams[3] and c.streams[3].status)
+                c:close()
+            end)
+
+        -- RFC 9113 6.3 and 5.3.1; nghttp2 drops PRIORITY frames unread once priorities are off,
+        -- and a reset of an idle stream unsent.
+        for name, bytes in pairs { ["on stream 0"] = frame(T.PRIORITY, 0, 0, u32(1) .. "\16"),
+            ["making an idle stream depend on itself"] = frame(T.PRIORITY, 0, 9,
+                u32(9) .. "\16") } do
+            twice("answers PRIORITY " .. name .. " with GOAWAY PROTOCOL_ERROR", function()
+                local c = connect(srv.port)
+                c:hello()
+                c:send(bytes)
+                local frames = c:collect(5)
+                local g = find(frames, T.GOAWAY)
+                assert.truthy(g, describe_frames(frames))
+                assert.equal(E.PROTOCOL_ERROR, g.code)
+                assert.is_true(c:closes())
+                c:close()
+            end)
+        end
+
+        -- What h2spec's flow-control and malformed-request cases meet after an early reply: a
+        -- stream still open, whose frames nghttp2 checks.
+        twice("checks what a client sends after an early reply: a window over 2^31-1, a "
+            .. "content-length the DATA does not match, a zero WINDOW_UPDATE", function()
+                local c = connect(srv.port)
+                c:hello()
+                c:send(headers(1, request("POST", "/admin/x"), END_HEADERS),
+                    headers(3, request("POST", "/admin/x", { { "content-length", "10" } }),
+                        END_HEADERS),
+                    headers(5, request("POST", "/admin/x"), END_HEADERS))
+                c:collect(5, c:until_done(1, 3, 5))
+                c:send(frame(T.WINDOW_UPDATE, 0, 1, u32(0x7fffffff)), data(3, "12345", END_STREAM))
+                local frames = c:collect(5, function()
+                    return c.streams[1] and c.streams[1].rst and c.streams[3]
+                        and c.streams[3].rst
+                end)
+                for _, id in ipairs { 1, 3, 5 } do
+                    assert.equal(403, c:stream(id).status, describe_frames(frames))
+                end
+                assert.equal(E.FLOW_CONTROL_ERROR, c:stream(1).rst, describe_frames(frames))
+                assert.equal(E.PROTOCOL_ERROR, c:stream(3).rst)
+                c:send(frame(T.WINDOW_UPDATE, 0, 5, u32(0)))
+                frames = c:collect(5)
+                local g = find(frames, T.GOAWAY)
+                assert.truthy(g, describe_frames(frames))
+                assert.equal(E.PROTOCOL_ERROR, g.code)
+                c:close()
+            end)
 
         twice("answers DATA after END_STREAM, while the reply is pending, with GOAWAY " ..
             "STREAM_CLOSED", function()
@@ -1073,40 +1188,6 @@ return app
 
         -- RFC 9113 8.1: a complete reply may be followed by RST_STREAM(NO_ERROR), so that a
         -- stream the client never ends holds nothing (it had no deadline at all).
-        twice("resets, once answered, 100 streams with 16 KB heads that the client never ends",
-            function()
-                local c = connect(srv.port)
-                c:hello()
-                local big = ("v"):rep(16000)
-                local out, ids = {}, {}
-                for i = 1, 100 do
-                    ids[i] = 2 * i - 1
-                    out[i] = headers(ids[i], request("GET", "/", { { "x-big", big } }),
-                        END_HEADERS)
-                end
-                c:send(concat(out))
-                local frames = c:collect(10, function()
-                    for _, id in ipairs(ids) do
-                        if not c.streams[id] or not c.streams[id].rst then
-                            return false
-                        end
-                    end
-                    return true
-                end)
-                for _, id in ipairs(ids) do
-                    local st = c:stream(id)
-                    assert.equal(200, st.status, describe_frames(frames))
-                    assert.equal("hello", st.body)
-                    assert.equal(E.NO_ERROR, st.rst, "stream " .. id)
-                end
-                assert.equal(0, count(frames, T.GOAWAY), describe_frames(frames))
-                -- all 100 are gone: a 101st stream is not refused
-                c:send(headers(201, request("GET", "/"), END_HEADERS + END_STREAM))
-                frames = c:collect(5, c:until_done(201))
-                c:close()
-                assert.equal(200, c:stream(201).status, describe_frames(frames))
-            end)
-
         twice("wakes a handler that replied and waits for the body when the client resets",
             function()
                 local c = connect(srv.port)
@@ -1225,7 +1306,7 @@ describe("moonserve over HTTP/2 with small limits", function()
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/h2app.lua",
             args = "--limit head_bytes=4096 --limit header_count=20 --limit body_bytes=1000 "
-                .. "--limit in_flight=1" }
+                .. "--limit in_flight=1 --limit discard_bytes=2000" }
     end)
 
     teardown(function()
@@ -1280,20 +1361,26 @@ describe("moonserve over HTTP/2 with small limits", function()
         assert.equal("413 Content Too Large\n", c:stream(id).body)
     end)
 
-    twice_on_one_connection("answers a body that grows over body_bytes with 413 and RST_STREAM",
-        function(c, id)
+    twice_on_one_connection("answers a body that grows over body_bytes with 413, drops what "
+        .. "follows up to discard_bytes, then RST_STREAM", function(c, id)
             c:send(headers(id, request("POST", "/echo")))
             socket.sleep(0.05) -- the handler waits for the body
-            -- (more would follow: RST_STREAM(NO_ERROR) tells the client to stop; one that has
-            -- ended its stream needs no such word)
             c:send(data(id, ("y"):rep(1500)))
-            local frames = c:collect(5, function(f)
-                return f.stream == id and f.type == T.RST_STREAM
-            end)
+            local frames = c:collect(5, c:until_done(id))
             local st = c:stream(id)
             assert.equal(413, st.status, describe_frames(frames))
             assert.equal("413 Content Too Large\n", st.body)
-            assert.equal(E.NO_ERROR, st.rst)
+            assert.is_nil(st.rst, describe_frames(frames)) -- the rest of the body may come
+            c:send(data(id, ("y"):rep(1500)))
+            frames = c:collect(0.3)
+            assert.equal(0, count(frames, T.RST_STREAM), describe_frames(frames))
+            -- (more would follow: RST_STREAM(NO_ERROR) tells the client to stop; one that has
+            -- ended its stream needs no such word)
+            c:send(data(id, ("y"):rep(1500)))
+            frames = c:collect(5, function(f)
+                return f.stream == id and f.type == T.RST_STREAM
+            end)
+            assert.equal(E.NO_ERROR, st.rst, describe_frames(frames))
         end)
 
     twice_on_one_connection("answers a stream over in_flight with 503", function(c, id)
@@ -1325,12 +1412,46 @@ describe("moonserve over HTTP/2 with short deadlines", function()
     setup(function()
         srv = helper.spawn_server { app = "spec/fixtures/h2app.lua",
             args = "--limit head_timeout=1 --limit body_timeout=1 --limit send_timeout=1 "
-                .. "--limit body_min_rate=3" }
+                .. "--limit body_min_rate=3 --limit discard_timeout=1" }
     end)
 
     teardown(function()
         assert.is_true(srv:stop(), "the server must stop on SIGTERM")
     end)
+
+    twice("resets, at discard_timeout, 100 answered streams with 16 KB heads that the client "
+        .. "never ends", function()
+            local c = connect(srv.port)
+            c:hello()
+            local big = ("v"):rep(16000)
+            local out, ids = {}, {}
+            for i = 1, 100 do
+                ids[i] = 2 * i - 1
+                out[i] = headers(ids[i], request("GET", "/", { { "x-big", big } }),
+                    END_HEADERS)
+            end
+            c:send(concat(out))
+            local frames = c:collect(10, function()
+                for _, id in ipairs(ids) do
+                    if not c.streams[id] or not c.streams[id].rst then
+                        return false
+                    end
+                end
+                return true
+            end)
+            for _, id in ipairs(ids) do
+                local st = c:stream(id)
+                assert.equal(200, st.status, describe_frames(frames))
+                assert.equal("hello", st.body)
+                assert.equal(E.NO_ERROR, st.rst, "stream " .. id)
+            end
+            assert.equal(0, count(frames, T.GOAWAY), describe_frames(frames))
+            -- all 100 are gone: a 101st stream is not refused
+            c:send(headers(201, request("GET", "/"), END_HEADERS + END_STREAM))
+            frames = c:collect(5, c:until_done(201))
+            c:close()
+            assert.equal(200, c:stream(201).status, describe_frames(frames))
+        end)
 
     -- Sends `frame` after the preface, then expects GOAWAY NO_ERROR and a close within about a
     -- second, and one log line saying why.

@@ -55,8 +55,7 @@ static const char b64_url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvw
 
 /* dst->data has room for ((src->len + 2) / 3) * 4 bytes (nginx's
  * ngx_base64_encoded_length); dst->len is set to what was written. */
-static void b64_encode(ms_ngx_str_t *dst, const ms_ngx_str_t *src, const char *alphabet,
-                       int pad)
+static void b64_encode(ms_ngx_str_t *dst, const ms_ngx_str_t *src, const char *alphabet, int pad)
 {
     const unsigned char *s = src->data;
     unsigned char *d = dst->data;

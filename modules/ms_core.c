@@ -369,6 +369,18 @@ static int server_tls_cert(lua_State *L)
     return tls_result(L, ms_tls_cert(t, name, cert, clen, key, klen, err, sizeof(err)), err);
 }
 
+/* server:tls_hook(id, slot): every full handshake on the TLS settings `id` wakes `slot`, and
+ * waits for its certificate hook (ms_tls_cert_hook). */
+static int server_tls_hook(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_tls_t *t = check_tls(L, b, 2);
+    lua_Integer slot = luaL_checkinteger(L, 3);
+    luaL_argcheck(L, slot >= 0 && slot <= MS_WAKE_SLOT_MAX, 3, "bad slot");
+    ms_tls_cert_hook(t, (int32_t)slot);
+    return 0;
+}
+
 /* server:tls_staple(id, cert_pem, ocsp_der) -> true, or nil and why: an OCSP response
  * stapled to the handshakes that send that certificate. */
 static int server_tls_staple(lua_State *L)
@@ -1259,6 +1271,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"tls", server_tls},
                                               {"tls_cert", server_tls_cert},
                                               {"tls_staple", server_tls_staple},
+                                              {"tls_hook", server_tls_hook},
                                               {"run", server_run},
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},

@@ -88,12 +88,12 @@ struct ms_tls_s {
 /* A handshake's call of the certificate hook (ms_tls_cert_hook). Held by the connection
  * (t->hook) and by Lua from ms_tls_hook_next to ms_tls_hook_done; freed when both let go. */
 struct ms_tls_hook_s {
-    ms_timer_t timer;      /* the handshake goes on at the next turn once the hook is done */
-    ms_conn_t *conn;       /* NULL once the connection is gone */
-    ms_tls_hook_t *next;   /* in the worker's queue until Lua takes it */
-    uint8_t state;         /* HOOK_* */
-    uint8_t in_cb;         /* on_cert is under way: a hook done now needs no resume */
-    uint8_t taken;         /* Lua holds it */
+    ms_timer_t timer;    /* the handshake goes on at the next turn once the hook is done */
+    ms_conn_t *conn;     /* NULL once the connection is gone */
+    ms_tls_hook_t *next; /* in the worker's queue until Lua takes it */
+    uint8_t state;       /* HOOK_* */
+    uint8_t in_cb;       /* on_cert is under way: a hook done now needs no resume */
+    uint8_t taken;       /* Lua holds it */
 };
 
 enum { HOOK_QUEUED, HOOK_RUNNING, HOOK_OK, HOOK_FAILED };

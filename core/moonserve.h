@@ -454,6 +454,22 @@ int ms_tls_cert(ms_tls_t *t, const char *name, const char *cert, size_t cert_len
  * current is kept but never stapled (a warning says so). */
 int ms_tls_staple(ms_tls_t *t, const char *cert, size_t cert_len, const char *der,
                   size_t der_len, char *err, size_t errlen);
+/* The certificate hook: every full handshake of a listener with `t` pauses once OpenSSL has
+ * read the ClientHello (after SNI chose the name's certificates), and the server's event
+ * callback is woken on `slot` (ms_wake: at once when no call into Lua is under way). The
+ * binding takes each waiting handshake with ms_tls_hook_next, may change its certificates
+ * through OpenSSL on ms_tls_hook_ssl's SSL, and ends the call with ms_tls_hook_done: the
+ * handshake goes on (ok) or fails. The handshake's deadline (handshake_timeout) runs on. */
+typedef struct ms_tls_hook_s ms_tls_hook_t;
+void ms_tls_cert_hook(ms_tls_t *t, int32_t slot);
+/* The next handshake waiting for its hook, or NULL; the caller holds it until
+ * ms_tls_hook_done, which must come (the connection may be gone by then). */
+ms_tls_hook_t *ms_tls_hook_next(ms_server_t *s);
+void ms_tls_hook_done(ms_tls_hook_t *h, int ok);
+/* The handshake's SSL (an `SSL *`), or NULL once its connection is gone or the call is done. */
+struct ssl_st *ms_tls_hook_ssl(ms_tls_hook_t *h);
+/* Its connection, or NULL likewise (for its addresses). */
+ms_conn_t *ms_tls_hook_conn(ms_tls_hook_t *h);
 /* The port MS_LISTEN_REDIRECT_HTTPS listeners send clients to (443, the default, is left out
  * of the URL). */
 void ms_server_https_port(ms_server_t *s, int port);

@@ -39,10 +39,23 @@
 #define MS_TLS_LOG_EVERY_MS 10000
 
 /* What a failed handshake is logged as. */
-enum { FAIL_NOT_TLS, FAIL_VERSION, FAIL_CIPHER, FAIL_NAME, FAIL_TIMEOUT, FAIL_OTHER, NFAIL };
-static const char *const fail_names[NFAIL] = {
-    "not TLS", "no protocol version in common", "no cipher in common",
-    "unknown server name", "not done within handshake_timeout", "error"};
+enum {
+    FAIL_NOT_TLS,
+    FAIL_VERSION,
+    FAIL_CIPHER,
+    FAIL_NAME,
+    FAIL_TIMEOUT,
+    FAIL_OTHER,
+    FAIL_HOOK,
+    NFAIL
+};
+static const char *const fail_names[NFAIL] = {"not TLS",
+                                              "no protocol version in common",
+                                              "no cipher in common",
+                                              "unknown server name",
+                                              "not done within handshake_timeout",
+                                              "error",
+                                              "the certificate hook failed"};
 
 typedef struct tls_name_s {
     char *name;   /* lowercase: "example.com", or "*.example.com" */
@@ -69,7 +82,21 @@ struct ms_tls_s {
     char *ciphers, *ciphersuites, *groups; /* owned copies, for each name's context */
     tls_staple_t *staples;                 /* owned */
     uint32_t nstaples;
+    int32_t hook_slot; /* the certificate hook's wake slot, or -1: none */
 };
+
+/* A handshake's call of the certificate hook (ms_tls_cert_hook). Held by the connection
+ * (t->hook) and by Lua from ms_tls_hook_next to ms_tls_hook_done; freed when both let go. */
+struct ms_tls_hook_s {
+    ms_timer_t timer;    /* the handshake goes on at the next turn once the hook is done */
+    ms_conn_t *conn;     /* NULL once the connection is gone */
+    ms_tls_hook_t *next; /* in the worker's queue until Lua takes it */
+    uint8_t state;       /* HOOK_* */
+    uint8_t in_cb;       /* on_cert is under way: a hook done now needs no resume */
+    uint8_t taken;       /* Lua holds it */
+};
+
+enum { HOOK_QUEUED, HOOK_RUNNING, HOOK_OK, HOOK_FAILED };
 
 typedef struct ms_tls_worker_s {
     ms_tls_t *list; /* every TLS setting of the server */
@@ -77,6 +104,7 @@ typedef struct ms_tls_worker_s {
     ms_buf_t out;   /* ciphertext OpenSSL wrote, until the lower transport takes it */
     char *stage;    /* MS_TLS_STAGE: small pieces gathered into one record */
     char *fbuf;     /* MS_TLS_BURST: a part of a file, read to be encrypted */
+    ms_tls_hook_t *hooks, **hooks_tail; /* handshakes waiting for Lua to run their hook */
     struct {
         uint8_t logged;
         uint64_t at;   /* loop ms of the last line of this kind */
@@ -111,6 +139,7 @@ typedef struct tls_conn_s {
     uint8_t closing;       /* the lower transport is told to close: nothing more goes out */
     uint8_t fail;          /* FAIL_* + 1 set by a callback during the handshake */
     uint8_t ksock;         /* the write BIO is on the socket's: the kernel may take the keys */
+    ms_tls_hook_t *hook;   /* the certificate hook's call, while the handshake lasts */
 } tls_conn_t;
 
 const size_t ms__tls_size = sizeof(tls_conn_t);
@@ -551,7 +580,8 @@ static void handshake_failed(ms_conn_t *c)
     int kind = t->fail ? t->fail - 1 : classify(e);
     const char *why = kind == FAIL_OTHER && e != 0 ? ERR_reason_error_string(e) : NULL;
     ERR_clear_error();
-    log_failure(c, kind, why);
+    if (kind != FAIL_HOOK) /* (the hook's error is its line) */
+        log_failure(c, kind, why);
     c->server->stats->bad_requests++;
     ms__conn_close(c, 0);
 }
@@ -636,6 +666,122 @@ static int on_alpn(SSL *ssl, const unsigned char **out, unsigned char *outlen,
     return SSL_TLSEXT_ERR_OK;
 }
 
+/* -- The certificate hook ---------------------------------------------------------------- */
+
+/* The connection lets go of its hook's call (the handshake is over, or the connection). */
+static void hook_detach(ms_conn_t *c)
+{
+    tls_conn_t *t = tls_of(c);
+    ms_tls_hook_t *h = t->hook;
+    if (h == NULL)
+        return;
+    t->hook = NULL;
+    ms_timer_stop(c->server, &h->timer);
+    h->conn = NULL;
+    if (h->state == HOOK_QUEUED) {
+        ms_tls_worker_t *w = c->server->tls;
+        ms_tls_hook_t **pp = &w->hooks;
+        while (*pp != h)
+            pp = &(*pp)->next;
+        *pp = h->next;
+        if (w->hooks_tail == &h->next)
+            w->hooks_tail = pp;
+    }
+    if (!h->taken)
+        ms_mem_free(h);
+}
+
+static void hook_resume(ms_timer_t *tm)
+{
+    ms_tls_hook_t *h = container_of(tm, ms_tls_hook_t, timer);
+    if (h->conn != NULL && !(h->conn->flags & MS_CONN_CLOSED))
+        process(h->conn, NULL, 0);
+}
+
+/* OpenSSL's certificate callback, once the ClientHello is read (after SNI chose the name's
+ * certificates): the first time, the hook's call is queued and its slot woken, which runs
+ * the Lua hook now when no Lua is under way; while it runs, -1 pauses the handshake
+ * (SSL_ERROR_WANT_X509_LOOKUP), and ms_tls_hook_done lets it go on. */
+static int on_cert(SSL *ssl, void *arg)
+{
+    ms_tls_t *tls = arg;
+    ms_conn_t *c = SSL_get_app_data(ssl);
+    tls_conn_t *t = tls_of(c);
+    ms_tls_hook_t *h = t->hook;
+    if (h == NULL) {
+        if (tls->hook_slot < 0)
+            return 1;
+        ms_tls_worker_t *w = c->server->tls;
+        h = ms_mem_alloc(sizeof(*h));
+        memset(h, 0, sizeof(*h));
+        h->conn = c;
+        h->state = HOOK_QUEUED;
+        t->hook = h;
+        if (w->hooks == NULL)
+            w->hooks_tail = &w->hooks;
+        *w->hooks_tail = h;
+        w->hooks_tail = &h->next;
+        h->in_cb = 1;
+        ms_wake(c->server, tls->hook_slot, 0);
+        h->in_cb = 0;
+    }
+    switch (h->state) {
+    case HOOK_OK: return 1;
+    case HOOK_FAILED: t->fail = FAIL_HOOK + 1; return 0;
+    default: return -1;
+    }
+}
+
+void ms_tls_cert_hook(ms_tls_t *t, int32_t slot)
+{
+    t->hook_slot = slot;
+    SSL_CTX_set_cert_cb(t->ctx, on_cert, t);
+    for (uint32_t i = 0; i < t->nnames; i++)
+        SSL_CTX_set_cert_cb(t->names[i].ctx, on_cert, t);
+}
+
+ms_tls_hook_t *ms_tls_hook_next(ms_server_t *s)
+{
+    ms_tls_worker_t *w = s->tls;
+    if (w == NULL || w->hooks == NULL)
+        return NULL;
+    ms_tls_hook_t *h = w->hooks;
+    w->hooks = h->next;
+    if (w->hooks == NULL)
+        w->hooks_tail = &w->hooks;
+    h->next = NULL;
+    h->state = HOOK_RUNNING;
+    h->taken = 1;
+    return h;
+}
+
+void ms_tls_hook_done(ms_tls_hook_t *h, int ok)
+{
+    if (!h->taken)
+        return;
+    h->taken = 0;
+    if (h->conn == NULL) {
+        ms_mem_free(h);
+        return;
+    }
+    h->state = ok ? HOOK_OK : HOOK_FAILED;
+    /* Never from inside the Lua that called this: the handshake goes on from the loop. */
+    if (!h->in_cb)
+        ms_timer_start(h->conn->server, &h->timer, 0, hook_resume);
+}
+
+SSL *ms_tls_hook_ssl(ms_tls_hook_t *h)
+{
+    if (h->conn == NULL || !h->taken)
+        return NULL;
+    return tls_of(h->conn)->ssl;
+}
+
+ms_conn_t *ms_tls_hook_conn(ms_tls_hook_t *h)
+{
+    return h->taken ? h->conn : NULL;
+}
+
 static const ms_io_t ktls_io;
 static const ms_io_up_t ktls_up;
 
@@ -645,6 +791,7 @@ static void handshake_done(ms_conn_t *c)
     const unsigned char *p;
     unsigned int len;
     ms_timer_stop(c->server, &t->timer);
+    hook_detach(c);
     t->state = TLS_OPEN;
     t->version = SSL_get_version(t->ssl);
     SSL_get0_alpn_selected(t->ssl, &p, &len);
@@ -705,8 +852,8 @@ static int handshake(ms_conn_t *c)
         handshake_done(c);
         return 0;
     }
-    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
-        return 1;
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_X509_LOOKUP)
+        return 1; /* (WANT_X509_LOOKUP: the certificate hook runs) */
     handshake_failed(c);
     return -1;
 }
@@ -870,6 +1017,7 @@ static void tls_closed(ms_conn_t *c)
 {
     tls_conn_t *t = tls_of(c);
     ms_timer_stop(c->server, &t->timer);
+    hook_detach(c);
     if (t->ssl != NULL)
         SSL_free(t->ssl); /* (and its BIO) */
     t->ssl = NULL;
@@ -1227,6 +1375,8 @@ static SSL_CTX *make_ctx(ms_tls_t *t, char *err, size_t errlen)
     SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"moonserve", 9);
     SSL_CTX_set_dh_auto(ctx, 1);
     SSL_CTX_set_alpn_select_cb(ctx, on_alpn, NULL);
+    if (t->hook_slot >= 0)
+        SSL_CTX_set_cert_cb(ctx, on_cert, t);
     if (SSL_CTX_set_cipher_list(ctx, t->ciphers) != 1) {
         set_err(err, errlen, "bad ciphers");
         SSL_CTX_free(ctx);
@@ -1286,6 +1436,7 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
     t->ciphers = dup_or(o->ciphers, MS_TLS_CIPHERS);
     t->ciphersuites = dup_or(o->ciphersuites, MS_TLS_CIPHERSUITES);
     t->groups = dup_or(o->groups, MS_TLS_GROUPS);
+    t->hook_slot = -1;
     t->ctx = make_ctx(t, err, errlen);
     if (t->ctx == NULL) {
         tls_free_one(t);

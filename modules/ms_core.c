@@ -14,6 +14,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <openssl/ssl.h>
+
 #include "accesslog.h"
 #include "channel.h"
 #include "master.h"
@@ -364,6 +367,18 @@ static int server_tls_cert(lua_State *L)
     const char *key = luaL_checklstring(L, 5, &klen);
     char err[256];
     return tls_result(L, ms_tls_cert(t, name, cert, clen, key, klen, err, sizeof(err)), err);
+}
+
+/* server:tls_hook(id, slot): every full handshake on the TLS settings `id` wakes `slot`, and
+ * waits for its certificate hook (ms_tls_cert_hook). */
+static int server_tls_hook(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    ms_tls_t *t = check_tls(L, b, 2);
+    lua_Integer slot = luaL_checkinteger(L, 3);
+    luaL_argcheck(L, slot >= 0 && slot <= MS_WAKE_SLOT_MAX, 3, "bad slot");
+    ms_tls_cert_hook(t, (int32_t)slot);
+    return 0;
 }
 
 /* server:tls_staple(id, cert_pem, ocsp_der) -> true, or nil and why: an OCSP response
@@ -1277,6 +1292,17 @@ static void register_type(lua_State *L, const char *name, const luaL_Reg *method
     lua_pop(L, 1);
 }
 
+/* Makes the shared object holding `sym` global: its symbols resolve through dlsym(RTLD_DEFAULT),
+ * which is what LuaJIT's ffi.C looks in. RTLD_NOLOAD: the very file already mapped, never a
+ * second copy. The handle is kept for the life of the process. */
+static void make_global(const void *sym)
+{
+    Dl_info info;
+    if (dladdr(sym, &info) == 0 || info.dli_fname == NULL)
+        return;
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+}
+
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
     static const luaL_Reg server_methods[] = {{"listen", server_listen},
@@ -1284,6 +1310,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"tls", server_tls},
                                               {"tls_cert", server_tls_cert},
                                               {"tls_staple", server_tls_staple},
+                                              {"tls_hook", server_tls_hook},
                                               {"run", server_run},
                                               {"stop", server_stop},
                                               {"pointer", server_pointer},
@@ -1329,6 +1356,15 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"run_once", core_run_once},
                                      {"now", core_now},
                                      {NULL, NULL}};
+
+    /* Inside nginx, libcrypto's and libssl's functions are the process's global symbols, and
+     * OpenResty libraries call them through ffi.C (RAND_bytes, EVP_*, HMAC_*), as they call
+     * nginx's own (ngx_hex_dump, ms_ngx_ffi.c). `require` loads this module RTLD_LOCAL, and
+     * the libraries it links with it, so ffi.C sees none of them: promote all three, in every
+     * process that loads the core, before any handler runs. */
+    make_global((const void *)OpenSSL_version);
+    make_global((const void *)SSL_CTX_new);
+    make_global((const void *)luaopen_moonserve_core);
 
     register_type(L, SERVER_MT, server_methods, server_gc);
     register_type(L, MEMCONN_MT, memconn_methods, memconn_close);

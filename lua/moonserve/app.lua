@@ -1134,6 +1134,23 @@ function App:on_worker_start(fn)
     return self
 end
 
+--- fn() runs in every TLS handshake of the app's TLS listeners, once the client's hello is
+-- read, in a coroutine with the whole non-blocking API, while the handshake waits: it may
+-- choose the certificate for this connection (the host's functions, as `ngx.ssl` of the ngx
+-- layer: `server_name`, `clear_certs`, `set_der_cert` ...), from a shared dictionary or Redis,
+-- without a reload. Returning lets the handshake go on with the certificates set then (the
+-- listener's, if it set none); an error fails the handshake, with one log line. The
+-- handshake's deadline (`handshake_timeout`) runs on while it waits.
+-- @tparam function fn
+-- @return the app
+function App:ssl_certificate(fn)
+    if type(fn) ~= "function" then
+        error("bad argument #1 to 'ssl_certificate' (function expected)", 2)
+    end
+    self.ssl_certificate_hook = fn
+    return self
+end
+
 --- fn() runs in every worker as it stops, after the requests in flight stop being accepted.
 -- @tparam function fn
 -- @return the app

@@ -12,6 +12,12 @@ if require("moonserve.host").under_nginx() then
     return rawget(_G, "ngx")
 end
 
+-- OpenResty libraries call libcrypto, libssl and a few of nginx's own C functions through
+-- ffi.C, some as they load (resty.aes: EVP_md5()); loading the core's module makes them the
+-- process's global symbols (luaopen_moonserve_core), so it loads here, before the app's code
+-- requires them.
+require "moonserve.base"
+
 local context = require "moonserve.ngx.context"
 local output = require "moonserve.ngx.output"
 local req = require "moonserve.ngx.req"

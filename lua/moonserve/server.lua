@@ -233,6 +233,10 @@ local function make_tls(srv, the_app, t)
         error("bad tls settings: " .. err, 0)
     end
     add_certs(srv, id, nil, t)
+    local hook = type(the_app) == "table" and rawget(the_app, "ssl_certificate_hook")
+    if hook then
+        srv:tls_hook(id, require("moonserve.tls_hook").slot(srv, hook))
+    end
     for host, site in pairs(type(the_app) == "table" and rawget(the_app, "sites") or {}) do
         local st = rawget(site, "tls")
         if st then

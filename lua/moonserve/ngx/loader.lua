@@ -62,6 +62,7 @@ local modules = {
         return { version = RESTY_CORE_VERSION, new = function(n) return sema.new(n) end }
     end,
     ["ngx.errlog"] = function() return require "moonserve.ngx.errlog" end,
+    ["ngx.ssl"] = function() return require "moonserve.ngx.ssl" end,
     ["ngx.process"] = function() return require "moonserve.ngx.process" end,
     ["ngx.re"] = function() return require "moonserve.ngx.re" end,
     ["ngx.base64"] = function()
@@ -91,7 +92,7 @@ local modules = {
 
 -- Debian's ngx.* modules that moonserve has no answer for.
 local UNSUPPORTED = { ["ngx.balancer"] = true, ["ngx.ocsp"] = true, ["ngx.pipe"] = true,
-    ["ngx.req"] = true, ["ngx.ssl"] = true, ["ngx.ssl.session"] = true,
+    ["ngx.req"] = true, ["ngx.ssl.session"] = true,
     ["ngx.ssl.clienthello"] = true }
 
 local function loader_for(make)

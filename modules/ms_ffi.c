@@ -70,13 +70,18 @@ MS_FFI int ms_ffi_path_plain(const char *p, size_t n)
 
 /* Whether `p` holds none of the printable bytes no URL may hold as they are (RFC 3986 2:
  * space " < > \\ ^ ` { | }), for res:redirect; in C for the same reason. */
-MS_FFI int ms_ffi_url_plain(const char *p, size_t n)
+MS_FFI int ms_ffi_url_check(const char *p, size_t n)
 {
     static const char never[] = " \"<>\\^`{|}";
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != 0 && memchr(never, p[i], sizeof(never) - 1) != NULL)
-            return 0;
-    return 1;
+    int plain = 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c < 0x20 || c == 0x7f)
+            return -1;
+        if (plain && memchr(never, c, sizeof(never) - 1) != NULL)
+            plain = 0;
+    }
+    return plain;
 }
 
 MS_FFI int ms_ffi_req_client_ip(ms_req_t *r, char *buf, size_t len)

@@ -42,7 +42,7 @@ const char *ms_ffi_req_header(ms_req_view_t *r, const char *name, size_t len, si
 int ms_ffi_req_headers(ms_req_view_t *r, ms_header_t *out, int n);
 int ms_ffi_req_trailers(ms_req_view_t *r, ms_header_t *out, int n);
 int ms_ffi_path_plain(const char *p, size_t n);
-int ms_ffi_url_plain(const char *p, size_t n);
+int ms_ffi_url_check(const char *p, size_t n);
 int ms_ffi_req_client_ip(ms_req_view_t *r, char *buf, size_t len);
 int ms_ffi_req_address(ms_req_view_t *r, int local, char *buf, size_t len);
 int ms_ffi_res_header(ms_req_view_t *r, const char *name, size_t nlen, const char *value, size_t vlen);

@@ -273,8 +273,8 @@ end
 
 -- Whether `url` holds none of the bytes a Location must escape (response_methods.redirect):
 -- in C, for the redirect every canonical path takes.
-function Response._url_plain(_, url)
-    return C.ms_ffi_url_plain(url, #url) ~= 0
+function Response._url_check(_, url)
+    return C.ms_ffi_url_check(url, #url)
 end
 
 --- Streams a piece of a reply whose length is not known (chunked on HTTP/1.1). Waits (parks

@@ -503,8 +503,10 @@ static int frame_begin(ms_ws_parser_t *p)
                 p->ctl_since = now;
                 p->ctl_n = 0;
             }
-            if (++p->ctl_n > p->max_control)
+            /* (counted after the check: 16 bits, and the cap may be 65535) */
+            if (p->ctl_n >= p->max_control)
                 return fail(p, MS_WS_POLICY, "too many control frames a second");
+            p->ctl_n++;
         }
     } else {
         if (p->op == MS_WS_CONT) {
@@ -512,8 +514,11 @@ static int frame_begin(ms_ws_parser_t *p)
                 return fail(p, MS_WS_PROTOCOL, "continuation frame outside a message");
             /* Empty continuations cost the peer two bytes each and us a frame's work: a
              * message is held to a count of frames as to a size. */
-            if (p->max_fragments != 0 && ++p->frags > p->max_fragments)
-                return fail(p, MS_WS_POLICY, "too many fragments in one message");
+            if (p->max_fragments != 0) {
+                if (p->frags >= p->max_fragments)
+                    return fail(p, MS_WS_POLICY, "too many fragments in one message");
+                p->frags++;
+            }
         } else {
             if (p->msg_op != 0)
                 return fail(p, MS_WS_PROTOCOL, "new message inside a fragmented one");

@@ -375,7 +375,7 @@ TEST(ws_closes_a_message_of_more_fragments_than_its_cap_with_1008)
     static seen_t s;
     ASSERT_EQ(MS_EBADREQ, feed_counted(&p, &s, &w, 4096, 0, 0));
     ASSERT_EQ(1008, sent_close(&s));
-    ASSERT_EQ(4097, p.frags);
+    ASSERT_EQ(4096, p.frags);
     ASSERT_EQ(1, p.done);
     ms_ws_parser_free(&p);
     /* Each message counts its own frames. */
@@ -387,6 +387,53 @@ TEST(ws_closes_a_message_of_more_fragments_than_its_cap_with_1008)
     }
     ASSERT_EQ(0, feed_counted(&p, &s, &w, 3, 0, 0));
     ASSERT_STR_EQ("text(x) text(x) text(x)", s.log);
+    ms_ws_parser_free(&p);
+}
+
+static void drop_message(ms_ws_parser_t *p, int op, const char *d, size_t n, int code)
+{
+}
+static void drop_send(ms_ws_parser_t *p, const char *d, size_t n)
+{
+}
+static const ms_ws_parser_ops_t drop_ops = {
+    .message = drop_message, .send = drop_send, .now = seen_now};
+
+/* Feeds w again and again until the parser refuses or `frames` frames have gone in. */
+static int feed_until(ms_ws_parser_t *p, size_t per_feed, size_t frames)
+{
+    int rc = 0;
+    for (size_t fed = 0; rc == 0 && fed < frames; fed += per_feed)
+        rc = ms_ws_parse(p, (const char *)w.b, w.n);
+    return rc;
+}
+
+TEST(ws_holds_its_frame_caps_at_their_largest_value)
+{
+    /* The counts are 16 bits: at a cap of 65535 they must refuse, not wrap to 0. */
+    ms_ws_parser_t p;
+    ms_ws_parser_init(&p, &drop_ops, 1 << 20, 1 << 20);
+    p.max_fragments = 65535;
+    w.n = 0;
+    add(&w, 0x02, "", 0);
+    ASSERT_EQ(0, ms_ws_parse(&p, (const char *)w.b, w.n));
+    w.n = 0;
+    for (int i = 0; i < 4096; i++)
+        add(&w, 0x00, "", 0);
+    ASSERT_EQ(MS_EBADREQ, feed_until(&p, 4096, 70000));
+    ASSERT_EQ(65535, p.frags);
+    ASSERT_STR_EQ("too many fragments in one message", p.why);
+    ms_ws_parser_free(&p);
+
+    ms_ws_parser_init(&p, &drop_ops, 1 << 20, 1 << 20);
+    p.max_control = 65535;
+    clock_ms = 0;
+    w.n = 0;
+    for (int i = 0; i < 4096; i++)
+        add(&w, 0x89, "", 0);
+    ASSERT_EQ(MS_EBADREQ, feed_until(&p, 4096, 70000));
+    ASSERT_EQ(65535, p.ctl_n);
+    ASSERT_STR_EQ("too many control frames a second", p.why);
     ms_ws_parser_free(&p);
 }
 

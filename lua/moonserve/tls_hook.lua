@@ -101,59 +101,52 @@ end
 
 local namebuf = ffi.new("char[256]")
 
--- The server name the client sent (SNI), or nil for none; nil, err outside a hook.
-function _M.server_name()
+-- fn(h, ...) on the running hook's handshake h: its result (0 or more), or nil, err outside
+-- a hook or when it fails (the core's negative answer).
+local function call(fn, ...)
     local h, e = hook()
     if not h then
         return nil, e
     end
-    local n = C.ms_ffi_tls_hook_server_name(h, namebuf, 256)
+    local n = fn(h, ...)
     if n < 0 then
         return err()
+    end
+    return n
+end
+
+-- The same for what changes the handshake: true, or nil, err.
+local function change(fn, ...)
+    local n, e = call(fn, ...)
+    return n and true, e
+end
+
+-- The server name the client sent (SNI), or nil for none; nil, err outside a hook.
+function _M.server_name()
+    local n, e = call(C.ms_ffi_tls_hook_server_name, namebuf, 256)
+    if not n then
+        return nil, e
     end
     return n > 0 and ffi.string(namebuf, n) or nil
 end
 
 -- The client's address as text ("127.0.0.1:5000", "[::1]:5000").
 function _M.peer()
-    local h, e = hook()
-    if not h then
+    local n, e = call(C.ms_ffi_tls_hook_peer, namebuf, 256)
+    if not n then
         return nil, e
-    end
-    local n = C.ms_ffi_tls_hook_peer(h, namebuf, 256)
-    if n < 0 then
-        return err()
     end
     return ffi.string(namebuf, n)
 end
 
 -- The protocol version being agreed: 0x0303 for TLS 1.2, 0x0304 for TLS 1.3.
 function _M.version()
-    local h, e = hook()
-    if not h then
-        return nil, e
-    end
-    local v = C.ms_ffi_tls_hook_version(h)
-    if v < 0 then
-        return err()
-    end
-    return v
-end
-
-local function call(fn, ...)
-    local h, e = hook()
-    if not h then
-        return nil, e
-    end
-    if fn(h, ...) < 0 then
-        return err()
-    end
-    return true
+    return call(C.ms_ffi_tls_hook_version)
 end
 
 -- Drops the certificates and key the handshake would send (the listener's).
 function _M.clear_certs()
-    return call(C.ms_ffi_tls_hook_clear_certs)
+    return change(C.ms_ffi_tls_hook_clear_certs)
 end
 
 -- The leaf and its chain, DER one after another (cert_pem_to_der's form).
@@ -161,14 +154,14 @@ function _M.set_der_cert(der)
     if type(der) ~= "string" then
         return nil, "a string expected"
     end
-    return call(C.ms_ffi_tls_hook_set_der_cert, der, #der)
+    return change(C.ms_ffi_tls_hook_set_der_cert, der, #der)
 end
 
 function _M.set_der_priv_key(der)
     if type(der) ~= "string" then
         return nil, "a string expected"
     end
-    return call(C.ms_ffi_tls_hook_set_der_key, der, #der)
+    return change(C.ms_ffi_tls_hook_set_der_key, der, #der)
 end
 
 -- A chain parsed by parse_pem_cert, a key by parse_pem_priv_key.
@@ -176,14 +169,14 @@ function _M.set_cert(chain)
     if type(chain) ~= "cdata" then
         return nil, "a parsed certificate chain expected"
     end
-    return call(C.ms_ffi_tls_hook_set_chain, chain)
+    return change(C.ms_ffi_tls_hook_set_chain, chain)
 end
 
 function _M.set_priv_key(key)
     if type(key) ~= "cdata" then
         return nil, "a parsed private key expected"
     end
-    return call(C.ms_ffi_tls_hook_set_key, key)
+    return change(C.ms_ffi_tls_hook_set_key, key)
 end
 
 -- -- Conversions (anywhere) ---------------------------------------------------------------

@@ -8,6 +8,41 @@ local q = helper.sh_quote
 local band, bxor, rshift = bit.band, bit.bxor, bit.rshift
 local char, byte, concat, rep = string.char, string.byte, table.concat, string.rep
 
+-- The conformance client run against `port` with a case (and a path; `env`: variables set
+-- for it): its k=v lines as a table, its output and status as _out and _status.
+local function run_client(port, case, path, env)
+    local out, status = helper.run((env and env .. " " or "") .. q(helper.tool("websockets"))
+        .. " " .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. port .. " " .. case
+        .. (path and " " .. q(path) or "") .. " 2>&1")
+    local t = {}
+    for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
+        t[k] = v
+    end
+    t._out, t._status = out, status
+    return t
+end
+
+-- fn(port, env) with `app` served over TLS on a certificate for localhost made for it: port
+-- is the TLS listener's, env makes the client trust the certificate. The server stops and
+-- the certificate goes before fn's error is raised or its result returned.
+local function over_tls(app, fn)
+    local dir = os.tmpname()
+    os.remove(dir)
+    helper.sh("mkdir -p " .. q(dir))
+    helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
+        .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
+        .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
+        q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
+    local tls = helper.spawn_server { app = app,
+        args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
+            q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
+    local ok, res = pcall(fn, tls.ports[2], "WS_TLS_CA=" .. q(dir .. "/ws.pem"))
+    tls:stop()
+    helper.sh("rm -rf " .. q(dir))
+    assert(ok, res)
+    return res
+end
+
 -- -- Raw frames -----------------------------------------------------------------------------
 
 local KEY = "dGhlIHNhbXBsZSBub25jZQ==" -- RFC 6455 1.3's example, and its answer:
@@ -99,15 +134,7 @@ describe("WebSocket", function()
     end
 
     local function client(case, path)
-        local out, status = helper.run(q(helper.tool("websockets")) .. " "
-            .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. srv.port .. " " .. case
-            .. (path and " " .. q(path) or "") .. " 2>&1")
-        local t = {}
-        for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
-            t[k] = v
-        end
-        t._out, t._status = out, status
-        return t
+        return run_client(srv.port, case, path)
     end
 
     describe("the opening handshake", function()
@@ -619,25 +646,10 @@ describe("WebSocket", function()
         end)
 
         it("takes it over TLS with h2 chosen by ALPN, as a browser opens one", function()
-            local dir = os.tmpname()
-            os.remove(dir)
-            helper.sh("mkdir -p " .. q(dir))
-            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
-                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
-                .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
-                q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
-            local tls = helper.spawn_server { app = "spec/fixtures/websocket.lua",
-                args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
-                    q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
-            local out = helper.run(string.format("WS_TLS_CA=%s %s %s %d h2 2>&1",
-                q(dir .. "/ws.pem"), q(helper.tool("websockets")),
-                q(helper.root .. "/spec/it/ws_client.py"), tls.ports[2]))
-            tls:stop()
-            helper.sh("rm -rf " .. q(dir))
-            local t = {}
-            for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
-                t[k] = v
-            end
+            local t = over_tls("spec/fixtures/websocket.lua", function(port, env)
+                return run_client(port, "h2", nil, env)
+            end)
+            local out = t._out
             assert.equal("h2", t.alpn, out)
             assert.equal("1", t.enable_connect_protocol, out)
             assert.equal("200", t.status, out)
@@ -651,13 +663,9 @@ describe("WebSocket", function()
 
     describe("behind sessions and moonserve.csrf with form tokens", function()
         -- A browser over TLS opens its WebSocket with HTTP/2's extended CONNECT, not GET.
-        local function h2_csrf(env, port)
-            local out = helper.run(string.format("%s %s %s %d h2_csrf 2>&1", env,
-                q(helper.tool("websockets")), q(helper.root .. "/spec/it/ws_client.py"), port))
-            local t = {}
-            for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
-                t[k] = v
-            end
+        local function h2_csrf(port, env)
+            local t = run_client(port, "h2_csrf", nil, env)
+            local out = t._out
             assert.equal("200", t.app_status, out)
             assert.equal("hello app", t.app_echo, out)
             assert.equal("200", t.mounted_status, out) -- a mounted app's socket too
@@ -668,26 +676,13 @@ describe("WebSocket", function()
 
         it("takes an HTTP/2 WebSocket (extended CONNECT) over h2c", function()
             local srv2 = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua" }
-            local ok, err = pcall(h2_csrf, "", srv2.port)
+            local ok, err = pcall(h2_csrf, srv2.port)
             srv2:stop()
             assert(ok, err)
         end)
 
         it("takes it over TLS, where browsers use it", function()
-            local dir = os.tmpname()
-            os.remove(dir)
-            helper.sh("mkdir -p " .. q(dir))
-            helper.sh(string.format("%s req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 "
-                .. "-nodes -keyout %s -out %s -days 2 -subj /CN=localhost "
-                .. "-addext subjectAltName=DNS:localhost 2>&1", helper.tool("openssl"),
-                q(dir .. "/ws.key"), q(dir .. "/ws.pem")))
-            local tls = helper.spawn_server { app = "spec/fixtures/ws_csrf.lua",
-                args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
-                    q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
-            local ok, t = pcall(h2_csrf, "WS_TLS_CA=" .. q(dir .. "/ws.pem"), tls.ports[2])
-            tls:stop()
-            helper.sh("rm -rf " .. q(dir))
-            assert(ok, t)
+            local t = over_tls("spec/fixtures/ws_csrf.lua", h2_csrf)
             assert.equal("h2", t.alpn)
         end)
     end)

@@ -154,20 +154,27 @@ async def big_deflated():
             say("close_code", e.rcvd.code if e.rcvd else None)
 
 
+def raw_connect(path, extra=""):
+    """A raw connection upgraded on `path` (`extra`: more header lines, each ending in CRLF):
+    the socket, the response's head and the bytes read past it."""
+    import base64
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
+                  "Sec-WebSocket-Version: 13\r\n%s\r\n" % (path, key, extra)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(4096)
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    return sock, head, buf
+
+
 def flood():
     """Raw frames: a text message opened, then empty continuations without end (PATH:
     "fragments"), or pings without end ("pings"). Sends up to COUNT frames at once and reads
     what the server answers until its close."""
-    import base64
-    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                  "Sec-WebSocket-Version: 13\r\n\r\n" % key).encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(4096)
-    head, buf = head.split(b"\r\n\r\n", 1)
+    sock, head, buf = raw_connect("/ws/echo")
     say("status", head.split(b" ")[1].decode())
     count = int(os.environ.get("COUNT", "5000"))
     if PATH == "pings":
@@ -224,20 +231,9 @@ async def kept():
 def kept_raw():
     """Raw frames with a zlib stream of our own, so the sizes on the wire are seen: the same
     message twice each way; the second goes in far fewer bytes when the context is kept."""
-    import base64
     import zlib
-    path = "/ws/" + PATH
     offer = "permessage-deflate; client_max_window_bits"  # as browsers offer it
-    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                  "Sec-WebSocket-Version: 13\r\n"
-                  "Sec-WebSocket-Extensions: %s\r\n\r\n" % (path, key, offer)).encode())
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        buf += sock.recv(4096)
-    head, buf = buf.split(b"\r\n\r\n", 1)
+    sock, head, buf = raw_connect("/ws/" + PATH, "Sec-WebSocket-Extensions: %s\r\n" % offer)
     ext = [l.split(b":", 1)[1].strip().decode() for l in head.split(b"\r\n")
            if l.lower().startswith(b"sec-websocket-extensions:")]
     say("extensions", ext[0] if ext else "")
@@ -278,18 +274,8 @@ def kept_raw():
 
 def deflate_bomb():
     """Raw frames: 16 MiB of zeros in about 16 KiB, to an endpoint capped at 64 KiB."""
-    import base64
     import zlib
-    sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
-    key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(("GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                  "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                  "Sec-WebSocket-Version: 13\r\n"
-                  "Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n" % key).encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(4096)
-    head, rest = head.split(b"\r\n\r\n", 1)
+    sock, head, rest = raw_connect("/ws/echo", "Sec-WebSocket-Extensions: permessage-deflate\r\n")
     say("extension", b"permessage-deflate" in head)
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
     z = c.compress(b"\0" * (16 << 20)) + c.flush(zlib.Z_SYNC_FLUSH)
@@ -504,18 +490,9 @@ async def resty_echo():
 def raw_close():
     """Raw frames: a close with a code and a reason, then one with no code; what the server's
     close frame says to each."""
-    import base64
     for name, payload in (("coded", struct.pack(">H", 4001) + "raw bye \u00e9".encode()),
                           ("empty", b"")):
-        sock = socket.create_connection(("127.0.0.1", PORT), timeout=10)
-        key = base64.b64encode(os.urandom(16)).decode()
-        sock.sendall(("GET /ws/closing HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
-                      "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\n"
-                      "Sec-WebSocket-Version: 13\r\n\r\n" % key).encode())
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += sock.recv(4096)
-        head, buf = buf.split(b"\r\n\r\n", 1)
+        sock, head, buf = raw_connect("/ws/closing")
         say(name + "_status", head.split(b" ")[1].decode())
         sock.sendall(mask_frame(0x88, payload))
         while True:

@@ -234,25 +234,12 @@ describe("moonserve.csrf", function()
         local B = "----form-boundary-7MA4YWxk"
         local CT = "multipart/form-data; boundary=" .. B
 
+        local mp = require "fixtures.multipart_body"
+        local pieces_of = mp.pieces
+
         -- A multipart body of { name, value[, filename] } parts.
         local function multipart_body(parts)
-            local out = {}
-            for _, p in ipairs(parts) do
-                out[#out + 1] = "--" .. B .. "\r\nContent-Disposition: form-data; name=\""
-                    .. p[1] .. "\"" .. (p[3] and "; filename=\"" .. p[3] .. "\"" or "")
-                    .. "\r\n" .. (p[3] and "Content-Type: application/octet-stream\r\n" or "")
-                    .. "\r\n" .. p[2] .. "\r\n"
-            end
-            out[#out + 1] = "--" .. B .. "--\r\n"
-            return table.concat(out)
-        end
-
-        local function pieces_of(s, size)
-            local t = {}
-            for i = 1, #s, size do
-                t[#t + 1] = s:sub(i, i + size - 1)
-            end
-            return t
+            return mp.fields(B, parts)
         end
 
         it("takes the token from a multipart field before or after a file part", function()

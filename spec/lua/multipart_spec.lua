@@ -88,19 +88,16 @@ describe("moonserve.multipart", function()
         return out
     end
 
+    local mp = require "fixtures.multipart_body"
+    local pieces_of = mp.pieces
+
     -- One part: its delimiter line, Content-Disposition, any more header lines, its data.
     local function part(name, headers, data)
-        local lines = { "--" .. B, "Content-Disposition: form-data; name=" .. name }
-        if headers then
-            lines[#lines + 1] = headers
-        end
-        lines[#lines + 1] = ""
-        lines[#lines + 1] = data or ""
-        return crlf(lines)
+        return mp.part(B, name, headers, data)
     end
 
     local function form(...)
-        return concat({ ... }, "\r\n") .. "\r\n--" .. B .. "--\r\n"
+        return mp.form(B, { ... })
     end
 
     -- A request as parts() sees it: the content type and the body in the given pieces.
@@ -121,14 +118,6 @@ describe("moonserve.multipart", function()
                 return piece
             end,
         }
-    end
-
-    local function pieces_of(s, size)
-        local t = {}
-        for i = 1, #s, size do
-            t[#t + 1] = s:sub(i, i + size - 1)
-        end
-        return t
     end
 
     local CT = "multipart/form-data; boundary=" .. B

@@ -16,9 +16,9 @@ local base = require "moonserve.base"
 
 local C = base.C
 local add_value = require("moonserve.codec").add_value
-local concat, find, sub, lower, gsub, format, byte, tonumber, tostring, type, pairs, error,
+local concat, find, sub, lower, gsub, format, tonumber, tostring, type, pairs, error,
     ipairs = table.concat, string.find, string.sub, string.lower, string.gsub, string.format,
-    string.byte, tonumber, tostring, type, pairs, error, ipairs
+    tonumber, tostring, type, pairs, error, ipairs
 
 if not pcall(function() return C.ms_ffi_req_memtag end) then
     ffi.cdef [[ uint32_t ms_ffi_req_memtag(ms_req_view_t *r); ]]
@@ -189,9 +189,7 @@ end
 -- data, are sent percent-encoded, which the subrequest's parser decodes back.
 local CONTROL = "[%z\1-\31\127]"
 local TO_ENCODE = "[ \128-\255]"
-local function encode_byte(c)
-    return format("%%%02X", byte(c))
-end
+local percent_encode = context.percent_encode
 -- A field of the subrequest: a name that is a token (RFC 9110 5.6.2), a value without CR, LF
 -- or NUL. The parent's fields are such (its parser's, or escaped by ngx.req.set_header);
 -- this holds it where they become text.
@@ -209,7 +207,7 @@ local function prepare(st, uri, opts, fname, i)
     elseif sub(uri, 1, 1) ~= "/" or find(uri, CONTROL) or find(uri, "#", 1, true) then
         bad(i, "a URI that starts with / and has no control characters expected", fname)
     end
-    uri = gsub(uri, TO_ENCODE, encode_byte)
+    uri = percent_encode(uri, TO_ENCODE)
     if opts ~= nil and type(opts) ~= "table" then
         bad(i + 1, "table expected, got " .. type(opts), fname)
     end
@@ -227,12 +225,9 @@ local function prepare(st, uri, opts, fname, i)
     elseif args ~= nil and type(args) ~= "string" then
         error("Bad args option value", 3)
     elseif args then
-        local at = find(args, CONTROL)
-        if at then
-            error(format("unsafe byte \"0x%02x\" in args: a request line cannot hold it (escape "
-                .. "it with ngx.escape_uri, or give args as a table)", byte(args, at)), 3)
-        end
-        args = gsub(args, TO_ENCODE, encode_byte)
+        context.check_unsafe(args, "args: a request line cannot hold it (escape it with "
+            .. "ngx.escape_uri, or give args as a table)", 3, CONTROL)
+        args = percent_encode(args, TO_ENCODE)
     end
     if args and args ~= "" then
         uri = uri .. (find(uri, "?", 1, true) and "&" or "?") .. args

@@ -5,6 +5,7 @@ local ffi = require "ffi"
 local bit = require "bit"
 require "moonserve.crypto" -- declares the libcrypto types used below
 local codec = require "moonserve.codec"
+local percent_encode = require("moonserve.ngx.context").percent_encode
 
 local byte, char, sub, gsub, format, find, concat, lower = string.byte, string.char,
     string.sub, string.gsub, string.format, string.find, table.concat, string.lower
@@ -162,10 +163,6 @@ end
 
 -- -- URIs and arguments ---------------------------------------------------------------------
 
-local function escape_byte(c)
-    return format("%%%02X", byte(c))
-end
-
 -- type 2 (the default): a URI component, all but A-Z a-z 0-9 - . _ ~; type 0: a URI, only
 -- space, "#", "%", "?", control characters and bytes from 0x7f up.
 function _M.escape_uri(s, kind)
@@ -174,7 +171,7 @@ function _M.escape_uri(s, kind)
         error("\"type\" " .. tostring(kind) .. " out of range", 2)
     end
     if kind == 0 then
-        return (gsub(s, "[%z\1-\32#%%?\127-\255]", escape_byte))
+        return percent_encode(s, "[%z\1-\32#%%?\127-\255]")
     end
     return codec.escape(s)
 end

@@ -118,12 +118,15 @@ local function pct(c)
     return format("%%%02X", byte(c))
 end
 
+-- `s` with each byte of `set` (a pattern's character class) as %XX: the one percent-encoder
+-- of the ngx layer (fields, subrequests, ngx.escape_uri). `s` itself when it has none.
 local function escaped(s, set)
     if find(s, set) then
         return (gsub(s, set, pct))
     end
     return s
 end
+_M.percent_encode = escaped
 
 function _M.field_name(name)
     return escaped(name, NAME_ESC)
@@ -148,22 +151,25 @@ function _M.field_value(value)
 end
 
 -- The bytes nginx calls unsafe in a URI that ngx.req.set_uri or ngx.redirect takes (its
--- ngx_http_lua_check_unsafe_uri_bytes): the control bytes but the tab, and DEL.
-local UNSAFE_URI = "[%z\1-\8\10-\31\127]"
--- How nginx shows such a URI in the error (ngx_http_lua_escape_log): controls, '"', '\', DEL
--- and the bytes from 0x80 as \xHH.
+-- ngx_http_lua_check_unsafe_uri_bytes): the control bytes but the tab, and DEL, as a field
+-- value's escapes.
+local UNSAFE_URI = VALUE_ESC
+-- How nginx shows such a string in the error (ngx_http_lua_escape_log): controls, '"', '\',
+-- DEL and the bytes from 0x80 as \xHH.
 local LOG_ESC = "[%z\1-\31\"\\\127-\255]"
 
 local function log_byte(c)
     return format("\\x%02X", byte(c))
 end
 
--- The first unsafe byte of `uri` as nginx names it ("0x0d") and the URI as its error shows
--- it; nil when there is none.
-function _M.unsafe_uri(uri)
-    local at = find(uri, UNSAFE_URI)
+-- Raises nginx's error for the first byte of `s` in `set` (UNSAFE_URI when nil), if any:
+-- `unsafe byte "0x0d" in ` .. `what`, where a %s in `what` stands for `s` as nginx's error
+-- shows it. `level` as error()'s, seen from the caller.
+function _M.check_unsafe(s, what, level, set)
+    local at = find(s, set or UNSAFE_URI)
     if at then
-        return format("0x%02x", byte(uri, at)), (gsub(uri, LOG_ESC, log_byte))
+        local shown = gsub(s, LOG_ESC, log_byte)
+        error(format("unsafe byte \"0x%02x\" in " .. what, byte(s, at), shown), level + 1)
     end
 end
 

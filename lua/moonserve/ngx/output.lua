@@ -543,10 +543,7 @@ function _M.redirect(uri, status)
     if st.head or st.res:sent() then
         error("attempt to call ngx.redirect after sending out the headers", 2)
     end
-    local byte, shown = context.unsafe_uri(uri)
-    if byte then
-        error("unsafe byte \"" .. byte .. "\" in redirect uri \"" .. shown .. "\"", 2)
-    end
+    context.check_unsafe(uri, "redirect uri \"%s\"", 2)
     st.nb, st.buf = 0, nil
     freeze(st)
     st.eof = true

@@ -245,11 +245,7 @@ function _M.set_uri(uri, jump, binary)
         error("attempt to use zero-length uri", 2)
     end
     if not binary then
-        local byte, shown = context.unsafe_uri(uri)
-        if byte then
-            error("unsafe byte \"" .. byte .. "\" in uri \"" .. shown
-                .. "\" (maybe you want to set the 'binary' argument?)", 2)
-        end
+        context.check_unsafe(uri, "uri \"%s\" (maybe you want to set the 'binary' argument?)", 2)
     end
     if jump then
         error("ngx.req.set_uri: jump is not supported (the route is chosen once)", 2)

@@ -409,7 +409,11 @@ static int follow(int dir, int lfd, int flags, int *links, const char **why)
     struct stat st;
     char target[4096];
     ssize_t n = -1;
-    if (fstat(dir, &st) == 0 && workers_write(&st)) {
+    if (fstat(dir, &st) < 0) {
+        /* Who may write there is unknown: refused, as where the workers' user may. */
+        *why = "a symbolic link in a directory that cannot be checked";
+        errno = ELOOP;
+    } else if (workers_write(&st)) {
         *why = "a symbolic link in a directory the workers' user may write";
         errno = ELOOP;
     } else if (++*links > MS_LINKS_MAX) {
@@ -426,8 +430,9 @@ static int follow(int dir, int lfd, int flags, int *links, const char **why)
 
 /* Opens `path` from the directory `at` (AT_FDCWD: the current one) with `flags` (O_PATH |
  * O_DIRECTORY: the directory itself; else O_RDONLY, or O_WRONLY | O_APPEND | O_CREAT for a
- * log, made 0644), as the comment above says. Returns a close-on-exec descriptor, or -errno,
- * with `*why` set when the name was refused rather than missing. */
+ * log, made 0644), as the comment above says: a file is a regular file (a log may also be a
+ * character device in a directory the workers' user may not write). Returns a close-on-exec
+ * descriptor, or -errno, with `*why` set when the name was refused rather than missing. */
 static int walk(int at, const char *path, int flags, int *links, const char **why)
 {
     char buf[4096];
@@ -483,8 +488,17 @@ static int walk(int at, const char *path, int flags, int *links, const char **wh
                 if (fstat(fd, &st) < 0 || fstat(cur, &ds) < 0) {
                     close(fd);
                     fd = -1;
-                } else if (workers_write(&ds) && S_ISREG(st.st_mode) && st.st_nlink > 1 &&
-                           st.st_uid != (uid_t)M.o->uid) {
+                } else if (!S_ISREG(st.st_mode) &&
+                           !(S_ISCHR(st.st_mode) && (flags & O_WRONLY) && !workers_write(&ds))) {
+                    /* A FIFO a worker reads from without reading would block every write to
+                     * the log once full; a socket, a directory or a device is no file to read
+                     * a TLS key from. Only a log may be a character device (/dev/null, a
+                     * terminal), and only where the workers' user cannot have put it. */
+                    close(fd);
+                    fd = -1;
+                    *why = "not a regular file";
+                    errno = EINVAL;
+                } else if (workers_write(&ds) && st.st_nlink > 1 && st.st_uid != (uid_t)M.o->uid) {
                     /* A hard link the workers' user made, in a directory it may write, to a
                      * file it could not open. */
                     close(fd);
@@ -788,13 +802,7 @@ static int ask_open(const ms_chan_msg_t *m, int append, char *why, size_t why_le
     }
     int links = 0;
     const char *refused = NULL;
-    int fd = walk(AT_FDCWD, path, O_RDONLY, &links, &refused);
-    struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
-        close(fd);
-        fd = -EINVAL;
-        refused = "not a regular file";
-    }
+    int fd = walk(AT_FDCWD, path, O_RDONLY, &links, &refused); /* (a regular file only) */
     if (fd < 0) {
         snprintf(why, why_len, "cannot open %.300s: %s", path, refused ? refused : strerror(-fd));
         return -1;

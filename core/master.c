@@ -633,22 +633,52 @@ static void logs_close(void)
 
 /* -- The channel: what a worker asks ---------------------------------------------------- */
 
-static void worker_ready(worker_t *w)
+/* Tells a ready worker to serve (the OK to its READY): it has listened, but accepts nothing
+ * until its loop runs, which it lets happen only after this answer. */
+static void worker_go(worker_t *w)
 {
-    slot_t *s = w->slot;
-    if (w->is_ready)
-        return;
-    w->is_ready = 1;
-    uv_timer_stop(&w->start_deadline);
-    if (w == s->next) {
-        /* Reload: the new worker accepts from the slot's sockets now; the old drains. */
-        worker_t *old = s->current;
+    int rc = ms_chan_send(w->chan, MS_CHAN_OK, NULL, 0, -1);
+    if (rc < 0)
+        ms_log(MS_LOG_WARN, "worker %d (pid %d): cannot tell it to serve: %s", w->slot->index,
+               w->proc.pid, strerror(-rc));
+}
+
+/* A reload takes over only when every new worker of it is ready: one that fails then kills
+ * the others before any of them has served (exit_cb), and the old workers all serve on, never
+ * a mix of the old app and the new. */
+static void reload_take_over(void)
+{
+    for (int i = 0; i < M.o->workers; i++) {
+        worker_t *n = M.slots[i].next;
+        if (n != NULL && (!n->is_ready || n->quiet || n->exited))
+            return;
+    }
+    for (int i = 0; i < M.o->workers; i++) {
+        slot_t *s = &M.slots[i];
+        worker_t *w = s->next, *old = s->current;
+        if (w == NULL)
+            continue;
+        /* The new worker accepts from the slot's sockets now; the old drains. */
         s->current = w;
         s->next = NULL;
         if (old != NULL && !old->exited)
             uv_process_kill(&old->proc, SIGUSR2); /* drain: a handover, the service stays up */
+        worker_go(w);
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
+}
+
+static void worker_ready(worker_t *w)
+{
+    slot_t *s = w->slot;
+    if (w->is_ready || w->quiet)
+        return; /* (quiet: its reload failed, and it is being killed) */
+    w->is_ready = 1;
+    uv_timer_stop(&w->start_deadline);
+    if (w == s->next)
+        reload_take_over();
+    else
+        worker_go(w);
     int all = 1;
     for (int i = 0; i < M.o->workers; i++)
         all = all && M.slots[i].current != NULL && M.slots[i].current->is_ready;
@@ -1054,6 +1084,13 @@ static void on_signal(uv_signal_t *h, int signum)
     case SIGHUP:
         if (M.stopping)
             return;
+        for (int i = 0; i < M.o->workers; i++)
+            if (M.slots[i].next != NULL && M.slots[i].next->quiet) {
+                /* (Its new workers would wait for these, which never become ready.) */
+                ms_log(MS_LOG_WARN, "SIGHUP: the last reload failed and its new workers are "
+                                    "still stopping; not reloading (send SIGHUP again)");
+                return;
+            }
         ms_log(MS_LOG_INFO, "SIGHUP: starting new workers");
         M.reloading = 1;
         notify("RELOADING=1");

@@ -14,9 +14,10 @@
 #define MS_CHAN_MAX 4096
 
 /* What a message is. A worker asks (READY, ZONE, OPEN, TICKETS) and the master answers every
- * ask but READY with OK (and a descriptor) or ERROR (and a sentence). */
+ * ask but FAILED with OK (and a descriptor) or ERROR (and a sentence). */
 enum {
-    MS_CHAN_READY = 1, /* the worker listens and its start hooks have returned */
+    MS_CHAN_READY = 1, /* the worker listens and its start hooks have returned; the OK says
+                          serve (in a reload, once every new worker is ready) */
     MS_CHAN_ZONE,      /* a shared dictionary's zone: u64 size, then the name */
     MS_CHAN_OPEN,      /* a file opened by the master (a TLS key): the path */
     MS_CHAN_METRICS,   /* the metrics zone: u32 routes; the OK's body is the slot, in text */

@@ -409,7 +409,11 @@ static int follow(int dir, int lfd, int flags, int *links, const char **why)
     struct stat st;
     char target[4096];
     ssize_t n = -1;
-    if (fstat(dir, &st) == 0 && workers_write(&st)) {
+    if (fstat(dir, &st) < 0) {
+        /* Who may write there is unknown: refused, as where the workers' user may. */
+        *why = "a symbolic link in a directory that cannot be checked";
+        errno = ELOOP;
+    } else if (workers_write(&st)) {
         *why = "a symbolic link in a directory the workers' user may write";
         errno = ELOOP;
     } else if (++*links > MS_LINKS_MAX) {
@@ -426,8 +430,9 @@ static int follow(int dir, int lfd, int flags, int *links, const char **why)
 
 /* Opens `path` from the directory `at` (AT_FDCWD: the current one) with `flags` (O_PATH |
  * O_DIRECTORY: the directory itself; else O_RDONLY, or O_WRONLY | O_APPEND | O_CREAT for a
- * log, made 0644), as the comment above says. Returns a close-on-exec descriptor, or -errno,
- * with `*why` set when the name was refused rather than missing. */
+ * log, made 0644), as the comment above says: a file is a regular file (a log may also be a
+ * character device in a directory the workers' user may not write). Returns a close-on-exec
+ * descriptor, or -errno, with `*why` set when the name was refused rather than missing. */
 static int walk(int at, const char *path, int flags, int *links, const char **why)
 {
     char buf[4096];
@@ -483,8 +488,17 @@ static int walk(int at, const char *path, int flags, int *links, const char **wh
                 if (fstat(fd, &st) < 0 || fstat(cur, &ds) < 0) {
                     close(fd);
                     fd = -1;
-                } else if (workers_write(&ds) && S_ISREG(st.st_mode) && st.st_nlink > 1 &&
-                           st.st_uid != (uid_t)M.o->uid) {
+                } else if (!S_ISREG(st.st_mode) &&
+                           !(S_ISCHR(st.st_mode) && (flags & O_WRONLY) && !workers_write(&ds))) {
+                    /* A FIFO a worker reads from without reading would block every write to
+                     * the log once full; a socket, a directory or a device is no file to read
+                     * a TLS key from. Only a log may be a character device (/dev/null, a
+                     * terminal), and only where the workers' user cannot have put it. */
+                    close(fd);
+                    fd = -1;
+                    *why = "not a regular file";
+                    errno = EINVAL;
+                } else if (workers_write(&ds) && st.st_nlink > 1 && st.st_uid != (uid_t)M.o->uid) {
                     /* A hard link the workers' user made, in a directory it may write, to a
                      * file it could not open. */
                     close(fd);
@@ -619,22 +633,52 @@ static void logs_close(void)
 
 /* -- The channel: what a worker asks ---------------------------------------------------- */
 
-static void worker_ready(worker_t *w)
+/* Tells a ready worker to serve (the OK to its READY): it has listened, but accepts nothing
+ * until its loop runs, which it lets happen only after this answer. */
+static void worker_go(worker_t *w)
 {
-    slot_t *s = w->slot;
-    if (w->is_ready)
-        return;
-    w->is_ready = 1;
-    uv_timer_stop(&w->start_deadline);
-    if (w == s->next) {
-        /* Reload: the new worker accepts from the slot's sockets now; the old drains. */
-        worker_t *old = s->current;
+    int rc = ms_chan_send(w->chan, MS_CHAN_OK, NULL, 0, -1);
+    if (rc < 0)
+        ms_log(MS_LOG_WARN, "worker %d (pid %d): cannot tell it to serve: %s", w->slot->index,
+               w->proc.pid, strerror(-rc));
+}
+
+/* A reload takes over only when every new worker of it is ready: one that fails then kills
+ * the others before any of them has served (exit_cb), and the old workers all serve on, never
+ * a mix of the old app and the new. */
+static void reload_take_over(void)
+{
+    for (int i = 0; i < M.o->workers; i++) {
+        worker_t *n = M.slots[i].next;
+        if (n != NULL && (!n->is_ready || n->quiet || n->exited))
+            return;
+    }
+    for (int i = 0; i < M.o->workers; i++) {
+        slot_t *s = &M.slots[i];
+        worker_t *w = s->next, *old = s->current;
+        if (w == NULL)
+            continue;
+        /* The new worker accepts from the slot's sockets now; the old drains. */
         s->current = w;
         s->next = NULL;
         if (old != NULL && !old->exited)
             uv_process_kill(&old->proc, SIGUSR2); /* drain: a handover, the service stays up */
+        worker_go(w);
         ms_log(MS_LOG_INFO, "worker %d (pid %d) took over", s->index, w->proc.pid);
     }
+}
+
+static void worker_ready(worker_t *w)
+{
+    slot_t *s = w->slot;
+    if (w->is_ready || w->quiet)
+        return; /* (quiet: its reload failed, and it is being killed) */
+    w->is_ready = 1;
+    uv_timer_stop(&w->start_deadline);
+    if (w == s->next)
+        reload_take_over();
+    else
+        worker_go(w);
     int all = 1;
     for (int i = 0; i < M.o->workers; i++)
         all = all && M.slots[i].current != NULL && M.slots[i].current->is_ready;
@@ -788,13 +832,7 @@ static int ask_open(const ms_chan_msg_t *m, int append, char *why, size_t why_le
     }
     int links = 0;
     const char *refused = NULL;
-    int fd = walk(AT_FDCWD, path, O_RDONLY, &links, &refused);
-    struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
-        close(fd);
-        fd = -EINVAL;
-        refused = "not a regular file";
-    }
+    int fd = walk(AT_FDCWD, path, O_RDONLY, &links, &refused); /* (a regular file only) */
     if (fd < 0) {
         snprintf(why, why_len, "cannot open %.300s: %s", path, refused ? refused : strerror(-fd));
         return -1;
@@ -1046,6 +1084,13 @@ static void on_signal(uv_signal_t *h, int signum)
     case SIGHUP:
         if (M.stopping)
             return;
+        for (int i = 0; i < M.o->workers; i++)
+            if (M.slots[i].next != NULL && M.slots[i].next->quiet) {
+                /* (Its new workers would wait for these, which never become ready.) */
+                ms_log(MS_LOG_WARN, "SIGHUP: the last reload failed and its new workers are "
+                                    "still stopping; not reloading (send SIGHUP again)");
+                return;
+            }
         ms_log(MS_LOG_INFO, "SIGHUP: starting new workers");
         M.reloading = 1;
         notify("RELOADING=1");

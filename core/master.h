@@ -49,13 +49,13 @@ int ms__cpus_of_quota(long long quota, long long period);
 
 /* Binds the sockets, starts the workers and supervises them until SIGTERM or SIGINT, when
  * it stops them gracefully. SIGHUP starts new workers (running the code as it is now) that
- * take over from the old ones, which drain; SIGUSR1 reopens log files everywhere. A worker
- * finds its sockets from MOONSERVE_LISTEN_FDS (count, from fd 4 on), its number and the
- * number of workers from MOONSERVE_WORKER and MOONSERVE_WORKER_COUNT (MOONSERVE_WORKERS is
- * the operator's setting, passed on as it is), the user and group ids it was started as from
- * MOONSERVE_WORKER_IDS ("UID:GID", when the master's opts give them), and its channel to
- * the master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the TLS ticket
- * keys and the files only the master may open, and says there that it is ready, within
+ * take over from the old ones, which drain, all at once when every new one is ready; SIGUSR1
+ * reopens log files everywhere. A worker finds its sockets from MOONSERVE_LISTEN_FDS (count, from
+ * fd 4 on), its number and the number of workers from MOONSERVE_WORKER and MOONSERVE_WORKER_COUNT
+ * (MOONSERVE_WORKERS is the operator's setting, passed on as it is), the user and group ids it was
+ * started as from MOONSERVE_WORKER_IDS ("UID:GID", when the master's opts give them), and its
+ * channel to the master at fd 3 (channel.h): it asks there for its shared dictionaries' zones, the
+ * TLS ticket keys and the files only the master may open, and says there that it is ready, within
  * start_timeout seconds or it is killed (a reload then fails and the old worker keeps serving).
  * A worker that cannot start says why (MS_CHAN_FAILED) and exits: at the start, before every
  * slot has served, that stops the master (UV_ECANCELED, the sentence in o->why); during a

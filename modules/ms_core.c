@@ -979,14 +979,24 @@ static int core_worker_init(lua_State *L)
     return 1;
 }
 
-/* core.worker_ready(): tells the master this worker listens (on its channel), and asks the
- * kernel to stop this worker if the master dies. */
+/* core.worker_ready(timeout_s) -> true | nil, err: tells the master this worker listens (on
+ * its channel), asks the kernel to stop this worker if the master dies, and waits for the
+ * master's word to serve, at most `timeout_s`: in a reload, it comes once every new worker is
+ * ready, and a reload that fails kills this one before its loop has accepted anything. */
 static int core_worker_ready(lua_State *L)
 {
+    double timeout = luaL_optnumber(L, 1, 60);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    int rc = ms_chan_send(MS_CHAN_WORKER_FD, MS_CHAN_READY, NULL, 0, -1);
-    if (rc < 0)
-        return ms_lua_fail(L, uv_translate_sys_error(-rc));
+    int fd;
+    char why[256];
+    int rc = ms_chan_ask(MS_CHAN_READY, NULL, 0, (int)(timeout * 1000), &fd, why, sizeof(why));
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why);
+        return 2;
+    }
     lua_pushboolean(L, 1);
     return 1;
 }

@@ -903,7 +903,9 @@ function _M.run(the_app, opts)
                     assert(srv:listen_fd(3 + i, listen[i] and listen[i].proxy_protocol, tls[i],
                         listen[i] and listen[i].redirect_https, listen[i] and listen[i].metrics))
                 end
-                assert(core.worker_ready())
+                -- (Waits for the master's word to serve, the loop and its accepts held
+                -- meanwhile: in a reload, every new worker of it must be ready first.)
+                assert(core.worker_ready((opts.start_timeout or 10) + 10))
             end)
         return serve(srv)
     end

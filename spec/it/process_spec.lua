@@ -134,6 +134,44 @@ describe("moonserve with workers", function()
         assert.is_nil(out:find("replacing it", 1, true), out)
     end)
 
+    it("fails a reload whose second worker fails after the first is ready: every old worker "
+        .. "serves on, none of the new app's answers", function()
+        local file = os.tmpname() .. ".lua"
+        local app = [[
+local moonserve = require("moonserve")
+local app = moonserve.app()
+app:get("/v", function() return 200, "VERSION" end)
+if "VERSION" == "v2" and moonserve.worker.id() == 1 then
+    os.execute("sleep 1") -- (worker 0 is ready by then)
+    error("worker 1 refuses")
+end
+return app
+]]
+        helper.write_file(file, (app:gsub("VERSION", "v1")))
+        local srv = helper.spawn_server { app = file, args = "--workers 2" }
+        finally(function() srv:stop() os.remove(file) end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        local before = children(srv.pid)
+        assert.equal("v1", get(srv.port, "/v").body)
+        helper.write_file(file, (app:gsub("VERSION", "v2")))
+        os.execute("kill -HUP " .. srv.pid)
+        local seen = {}
+        assert.truthy(wait_for(function()
+            seen[get(srv.port, "/v").body] = true -- (during the reload too)
+            return srv:log():find("reload failed", 1, true)
+        end), srv:log())
+        socket.sleep(0.5)
+        for _ = 1, 20 do
+            seen[get(srv.port, "/v").body] = true
+        end
+        assert.same({ v1 = true }, seen)
+        assert.same(before, children(srv.pid))
+        local log = srv:log()
+        assert.is_nil(log:find("took over", 1, true), log)
+        assert.truthy(log:find("worker 1 %(pid %d+%) could not start: [^\n]*worker 1 refuses[^\n]*"
+            .. "reload failed, the old workers keep serving"), log)
+    end)
+
     it("fails a reload whose workers refuse the new app: the old workers serve on, and one line "
         .. "says why", function()
         local file = os.tmpname() .. ".lua"

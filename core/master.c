@@ -489,11 +489,13 @@ static int walk(int at, const char *path, int flags, int *links, const char **wh
                     close(fd);
                     fd = -1;
                 } else if (!S_ISREG(st.st_mode) &&
-                           !(S_ISCHR(st.st_mode) && (flags & O_WRONLY) && !workers_write(&ds))) {
-                    /* A FIFO a worker reads from without reading would block every write to
-                     * the log once full; a socket, a directory or a device is no file to read
-                     * a TLS key from. Only a log may be a character device (/dev/null, a
-                     * terminal), and only where the workers' user cannot have put it. */
+                           !((S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) &&
+                             (flags & O_WRONLY) && !workers_write(&ds))) {
+                    /* A FIFO a worker put in a log's place, and reads from without reading,
+                     * would block every write to the log once full; a socket, a directory or
+                     * a device is no file to read a TLS key from. Only a log may be a
+                     * character device (/dev/null, a terminal) or a FIFO (a log reader's), and
+                     * only where the workers' user cannot have put it. */
                     close(fd);
                     fd = -1;
                     *why = "not a regular file";

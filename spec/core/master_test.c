@@ -156,7 +156,9 @@ TEST(hard_link_in_a_directory_the_workers_may_write_is_refused)
 
 /* A FIFO in a log's place, with a reader that never reads (a worker's): refused, opened
  * without waiting, wherever it is. */
-TEST(fifo_is_refused)
+/* A FIFO is a log only where the workers' user cannot have put it (an operator's pipe to a
+ * log reader); a TLS file never. */
+TEST(fifo_is_a_log_only_where_the_workers_may_not_write)
 {
     ASSERT_EQ(0, setup(OTHER_UID));
     const char *where[] = {"open/fifo", "closed/fifo"};
@@ -170,8 +172,12 @@ TEST(fifo_is_refused)
         int fd = walk_rel(where[i], LOG_APPEND, &why);
         if (fd >= 0)
             close(fd);
-        ASSERT_EQ(-EINVAL, fd);
-        ASSERT_HAS(why, "not a regular file");
+        if (i == 0) {
+            ASSERT_EQ(-EINVAL, fd);
+            ASSERT_HAS(why, "not a regular file");
+        } else {
+            ASSERT(fd >= 0);
+        }
         fd = walk_rel(where[i], O_RDONLY, &why);
         if (fd >= 0)
             close(fd);

@@ -231,7 +231,8 @@ static void closed_advance(ms_h2_t *h2, int32_t id)
 {
     if (id <= h2->top_id || !(id & 1))
         return;
-    uint32_t k = (uint32_t)(id - h2->top_id) / 2; /* (top_id starts at -1: id 1 moves by 1) */
+    /* (top_id starts at -1: id 1 moves by 1; in uint32_t, as 2^31 - 1 - -1 is not an int) */
+    uint32_t k = ((uint32_t)id - (uint32_t)h2->top_id) / 2;
     uint64_t unused = (k >= H2_CLOSED_IDS ? ~(uint64_t)0 : ((uint64_t)1 << k) - 1) & ~(uint64_t)1;
     h2->closed_lo = (k >= H2_CLOSED_IDS ? 0 : h2->closed_lo << k) | unused;
     h2->closed_hi = (k >= H2_CLOSED_IDS ? 0 : h2->closed_hi << k) | unused;
@@ -244,7 +245,7 @@ static void closed_mark(ms_h2_t *h2, int32_t id)
     int state = id == h2->reset_sent   ? CLOSED_OTHER
                 : id == h2->reset_recv ? CLOSED_RESET
                                        : CLOSED_ENDED;
-    uint32_t d = (uint32_t)(h2->top_id - id) / 2;
+    uint32_t d = ((uint32_t)h2->top_id - (uint32_t)id) / 2;
     if (id > h2->top_id || !(id & 1) || d >= H2_CLOSED_IDS)
         return;
     h2->closed_lo |= (uint64_t)(state & 1) << d;
@@ -1321,29 +1322,33 @@ static ssize_t recv_frames(ms_h2_t *h2, const uint8_t *p, size_t n)
         uint8_t *dep = have > 9 ? scan_self_dependency(hd, have) : NULL;
         uint32_t id =
             (uint32_t)(hd[5] & 0x7f) << 24 | (uint32_t)hd[6] << 16 | (uint32_t)hd[7] << 8 | hd[8];
-        uint64_t bit = (uint64_t)1 << (id / 2 % 64);
-        int closed = 0; /* the frame may be on a closed stream, or is PRIORITY on stream 0 */
+        uint64_t bit = (uint64_t)1 << (id / 2 % 64), own_dirty = 0;
+        int32_t own_top = -1; /* what this frame does to scan_top and dirty */
+        int closed = 0;       /* the frame may be on a closed stream, or is PRIORITY on stream 0 */
         if (hd[3] <= NGHTTP2_HEADERS && (id & 1)) {
             if ((int32_t)id <= scan_top)
                 closed = (int32_t)id > h2->top_id || (dirty & bit) ||
                          closed_state(h2, id) != CLOSED_OTHER;
             else if (hd[3] == NGHTTP2_HEADERS)
-                scan_top = (int32_t)id;
+                scan_top = own_top = (int32_t)id;
             if (hd[4] & NGHTTP2_FLAG_END_STREAM)
-                dirty |= bit;
+                dirty |= own_dirty = bit;
         } else if (hd[3] == NGHTTP2_RST_STREAM) {
-            dirty |= bit;
+            dirty |= own_dirty = bit;
         } else if (hd[3] == NGHTTP2_PRIORITY && id == 0) {
             closed = 1;
         }
         if (MS_LIKELY(dep == NULL && !closed && hd != h2->scan_hd))
             continue;
-        /* This frame's start goes to nghttp2 from here, after what came before it. */
+        /* This frame's start goes to nghttp2 from here, after what came before it: what came
+         * before is now in nghttp2's state and top_id, but this frame (whose rest is fed with
+         * the frames after it) still counts for them (5.1: a lower HEADERS id after it, DATA
+         * after its RST_STREAM or END_STREAM). */
         if ((rc = feed_ng(h2, p + fed, start - fed)) < 0)
             return rc;
         fed = start;
-        scan_top = h2->top_id;
-        dirty = 0;
+        scan_top = own_top > h2->top_id ? own_top : h2->top_id;
+        dirty = own_dirty;
         if (closed && (rc = closed_frame(h2, hd[3], id)) < 0)
             return rc;
         if (dep != NULL) {

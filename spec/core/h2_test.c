@@ -845,6 +845,75 @@ TEST(h2_answers_frames_on_closed_streams_as_rfc_9113_5_1_says)
     }
 }
 
+TEST(h2_a_frame_that_stops_the_pre_scan_still_counts_for_the_frames_after_it)
+{
+    /* The pre-scan hands nghttp2 what came before a frame it must look at (split across
+     * reads, depending on itself, or on a closed stream), then that frame's start; the
+     * frames after it in the same read must still see that frame's HEADERS id and
+     * END_STREAM or RST_STREAM (RFC 9113 5.1, 5.1.1). */
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        ms_buf_t selfdep = {0}, split = {0}, rest = {0}, open = {0}, rst = {0}, rst_rest = {0};
+        ms_buf_t none = {0};
+        char block[64];
+        uint32_t code;
+        int served;
+        /* HEADERS 5 depending on itself (reset), then HEADERS 3: below an id already used. */
+        size_t bl = get_block(block, "/x");
+        put_frame_head(&selfdep, 5 + bl, NGHTTP2_HEADERS,
+                       NGHTTP2_FLAG_END_HEADERS | NGHTTP2_FLAG_END_STREAM | NGHTTP2_FLAG_PRIORITY,
+                       5);
+        ms__buf_append(&selfdep, "\x00\x00\x00\x05\x10", 5);
+        ms__buf_append(&selfdep, block, bl);
+        put_get(&selfdep, 3, "/x", NGHTTP2_FLAG_END_STREAM);
+        ASSERT_EQ(1, closed_case(&selfdep, &none, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, served);
+        ASSERT_EQ(0, closed_case(&selfdep, &none, bytewise, NGHTTP2_HEADERS, 3, &code, &served));
+        /* HEADERS 5 split across two reads, HEADERS 3 in the read that ends it. */
+        put_get(&split, 5, "/x", NGHTTP2_FLAG_END_STREAM);
+        ms__buf_append(&rest, split.base + 4, split.len - 4);
+        put_get(&rest, 3, "/x", NGHTTP2_FLAG_END_STREAM);
+        split.len = 4;
+        ASSERT_EQ(1, closed_case(&split, &rest, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, closed_case(&split, &rest, bytewise, NGHTTP2_HEADERS, 3, &code, &served));
+        /* Stream 1 open; RST_STREAM on 1 split across two reads, DATA on 1 in the read that
+         * ends it: a stream error STREAM_CLOSED (5.1), and the connection goes on. */
+        put_get(&open, 1, "/x", 0);
+        put_frame_head(&rst, 4, NGHTTP2_RST_STREAM, 0, 1);
+        ms__buf_append(&rst, "\0\0\0\x08", 4);
+        ms__buf_append(&rst_rest, rst.base + 5, rst.len - 5);
+        put_data(&rst_rest, 1, 0);
+        rst.len = 5;
+        ms__buf_append(&open, rst.base, rst.len);
+        ASSERT_EQ(1,
+                  closed_case(&open, &rst_rest, bytewise, NGHTTP2_RST_STREAM, 1, &code, &served));
+        ASSERT_EQ(NGHTTP2_STREAM_CLOSED, (int)code);
+        ASSERT_EQ(1, served);
+        ms_mem_free(selfdep.base), ms_mem_free(split.base), ms_mem_free(rest.base);
+        ms_mem_free(open.base), ms_mem_free(rst.base), ms_mem_free(rst_rest.base);
+    }
+}
+
+TEST(h2_a_first_stream_id_of_2_31_minus_1_is_served_and_closes_the_id_space_below)
+{
+    /* The highest stream id first (RFC 9113 5.1.1): the window of closed ids moves by 2^30,
+     * counted without overflow; a HEADERS on a lower id after it is a PROTOCOL_ERROR. */
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        ms_buf_t top = {0}, lower = {0};
+        uint32_t code;
+        int served;
+        put_get(&top, 0x7fffffff, "/x", NGHTTP2_FLAG_END_STREAM);
+        put_get(&lower, 0x7ffffffd, "/x", NGHTTP2_FLAG_END_STREAM); /* (skipped: unused) */
+        ASSERT_EQ(1,
+                  closed_case(&top, &lower, bytewise, NGHTTP2_HEADERS, 0x7fffffff, &code, &served));
+        ASSERT_EQ(1, closed_case(&top, &lower, bytewise, NGHTTP2_GOAWAY, 0, &code, &served));
+        ASSERT_EQ(NGHTTP2_PROTOCOL_ERROR, (int)code);
+        ASSERT_EQ(0, served);
+        ms_mem_free(top.base), ms_mem_free(lower.base);
+    }
+}
+
 TEST(h2_priority_on_stream_0_or_an_idle_stream_on_itself_is_a_connection_error)
 {
     for (int bytewise = 0; bytewise < 2; bytewise++) {

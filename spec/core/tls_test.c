@@ -82,7 +82,6 @@ static char *get_over_tls(const char *alpn, size_t alpn_len, const char **agreed
     return got.base;
 }
 
-
 TEST(tls_serves_http1_after_the_handshake)
 {
     setup(NULL, 0);
@@ -244,6 +243,119 @@ TEST(tls_handshake_deadline_closes_a_silent_connection)
     ASSERT_HAS(last_log, "not done within handshake_timeout");
     ASSERT_EQ(1, (long long)srv->stats->timeouts);
     ms_memio_free(&m);
+    teardown();
+}
+
+/* The certificate hook driven from C as the Lua binding drives it: each wake of its slot
+ * takes the waiting handshakes (hook_take: 0, the binding is busy and leaves them queued). */
+static ms_tls_hook_t *hook_taken;
+static int hook_wakes, hook_take, hook_at_once;
+
+static void on_hook_event(int32_t slot, int status, void *data)
+{
+    (void)slot, (void)status, (void)data;
+    hook_wakes++;
+    if (!hook_take)
+        return;
+    ms_tls_hook_t *h = ms_tls_hook_next(srv);
+    if (h != NULL && hook_at_once)
+        ms_tls_hook_done(h, 1);
+    else if (h != NULL)
+        hook_taken = h;
+}
+
+static void hook_setup(ms_limits_t *lim, int take, int at_once)
+{
+    setup(lim, 0);
+    hook_taken = NULL;
+    hook_wakes = 0;
+    hook_take = take;
+    hook_at_once = at_once;
+    ms_server_on_event(srv, on_hook_event);
+    ms_tls_cert_hook(tls, 7);
+}
+
+/* The client's first flight reaches the server, which pauses in the hook. */
+static void hook_hello(peer_t *p)
+{
+    peer_open(p, srv, tls, "localhost", NULL, 0);
+    ERR_clear_error();
+    ASSERT(SSL_do_handshake(p->ssl) != 1);
+    peer_to_server(p);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+TEST(tls_hook_pauses_the_handshake_until_it_is_done)
+{
+    hook_setup(NULL, 1, 0);
+    peer_t p;
+    hook_hello(&p);
+    ASSERT_EQ(1, hook_wakes);
+    ASSERT(hook_taken != NULL);
+    ASSERT(ms_tls_hook_ssl(hook_taken) != NULL);
+    ASSERT(ms_tls_hook_conn(hook_taken) == p.c);
+    ASSERT_EQ(0, peer_to_client(&p)); /* paused: no ServerHello yet */
+    ms_tls_hook_done(hook_taken, 1);
+    uv_run(&loop, UV_RUN_NOWAIT); /* (it goes on at the next turn) */
+    ASSERT(peer_handshake(&p));
+    peer_close(&p);
+    /* A hook done at once, inside OpenSSL's callback, goes on without a turn. */
+    hook_at_once = 1;
+    peer_open(&p, srv, tls, "localhost", NULL, 0);
+    ASSERT(peer_handshake(&p));
+    ASSERT_EQ(2, hook_wakes);
+    peer_close(&p);
+    teardown();
+}
+
+TEST(tls_hook_outlives_a_client_that_leaves_while_it_runs)
+{
+    hook_setup(NULL, 1, 0);
+    peer_t p;
+    hook_hello(&p);
+    ms_tls_hook_t *h = hook_taken;
+    ASSERT(h != NULL);
+    peer_close(&p); /* the client leaves while the hook sleeps */
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ASSERT(ms_tls_hook_ssl(h) == NULL); /* what ngx.ssl answers: the connection is gone */
+    ASSERT(ms_tls_hook_conn(h) == NULL);
+    ms_tls_hook_done(h, 1); /* frees it: no resume of a connection that is gone */
+    uv_run(&loop, UV_RUN_NOWAIT);
+    /* Queued and not yet taken (the binding busy) when the client leaves: unqueued. */
+    hook_take = 0;
+    hook_hello(&p);
+    ASSERT_EQ(2, hook_wakes);
+    peer_close(&p);
+    ASSERT(ms_tls_hook_next(srv) == NULL);
+    /* The next handshake is served. */
+    hook_take = 1;
+    hook_at_once = 1;
+    peer_open(&p, srv, tls, "localhost", NULL, 0);
+    ASSERT(peer_handshake(&p));
+    peer_close(&p);
+    teardown();
+}
+
+TEST(tls_hook_that_sleeps_past_handshake_timeout_finds_its_connection_gone)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.handshake_timeout_ms = 30;
+    hook_setup(&lim, 1, 0);
+    peer_t p;
+    hook_hello(&p);
+    ms_tls_hook_t *h = hook_taken;
+    ASSERT(h != NULL);
+    uint64_t t0 = uv_now(&loop);
+    uv_run(&loop, UV_RUN_DEFAULT); /* the deadline closes the connection */
+    ASSERT(p.m.conn == NULL);
+    ASSERT(uv_now(&loop) - t0 >= 25);
+    ASSERT_HAS(last_log, "not done within handshake_timeout");
+    ASSERT_EQ(1, (long long)srv->stats->timeouts);
+    ASSERT(ms_tls_hook_ssl(h) == NULL);
+    ms_tls_hook_done(h, 0);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    peer_close(&p);
     teardown();
 }
 

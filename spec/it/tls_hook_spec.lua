@@ -1,8 +1,9 @@
 -- spec/it/tls_hook_spec.lua: the certificate hook (app:ssl_certificate) through the ngx
 -- layer's ngx.ssl, on a real TLS listener with curl and openssl s_client as clients: a
 -- certificate chosen by the name the client sent (one parsed at load, one from a shared
--- dictionary as DER), one chosen after the hook sleeps, an error that fails the handshake
--- with one log line; and the conversions, which work outside a hook.
+-- dictionary as DER), one chosen after the hook sleeps, the client leaving or
+-- handshake_timeout firing while it sleeps, an error that fails the handshake with one log
+-- line; and the conversions, which work outside a hook.
 local helper = require "helper"
 
 local q = helper.sh_quote
@@ -89,13 +90,73 @@ describe("the certificate hook", function()
         assert.equal("200\n200\n200\n200\n", out)
     end)
 
+    -- An openssl s_client to slow.test, in the background; its PID.
+    local function slow_client(at)
+        return helper.background(string.format("%s s_client -connect 127.0.0.1:%d "
+            .. "-servername slow.test </dev/null", helper.tool("openssl"), at))
+    end
+
+    it("lets a client leave while the hook sleeps: the hook is told, the worker goes on",
+        function()
+        local before = #srv:log()
+        local pid = slow_client(port)
+        require("socket").sleep(0.1)
+        helper.stop_pid(pid) -- (by its PID; the hook still sleeps)
+        -- The hook wakes to a connection that is gone: ngx.ssl says so, and its error is
+        -- the one line.
+        assert.truthy(helper.wait_for(function()
+            return srv:log():find("the connection is gone", before + 1, true)
+        end), srv:log())
+        local out, status = get("a.test", "/seen")
+        assert.equal(0, status, out .. srv:log())
+        assert.equal("a.test TLSv1.3 4 inet", out)
+        assert.is_true(srv:alive())
+        local log = srv:log():sub(before + 1)
+        local _, lines = log:gsub("\n", "")
+        assert.equal(1, lines, log)
+        assert.matches("ssl_certificate hook failed: .*the connection is gone", log)
+    end)
+
+    it("closes a handshake whose hook sleeps past handshake_timeout; the hook is told",
+        function()
+        local quick = helper.spawn_server { app = "spec/fixtures/tls_hook.lua",
+            env = { MOONSERVE_TLS_DIR = dir },
+            args = string.format("--workers 1 --listen 127.0.0.1:0 --tls-cert %s --tls-key %s "
+                .. "--limit handshake_timeout=0.1", q(dir .. "/localhost.pem"),
+                q(dir .. "/localhost.key")) }
+        local at = quick.ports[2]
+        local before = #quick:log()
+        local t0 = require("socket").gettime()
+        local shown, status = helper.run(string.format("%s s_client -connect 127.0.0.1:%d "
+            .. "-servername slow.test </dev/null 2>&1", helper.tool("openssl"), at))
+        local took = require("socket").gettime() - t0
+        assert.is_not.equal(0, status, shown)
+        assert.matches("unexpected eof", shown, 1, true) -- closed, no certificate sent
+        assert.is_true(took < 0.3, tostring(took)) -- closed at 0.1 s, not when the hook woke
+        assert.truthy(helper.wait_for(function()
+            return quick:log():find("the connection is gone", before + 1, true)
+        end), quick:log())
+        local log = quick:log():sub(before + 1)
+        assert.matches("not done within handshake_timeout", log, 1, true)
+        local _, lines = log:gsub("\n", "")
+        assert.equal(2, lines, log) -- the deadline's line, and the hook's
+        -- The worker goes on: a handshake whose hook does not sleep.
+        local out, rc = helper.run(string.format("%s -sS --max-time 20 --cacert %s "
+            .. "--resolve a.test:%d:127.0.0.1 https://a.test:%d/seen 2>&1", helper.tool("curl"),
+            q(dir .. "/ca.pem"), at, at))
+        assert.equal(0, rc, out .. quick:log())
+        assert.is_true(quick:alive())
+        quick:stop()
+    end)
+
     it("fails the handshake on an error in the hook, with one log line", function()
+        local before = #srv:log()
         local out, status = get("boom.test", "/seen", "-k")
         assert.is_not.equal(0, status, out)
         assert.truthy(helper.wait_for(function()
             return srv:log():find("no certificate for boom.test", 1, true)
         end), srv:log())
-        local log = srv:log()
+        local log = srv:log():sub(before + 1)
         local _, lines = log:gsub("ssl_certificate hook failed", "")
         assert.equal(1, lines, log)
         assert.is_nil(log:find("TLS handshake failed", 1, true), log)

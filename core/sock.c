@@ -59,6 +59,7 @@ struct ms_sock_s {
     ms_timer_t ctimer;
     ms_spool_t *pool;          /* the pool connect named */
     ms_sock_t *wait_next;      /* in the pool's backlog queue */
+    uint8_t wait_fresh;        /* ... asking for a connection of its own (TLS with other wishes) */
     ms_resolve_t res;          /* the name being connected to, and its addresses */
     int addr_next;             /* the next address to try */
     char host[MS_HOST_MAX + 1]; /* for messages */
@@ -556,6 +557,11 @@ static void on_idle_read(ms_sconn_t *c)
 static void pool_put(ms_spool_t *p, ms_sconn_t *c, uint64_t idle_ms)
 {
     c->reused++;
+    if (p->wait_head != NULL && p->wait_head->wait_fresh) {
+        /* a connect waits for a slot of its own: closing this one gives it */
+        sconn_drop(c);
+        return;
+    }
     if (p->wait_head != NULL) { /* a connect waits for a slot: it takes this one */
         ms_sock_t *w = p->wait_head;
         p->wait_head = w->wait_next;
@@ -1046,6 +1052,7 @@ int ms_sock_connect(ms_sock_t *s, const char *host, size_t host_len, int port,
         if (p->nwait >= p->backlog)
             return MS_SOCK_EBACKLOG;
         s->state = ST_WAITING;
+        s->wait_fresh = o && o->fresh;
         if (p->wait_tail)
             p->wait_tail->wait_next = s;
         else

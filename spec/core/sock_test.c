@@ -693,6 +693,30 @@ TEST(sock_pool_cap_and_backlog)
     ASSERT(teardown());
 }
 
+/* A connect that asked for a connection of its own (sslhandshake with other TLS wishes than
+ * the pooled one's) and waits in the backlog is not handed the next idle one: that one is
+ * closed, which frees the slot it connects anew in. */
+TEST(sock_pool_backlog_gives_a_fresh_connect_a_slot_not_an_idle_connection)
+{
+    setup();
+    tsrv_t t;
+    tsrv_start(&t, T_ECHO, "127.0.0.1");
+    ms_sock_opts_t o = {.pool_size = 1, .backlog = 1};
+    ms_sock_opts_t fresh = {.pool_size = 1, .backlog = 1, .fresh = 1};
+    ms_sock_t *a = sock(0), *b = sock(1);
+    ASSERT_EQ(MS_SOCK_DONE, connect_to(a, "127.0.0.1", t.port, &o));
+    int rb = ms_sock_connect(b, "127.0.0.1", 9, t.port, &fresh, on_done);
+    ASSERT_EQ(MS_SOCK_PENDING, rb);
+    ASSERT_EQ(MS_SOCK_DONE, ms_sock_setkeepalive(a, -1, 0));
+    ASSERT_EQ(MS_SOCK_DONE, await(b, rb));
+    ASSERT_EQ(0, b->v.reused);
+    ASSERT_EQ(2, t.accepted);
+    ms_sock_free(a);
+    ms_sock_free(b);
+    tsrv_stop(&t);
+    ASSERT(teardown());
+}
+
 /* -- Wakes: what the binding does with a completion ----------------------------------------
  * The binding wakes the slot a socket's waiter parked on (ms_wake). The event callback (Lua)
  * must never run inside a call from Lua (an FFI call) nor inside the engine's own work. */

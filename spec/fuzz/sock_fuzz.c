@@ -1,4 +1,5 @@
-/* sock_fuzz.c: the socket's line reader and receiveuntil matcher, fed in pieces, against a
+/* sock_fuzz.c: the socket's line reader and receiveuntil matcher (core/match.c, through
+ * sock.c), fed in pieces, against a
  * naive reference that sees the whole stream at once. */
 #include "../../core/match.c" /* first: it asks for memmem; and its state is looked at */
 

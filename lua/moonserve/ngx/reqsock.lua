@@ -216,26 +216,29 @@ function Reader:receiveuntil(pattern, opts)
             self.matcher = m
         end
         local buf = self.buf
-        while true do
-            local p, n = buf:ref()
-            local rc = C.ms_ffi_match_feed(m, p, n, size or 0, match_out)
-            if rc == MATCH_END then
-                return nil, nil, nil
-            elseif rc ~= MATCH_MORE then
-                local len, used = match_out[0], match_out[1]
-                local data = buf:get(len)
-                if used > len then
-                    buf:skip(used - len)
-                end
-                return data
-            elseif self.told_closed then
+        local p, n = buf:ref()
+        local rc = C.ms_ffi_match_feed(m, p, n, size or 0, match_out)
+        -- (The loop is entered only to wait: a caller's loop over pieces stays one trace.)
+        while rc == MATCH_MORE do
+            if self.told_closed then
                 return nil, "closed"
             end
             local ok, err = more(self, not size)
             if not ok then
                 return over(self, err)
             end
+            p, n = buf:ref()
+            rc = C.ms_ffi_match_feed(m, p, n, size or 0, match_out)
         end
+        if rc == MATCH_END then
+            return nil, nil, nil
+        end
+        local len, used = match_out[0], match_out[1]
+        local data = buf:get(len)
+        if used > len then
+            buf:skip(used - len)
+        end
+        return data
     end
 end
 

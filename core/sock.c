@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "internal.h"
+#include "match.h"
 #include "sockets.h"
 
 /* A socket's read buffer: one size, recycled, so a warm socket reads without allocating.
@@ -86,16 +87,12 @@ struct ms_sock_s {
     ms_stls_cert_t *cert; /* owned: setclientcert's */
 };
 
+/* A receiveuntil iterator: the matcher (match.c), and which socket's unread bytes its state
+ * describes. One allocation: the matcher follows this header. */
 struct ms_sock_until_s {
-    ms_sock_t *sock; /* whose data the state below describes */
+    ms_sock_t *sock; /* whose unread bytes the matcher has searched */
     uint64_t gen;    /* ... as of that socket's rgen */
-    size_t scanned;  /* unread bytes searched */
-    size_t j;        /* pattern bytes matched at the end of them */
-    size_t match_end; /* > 0: a match ends here (unread bytes), not yet all returned */
-    uint8_t inclusive, finished;
-    size_t plen;
-    uint32_t *fail; /* KMP: fail[k], the longest proper border of pattern[0..k] */
-    char pat[];
+    ms_match_t *m;   /* in this allocation */
 };
 
 static uint64_t rgen_next;
@@ -290,55 +287,21 @@ static int match_line(ms_sock_t *s)
 
 static int match_until(ms_sock_t *s, ms_sock_until_t *u, size_t size)
 {
-    if (u->sock != s || u->gen != s->rgen) {
+    if (u->sock != s || u->gen != s->rgen) { /* another read consumed, or another socket */
         u->sock = s;
-        u->scanned = u->j = u->match_end = 0;
+        ms_match_reset(u->m);
     }
     const char *p = s->rbuf + s->rpos;
-    size_t avail = s->rlen - s->rpos;
-    if (u->match_end == 0) {
-        size_t i = u->scanned, j = u->j;
-        while (i < avail && j < u->plen) {
-            while (j > 0 && p[i] != u->pat[j])
-                j = u->fail[j - 1];
-            if (p[i] == u->pat[j])
-                j++;
-            i++;
-        }
-        u->scanned = i;
-        u->j = j;
-        if (j == u->plen) {
-            u->match_end = i;
-            u->j = 0;
-        }
-    }
-    size_t take;
-    if (u->match_end > 0) {
-        size_t pre = u->match_end - u->plen; /* the bytes before the pattern */
-        if (size == 0 || pre < size) {
-            /* The last piece, or the whole of it: the iterator starts over after it. As in
-             * lua-nginx-module, a sized read that meets the pattern at once returns "" (the
-             * pattern alone when inclusive), and only the call after it the end: a reader
-             * that handed out exactly `size` bytes has not yet looked past them. A piece
-             * that ends with the pattern may so be longer than `size` when inclusive. */
-            set_result(s, p, u->inclusive ? u->match_end : pre);
-            if (size != 0)
-                u->finished = 1;
-            consume(s, u->match_end);
-            u->scanned = u->j = u->match_end = 0;
-            u->gen = s->rgen;
-            return MS_SOCK_DONE;
-        }
-        take = size;
-        u->match_end -= size;
-    } else if (size != 0 && u->scanned - u->j >= size) {
-        take = size; /* bytes that can no longer be part of a match */
-    } else {
+    size_t len, used;
+    int rc = ms_match_feed(u->m, p, s->rlen - s->rpos, size, &len, &used);
+    if (rc == MS_MATCH_MORE)
         return 0;
+    if (rc == MS_MATCH_END) { /* ms_sock_receiveuntil tells it first; here for the fuzz target */
+        set_result(s, NULL, 0);
+        return MS_SOCK_END;
     }
-    set_result(s, p, take);
-    consume(s, take);
-    u->scanned -= take;
+    set_result(s, p, len);
+    consume(s, used);
     u->gen = s->rgen;
     return MS_SOCK_DONE;
 }
@@ -382,10 +345,8 @@ static void read_partial(ms_sock_t *s)
     set_result(s, p, n);
     if (avail)
         consume(s, avail);
-    if (s->rkind < 0) {
-        s->until->finished = 0;
-        s->until->match_end = 0;
-    }
+    if (s->rkind < 0)
+        ms_match_reset(s->until->m);
 }
 
 /* -- Connections ------------------------------------------------------------------------- */
@@ -1262,8 +1223,7 @@ int ms_sock_receiveuntil(ms_sock_t *s, ms_sock_until_t *u, size_t size, ms_sock_
 {
     if (s->read_cb)
         return MS_SOCK_EBUSY_READ;
-    if (u->finished) {
-        u->finished = 0;
+    if (ms_match_take_end(u->m)) {
         s->v.data = NULL;
         s->v.len = 0;
         return MS_SOCK_END;
@@ -1279,22 +1239,11 @@ int ms_sock_receiveuntil(ms_sock_t *s, ms_sock_until_t *u, size_t size, ms_sock_
 
 ms_sock_until_t *ms_sock_until_new(const char *pat, size_t len, int inclusive)
 {
-    assert(len > 0);
-    size_t off = (sizeof(ms_sock_until_t) + len + 3) & ~(size_t)3;
-    ms_sock_until_t *u = ms_mem_alloc(off + len * sizeof(uint32_t));
-    memset(u, 0, sizeof(*u));
-    u->plen = len;
-    u->inclusive = inclusive != 0;
-    memcpy(u->pat, pat, len);
-    u->fail = (uint32_t *)((char *)u + off);
-    u->fail[0] = 0;
-    for (size_t i = 1, k = 0; i < len; i++) {
-        while (k > 0 && pat[i] != pat[k])
-            k = u->fail[k - 1];
-        if (pat[i] == pat[k])
-            k++;
-        u->fail[i] = (uint32_t)k;
-    }
+    _Static_assert(sizeof(ms_sock_until_t) % sizeof(void *) == 0, "the matcher is aligned");
+    ms_sock_until_t *u = ms_mem_alloc(sizeof(*u) + ms_match_size(len));
+    u->sock = NULL;
+    u->gen = 0;
+    u->m = ms_match_init(u + 1, pat, len, inclusive);
     return u;
 }
 

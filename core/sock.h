@@ -121,7 +121,7 @@ enum {
  * other error closes it; either way the view holds the partial data, which is consumed. */
 int ms_sock_receive(ms_sock_t *s, int pattern, size_t n, ms_sock_cb cb);
 
-/* receiveuntil(pattern[, { inclusive = true }]): an incremental matcher (KMP), right across
+/* receiveuntil(pattern[, { inclusive = true }]): the pattern matcher of match.h, right across
  * reads. Without a size each call returns the data before the next occurrence (with it when
  * inclusive). With a size each call returns `size` bytes while at least that many come before
  * the pattern, then the rest before it, fewer than `size` and possibly none (with the pattern

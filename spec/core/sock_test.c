@@ -317,8 +317,7 @@ static void fake_run(const char *in, size_t cut, int kind, size_t n, ms_sock_unt
         pos += step;
         for (;;) {
             int rc;
-            if (kind < 0 && u->finished) {
-                u->finished = 0;
+            if (kind < 0 && ms_match_take_end(u->m)) {
                 rc = MS_SOCK_END;
             } else {
                 rbuf_compact(&fake);

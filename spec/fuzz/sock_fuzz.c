@@ -1,5 +1,8 @@
-/* sock_fuzz.c: the socket's line reader and receiveuntil matcher, fed in pieces, against a
+/* sock_fuzz.c: the socket's line reader and receiveuntil matcher (core/match.c, through
+ * sock.c), fed in pieces, against a
  * naive reference that sees the whole stream at once. */
+#include "../../core/match.c" /* first: it asks for memmem; and its state is looked at */
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,8 +102,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fed += step;
         for (;;) {
             int rc;
-            if (u && u->finished) {
-                u->finished = 0;
+            int ending = u && ms_match_take_end(u->m);
+            if (ending) {
                 rc = MS_SOCK_END;
             } else {
                 rbuf_compact(&s);
@@ -114,8 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             /* A piece is never over the size, but for the pattern an inclusive last piece
              * ends with, and empty only as the last (the pattern came at once). */
-            if (piece && (s.v.len > piece + (u->finished && inclusive ? plen : 0) ||
-                          (s.v.len == 0 && !u->finished)))
+            if (piece && (s.v.len > piece + (u->m->ending && inclusive ? plen : 0) ||
+                          (s.v.len == 0 && !u->m->ending)))
                 abort();
             out_add(&got, s.v.data, s.v.len);
             if (!piece)

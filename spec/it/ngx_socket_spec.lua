@@ -167,6 +167,28 @@ describe("ngx.req.socket", function()
             end), srv:log())
         end)
 
+        it("hands out a sized receiveuntil piece once that many bytes cannot begin the "
+            .. "pattern, without waiting for the pattern's length more, as lua-nginx-module",
+            function()
+                local s = helper.connect(srv.port)
+                assert(s:send("GET /raw_until HTTP/1.1\r\nHost: sock.test\r\n\r\n"))
+                assert.equal(101, assert(helper.read_response(s, true)).status)
+                s:settimeout(2)
+                -- 4 bytes, none of which may begin "\r\n--boundary": a piece at once.
+                assert(s:send("abcd"))
+                assert.equal("[abcd]", s:receive("*l"))
+                -- "\r\n-" may: the 2 bytes before it wait for what follows.
+                assert(s:send("ef\r\n-"))
+                assert(s:send("-boundarywxyz\r"))
+                assert.equal("[ef]", s:receive("*l"))
+                assert.equal("[nil]", s:receive("*l"))
+                assert.equal("[wxyz]", s:receive("*l"))
+                s:close()
+                assert(helper.wait_for(function() -- (the log writes the CR as \r)
+                    return srv:log():find("raw_until: closed [\\r]", 1, true) ~= nil
+                end), srv:log())
+            end)
+
         it("hears the client hang up as closed, and the connection ends with the handler",
             function()
                 local s = helper.connect(srv.port)

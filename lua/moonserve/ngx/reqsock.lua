@@ -3,7 +3,8 @@
 -- Content-Length body); with it, the connection's raw bytes both ways once the handler has
 -- sent a 101 (core/rawsock.c, on the request's tunnel), which is what resty.websocket.server
 -- reads and writes its frames on. Both read through one buffer of their own here: receive
--- (a size, "*l", "*a"), receiveany, receiveuntil, with OpenResty's results and errors.
+-- (a size, "*l", "*a"), receiveany, receiveuntil (with the core's pattern matcher,
+-- core/match.c, the one outbound sockets use), with OpenResty's results and errors.
 local ffi = require "ffi"
 local strbuf = require "string.buffer"
 local base = require "moonserve.base"
@@ -12,6 +13,7 @@ local dispatcher = require "moonserve.dispatcher"
 local response = require "moonserve.response"
 
 local C = base.C
+local ffi_gc = ffi.gc
 local find, gsub = string.find, string.gsub
 local type, tostring, tonumber, error, setmetatable, floor = type, tostring, tonumber, error,
     setmetatable, math.floor
@@ -32,11 +34,17 @@ int ms_ffi_req_wait_body_for(ms_req_view_t *r, double seconds);
 double ms_ffi_raw_default_timeout(ms_server_t *s, int send);
 double ms_ffi_raw_buffer_cap(ms_server_t *s);
 void *memchr(const void *s, int c, size_t n);
-void *memmem(const void *h, size_t hn, const void *n, size_t nn);
+typedef struct ms_match_s ms_match_t;
+ms_match_t *ms_ffi_match_new(const char *p, size_t len, int inclusive);
+void ms_ffi_match_free(ms_match_t *m);
+void ms_ffi_match_reset(ms_match_t *m);
+int ms_ffi_match_feed(ms_match_t *m, const char *p, size_t n, size_t size, double *out);
 ]]
 
 local ptr = ffi.new("const char *[1]") -- reused; never held across a yield
 local err_out = ffi.new("int[1]")
+local match_out = ffi.new("double[2]") -- reused; never held across a yield
+local MATCH_MORE, MATCH_END = 0, 3 -- core/match.h
 
 -- Bytes queued to the peer past which a raw socket's send fails and the connection is cut
 -- (websocket.lua's send_queue_bytes default): a peer that does not read is not buffered
@@ -51,7 +59,8 @@ local Reader = {}
 
 -- The unread bytes wait in a string.buffer (appends amortised, consumed from the front), and
 -- each line or pattern search starts where the last one stopped: a read is linear in the
--- bytes it holds, however they come in.
+-- bytes it holds, however they come in. `self.matcher` is the receiveuntil matcher whose
+-- search state describes the unread bytes; any other read that consumes forgets it.
 
 -- The bytes not yet handed out.
 local function avail(self)
@@ -65,6 +74,7 @@ end
 -- A failed read: everything buffered goes out as the partial result. Once "closed" was
 -- told, later reads say it without a partial, as lua-nginx-module does.
 local function fail(self, err)
+    self.matcher = nil
     if err == "closed" then
         if self.told_closed then
             return nil, "closed"
@@ -94,6 +104,7 @@ local function over(self, err)
         require("moonserve.log").error("ngx.req.socket(true): a read held more than "
             .. "raw_socket_buffer_bytes (" .. self.cap .. "); connection closed")
         self.buf:reset()
+        self.matcher = nil
         self:_release()
         self.told_closed = true
         return nil, err
@@ -125,6 +136,7 @@ end
 
 function Reader:receive(pattern)
     self:_check("receive")
+    self.matcher = nil
     if self.told_closed then
         return nil, "closed"
     end
@@ -160,6 +172,7 @@ end
 
 function Reader:receiveany(max)
     self:_check("receiveany")
+    self.matcher = nil
     max = tonumber(max)
     if not max or max < 1 then
         error("bad argument #1 to 'receiveany' (bad max argument)", 2)
@@ -180,14 +193,15 @@ end
 -- occurrence (consumed with it); with a size, pieces of `size` bytes while that many come
 -- before the pattern, then the rest before it ("" when the pattern comes next), then nil
 -- on the call after it, as lua-nginx-module. opts.inclusive: the pattern ends the data.
+-- The core's matcher (core/match.c) decides, handed the buffer's unread bytes in place.
 function Reader:receiveuntil(pattern, opts)
     self:_check("receiveuntil")
     if type(pattern) ~= "string" or pattern == "" then
         error("bad argument #1 to 'receiveuntil' (pattern is empty)", 2)
     end
     local inclusive = type(opts) == "table" and opts.inclusive == true
-    local plen = #pattern
-    local reached = false -- a sized read handed out the last bytes before the pattern
+    local m = ffi_gc(C.ms_ffi_match_new(pattern, #pattern, inclusive and 1 or 0),
+        C.ms_ffi_match_free)
     return function(size)
         self:_check("receiveuntil")
         if size ~= nil then
@@ -197,46 +211,34 @@ function Reader:receiveuntil(pattern, opts)
             end
             size = floor(size)
         end
-        if reached then
-            reached = false
-            return nil, nil, nil
+        if self.matcher ~= m then -- another read consumed since this one searched
+            C.ms_ffi_match_reset(m)
+            self.matcher = m
         end
-        if self.told_closed then
-            return nil, "closed"
-        end
-        local scanned = 0 -- bytes searched already: a match ends past scanned - plen + 1
-        while true do
-            local p, n = self.buf:ref()
-            local from = scanned > plen - 1 and scanned - (plen - 1) or 0
-            local m = n - from >= plen and C.memmem(p + from, n - from, pattern, plen) or nil
-            if m ~= nil then
-                local i = ffi.cast("const char *", m) - p
-                -- As lua-nginx-module: a piece of exactly `size` bytes leaves the pattern
-                -- for the next call, which returns "" (the pattern when inclusive), and the
-                -- call after it nil.
-                if size and i >= size then
-                    return take(self, size)
-                end
-                local data = take(self, i)
-                self.buf:skip(plen)
-                if inclusive then
-                    data = data .. pattern
-                end
-                if size then
-                    reached = true
-                end
-                return data
-            end
-            scanned = n
-            -- Bytes that cannot begin the pattern may go to a sized read now.
-            if size and n - (plen - 1) >= size then
-                return take(self, size)
+        local buf = self.buf
+        local p, n = buf:ref()
+        local rc = C.ms_ffi_match_feed(m, p, n, size or 0, match_out)
+        -- (The loop is entered only to wait: a caller's loop over pieces stays one trace.)
+        while rc == MATCH_MORE do
+            if self.told_closed then
+                return nil, "closed"
             end
             local ok, err = more(self, not size)
             if not ok then
                 return over(self, err)
             end
+            p, n = buf:ref()
+            rc = C.ms_ffi_match_feed(m, p, n, size or 0, match_out)
         end
+        if rc == MATCH_END then
+            return nil, nil, nil
+        end
+        local len, used = match_out[0], match_out[1]
+        local data = buf:get(len)
+        if used > len then
+            buf:skip(used - len)
+        end
+        return data
     end
 end
 

@@ -1,0 +1,53 @@
+-- spec/lua/ngx_reqsock_spec.lua: ngx.req.socket's reader (moonserve/ngx/reqsock.lua) in
+-- memory: its receiveuntil pieces through the core's matcher, and on trace.
+-- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs)
+local helper = require "helper"
+
+describe("moonserve.ngx.reqsock", function()
+    local moonserve = require "moonserve"
+    require "moonserve.ngx"
+
+    -- Serves `fn` on POST / with `body`; returns the reply's body.
+    local function serve(body, fn)
+        local app = moonserve.app()
+        app:ngx_content("/", fn)
+        local status, _, out = helper.simulate(app, "POST", "/", { body = body })
+        assert.equal(200, status)
+        return out
+    end
+
+    it("reads a body up to a pattern in sized pieces, the last one short, then nil", function()
+        local out = serve("abcdefg\r\n--bhij", function()
+            local sock = assert(ngx.req.socket())
+            local it = sock:receiveuntil("\r\n--b")
+            for _ = 1, 4 do
+                ngx.say(tostring((it(3))))
+            end
+            ngx.say(sock:receive(3))
+        end)
+        assert.equal("abc\ndef\ng\nnil\nhij\n", out)
+    end)
+
+    it("keeps a loop over a sized receiveuntil's pieces on trace", function()
+        local log, n
+        local out = serve(("x"):rep(20000) .. "\r\n--b" .. "tail", function()
+            local sock = assert(ngx.req.socket())
+            log = helper.jit_log(function()
+                local it = sock:receiveuntil("\r\n--b")
+                n = 0
+                while true do
+                    local data = it(16)
+                    if not data then
+                        break
+                    end
+                    n = n + #data
+                end
+            end)
+            ngx.say(n)
+        end)
+        assert.equal("20000\n", out)
+        assert.matches("TRACE%s+%d+ ngx_reqsock_spec%.lua:%d+ loop", log)
+        assert.not_matches("NYI", log)
+        assert.not_matches("inner loop", log)
+    end)
+end)

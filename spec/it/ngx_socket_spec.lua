@@ -258,6 +258,39 @@ describe("ngx.req.socket", function()
     end)
 end)
 
+describe("ngx.req.socket behind moonserve.csrf", function()
+    local srv, jar
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/ngx_csrf.lua" }
+        jar = os.tmpname()
+    end)
+
+    teardown(function()
+        srv:stop()
+        os.remove(jar)
+    end)
+
+    it("reads the whole multipart body the middleware looked into for its _csrf field",
+        function()
+            local url = "http://127.0.0.1:" .. srv.port
+            local token = helper.curl("-s -c " .. jar .. " " .. url .. "/token")
+            local file = os.tmpname()
+            assert(helper.run("head -c 300000 /dev/urandom > " .. file))
+            -- the field after the file: the middleware reads every piece before it
+            for _, order in ipairs({ "before", "after" }) do
+                local field = "-F _csrf=" .. token .. " "
+                local doc = "-F 'doc=@" .. file .. "' "
+                local out = helper.curl("-s -w ' %{size_upload}' -b " .. jar .. " -F title=hi "
+                    .. (order == "before" and field .. doc or doc .. field) .. url .. "/upload")
+                local n, how, sent = out:match("^(%d+) %-%- (%a+)\n (%d+)$")
+                assert.equal("end", how, out)
+                assert.equal(sent, n, out)
+            end
+            os.remove(file)
+        end)
+end)
+
 describe("ngx.req.socket(true) and the caps", function()
     local srv
 

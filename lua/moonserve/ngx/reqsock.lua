@@ -294,6 +294,16 @@ function Body.__index:_fill()
     if not r then
         return nil, "closed"
     end
+    -- Pieces middleware read and handed back (req:_unread: moonserve.csrf looking for a
+    -- multipart _csrf field) come first: the request's own _read gives them out.
+    local handed = rawget(req, "_read")
+    if handed then
+        local piece = handed(req)
+        if piece then
+            self.buf:put(piece)
+            return true
+        end
+    end
     local waited = false
     while true do
         local n = C.ms_ffi_req_body_take(r, ptr)

@@ -65,7 +65,7 @@
     X(socket_send_timeout, socket_send_timeout_ms, uint32_t, 60, SECONDS, 0,                       \
       "a socket's send with no progress: \"timeout\", closed")                                     \
     X(raw_socket_buffer_bytes, raw_socket_buffer_bytes, uint32_t, 1048576, BYTES, 0,               \
-      "a raw ngx.req.socket's line, pattern or \"*a\" read: past it, closed")                      \
+      "a raw request socket's line, pattern or \"*a\" read: closed")                               \
     X(socket_read_timeout, socket_read_timeout_ms, uint32_t, 60, SECONDS, 0,                       \
       "a socket's receive: \"timeout\", still usable")                                             \
     X(socket_keepalive_timeout, socket_keepalive_timeout_ms, uint32_t, 60, SECONDS, 0,             \

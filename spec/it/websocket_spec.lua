@@ -8,12 +8,13 @@ local q = helper.sh_quote
 local band, bxor, rshift = bit.band, bit.bxor, bit.rshift
 local char, byte, concat, rep = string.char, string.byte, table.concat, string.rep
 
--- The conformance client run against `port` with a case (and a path; `env`: variables set
--- for it): its k=v lines as a table, its output and status as _out and _status.
-local function run_client(port, case, path, env)
-    local out, status = helper.run((env and env .. " " or "") .. q(helper.tool("websockets"))
-        .. " " .. q(helper.root .. "/spec/it/ws_client.py") .. " " .. port .. " " .. case
-        .. (path and " " .. q(path) or "") .. " 2>&1")
+-- The conformance client run against `port` with a case (and a path; `ca`: the certificate
+-- that makes it speak TLS): its k=v lines as a table, its output and status as _out and
+-- _status.
+local function run_client(port, case, path, ca)
+    local out, status = helper.run(string.format("WS_TLS_CA=%s %s %s %d %s%s 2>&1",
+        q(ca or ""), q(helper.tool("websockets")), q(helper.root .. "/spec/it/ws_client.py"),
+        port, case, path and " " .. q(path) or ""))
     local t = {}
     for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
         t[k] = v
@@ -22,8 +23,8 @@ local function run_client(port, case, path, env)
     return t
 end
 
--- fn(port, env) with `app` served over TLS on a certificate for localhost made for it: port
--- is the TLS listener's, env makes the client trust the certificate. The server stops and
+-- fn(port, ca) with `app` served over TLS on a certificate for localhost made for it: port
+-- is the TLS listener's, ca the certificate the client is to trust. The server stops and
 -- the certificate goes before fn's error is raised or its result returned.
 local function over_tls(app, fn)
     local dir = os.tmpname()
@@ -36,7 +37,7 @@ local function over_tls(app, fn)
     local tls = helper.spawn_server { app = app,
         args = string.format("--listen 127.0.0.1:0 --tls-cert %s --tls-key %s",
             q(dir .. "/ws.pem"), q(dir .. "/ws.key")) }
-    local ok, res = pcall(fn, tls.ports[2], "WS_TLS_CA=" .. q(dir .. "/ws.pem"))
+    local ok, res = pcall(fn, tls.ports[2], dir .. "/ws.pem")
     tls:stop()
     helper.sh("rm -rf " .. q(dir))
     assert(ok, res)
@@ -646,8 +647,8 @@ describe("WebSocket", function()
         end)
 
         it("takes it over TLS with h2 chosen by ALPN, as a browser opens one", function()
-            local t = over_tls("spec/fixtures/websocket.lua", function(port, env)
-                return run_client(port, "h2", nil, env)
+            local t = over_tls("spec/fixtures/websocket.lua", function(port, ca)
+                return run_client(port, "h2", nil, ca)
             end)
             local out = t._out
             assert.equal("h2", t.alpn, out)
@@ -663,8 +664,8 @@ describe("WebSocket", function()
 
     describe("behind sessions and moonserve.csrf with form tokens", function()
         -- A browser over TLS opens its WebSocket with HTTP/2's extended CONNECT, not GET.
-        local function h2_csrf(port, env)
-            local t = run_client(port, "h2_csrf", nil, env)
+        local function h2_csrf(port, ca)
+            local t = run_client(port, "h2_csrf", nil, ca)
             local out = t._out
             assert.equal("200", t.app_status, out)
             assert.equal("hello app", t.app_echo, out)

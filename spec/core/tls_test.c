@@ -346,10 +346,8 @@ TEST(tls_hook_that_sleeps_past_handshake_timeout_finds_its_connection_gone)
     hook_hello(&p);
     ms_tls_hook_t *h = hook_taken;
     ASSERT(h != NULL);
-    uint64_t t0 = uv_now(&loop);
     uv_run(&loop, UV_RUN_DEFAULT); /* the deadline closes the connection */
     ASSERT(p.m.conn == NULL);
-    ASSERT(uv_now(&loop) - t0 >= 25);
     ASSERT_HAS(last_log, "not done within handshake_timeout");
     ASSERT_EQ(1, (long long)srv->stats->timeouts);
     ASSERT(ms_tls_hook_ssl(h) == NULL);

@@ -149,34 +149,38 @@ function _M.clear_certs()
     return change(C.ms_ffi_tls_hook_clear_certs)
 end
 
--- The leaf and its chain, DER one after another (cert_pem_to_der's form).
-function _M.set_der_cert(der)
+-- fn(der, #der) for a DER string.
+local function set_der(fn, der)
     if type(der) ~= "string" then
         return nil, "a string expected"
     end
-    return change(C.ms_ffi_tls_hook_set_der_cert, der, #der)
+    return change(fn, der, #der)
+end
+
+-- fn(v) for what parse_pem_cert or parse_pem_priv_key made (`what` names it).
+local function set_parsed(fn, v, what)
+    if type(v) ~= "cdata" then
+        return nil, "a parsed " .. what .. " expected"
+    end
+    return change(fn, v)
+end
+
+-- The leaf and its chain, DER one after another (cert_pem_to_der's form).
+function _M.set_der_cert(der)
+    return set_der(C.ms_ffi_tls_hook_set_der_cert, der)
 end
 
 function _M.set_der_priv_key(der)
-    if type(der) ~= "string" then
-        return nil, "a string expected"
-    end
-    return change(C.ms_ffi_tls_hook_set_der_key, der, #der)
+    return set_der(C.ms_ffi_tls_hook_set_der_key, der)
 end
 
 -- A chain parsed by parse_pem_cert, a key by parse_pem_priv_key.
 function _M.set_cert(chain)
-    if type(chain) ~= "cdata" then
-        return nil, "a parsed certificate chain expected"
-    end
-    return change(C.ms_ffi_tls_hook_set_chain, chain)
+    return set_parsed(C.ms_ffi_tls_hook_set_chain, chain, "certificate chain")
 end
 
 function _M.set_priv_key(key)
-    if type(key) ~= "cdata" then
-        return nil, "a parsed private key expected"
-    end
-    return change(C.ms_ffi_tls_hook_set_key, key)
+    return set_parsed(C.ms_ffi_tls_hook_set_key, key, "private key")
 end
 
 -- -- Conversions (anywhere) ---------------------------------------------------------------

@@ -10,18 +10,18 @@
  * ACCESS_LOG=FILE (and ACCESS_LOG_FORMAT=combined|json|template) turns the access log on,
  * with a turn of the loop every 64 requests, which waits for a write under way to complete
  * (a loop with clients to serve meanwhile), so that no line is dropped. METRICS=1 counts
- * into a metrics zone (core/metrics.h), as a worker with metrics on does. */
+ * into a metrics zone (core/process/metrics.h), as a worker with metrics on does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <unistd.h>
 
-#include "accesslog.h"
-#include "memio.h"
-#include "metrics.h"
+#include "http/accesslog.h"
+#include "transport/memio.h"
+#include "process/metrics.h"
 #include "moonserve.h"
-#include "static.h"
+#include "http/static/static.h"
 
 /* A directory with a 10 KiB file for the static modes; returns its path. */
 static const char *static_dir(void)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "memio.h"
+#include "transport/memio.h"
 #include "moonserve.h"
 
 #define BODY (16u * 1024 * 1024)

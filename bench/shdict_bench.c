@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shdict.h"
+#include "process/shdict.h"
 
 #define NKEYS 1000
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "moonserve.h"
-#include "metrics.h"
+#include "process/metrics.h"
 
 /* Built with AddressSanitizer: the recycle lists are off (mem.c), so that a use after free
  * is caught rather than hidden; tests that count what went back to a list skip that. */
@@ -414,7 +414,7 @@ int ms__tls_ready(const ms_tls_t *tls);
 /* Frees the server's TLS settings and its TLS buffers (ms_server_free). */
 void ms__tls_free(ms_server_t *s);
 
-/* caps.c */
+/* per_source.c */
 int ms__source_key(const struct sockaddr *sa, uint8_t key[16]);
 int ms__source_add(ms_server_t *s, ms_conn_t *c);
 void ms__source_remove(ms_server_t *s, ms_conn_t *c);
@@ -426,7 +426,7 @@ void ms__log_refusals(ms_server_t *s);
 /* accesslog.c: "2000-10-10T13:55:36.123-07:00", the local time; returns its length. */
 int ms__time_iso(char *buf, size_t len);
 
-/* proxy.c */
+/* proxy_protocol.c */
 int ms__trusted(const ms_server_t *s, const uint8_t a[16]);
 void ms__format_ip(const uint8_t a[16], char *buf, size_t len);
 ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);

@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "errors.h"
-#include "settings.h"
+#include "base/errors.h"
+#include "base/settings.h"
 
 #define MS_LIKELY(x)   __builtin_expect(!!(x), 1)
 #define MS_UNLIKELY(x) __builtin_expect(!!(x), 0)

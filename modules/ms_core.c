@@ -17,12 +17,12 @@
 #include <openssl/crypto.h>
 #include <openssl/ssl.h>
 
-#include "accesslog.h"
-#include "channel.h"
-#include "master.h"
-#include "static.h"
-#include "memio.h"
-#include "metrics.h"
+#include "http/accesslog.h"
+#include "process/channel.h"
+#include "process/master.h"
+#include "http/static/static.h"
+#include "transport/memio.h"
+#include "process/metrics.h"
 #include "moonserve.h"
 
 #define SERVER_MT  "moonserve.server"
@@ -120,7 +120,7 @@ static void on_resume(ms_req_t *r, void *data)
 
 /* -- Server ------------------------------------------------------------------------------- */
 
-/* The limits Lua may set, made from MS_LIMITS (core/settings.h): add a limit there, not here. */
+/* The limits Lua may set, made from MS_LIMITS (core/base/settings.h): add a limit there, not here. */
 #define UNIT_NAME_COUNT   "count"
 #define UNIT_NAME_BYTES   "bytes"
 #define UNIT_NAME_BITS    "bits"
@@ -1253,7 +1253,7 @@ static int core_limits(lua_State *L)
 
 /* core.defaults() -> { backlog =, static_cache_files =, static_cache_bytes =, stop_timeout =,
  * start_timeout = }:
- * the other defaults the core applies when Lua gives none (core/settings.h). */
+ * the other defaults the core applies when Lua gives none (core/base/settings.h). */
 static int core_defaults(lua_State *L)
 {
     lua_createtable(L, 0, 5);

@@ -3,9 +3,9 @@
 #include <string.h>
 
 #include "moonserve.h"
-#include "accesslog.h"
-#include "memio.h"
-#include "static.h"
+#include "http/accesslog.h"
+#include "transport/memio.h"
+#include "http/static/static.h"
 
 #define MS_FFI MS_EXPORT
 
@@ -314,7 +314,7 @@ MS_FFI int ms_ffi_server_stopping(ms_req_t *r)
     return ms_server_stopping(ms_conn_server(r->conn));
 }
 
-/* -- Wakes: waits that are no request's (core/wake.c) ----------------------------------- */
+/* -- Wakes: waits that are no request's (core/engine/wake.c) ----------------------------------- */
 
 /* Wakes `slot` with `status` after `seconds` (0: the next turn of the loop). */
 MS_FFI int ms_ffi_wake_after(ms_server_t *s, int32_t slot, double seconds, int status)

@@ -1,7 +1,7 @@
-/* ms_match_ffi.c: the FFI surface of the pattern matcher (core/match.h), for readers whose
+/* ms_match_ffi.c: the FFI surface of the pattern matcher (core/base/match.h), for readers whose
  * bytes wait in Lua: ngx.req.socket (lua/moonserve/ngx/reqsock.lua). Outbound sockets use
- * it inside the engine (core/sock.c). */
-#include "match.h"
+ * it inside the engine (core/client/sock.c). */
+#include "base/match.h"
 #include "moonserve.h"
 
 #define MS_FFI MS_EXPORT

@@ -1,8 +1,8 @@
-/* ms_raw_ffi.c: the FFI surface of the ngx layer's request sockets (core/rawsock.c, and the
+/* ms_raw_ffi.c: the FFI surface of the ngx layer's request sockets (core/tunnel/rawsock.c, and the
  * timed body wait of ngx.req.socket()): flat arguments, int results. Declared again in
  * lua/moonserve/ngx/reqsock.lua. */
 #include "moonserve.h"
-#include "rawsock.h"
+#include "tunnel/rawsock.h"
 
 #define MS_FFI MS_EXPORT
 

@@ -1,5 +1,5 @@
 /* ms_sock_ffi.c: the FFI surface of moonserve.socket: each socket's completion wakes the
- * slot the Lua side parked its coroutine on (core/wake.c). Declared again in
+ * slot the Lua side parked its coroutine on (core/engine/wake.c). Declared again in
  * lua/moonserve/socket.lua. */
 #include <errno.h>
 #include <netinet/in.h>
@@ -8,7 +8,7 @@
 #include <sys/socket.h>
 
 #include "moonserve.h"
-#include "sock.h"
+#include "client/sock.h"
 
 #define MS_FFI MS_EXPORT
 
@@ -56,7 +56,7 @@ static void glue_drop(int32_t i)
 
 /* Wakes whoever waits on `*slot`, once. ms_wake resumes it now when the completion comes
  * from the loop, and queues it when a call into Lua or the engine's own work is under way
- * (core/wake.c): the engine completes a connect in the backlog inside the setkeepalive or
+ * (core/engine/wake.c): the engine completes a connect in the backlog inside the setkeepalive or
  * close that gave a connection back, and a close completes the reads and writes under way,
  * all inside an FFI call from Lua, which LuaJIT cannot be entered again from. */
 static void wake(ms_ffi_sock_t *g, int32_t *slot, int status)

@@ -1,9 +1,9 @@
-/* ms_ws_ffi.c: the FFI surface of moonserve.websocket (core/ws.c): flat arguments, int
+/* ms_ws_ffi.c: the FFI surface of moonserve.websocket (core/tunnel/ws.c): flat arguments, int
  * results. Declared again in lua/moonserve/websocket.lua. */
 #include <string.h>
 
 #include "moonserve.h"
-#include "ws.h"
+#include "tunnel/ws.h"
 
 #define MS_FFI MS_EXPORT
 

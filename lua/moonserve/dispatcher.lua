@@ -8,7 +8,7 @@
 -- owners[slot] what it runs for: the request (cdata) of a handler, or a task (a table: a
 -- timer's run, a worker hook, a light thread), or a pending timer (no coroutine yet). A
 -- request's own waits (body, sleep, drain) come back through on_resume, at the slot the
--- request names (r.handler); every other wait is armed on the slot itself (core/wake.c:
+-- request names (r.handler); every other wait is armed on the slot itself (core/engine/wake.c:
 -- ms_ffi_wake_after, or what a socket arms next) and comes back through on_event(slot,
 -- status), which resumes whatever is parked there with the status. Lua wakes a slot the same
 -- way, on the next turn of the loop (wake: a semaphore's post, a thread's end), so a resume

@@ -1,5 +1,5 @@
 --- moonserve/metrics.lua: metrics in Prometheus' text format (0.0.4): the core's counters,
--- which every worker keeps in its slot of a shared-memory zone (core/metrics.h), summed over
+-- which every worker keeps in its slot of a shared-memory zone (core/process/metrics.h), summed over
 -- the workers by whichever answers the scrape; and the app's own counters, gauges and
 -- histograms, kept in a shared dictionary so that they too are the whole server's.
 --

@@ -3,7 +3,7 @@
 -- app:shared_dict(NAME, SIZE). Each is a zone of shared memory made when the server starts
 -- (by the master, which hands it to every worker and keeps it across a reload; in a single
 -- process, by that process); the core does every operation atomically across the workers
--- (core/shdict.c, docs/shared-dicts.md). Values are strings, numbers, booleans and tables
+-- (core/process/shdict.c, docs/shared-dicts.md). Values are strings, numbers, booleans and tables
 -- (tables are encoded with LuaJIT's string.buffer, so they come back as copies).
 --
 -- `Dict`: A shared dictionary (moonserve.shared.NAME), as OpenResty's ngx.shared.DICT.
@@ -45,7 +45,7 @@ long ms_shdict_pop(ms_shdict_t *d, const char *key, size_t klen, int left, char 
 long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen);
 ]]
 
--- core/shdict.h's value types, store flavours and the codes Lua turns into nil.
+-- core/process/shdict.h's value types, store flavours and the codes Lua turns into nil.
 local NIL, STRING, NUMBER, BOOLEAN, TABLE = 0, 1, 2, 3, 4
 local SET, SAFE_SET, ADD, SAFE_ADD, REPLACE = 0, 1, 2, 3, 4
 local ENOTFOUND, ESIZE, ENAME = -10101, -10111, -10112

@@ -1,5 +1,5 @@
 --- moonserve/socket.lua: moonserve.socket.tcp() and udp(), OpenResty's cosockets over the
--- core's socket engine (core/sock.h). Reading, matching and buffering are in C; a call that
+-- core's socket engine (core/client/sock.h). Reading, matching and buffering are in C; a call that
 -- must wait parks the calling coroutine on its slot (dispatcher.waiter) and the engine's
 -- completion wakes it (modules/ms_sock_ffi.c), so every wait works inside pcall, xpcall,
 -- coroutine.wrap and iterators. A socket belongs to the request, timer or hook that made
@@ -75,7 +75,7 @@ int ms_ffi_tls_trust(ms_server_t *srv, const char *file, char *err, size_t errle
 local PENDING, DONE, END = 0, 1, 2
 local LINE, ALL, BYTES, ANY = 0, 1, 2, 3
 local EOF = -4095 -- UV_EOF: "closed"
-local ETLSPOOL = -10111 -- MS_SOCK_ETLSPOOL (core/sock.h): a pooled connection of other TLS wishes
+local ETLSPOOL = -10111 -- MS_SOCK_ETLSPOOL (core/client/sock.h): a pooled connection of other TLS wishes
 local READ, WRITE = 1, 2
 
 local msgbuf = ffi.new("char[512]")

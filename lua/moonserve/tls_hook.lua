@@ -1,5 +1,5 @@
 -- moonserve/tls_hook.lua: the certificate hook of TLS handshakes (app:ssl_certificate) in the
--- core's host: runs the app's hook for each handshake the core pauses (core/tls.c's
+-- core's host: runs the app's hook for each handshake the core pauses (core/transport/tls.c's
 -- ms_tls_hook_*), and what the hook may do to its handshake (server_name, set_der_cert ...),
 -- with the certificate and key conversions that work anywhere. The ngx layer's ngx.ssl is
 -- these under OpenResty's names.

@@ -1,5 +1,5 @@
 --- moonserve/websocket.lua: WebSocket endpoints (RFC 6455 over HTTP/1.1, RFC 8441 over HTTP/2)
--- on the core's framing (core/ws.c): the opening handshake, the socket a handler gets, and
+-- on the core's framing (core/tunnel/ws.c): the opening handshake, the socket a handler gets, and
 -- broadcast. A socket's waits park the running code on its slot, as moonserve.socket's do.
 --
 -- `WebSocket`: The socket a WebSocket handler gets (app:websocket(path, function(ws, req) ...

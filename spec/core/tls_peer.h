@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #include "internal.h"
-#include "memio.h"
+#include "transport/memio.h"
 
 /* PEM text of a BIO, NUL-terminated, malloc()ed. */
 static inline char *peer_pem(BIO *b, size_t *len)

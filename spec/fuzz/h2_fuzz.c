@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "memio.h"
+#include "transport/memio.h"
 #include "moonserve.h"
 
 #include "handlers.h"

@@ -5,7 +5,7 @@
 #ifndef MS_FUZZ_HANDLERS_H
 #define MS_FUZZ_HANDLERS_H
 
-#include "memio.h"
+#include "transport/memio.h"
 #include "moonserve.h"
 
 #define PARKED_MAX 128

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "path.h"
+#include "http/static/path.h"
 
 /* Aborts unless `out` (n bytes) is a clean relative path. */
 static void check_clean(const char *out, int n, size_t cap, int dotfiles)

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/shdict.c"
+#include "../../core/process/shdict.c"
 
 static int64_t fuzz_ms = 1000000;
 

@@ -1,13 +1,13 @@
-/* sock_fuzz.c: the socket's line reader and receiveuntil matcher (core/match.c, through
+/* sock_fuzz.c: the socket's line reader and receiveuntil matcher (core/base/match.c, through
  * sock.c), fed in pieces, against a
  * naive reference that sees the whole stream at once. */
-#include "../../core/match.c" /* first: it asks for memmem; and its state is looked at */
+#include "../../core/base/match.c" /* first: it asks for memmem; and its state is looked at */
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/sock.c"
+#include "../../core/client/sock.c"
 
 /* The messages a reader produced, joined with a separator the reference uses too. */
 typedef struct {

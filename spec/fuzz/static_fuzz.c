@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "internal.h"
-#include "memio.h"
+#include "transport/memio.h"
 #include "moonserve.h"
-#include "static.h"
+#include "http/static/static.h"
 
 /* A secret outside the tree, reachable only through a symlink that must not be followed. */
 #define SECRET "moonserve-fuzz-secret"

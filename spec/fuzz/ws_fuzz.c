@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ws.h"
+#include "tunnel/ws.h"
 
 #define CAP 4096
 

@@ -383,7 +383,7 @@ describe("moonserve.app", function()
         assert.equal("main", select(3, helper.simulate(app, "GET", "/", { host = "other" })))
     end)
 
-    -- The same cases as the core's static mounts (spec/core/static_test.c, host_is).
+    -- The same cases as the core's static mounts (spec/core/http/static/static_test.c, host_is).
     it("matches IPv6 sites with and without a port, as the core's static mounts do", function()
         local app = moonserve.app()
         app:get("/", function(_, res) res:send("main") end)

@@ -16,7 +16,7 @@ describe("the core's layers", function()
             by_object[object] = by_object[object] or {}
             table.insert(by_object[object], sym)
         end
-        assert.truthy(by_object["conn.c.o"], "nm listed the core's objects:\n" .. out)
+        assert.truthy(by_object["engine_conn.c.o"], "nm listed the core's objects:\n" .. out)
         return by_object
     end
 
@@ -32,15 +32,16 @@ describe("the core's layers", function()
 
     it("has no protocol named outside the protocols and the accept stage", function()
         local u = undefined()
-        for _, object in ipairs({ "conn.c.o", "req.c.o", "server.c.o", "static.c.o" }) do
+        for _, object in ipairs({ "engine_conn.c.o", "http_req.c.o", "engine_server.c.o",
+            "http_static_static.c.o" }) do
             assert.same({}, protocol_symbols(u[object], "^ms__h[12]_"), object)
         end
-        assert.same({}, protocol_symbols(u["h1.c.o"], "^ms__h2_"), "h1.c.o")
-        assert.same({}, protocol_symbols(u["h2.c.o"], "^ms__h1_"), "h2.c.o")
+        assert.same({}, protocol_symbols(u["http_h1.c.o"], "^ms__h2_"), "h1.c")
+        assert.same({}, protocol_symbols(u["http_h2.c.o"], "^ms__h1_"), "h2.c")
     end)
 
     it("has the accept stage name only the protocols' tables", function()
-        local named = protocol_symbols(undefined()["accept.c.o"], "^ms__h[12]_")
+        local named = protocol_symbols(undefined()["engine_accept.c.o"], "^ms__h[12]_")
         assert.is_true(#named >= 1 and #named <= 4, table.concat(named, " "))
         for _, sym in ipairs(named) do
             assert.truthy(sym:match("_proto$"), sym)

@@ -1,4 +1,4 @@
--- The table of limits (MS_LIMITS in core/settings.h) and what is made from it: the keys the
+-- The table of limits (MS_LIMITS in core/base/settings.h) and what is made from it: the keys the
 -- module takes, its defaults, `moonserve --help`, and the guide's table (docs/guide/limits.md),
 -- which is checked here.
 describe("limits", function()

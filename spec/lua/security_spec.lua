@@ -2,7 +2,7 @@ describe("moonserve.security", function()
     local security = require "moonserve.security"
 
     describe("split_host", function()
-        -- The same cases as the core's static mounts (spec/core/static_test.c, host_is).
+        -- The same cases as the core's static mounts (spec/core/http/static/static_test.c, host_is).
         local cases = {
             { "example.com:80", "example.com", "80" },
             { "Example.COM", "example.com", nil },

@@ -1,6 +1,6 @@
 -- moonserve.shared: the Lua side of the shared dictionaries, over zones made in this process
 -- (two handles on one zone stand for two workers). The engine's own cases are in
--- spec/core/shdict_test.c; spec/it/shared_spec.lua runs them across real workers.
+-- spec/core/process/shdict_test.c; spec/it/shared_spec.lua runs them across real workers.
 describe("moonserve.shared", function()
     local shared = require "moonserve.shared"
     local moonserve = require "moonserve"

@@ -1,10 +1,10 @@
 -- moonserve/ngx/reqsock.lua: ngx.req.socket() and ngx.req.socket(true), as lua-nginx-module
 -- 0.10.23 has them. Without `true`, the request body as a read-only cosocket (HTTP/1.1, a
 -- Content-Length body); with it, the connection's raw bytes both ways once the handler has
--- sent a 101 (core/rawsock.c, on the request's tunnel), which is what resty.websocket.server
+-- sent a 101 (core/tunnel/rawsock.c, on the request's tunnel), which is what resty.websocket.server
 -- reads and writes its frames on. Both read through one buffer of their own here: receive
 -- (a size, "*l", "*a"), receiveany, receiveuntil (with the core's pattern matcher,
--- core/match.c, the one outbound sockets use), with OpenResty's results and errors.
+-- core/base/match.c, the one outbound sockets use), with OpenResty's results and errors.
 local ffi = require "ffi"
 local strbuf = require "string.buffer"
 local base = require "moonserve.base"
@@ -44,7 +44,7 @@ int ms_ffi_match_feed(ms_match_t *m, const char *p, size_t n, size_t size, doubl
 local ptr = ffi.new("const char *[1]") -- reused; never held across a yield
 local err_out = ffi.new("int[1]")
 local match_out = ffi.new("double[2]") -- reused; never held across a yield
-local MATCH_MORE, MATCH_END = 0, 3 -- core/match.h
+local MATCH_MORE, MATCH_END = 0, 3 -- core/base/match.h
 
 -- Bytes queued to the peer past which a raw socket's send fails and the connection is cut
 -- (websocket.lua's send_queue_bytes default): a peer that does not read is not buffered
@@ -193,7 +193,7 @@ end
 -- occurrence (consumed with it); with a size, pieces of `size` bytes while that many come
 -- before the pattern, then the rest before it ("" when the pattern comes next), then nil
 -- on the call after it, as lua-nginx-module. opts.inclusive: the pattern ends the data.
--- The core's matcher (core/match.c) decides, handed the buffer's unread bytes in place.
+-- The core's matcher (core/base/match.c) decides, handed the buffer's unread bytes in place.
 function Reader:receiveuntil(pattern, opts)
     self:_check("receiveuntil")
     if type(pattern) ~= "string" or pattern == "" then

@@ -8,17 +8,10 @@
 #include <string.h>
 
 #include "moonserve.h"
+#include "base/addr.h"
+#include "base/date.h"
+#include "base/util.h"
 #include "process/metrics.h"
-
-/* Built with AddressSanitizer: the recycle lists are off (mem.c), so that a use after free
- * is caught rather than hidden; tests that count what went back to a list skip that. */
-#if defined(__SANITIZE_ADDRESS__)
-#define MS_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MS_ASAN 1
-#endif
-#endif
 
 /* The worker's shared read buffer: big enough for a burst of pipelined requests. */
 #define MS_READ_BUF_SIZE (64 * 1024)
@@ -42,27 +35,6 @@
 #define MS_FILE_PROBE 1024
 /* File bytes one connection sends in one go; past this it lets the other connections run. */
 #define MS_FILE_BURST (1024 * 1024)
-/* Free objects kept per recycle list; beyond this they go back to the allocator. */
-#define MS_RECYCLE_MAX 1024
-
-/* A LIFO of free objects, threaded through their first word. Objects keep their inner
- * buffers while recycled, which is what makes a warm request allocation-free. */
-typedef struct ms_recycle_s {
-    void *head;
-    uint32_t count;
-} ms_recycle_t;
-
-/* Returns a recycled object, or NULL when the caller must make a new one. */
-void *ms__recycle_get(ms_recycle_t *r);
-/* Keeps `p` for reuse and returns 1, or returns 0 when the caller must destroy it (list full,
- * or under ASan, where recycling is off so that a use after free shows). */
-int ms__recycle_put(ms_recycle_t *r, void *p);
-void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p));
-
-/* When set (by the master), what ms_log_open calls for a path instead of opening it: a
- * descriptor the caller owns, or -errno. */
-extern int (*ms__log_opener)(const char *path);
-
 /* One reply queue: text (heads, chunk framing, small bodies) in `buf`, pieces in `vecs`. */
 struct ms_out_s {
     ms_out_t *next_free;
@@ -281,11 +253,6 @@ static inline void ms__conn_drain_check(ms_conn_t *c)
     c->proto->drain_check(c);
 }
 
-/* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
-typedef struct ms_cidr_s {
-    uint8_t addr[16];
-    uint8_t bits;
-} ms_cidr_t;
 
 /* What a connection's timer waits for. */
 enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
@@ -325,9 +292,7 @@ struct ms_server_s {
     int32_t *anchor_free, *anchor_released;
     uint32_t anchor_free_n, anchor_released_n, anchor_cap;
     int32_t anchor_next;
-    /* date: "date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
-    char date_line[40];
-    uint64_t date_sec, date_checked;
+    ms_date_t date; /* the Date field (ms__date_line) */
     uint32_t next_req_id;
     int stopping;
     int handing_over; /* the stop hands over to a new worker: still ready (ms_server_health) */
@@ -423,12 +388,12 @@ void ms__log_refusals(ms_server_t *s);
 /* Refusals logged with their reason each second; the rest are counted (ms__log_refusals). */
 #define MS_REFUSALS_TOLD 10
 
-/* accesslog.c: "2000-10-10T13:55:36.123-07:00", the local time; returns its length. */
-int ms__time_iso(char *buf, size_t len);
-
 /* proxy_protocol.c */
-int ms__trusted(const ms_server_t *s, const uint8_t a[16]);
-void ms__format_ip(const uint8_t a[16], char *buf, size_t len);
+/* Whether `a` is a proxy trusted to speak for its clients (ms_server_trust). */
+static inline int ms__trusted(const ms_server_t *s, const uint8_t a[16])
+{
+    return ms__cidr_match(s->trusted, s->ntrusted, a);
+}
 ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);
 
 /* accept.c: the accept stage, the one place that knows every protocol. */
@@ -472,8 +437,11 @@ static inline void ms__server_enter(ms_server_t *s)
 }
 void ms__server_leave(ms_server_t *s);
 
-/* date.c */
-const char *ms__date_line(ms_server_t *s);
+/* The Date field's line (base/date.c), "date: ...\r\n". */
+static inline const char *ms__date_line(ms_server_t *s)
+{
+    return ms__date_text(&s->date, uv_now(s->loop));
+}
 
 /* req.c */
 const char *ms__reason(int status);
@@ -511,67 +479,5 @@ void ms__req_tunnel_end(ms_req_t *r, int status);
 void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
                          size_t vlen);
 int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
-
-/* buf helpers */
-static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
-{
-    if (n == 0)
-        return 0; /* b->base may still be NULL */
-    if (MS_UNLIKELY(n > b->cap - b->len)) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n)
-            cap *= 2;
-        b->base = ms_mem_realloc(b->base, cap);
-        b->cap = cap;
-    }
-    memcpy(b->base + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-/* Byte classes for validating fields: token characters (RFC 9110 5.6.2), and what a Host
- * may hold. */
-extern const uint8_t ms__tchar[256];
-extern const uint8_t ms__hostchar[256];
-
-/* A hash of 16 bytes (an address, a padded key) for the core's open-addressing tables. */
-static inline uint32_t ms__hash16(const void *key)
-{
-    uint64_t x, y;
-    memcpy(&x, key, 8);
-    memcpy(&y, (const char *)key + 8, 8);
-    x ^= y * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 29;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return (uint32_t)(x ^ (x >> 32));
-}
-
-/* Writes `v` in decimal at `w`; returns the end. */
-static inline char *ms__put_u64(char *w, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    while (n > 0)
-        *w++ = tmp[--n];
-    return w;
-}
-
-static inline int ms__lower(int ch)
-{
-    return (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
-}
-
-/* Compares `a` to the lowercase `lower` of the same length, ignoring case in `a`. */
-static inline int ms__ieq(const char *a, const char *lower, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ms__lower((unsigned char)a[i]) != lower[i])
-            return 0;
-    return 1;
-}
 
 #endif

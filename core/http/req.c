@@ -1,5 +1,7 @@
-/* req.c: what a handler does with a request: fields, body, waits, reply, finish. */
+/* req.c: what a handler does with a request: fields, body, waits, reply, finish; and the
+ * request's id. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "moonserve.h"
 
@@ -926,4 +928,75 @@ int ms_req_wait_drain(ms_req_t *r, int all)
     assert(r->v.wait == MS_WAIT_NONE && (r->v.flags & MS_REQ_IN_HANDLER));
     r->v.wait = MS_WAIT_DRAIN;
     return 0;
+}
+
+/* -- Request ids ------------------------------------------------------------------------- */
+
+static const char hex[] = "0123456789abcdef";
+
+/* What an X-Request-Id may hold to be taken: what ids are made of (UUIDs, base64, dotted
+ * or colon-separated parts), and nothing a log line or a header would have to escape. */
+static int id_ok(const ms_str_t *v)
+{
+    if (v->len == 0 || v->len > MS_REQ_ID_MAX)
+        return 0;
+    for (size_t i = 0; i < v->len; i++) {
+        unsigned char ch = (unsigned char)v->base[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '-' || ch == '@' || ch == '/' ||
+              ch == '+' || ch == '='))
+            return 0;
+    }
+    return 1;
+}
+
+/* 64 random bits per worker start: two workers, or one started again, never share a
+ * prefix in practice (a HUP starts new workers, and a new prefix with them). */
+static void draw_prefix(ms_server_t *s)
+{
+    unsigned char b[8];
+    if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
+        uint64_t x = uv_hrtime() ^ ((uint64_t)getpid() << 32);
+        memcpy(b, &x, sizeof(b));
+    }
+    for (int i = 0; i < 8; i++) {
+        s->id_prefix[2 * i] = hex[b[i] >> 4];
+        s->id_prefix[2 * i + 1] = hex[b[i] & 15];
+    }
+    s->id_prefix[16] = 0;
+}
+
+int ms_req_id(ms_req_t *r, char *buf, size_t len)
+{
+    ms_server_t *s = r->conn->server;
+    if (s->ntrusted > 0 && ms_req_peer_trusted(r)) {
+        const ms_str_t *v = ms_req_header(r, "x-request-id", 12);
+        if (v != NULL && id_ok(v) && v->len < len) {
+            memcpy(buf, v->base, v->len);
+            buf[v->len] = 0;
+            return (int)v->len;
+        }
+    }
+    if (len < 25)
+        return 0;
+    if (MS_UNLIKELY(s->id_prefix[0] == 0))
+        draw_prefix(s);
+    memcpy(buf, s->id_prefix, 16);
+    uint32_t n = r->v.id;
+    for (int i = 7; i >= 0; i--, n >>= 4)
+        buf[16 + i] = hex[n & 15];
+    buf[24] = 0;
+    return 24;
+}
+
+void ms__req_id_header(ms_req_t *r)
+{
+    char id[MS_REQ_ID_MAX + 1];
+    int n = ms_req_id(r, id, sizeof(id));
+    ms_reply_header(r, "x-request-id", 12, id, (size_t)n);
+}
+
+void ms_server_request_id_header(ms_server_t *s, int on)
+{
+    s->id_header = on != 0;
 }

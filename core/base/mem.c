@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/util.h"
 
 ms_mem_stats_t ms_mem_stats;
 
@@ -53,7 +53,7 @@ void ms_mem_free(void *p)
 
 /* -- Recycle lists --------------------------------------------------------------------- */
 
-/* Under ASan recycling is off (MS_ASAN, internal.h), so that a use after free is caught
+/* Under ASan recycling is off (MS_ASAN, base/util.h), so that a use after free is caught
  * rather than hidden. */
 
 void *ms__recycle_get(ms_recycle_t *r)

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 
 int ms_server_trust(ms_server_t *s, const char *cidr)
 {

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "process/channel.h"
-#include "internal.h"
+#include "http/http.h"
 
 static const char hex[] = "0123456789abcdef";
 
@@ -675,3 +675,5 @@ void ms__alog_free(ms_server_t *s)
     s->alogs = NULL;
     s->alog_any = 0;
 }
+
+const ms_part_t ms__alog_part = {.name = "access log", .worker_free = ms__alog_free};

@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 typedef struct ms_h1_s ms_h1_t;
 
@@ -1110,6 +1110,7 @@ static void h1_worker_free(ms_server_t *s)
 }
 
 const ms_proto_t ms__h1_proto = {
+    .counted_as = 1,
     .name = "http/1.1",
     .read_buf = h1_read_buf,
     .feed = h1_feed,

@@ -6,7 +6,7 @@
 #include <nghttp2/nghttp2.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 /* What a server advertises, and what a connection may do before it is told to go away. */
 #define H2_MAX_STREAMS       100
@@ -403,7 +403,7 @@ static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *f
         int whole_rest = off + take == v->len;
         switch (v->owner) {
         case MS_VEC_OUT: ms__out_text(s, o, so->buf.base + (size_t)v->base + off, take); break;
-        case MS_VEC_FILE: ms__out_file(s, o, (ms_sfile_t *)v->base, v->off + off, take); break;
+        case MS_VEC_FILE: ms__out_file(s, o, (ms_file_t *)v->base, v->off + off, take); break;
         case MS_VEC_LUA:
             if (whole_rest) {
                 ms__out_vec(s, o, v->base + off, take, MS_VEC_LUA, v->anchor);
@@ -1622,6 +1622,7 @@ static void h2_worker_free(ms_server_t *s)
 }
 
 const ms_proto_t ms__h2_proto = {
+    .counted_as = 2,
     .name = "h2",
     .feed = h2_feed,
     .eof = h2_eof,

@@ -6,7 +6,7 @@
 #include "moonserve.h"
 
 #include "http/accesslog.h"
-#include "internal.h"
+#include "http/http.h"
 
 /* -- Dispatch and refusal, the same for every protocol ------------------------------------ */
 
@@ -659,7 +659,7 @@ int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t an
 }
 
 /* A piece of a chain that is a static file's bytes: sent with sendfile, or from memory. */
-int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
+int ms__reply_file(ms_req_t *r, ms_file_t *f, uint64_t off, uint64_t len)
 {
     ms_conn_t *c = r->conn;
     if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE))

@@ -1,6 +1,6 @@
 /* trusted.c: who the client is behind trusted proxies: X-Forwarded-For, read from the right
  * through trusted addresses only. */
-#include "internal.h"
+#include "http/http.h"
 
 /* -- X-Forwarded-For ---------------------------------------------------------------------- */
 

@@ -8,6 +8,8 @@
 #include "tunnel.h"
 #include "../../../core/tunnel/ws.h"
 
+extern const ms_proto_t ms__ws_proto; /* tunnel/ws.c */
+
 #define S(lit) lit, sizeof(lit) - 1
 
 /* -- Fixture: a server on a private loop and a handler that acts on the path ----------- */

@@ -253,17 +253,14 @@ struct ms_server_s {
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
     ms_recycle_t out_free, chunk_free;
-    /* The protocols' own, touched by no other file: recycled HTTP/1.1 states and HTTP/2
-     * streams, and HTTP/2's writes once a turn of the loop. */
-    ms_recycle_t h1_free, stream_free;
+    /* The protocols' own, made and freed by each (ms_proto_t.worker_init, worker_free) and
+     * touched by no other file. */
+    struct ms_h1_worker_s *h1;
+    struct ms_h2_worker_s *h2;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     /* The step before the handler (static mounts, set by static.c): 0 when it answered the
      * request, which is then finished; NULL when there is none. */
     int (*before_handler)(ms_req_t *r);
-    uv_prepare_t h2_turn; /* writes HTTP/2 connections replied to outside a read */
-    uv_idle_t h2_again;   /* keeps the next poll from blocking while h2_turn has work
-                           * that its own run made (a handler woken by a write) */
-    ms_conn_t *h2_pending;
     ms_timers_t timers;
     /* anchors */
     int32_t *anchor_free, *anchor_released;
@@ -293,10 +290,9 @@ struct ms_server_s {
     uint8_t metrics_on;          /* requests are counted by route, status and latency */
     ms_metrics_zone_t *mzone;    /* mapped for as long as the process runs */
     ms_metrics_block_t own_m;
-    /* access logs and request ids (accesslog.c) */
-    struct ms_alog_s **alogs; /* MS_ALOG_MAX slots once a log is added, else NULL */
-    uint8_t alog_any;         /* some access log exists: requests note their start */
-    uint8_t alog_default;     /* the default log's id + 1; 0: none */
+    /* the access logs (accesslog.c), made at the first: requests note their start */
+    struct ms_alogs_s *alogs;
+    /* request ids (req.c) */
     uint8_t id_header;        /* replies carry x-request-id */
     char id_prefix[17];       /* 16 random hex digits, drawn at the first id */
     /* refusals with a reason: a few a second are logged with it, the rest as counts */

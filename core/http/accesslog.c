@@ -73,6 +73,12 @@ typedef struct ms_alog_s {
     uint64_t dropped, dropped_told;
 } ms_alog_t;
 
+/* A worker's access logs, by id; made when the first is added (ms_server_t.alogs). */
+struct ms_alogs_s {
+    ms_alog_t *log[MS_ALOG_MAX];
+    uint8_t dflt; /* the default log's id + 1; 0: none */
+};
+
 static const char combined[] =
     "$client - - [$time_local] \"$request\" $status $bytes_out \"$referer\" \"$user_agent\"";
 
@@ -504,10 +510,10 @@ void ms__alog_req(ms_req_t *r)
     if (r->logged)
         return;
     r->logged = 1;
-    int id = r->alog == 0 ? (int)s->alog_default - 1 : r->alog - 1;
-    if (id < 0 || id >= MS_ALOG_MAX || s->alogs[id] == NULL)
+    int id = r->alog == 0 ? (int)s->alogs->dflt - 1 : r->alog - 1;
+    if (id < 0 || id >= MS_ALOG_MAX || s->alogs->log[id] == NULL)
         return;
-    ms_alog_t *l = s->alogs[id];
+    ms_alog_t *l = s->alogs->log[id];
     if (MS_ALOG_BUF - l->glen < MS_ALOG_LINE_MAX) {
         l->dropped++;
         if (!l->dropping)
@@ -549,11 +555,11 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
 {
     *why = NULL;
     if (s->alogs == NULL) {
-        s->alogs = ms_mem_alloc(sizeof(*s->alogs) * MS_ALOG_MAX);
-        memset(s->alogs, 0, sizeof(*s->alogs) * MS_ALOG_MAX);
+        s->alogs = ms_mem_alloc(sizeof(*s->alogs));
+        memset(s->alogs, 0, sizeof(*s->alogs));
     }
     int id = 0;
-    while (id < MS_ALOG_MAX && s->alogs[id] != NULL)
+    while (id < MS_ALOG_MAX && s->alogs->log[id] != NULL)
         id++;
     if (id == MS_ALOG_MAX) {
         *why = "too many access logs";
@@ -596,21 +602,20 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
     }
     l->gather = ms_mem_alloc(MS_ALOG_BUF);
     l->flight = ms_mem_alloc(MS_ALOG_BUF);
-    s->alogs[id] = l;
-    s->alog_any = 1;
+    s->alogs->log[id] = l;
     return id;
 }
 
 void ms_server_access_default(ms_server_t *s, int id)
 {
-    s->alog_default = id >= 0 && id < MS_ALOG_MAX && s->alogs && s->alogs[id] ? (uint8_t)(id + 1)
-                                                                               : 0;
+    if (s->alogs != NULL)
+        s->alogs->dflt = id >= 0 && id < MS_ALOG_MAX && s->alogs->log[id] ? (uint8_t)(id + 1) : 0;
 }
 
 void ms_server_access_reopen(ms_server_t *s)
 {
     for (int i = 0; s->alogs != NULL && i < MS_ALOG_MAX; i++) {
-        ms_alog_t *l = s->alogs[i];
+        ms_alog_t *l = s->alogs->log[i];
         if (l == NULL || l->path == NULL)
             continue;
         if (l->writing)
@@ -622,15 +627,15 @@ void ms_server_access_reopen(ms_server_t *s)
 
 uint64_t ms_server_access_dropped(ms_server_t *s, int id)
 {
-    if (s->alogs == NULL || id < 0 || id >= MS_ALOG_MAX || s->alogs[id] == NULL)
+    if (s->alogs == NULL || id < 0 || id >= MS_ALOG_MAX || s->alogs->log[id] == NULL)
         return 0;
-    return s->alogs[id]->dropped;
+    return s->alogs->log[id]->dropped;
 }
 
 int ms_server_access_busy(ms_server_t *s)
 {
     for (int i = 0; s->alogs != NULL && i < MS_ALOG_MAX; i++)
-        if (s->alogs[i] != NULL && s->alogs[i]->writing)
+        if (s->alogs->log[i] != NULL && s->alogs->log[i]->writing)
             return 1;
     return 0;
 }
@@ -654,7 +659,7 @@ void ms__alog_free(ms_server_t *s)
     if (s->alogs == NULL)
         return;
     for (int i = 0; i < MS_ALOG_MAX; i++) {
-        ms_alog_t *l = s->alogs[i];
+        ms_alog_t *l = s->alogs->log[i];
         if (l == NULL)
             continue;
         while (l->writing) /* its uv_fs_t lives in `l` */
@@ -673,7 +678,6 @@ void ms__alog_free(ms_server_t *s)
     }
     ms_mem_free(s->alogs);
     s->alogs = NULL;
-    s->alog_any = 0;
 }
 
 const ms_part_t ms__alog_part = {.name = "access log", .worker_free = ms__alog_free};

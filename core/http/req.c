@@ -93,7 +93,7 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
         ms__log_refusals(s);
     }
     r->refused = (uint16_t)status;
-    if (MS_UNLIKELY(s->alog_any) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
+    if (MS_UNLIKELY(s->alogs != NULL) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
         /* No handler will finish it: its line is now, with the body the refusal carries. */
         char body[64];
         if (!(r->v.flags & MS_REQ_HEAD_SENT))
@@ -204,7 +204,7 @@ void ms__req_dispatch(ms_req_t *r)
     s->stats->requests++;
     c->requests++;
     r->v.flags |= MS_REQ_IN_HANDLER;
-    if (MS_UNLIKELY(s->alog_any | s->metrics_on))
+    if (MS_UNLIKELY((s->alogs != NULL) | s->metrics_on))
         r->t0 = uv_hrtime();
     if (MS_UNLIKELY(c->flags & MS_CONN_METRICS))
         r->v.flags |= MS_REQ_METRICS;
@@ -804,7 +804,7 @@ void ms_req_finish(ms_req_t *r)
     r->body.len = 0;
     r->body_wait_timed = 0;
     ms_timer_stop(c->server, &r->timer);
-    if (MS_UNLIKELY(c->server->alog_any))
+    if (MS_UNLIKELY(c->server->alogs != NULL))
         ms__alog_req(r);
     if (MS_UNLIKELY(c->server->metrics_on))
         ms__metrics_req(r);

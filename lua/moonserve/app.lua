@@ -1,6 +1,6 @@
 --- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
--- It reaches whatever serves it only through moonserve/host.lua (and the request and reply
+-- It reaches whatever serves it only through moonserve/host/init.lua (and the request and reply
 -- objects the host hands to app:handle), so that defining an app loads no part of the core.
 --
 -- `App`: An application (moonserve.app()) or a site (app:site(host)): its routes, middleware,
@@ -383,7 +383,7 @@ for _, m in ipairs(METHODS) do
 end
 
 --- A route whose handler is OpenResty code, as content_by_lua runs it: fn() takes no
--- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx.lua),
+-- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx/init.lua),
 -- and what it returns is ignored. Like an nginx location, every method reaches it (HEAD
 -- through GET). opts as a route's.
 function App:ngx_content(path, fn, opts)
@@ -466,7 +466,7 @@ end
 -- which may refuse it as it would any request. Instead of fn, a table of callbacks
 -- { open = fn(ws, req), message = fn(ws, data, kind), close = fn(ws, code, reason) } (each
 -- optional): such a socket parks no coroutine between messages. opts: see
--- moonserve/websocket.lua (compile) and docs/API.md. The handshake does its own origin
+-- moonserve/host/core/websocket.lua (compile) and docs/API.md. The handshake does its own origin
 -- check, so the route's is off.
 function App:websocket(path, fn, opts)
     if type(path) ~= "string" then
@@ -483,7 +483,7 @@ function App:websocket(path, fn, opts)
         error("bad handler for websocket " .. path .. " (function or table of callbacks "
             .. "expected)", 2)
     end
-    local websocket = require "moonserve.websocket"
+    local websocket = require "moonserve.host.core.websocket"
     local o = websocket.compile(opts, path, 2)
     local serve = websocket.serve
     local function handler(req, res)
@@ -496,11 +496,11 @@ function App:websocket(path, fn, opts)
 end
 
 --- A channel that carries WebSocket messages to the subscribers of every worker
--- (moonserve/channel.lua): ch:subscribe(ws), ch:publish(data[, "binary"]). It keeps its ring
+-- (moonserve/host/core/channel.lua): ch:subscribe(ws), ch:publish(data[, "binary"]). It keeps its ring
 -- in a shared dictionary of its own, declared here. opts: history, size, poll, hole_wait,
 -- max_message_bytes.
 function App:channel(name, opts)
-    return require("moonserve.channel").declare(self, name, opts, 2)
+    return require("moonserve.host.core.channel").declare(self, name, opts, 2)
 end
 
 --- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
@@ -708,7 +708,7 @@ end
 -- @tparam string|number size
 -- @return the app
 function App:shared_dict(name, size)
-    local shared = require "moonserve.shared"
+    local shared = require "moonserve.host.core.shared"
     local ok, err = shared.check_name(name)
     if not ok then
         error(err, 2)
@@ -844,7 +844,7 @@ function App:static(prefix, dir, opts)
     end
     if opts.live_reload and not self.live_route then
         self.live_route = true
-        self:get("/.moonserve/live", require("moonserve.live").stream)
+        self:get("/.moonserve/live", require("moonserve.host.core.live").stream)
     end
     return self
 end
@@ -1117,7 +1117,7 @@ function _M.reply_with(res, status, body, headers)
     return res:send(body)
 end
 
--- Serves the app (moonserve/server.lua: run, for the core).
+-- Serves the app (moonserve/host/core/runner.lua: run, for the core).
 -- -- Worker hooks -----------------------------------------------------------------------
 --- fn() runs in every worker once it starts (not in the master, where an app file's top level
 -- runs too), in a coroutine with the whole non-blocking API; the worker is ready (and a

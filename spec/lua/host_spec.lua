@@ -1,4 +1,4 @@
--- The framework reaches its host only through moonserve/host.lua: defining an app loads no
+-- The framework reaches its host only through moonserve/host/init.lua: defining an app loads no
 -- part of the core, and another host can serve it. Each case runs in a fresh LuaJIT, since
 -- the specs before it have loaded the core into this one.
 describe("moonserve.host", function()
@@ -71,8 +71,9 @@ report("served")
             local mods, core = at(when)
             assert.truthy(mods, out)
             assert.equal("not mapped", core, out)
-            for _, m in ipairs({ "moonserve.core", "moonserve.base", "moonserve.dispatcher",
-                    "moonserve.server", "moonserve.request", "moonserve.response" }) do
+            for _, m in ipairs({ "moonserve.core", "moonserve.host.core.base",
+                    "moonserve.host.core.dispatcher", "moonserve.host.core.runner",
+                    "moonserve.host.core.request", "moonserve.host.core.response" }) do
                 assert.falsy((" " .. mods .. " "):find(" " .. m .. " ", 1, true), m .. " loaded "
                     .. when .. ": " .. mods)
             end
@@ -149,7 +150,7 @@ report("done")
         assert.truthy(out:find("log: [^\n]*warn refused 1 cross%-origin"), out)
         assert.matches("run: here:1\n", out)
         assert.matches("done: core not mapped\n", out)
-        assert.falsy(out:match("done: [^\n]*moonserve%.base"), out)
+        assert.falsy(out:match("done: [^\n]*moonserve%.host%.core%.base"), out)
         assert.falsy(out:match("done: [^\n]*moonserve%.core"), out)
     end)
 

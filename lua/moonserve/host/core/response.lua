@@ -1,12 +1,12 @@
---- moonserve/response.lua: the reply a handler builds, written by the core.
+--- moonserve/host/core/response.lua: the reply a handler builds, written by the core.
 --
 -- `Response`: The reply a handler builds. Header and status setters chain; the first send or
 --   write sends the head.
 -- @module moonserve.response
 local ffi = require "ffi"
 local bit = require "bit"
-local base = require "moonserve.base"
-local coro = require "moonserve.coroutine"
+local base = require "moonserve.host.core.base"
+local coro = require "moonserve.host.core.coroutine"
 
 local C = base.C
 local band = bit.band

@@ -1,4 +1,4 @@
--- moonserve/host.lua: the one way the framework (app, router, middleware, security) reaches
+-- moonserve/host/init.lua: the one way the framework (app, router, middleware, security) reaches
 -- whatever serves it. A host makes the request and reply objects, calls app:handle(req, res)
 -- for each request and app:handle_error(req, res, err) when that raises, and gives the
 -- framework the few functions below. moonserve's own core is the host unless another was
@@ -15,7 +15,7 @@
 --   module(name)        the host's "timer", "dispatcher" (spawn, wait, kill), "semaphore",
 --                       "socket" or "worker" module, behind moonserve.timer, moonserve.spawn...
 -- Inside nginx (its Lua module's own `ngx`, not moonserve's ngx layer) the default host is
--- OpenResty's (moonserve/openresty.lua), so that the core's shared object is never loaded there.
+-- OpenResty's (moonserve/host/openresty/init.lua), so that the core's shared object is never loaded there.
 local _M = {}
 
 local NAMES = { "path_plain", "fields_ok", "log", "now", "sleep", "run", "module" }
@@ -37,11 +37,11 @@ function _M.use(host)
     return _M
 end
 
--- The core's host, made when first needed: the FFI (moonserve/base.lua), the dispatcher and
+-- The core's host, made when first needed: the FFI (moonserve/host/core/base.lua), the dispatcher and
 -- the process runner.
 local function core_host()
-    local base = require "moonserve.base"
-    local dispatcher = require "moonserve.dispatcher"
+    local base = require "moonserve.host.core.base"
+    local dispatcher = require "moonserve.host.core.dispatcher"
     local C = base.C
     local LEVELS = { err = base.LOG_ERR, warn = base.LOG_WARN, info = base.LOG_INFO,
         debug = base.LOG_DEBUG }
@@ -59,14 +59,14 @@ local function core_host()
         end,
         now = base.core.now,
         sleep = dispatcher.sleep,
-        run = require("moonserve.server").run,
+        run = require("moonserve.host.core.runner").run,
         -- Cached: a require per call (moonserve.socket.tcp(), spawn, timers) made a string
         -- and called a C function, whose trace stitch left the rest of the handler to the
         -- interpreter, some 6,000 instructions a request.
         module = function(name)
             local m = modules[name]
             if m == nil then
-                m = require("moonserve." .. name)
+                m = require("moonserve.host.core." .. name)
                 modules[name] = m
             end
             return m
@@ -84,7 +84,7 @@ end
 
 local function default_host()
     if _M.under_nginx() then
-        return require("moonserve.openresty").host
+        return require("moonserve.host.openresty").host
     end
     return core_host()
 end

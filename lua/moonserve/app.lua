@@ -21,6 +21,21 @@ App.__index = App
 
 local _M = { methods = App }
 
+-- What app:ngx_content and the ngx hooks need of OpenResty's `ngx` API, which the framework
+-- has not: the ngx layer (moonserve/ngx/init.lua, OpenResty's API over the core's host) fills
+-- it when required, with phases(hooks, statics), what a request meets of the hooks. Inside
+-- nginx its own ngx serves app:ngx_content, and the hooks belong to nginx.conf.
+local ngx_layer
+
+--- Installs the ngx layer's part of the framework (moonserve/ngx/init.lua calls it).
+-- @local
+function _M.use_ngx(layer)
+    ngx_layer = layer
+end
+
+local NGX_MISSING = " runs OpenResty code, which needs the ngx layer: require \"moonserve.ngx\" "
+    .. "before the app's routes"
+
 local METHODS = { "get", "post", "put", "patch", "delete", "options", "head" }
 
 -- -- Sites inherit ------------------------------------------------------------------------
@@ -142,7 +157,7 @@ local function phases_of(app)
     if not any and not statics then
         return false
     end
-    return require("moonserve.ngx.phases").new(hooks, statics)
+    return ngx_layer.phases(hooks, statics)
 end
 
 -- What a request through `app` needs of the settings a site inherits, looked up once (at
@@ -390,7 +405,9 @@ function App:ngx_content(path, fn, opts)
     if type(fn) ~= "function" then
         error("bad handler for ngx_content " .. tostring(path) .. " (function expected)", 2)
     end
-    require "moonserve.ngx"
+    if not ngx_layer and not the_host.under_nginx() then
+        error("app:ngx_content" .. NGX_MISSING, 2)
+    end
     local function content(_, res)
         res:_ngx_begin() -- the reply is the ngx code's from here
         fn()
@@ -417,7 +434,9 @@ local function ngx_hook(self, phase, name, fn)
         error(name .. ": inside nginx, give nginx.conf's " .. phase .. "_by_lua_block the hook",
             3)
     end
-    require "moonserve.ngx"
+    if not ngx_layer then
+        error(name .. NGX_MISSING, 3)
+    end
     local hooks = rawget(self, "ngx_hooks") or {}
     self.ngx_hooks = hooks
     local list = hooks[phase] or {}
@@ -483,7 +502,7 @@ function App:websocket(path, fn, opts)
         error("bad handler for websocket " .. path .. " (function or table of callbacks "
             .. "expected)", 2)
     end
-    local websocket = require "moonserve.host.core.websocket"
+    local websocket = the_host.module("websocket")
     local o = websocket.compile(opts, path, 2)
     local serve = websocket.serve
     local function handler(req, res)
@@ -500,7 +519,7 @@ end
 -- in a shared dictionary of its own, declared here. opts: history, size, poll, hole_wait,
 -- max_message_bytes.
 function App:channel(name, opts)
-    return require("moonserve.host.core.channel").declare(self, name, opts, 2)
+    return the_host.module("channel").declare(self, name, opts, 2)
 end
 
 --- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
@@ -708,7 +727,7 @@ end
 -- @tparam string|number size
 -- @return the app
 function App:shared_dict(name, size)
-    local shared = require "moonserve.host.core.shared"
+    local shared = require "moonserve.shared"
     local ok, err = shared.check_name(name)
     if not ok then
         error(err, 2)
@@ -844,7 +863,7 @@ function App:static(prefix, dir, opts)
     end
     if opts.live_reload and not self.live_route then
         self.live_route = true
-        self:get("/.moonserve/live", require("moonserve.host.core.live").stream)
+        self:get("/.moonserve/live", the_host.module("live").stream)
     end
     return self
 end

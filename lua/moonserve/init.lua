@@ -6,11 +6,8 @@ local host = require "moonserve.host"
 local _M = { _VERSION = "0.2.0" }
 
 -- Handler code sees coroutine.resume, wrap and status that let waits through the
--- handler's own coroutines (moonserve/host/core/coroutine.lua): installed before the app's modules load.
--- nginx's Lua module lets waits through coroutines itself.
-if not host.under_nginx() then
-    require "moonserve.host.core.coroutine"
-end
+-- handler's own coroutines: installed by the host before the app's modules load.
+host.prepare()
 
 --- A new application; see app.lua.
 function _M.app(opts)
@@ -69,9 +66,9 @@ _M.socket = {
 -- once for many sockets; endpoints are app:websocket(path, fn, opts).
 -- @table websocket
 _M.websocket = {
-    broadcast = function(...) return require("moonserve.host.core.websocket").broadcast(...) end,
+    broadcast = function(...) return host.module("websocket").broadcast(...) end,
     -- The channel app:channel(name) declared (moonserve/host/core/channel.lua), or nil.
-    channel = function(name) return require("moonserve.host.core.channel").get(name) end,
+    channel = function(name) return host.module("channel").get(name) end,
 }
 --- Which worker this is: id() and count() (moonserve/host/core/worker.lua).
 -- @table worker
@@ -83,13 +80,19 @@ _M.worker = {
 --- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
 -- once the app declared app:shared_dict("cache", "10m") (moonserve/host/core/shared.lua).
 -- @table shared
-_M.shared = require("moonserve.host.core.shared").dicts
+_M.shared = require("moonserve.shared").dicts
 
 --- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
 -- @table log
 _M.log = require "moonserve.log"
---- Metrics: the app's own counters, gauges and histograms, and the scrape (moonserve/host/core/metrics.lua).
+--- Metrics: the app's own counters, gauges and histograms, and the scrape
+-- (moonserve/host/core/metrics.lua), the host's: each name is looked up at its first use, so
+-- requiring moonserve asks nothing of the host.
 -- @table metrics
-_M.metrics = require "moonserve.host.core.metrics"
+_M.metrics = setmetatable({}, {
+    __index = function(_, name)
+        return host.module("metrics")[name]
+    end,
+})
 
 return _M

@@ -154,6 +154,27 @@ report("done")
         assert.falsy(out:match("done: [^\n]*moonserve%.core"), out)
     end)
 
+    it("serves app:ngx_content only once the ngx layer has installed itself", function()
+        local out = run(REPORT .. [[
+local moonserve = require "moonserve"
+local app = moonserve.app()
+local ok, err = pcall(app.ngx_content, app, "/x", function() end)
+io.write("without: ", tostring(ok), " ", tostring(err), "\n")
+ok, err = pcall(app.ngx_access, app, function() end)
+io.write("hook without: ", tostring(ok), " ", tostring(err), "\n")
+report("refused")
+require "moonserve.ngx"
+ok, err = pcall(app.ngx_content, app, "/x", function() end)
+io.write("with: ", tostring(ok), " ", tostring(err), "\n")
+]])
+        assert.matches('without: false [^\n]*app:ngx_content runs OpenResty code, which needs the '
+            .. 'ngx layer: require "moonserve.ngx"', out)
+        assert.matches('hook without: false [^\n]*ngx_access runs OpenResty code[^\n]*'
+            .. 'require "moonserve.ngx"', out)
+        assert.falsy(out:match("refused: [^\n]*moonserve%.ngx"), out)
+        assert.matches("with: true ", out)
+    end)
+
     it("refuses a host without every function of the interface", function()
         local host = require "moonserve.host"
         assert.has_error(function() host.use { path_plain = function() end } end,

@@ -114,7 +114,7 @@ local ngx = {
         udp = waits0("moonserve.host.core.socket", "ngx_udp"),
         stream = waits0("moonserve.host.core.socket", "ngx_tcp"),
     },
-    shared = require("moonserve.host.core.shared").dicts,
+    shared = require("moonserve.shared").dicts,
     timer = {
         at = lazy("moonserve.host.core.timer", "at"),
         every = lazy("moonserve.host.core.timer", "every"),
@@ -272,6 +272,24 @@ setmetatable(ngx, {
         rawset(t, k, v)
     end,
 })
+
+-- The framework's app:ngx_content and ngx hooks run on this layer: it installs itself there
+-- (moonserve/app.lua: use_ngx), with the phases a request meets (moonserve/ngx/phases.lua,
+-- loaded with the first app that has hooks).
+require("moonserve.app").use_ngx {
+    phases = function(hooks, statics)
+        return require("moonserve.ngx.phases").new(hooks, statics)
+    end,
+}
+-- An app:ngx_content route's reply is the ngx code's (moonserve/ngx/output.lua writes it
+-- through the core's reply object). Its ngx state is made as the route starts, before its code
+-- runs: made at its first ngx call instead, deep in a driver's code, the state's making is a
+-- branch that one call per request takes and the others do not, and the side trace it grows
+-- returns through the driver's frames, which LuaJIT often cannot compile (a tail call of
+-- setmetatable there).
+require("moonserve.host.core.response").methods._ngx_begin = function()
+    state()
+end
 
 loader.install()
 rawset(_G, "ngx", ngx)

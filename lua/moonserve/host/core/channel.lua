@@ -10,7 +10,7 @@
 --
 -- `Channel`: what app:channel(name, opts) returns.
 -- @module moonserve.channel
-local shared = require "moonserve.host.core.shared"
+local shared = require "moonserve.shared"
 
 local type, tostring, pairs, next, error = type, tostring, pairs, next, error
 local find, sub, tonumber, format, ceil = string.find, string.sub, tonumber, string.format,

@@ -118,7 +118,7 @@ local RESERVED = "^moonserve_"
 local dicts -- moonserve.shared's dictionaries, once loaded
 local function store()
     if not dicts then
-        dicts = require("moonserve.host.core.shared").dicts
+        dicts = require("moonserve.shared").dicts
     end
     return dicts[_M.DICT]
 end

@@ -649,7 +649,7 @@ local function metrics_spec(opts, the_app)
     if spec.listen and not spec.listen:match("^%[?[%w%.:]*%]?:%d+$") then
         error("bad metrics listen address " .. spec.listen .. " (HOST:PORT expected)", 3)
     end
-    local bytes, err = require("moonserve.host.core.shared").parse_size(spec.app_bytes or metrics.DICT_BYTES)
+    local bytes, err = require("moonserve.shared").parse_size(spec.app_bytes or metrics.DICT_BYTES)
     if not bytes then
         error("bad metrics.app_bytes: " .. err, 3)
     end

@@ -49,7 +49,6 @@ long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen);
 local NIL, STRING, NUMBER, BOOLEAN, TABLE = 0, 1, 2, 3, 4
 local SET, SAFE_SET, ADD, SAFE_ADD, REPLACE = 0, 1, 2, 3, 4
 local ENOTFOUND, ESIZE, ENAME = -10101, -10111, -10112
-local NAME_MAX, MIN_SIZE = 63, 16 * 1024
 
 local C -- the core's library, loaded when the first dictionary is opened
 local val = ffi_new("ms_shdict_val_t")
@@ -358,58 +357,9 @@ end
 
 local _M = {}
 
---- A size as an app writes it: bytes, or "512k", "10m", "1g". Returns bytes, or nil, err.
-function _M.parse_size(size)
-    local n, unit
-    if type(size) == "number" then
-        n, unit = size, ""
-    elseif type(size) == "string" then
-        local digits
-        digits, unit = size:match("^(%d+)([kKmMgG]?)$")
-        n = tonumber(digits)
-    end
-    if not n or n % 1 ~= 0 then
-        return nil, "bad size (bytes, or a number with k, m or g: \"10m\")"
-    end
-    n = n * (({ k = 1024, m = 1024 ^ 2, g = 1024 ^ 3 })[unit:lower()] or 1)
-    if n < MIN_SIZE or n > 4 * 1024 ^ 3 - 65536 then
-        return nil, "bad size (16k to 4g expected)"
-    end
-    return n
-end
-
---- Checks a dictionary's name as app:shared_dict takes it. Returns the name, or nil, err.
--- @local
-function _M.check_name(name)
-    if type(name) ~= "string" or not name:match("^[%w_-]+$") or #name > NAME_MAX then
-        return nil, "bad shared dictionary name (1 to 63 letters, digits, '_' or '-')"
-    end
-    return name
-end
-
--- The dictionaries of this process, by name (what moonserve.shared shows); a host other
--- than the core provides its own (moonserve/host/openresty/services.lua).
-local dicts = {}
-local provider
-_M.dicts = setmetatable({}, {
-    __index = function(_, name)
-        local d = dicts[name]
-        if d == nil and provider then
-            return provider(name)
-        end
-        return d
-    end,
-    __newindex = function()
-        error("moonserve.shared is read-only: declare a dictionary with app:shared_dict", 2)
-    end,
-})
-
---- Makes fn(name) the source of the dictionaries this process has not attached: another
--- host's.
--- @local
-function _M.provide(fn)
-    provider = fn
-end
+-- What the framework knows of the dictionaries: sizes, names, the table behind
+-- moonserve.shared, where each dictionary mapped here is recorded.
+local zones = require "moonserve.shared"
 
 local function load_core()
     if not C then
@@ -431,7 +381,7 @@ function _M.attach(fd, name, size)
         return nil, "shared dictionary '" .. name .. "': " .. strerror(rc)
     end
     local d = setmetatable({ d = ffi.gc(out[0], nil), name = name }, Dict)
-    dicts[name] = d
+    zones.register(name, d)
     return d
 end
 
@@ -451,7 +401,7 @@ end
 -- @local
 function _M.open(decl)
     for name, size in pairs(decl) do
-        if not dicts[name] then
+        if not zones.registered(name) then
             local fd, err = _M.create(name, size)
             if not fd then
                 return nil, err

@@ -182,7 +182,7 @@ local function shared_dict(name)
     return d
 end
 
-require("moonserve.host.core.shared").provide(shared_dict)
+require("moonserve.shared").provide(shared_dict)
 
 local MODULES = {
     timer = timer,

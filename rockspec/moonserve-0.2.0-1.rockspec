@@ -59,6 +59,7 @@ build = {
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",
+         ["moonserve.host.contract"] = "lua/moonserve/host/contract.lua",
          ["moonserve.host.core"] = "lua/moonserve/host/core/init.lua",
          ["moonserve.host.core.base"] = "lua/moonserve/host/core/base.lua",
          ["moonserve.host.core.channel"] = "lua/moonserve/host/core/channel.lua",

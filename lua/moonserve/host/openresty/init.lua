@@ -6,7 +6,7 @@
 --     location / { content_by_lua_block { require("moonserve.host.openresty").run(my_app) } }
 --
 -- The framework (routing, sites, middleware, sessions, CSRF, templates, error pages) runs as
--- it does on the core; its request and reply are backed by ngx.* (moonserve/openresty/), and
+-- it does on the core; its request and reply are backed by ngx.* (moonserve/host/openresty/), and
 -- moonserve.socket, moonserve.timer, light threads, semaphores and moonserve.shared are
 -- OpenResty's cosockets, timers, threads, semaphores and lua_shared_dict zones. Requiring
 -- moonserve inside nginx never loads the core (moonserve/host/init.lua picks this host there).

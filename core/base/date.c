@@ -37,16 +37,11 @@ const char *ms__date_text(ms_date_t *d, uint64_t now)
  * thread alone logs, so one cache serves the process. */
 static ms_now_text_t now_text = {-1, "", "", "", 0, 0, 0};
 
-const ms_now_text_t *ms__now_text(void)
-{
-    return &now_text;
-}
-
-void ms__now_texts(struct timespec *ts)
+const ms_now_text_t *ms__now_texts(struct timespec *ts)
 {
     clock_gettime(CLOCK_REALTIME, ts);
     if (ts->tv_sec == now_text.sec)
-        return;
+        return &now_text;
     struct tm tm;
     localtime_r(&ts->tv_sec, &tm);
     long off = tm.tm_gmtoff / 60;
@@ -59,6 +54,7 @@ void ms__now_texts(struct timespec *ts)
              tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec,
              sign, off / 60, off % 60);
     now_text.sec = ts->tv_sec;
+    return &now_text;
 }
 
 int ms__time_iso(char *buf, size_t len)

@@ -26,9 +26,8 @@ typedef struct ms_now_text_s {
     int iso_len, off_len, clf_len;
 } ms_now_text_t;
 
-/* Reads the clock into `ts` and brings the texts to its second. */
-void ms__now_texts(struct timespec *ts);
-const ms_now_text_t *ms__now_text(void);
+/* Reads the clock into `ts` and returns the texts of its second. */
+const ms_now_text_t *ms__now_texts(struct timespec *ts);
 /* "2000-10-10T13:55:36.123-07:00", the local time; returns its length. */
 int ms__time_iso(char *buf, size_t len);
 

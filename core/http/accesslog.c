@@ -254,6 +254,7 @@ static char *put_ms(char *w, char *end, uint64_t us)
  * duration, fields looked up) are made by the formats that show them. */
 typedef struct facts_s {
     struct timespec ts;
+    const ms_now_text_t *now; /* the local time's texts of ts's second */
     char client[64];
     int client_len;
     char id[MS_REQ_ID_MAX + 1];
@@ -295,7 +296,7 @@ static void fields_of(ms_req_t *r, facts_t *f)
 
 static void gather_facts(ms_req_t *r, facts_t *f)
 {
-    ms__now_texts(&f->ts);
+    f->now = ms__now_texts(&f->ts);
     f->status = r->refused ? r->refused : r->v.status;
     f->in = (r->head.len ? r->head.len : r->head_in) + r->body_seen;
     f->out = r->bytes_out;
@@ -325,7 +326,7 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, f
         switch (p->field) {
         case F_TEXT: w = put_raw(w, end, l->text + p->off, p->len); break;
         case F_TIME:
-            w = put_raw(w, end, ms__now_text()->iso, (size_t)ms__now_text()->iso_len);
+            w = put_raw(w, end, f->now->iso, (size_t)f->now->iso_len);
             if (end - w > 4) {
                 int ms = (int)(f->ts.tv_nsec / 1000000);
                 *w++ = '.';
@@ -333,9 +334,11 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, f
                 *w++ = (char)('0' + ms / 10 % 10);
                 *w++ = (char)('0' + ms % 10);
             }
-            w = put_raw(w, end, ms__now_text()->off, (size_t)ms__now_text()->off_len);
+            w = put_raw(w, end, f->now->off, (size_t)f->now->off_len);
             break;
-        case F_TIME_LOCAL: w = put_raw(w, end, ms__now_text()->clf, (size_t)ms__now_text()->clf_len); break;
+        case F_TIME_LOCAL:
+            w = put_raw(w, end, f->now->clf, (size_t)f->now->clf_len);
+            break;
         case F_CLIENT: w = put_field(w, end, f->client, (size_t)f->client_len); break;
         case F_METHOD: w = put_field(w, end, r->v.method.base, r->v.method.len); break;
         case F_TARGET: w = put_field(w, end, r->v.target.base, r->v.target.len); break;
@@ -389,8 +392,8 @@ static char *put_json_line(char *w, char *end, ms_req_t *r, facts_t *f)
     fields_of(r, f);
     f->us = micros(r);
     char t[128];
-    int tn = snprintf(t, sizeof(t), "%s.%03d%s", ms__now_text()->iso, (int)(f->ts.tv_nsec / 1000000),
-                      ms__now_text()->off);
+    int tn = snprintf(t, sizeof(t), "%s.%03d%s", f->now->iso, (int)(f->ts.tv_nsec / 1000000),
+                      f->now->off);
     w = put_jstr(w, end, "{\"time\":", t, (size_t)tn, 0);
     w = put_jstr(w, end, ",\"client\":", f->client, (size_t)f->client_len, 0);
     w = put_jstr(w, end, ",\"method\":", r->v.method.base, r->v.method.len, 0);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "base/match.h"
 #include "client/sockets.h"
 
@@ -1508,3 +1508,5 @@ void ms__sockets_free(ms_server_t *srv)
     srv->sockets = NULL;
     ms_mem_free(sk);
 }
+
+const ms_part_t ms__sockets_part = {.name = "client sockets", .worker_free = ms__sockets_free};

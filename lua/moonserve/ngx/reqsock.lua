@@ -7,10 +7,10 @@
 -- core/base/match.c, the one outbound sockets use), with OpenResty's results and errors.
 local ffi = require "ffi"
 local strbuf = require "string.buffer"
-local base = require "moonserve.base"
-local coro = require "moonserve.coroutine"
-local dispatcher = require "moonserve.dispatcher"
-local response = require "moonserve.response"
+local base = require "moonserve.host.core.base"
+local coro = require "moonserve.host.core.coroutine"
+local dispatcher = require "moonserve.host.core.dispatcher"
+local response = require "moonserve.host.core.response"
 
 local C = base.C
 local ffi_gc = ffi.gc

@@ -8,7 +8,9 @@
 #ifndef MS_TLS_ENGINE_H
 #define MS_TLS_ENGINE_H
 
-#include "internal.h"
+#include <sys/types.h>
+
+#include "moonserve.h"
 
 struct ssl_st;
 struct ssl_ctx_st;

@@ -120,26 +120,26 @@ typedef struct tls_conn_s {
     ms_upper_t upper;     /* first: c->upper points here */
     const ms_io_t *lower; /* the transport under this one */
     ms_conn_t *conn;
-    ms_tls_t *tls; /* the listener's settings (the server's, which outlive it) */
-    ms_tls_eng_t eng; /* its SSL made at the first bytes, freed when the transport has closed;
-                       * `out` is the worker's buffer, or `queued` while `flight` */
-    ms_timer_t timer;      /* the handshake deadline, then reads resumed on the next turn */
-    const char *alpn;      /* "h2", "http/1.1" or NULL: static */
-    const char *version;   /* "TLSv1.3": OpenSSL's static text, kept past the close */
-    ms_buf_t kept;         /* owned: ciphertext read while reading was off */
-    ms_buf_t sending;      /* owned: ciphertext the lower transport writes in the background */
-    ms_buf_t queued;       /* owned: ciphertext OpenSSL wrote meanwhile */
-    uv_buf_t *wv;          /* owned copy of the connection's background write (tls_write) */
-    unsigned wn, wi;       /* its pieces, the first not wholly encrypted */
-    size_t woff;           /* bytes of that one encrypted */
-    uint8_t state;         /* TLS_* */
-    uint8_t reading;       /* the connection wants bytes */
-    uint8_t flight;        /* the lower transport is writing `sending` */
-    uint8_t shutdown;      /* a graceful close waits for `sending` */
-    uint8_t closing;       /* the lower transport is told to close: nothing more goes out */
-    uint8_t fail;          /* FAIL_* + 1 set by a callback during the handshake */
-    uint8_t ksock;         /* the write BIO is on the socket's: the kernel may take the keys */
-    ms_tls_hook_t *hook;   /* the certificate hook's call, while the handshake lasts */
+    ms_tls_t *tls;       /* the listener's settings (the server's, which outlive it) */
+    ms_tls_eng_t eng;    /* its SSL made at the first bytes, freed once the transport closed;
+                          * its `out`: the worker's buffer, or `queued` while `flight` */
+    ms_timer_t timer;    /* the handshake deadline, then reads resumed on the next turn */
+    const char *alpn;    /* "h2", "http/1.1" or NULL: static */
+    const char *version; /* "TLSv1.3": OpenSSL's static text, kept past the close */
+    ms_buf_t kept;       /* owned: ciphertext read while reading was off */
+    ms_buf_t sending;    /* owned: ciphertext the lower transport writes in the background */
+    ms_buf_t queued;     /* owned: ciphertext OpenSSL wrote meanwhile */
+    uv_buf_t *wv;        /* owned copy of the connection's background write (tls_write) */
+    unsigned wn, wi;     /* its pieces, the first not wholly encrypted */
+    size_t woff;         /* bytes of that one encrypted */
+    uint8_t state;       /* TLS_* */
+    uint8_t reading;     /* the connection wants bytes */
+    uint8_t flight;      /* the lower transport is writing `sending` */
+    uint8_t shutdown;    /* a graceful close waits for `sending` */
+    uint8_t closing;     /* the lower transport is told to close: nothing more goes out */
+    uint8_t fail;        /* FAIL_* + 1 set by a callback during the handshake */
+    uint8_t ksock;       /* the write BIO is on the socket's: the kernel may take the keys */
+    ms_tls_hook_t *hook; /* the certificate hook's call, while the handshake lasts */
 } tls_conn_t;
 
 const size_t ms__tls_size = sizeof(tls_conn_t);

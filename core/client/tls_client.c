@@ -1,16 +1,17 @@
-/* tls_client.c: TLS on outbound sockets (sock:sslhandshake): the worker's client context
- * (the system's CA store plus a trusted file), one connection's OpenSSL state over buffers of
- * its own, sessions to resume, client certificates. It does no I/O: sock.c hands it the
- * ciphertext libuv read and writes what it leaves in `out`. */
+/* tls_client.c: what only a client has of TLS on outbound sockets (sock:sslhandshake): the
+ * worker's client context (the system's CA store plus a trusted file), verification, SNI,
+ * client certificates, sessions to resume and the pool's handshake identity, over the one TLS
+ * engine (transport/tls_engine.h), which steps OpenSSL for both directions. It does no I/O:
+ * sock.c hands it the ciphertext libuv read and writes what the engine leaves in `out`. */
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <arpa/inet.h>
-#include <limits.h>
 #include <stdio.h>
 
 #include "client/sockets.h"
+#include "transport/tls_engine.h"
 
 /* Room libuv gets for one read of ciphertext: a whole record and its header. */
 #define MS_STLS_READ (16 * 1024 + 512)
@@ -31,11 +32,11 @@ struct ms_stls_cert_s {
 };
 
 struct ms_stls_s {
-    SSL *ssl;
+    ms_tls_eng_t eng;          /* the SSL; its `in` is set from `in` around each call */
     ms_tls_session_t *session; /* a reference */
     ms_buf_t in;               /* owned: ciphertext read, [in_pos, in.len) not yet OpenSSL's */
     size_t in_pos;
-    ms_buf_t out; /* owned: ciphertext OpenSSL wrote, for sock.c to send */
+    ms_buf_t out; /* owned: ciphertext OpenSSL wrote (the engine's `out`), for sock.c to send */
     int verr;     /* the first certificate error met (X509_V_ERR_*), 0: none */
     uint8_t done; /* the handshake completed */
     /* What the handshake was asked for (tls_identity): a pooled connection is handed over
@@ -75,45 +76,23 @@ static int on_new_session(SSL *ssl, SSL_SESSION *sess)
     return 1;
 }
 
-/* -- The BIO between OpenSSL and the buffers ------------------------------------------ */
+/* -- The engine's input --------------------------------------------------------------- */
 
-static BIO_METHOD *bio_method; /* one for the process */
-
-static int bio_write(BIO *b, const char *p, int n)
+/* The ciphertext not yet taken is the engine's to read during one call into it. */
+static void in_give(ms_stls_t *t)
 {
-    ms_stls_t *t = BIO_get_data(b);
-    BIO_clear_retry_flags(b);
-    ms__buf_append(&t->out, p, (size_t)n);
-    return n;
+    t->eng.in = t->in.base + t->in_pos;
+    t->eng.in_len = t->in.len - t->in_pos;
 }
 
-static int bio_read(BIO *b, char *p, int n)
+/* ... and what it left is ours again. */
+static void in_taken(ms_stls_t *t)
 {
-    ms_stls_t *t = BIO_get_data(b);
-    BIO_clear_retry_flags(b);
-    size_t avail = t->in.len - t->in_pos;
-    if (avail == 0) {
-        BIO_set_retry_read(b);
-        return -1;
-    }
-    size_t k = avail < (size_t)n ? avail : (size_t)n;
-    memcpy(p, t->in.base + t->in_pos, k);
-    t->in_pos += k;
+    t->in_pos = t->in.len - t->eng.in_len;
     if (t->in_pos == t->in.len)
         t->in_pos = t->in.len = 0;
-    return (int)k;
-}
-
-static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
-{
-    (void)b, (void)num, (void)ptr;
-    return cmd == BIO_CTRL_FLUSH; /* kept in `out` already: nothing to flush */
-}
-
-static int bio_create(BIO *b)
-{
-    BIO_set_init(b, 1);
-    return 1;
+    t->eng.in = NULL;
+    t->eng.in_len = 0;
 }
 
 /* -- The worker's context --------------------------------------------------------------- */
@@ -139,13 +118,6 @@ static SSL_CTX *client_ctx(ms_sockets_t *sk)
 {
     if (sk->tls_ctx != NULL)
         return sk->tls_ctx;
-    if (bio_method == NULL) {
-        bio_method = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "moonserve client");
-        BIO_meth_set_write(bio_method, bio_write);
-        BIO_meth_set_read(bio_method, bio_read);
-        BIO_meth_set_ctrl(bio_method, bio_ctrl);
-        BIO_meth_set_create(bio_method, bio_create);
-    }
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     if (ctx == NULL)
         return NULL;
@@ -321,23 +293,18 @@ ms_stls_t *ms__stls_new(ms_sockets_t *sk, const ms_sock_tls_opts_t *o, const ms_
     }
     memcpy(name, o->name ? o->name : "", nlen);
     name[nlen] = 0;
-    ERR_clear_error();
-    SSL *ssl = SSL_new(ctx);
-    if (ssl == NULL) {
-        ERR_clear_error();
+    ms_stls_t *t = ms_mem_alloc(sizeof(*t));
+    memset(t, 0, sizeof(*t));
+    t->eng.out = &t->out;
+    if (ms__tls_eng_open(&t->eng, ctx, 1, NULL) < 0) {
+        ms_mem_free(t);
         *err = MS_SOCK_ESSL;
         return NULL;
     }
-    ms_stls_t *t = ms_mem_alloc(sizeof(*t));
-    memset(t, 0, sizeof(*t));
-    t->ssl = ssl;
+    SSL *ssl = t->eng.ssl;
     t->session = session_new();
     tls_identity(sk, o, cert, t->id);
     SSL_set_app_data(ssl, t);
-    BIO *bio = BIO_new(bio_method);
-    BIO_set_data(bio, t);
-    SSL_set_bio(ssl, bio, bio);
-    SSL_set_connect_state(ssl);
     int addr = nlen && is_address(name);
     /* SNI names a host, never an address (RFC 6066 3). */
     if (nlen && !addr)
@@ -373,8 +340,8 @@ void ms__stls_free(ms_stls_t *t)
 {
     if (t == NULL)
         return;
-    SSL_set_app_data(t->ssl, NULL);
-    SSL_free(t->ssl);
+    SSL_set_app_data(t->eng.ssl, NULL);
+    ms__tls_eng_close(&t->eng);
     ms_tls_session_free(t->session);
     ms_mem_free(t->in.base);
     ms_mem_free(t->out.base);
@@ -383,19 +350,19 @@ void ms__stls_free(ms_stls_t *t)
 
 int ms__stls_handshake(ms_stls_t *t)
 {
-    ERR_clear_error();
-    int r = SSL_do_handshake(t->ssl);
-    if (r == 1) {
+    in_give(t);
+    int r = ms__tls_eng_handshake(&t->eng);
+    in_taken(t);
+    if (r == MS_TLS_ENG_DONE) {
         t->done = 1;
-        SSL_SESSION *sess = SSL_get0_session(t->ssl);
+        SSL_SESSION *sess = SSL_get0_session(t->eng.ssl);
         if (t->session->sess == NULL && sess && SSL_SESSION_is_resumable(sess))
-            t->session->sess = SSL_get1_session(t->ssl);
+            t->session->sess = SSL_get1_session(t->eng.ssl);
         return MS_SOCK_DONE;
     }
-    int e = SSL_get_error(t->ssl, r);
-    ERR_clear_error();
-    if (e == SSL_ERROR_WANT_READ)
+    if (r == MS_TLS_ENG_WANT)
         return MS_SOCK_PENDING;
+    ERR_clear_error();
     if (t->verr == X509_V_ERR_HOSTNAME_MISMATCH || t->verr == X509_V_ERR_IP_ADDRESS_MISMATCH)
         return MS_SOCK_EHOST;
     if (t->verr != 0)
@@ -448,33 +415,20 @@ size_t ms__stls_in_pending(const ms_stls_t *t)
 
 ssize_t ms__stls_read(ms_stls_t *t, char *p, size_t n)
 {
-    ERR_clear_error();
-    int r = SSL_read(t->ssl, p, n > INT_MAX ? INT_MAX : (int)n);
-    if (r > 0)
-        return r;
-    int e = SSL_get_error(t->ssl, r);
-    ERR_clear_error();
-    if (e == SSL_ERROR_WANT_READ)
-        return 0;
-    if (e == SSL_ERROR_ZERO_RETURN) /* close_notify */
-        return UV_EOF;
-    return UV_EPROTO;
+    in_give(t);
+    ssize_t r = ms__tls_eng_read(&t->eng, p, n);
+    in_taken(t);
+    if (r < 0)
+        ERR_clear_error();
+    return r;
 }
 
 int ms__stls_write(ms_stls_t *t, const char *p, size_t n)
 {
-    while (n > 0) {
-        int k = n > INT_MAX ? INT_MAX : (int)n;
+    int rc = ms__tls_eng_write(&t->eng, p, n);
+    if (rc < 0)
         ERR_clear_error();
-        int r = SSL_write(t->ssl, p, k);
-        if (r <= 0) {
-            ERR_clear_error();
-            return UV_EPROTO;
-        }
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return rc;
 }
 
 ms_buf_t *ms__stls_out(ms_stls_t *t)
@@ -484,11 +438,8 @@ ms_buf_t *ms__stls_out(ms_stls_t *t)
 
 void ms__stls_shutdown(ms_stls_t *t)
 {
-    if (!t->done)
-        return;
-    ERR_clear_error();
-    (void)SSL_shutdown(t->ssl); /* close_notify into `out`; the peer's is not waited for */
-    ERR_clear_error();
+    if (t->done)
+        ms__tls_eng_shutdown(&t->eng); /* close_notify into `out` */
 }
 
 void ms__stls_idle(ms_stls_t *t)
@@ -512,7 +463,7 @@ ms_tls_session_t *ms__stls_session(ms_stls_t *t)
 
 int ms__stls_info(const ms_stls_t *t, const char **version, const char **cipher)
 {
-    *version = SSL_get_version(t->ssl);
-    *cipher = SSL_get_cipher_name(t->ssl);
-    return SSL_session_reused(t->ssl);
+    *version = SSL_get_version(t->eng.ssl);
+    *cipher = SSL_get_cipher_name(t->eng.ssl);
+    return SSL_session_reused(t->eng.ssl);
 }

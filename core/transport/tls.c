@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "process/tickets.h"
+#include "transport/tls_engine.h"
 
 /* Ciphertext read at once, into the worker's buffer. */
 #define MS_TLS_READ_BUF (64 * 1024)
@@ -119,27 +120,26 @@ typedef struct tls_conn_s {
     ms_upper_t upper;     /* first: c->upper points here */
     const ms_io_t *lower; /* the transport under this one */
     ms_conn_t *conn;
-    ms_tls_t *tls; /* the listener's settings (the server's, which outlive it) */
-    SSL *ssl;      /* made at the first bytes; freed when the transport has closed */
-    ms_timer_t timer;      /* the handshake deadline, then reads resumed on the next turn */
-    const char *alpn;      /* "h2", "http/1.1" or NULL: static */
-    const char *version;   /* "TLSv1.3": OpenSSL's static text, kept past the close */
-    const char *in;        /* ciphertext the BIO gives OpenSSL now */
-    size_t in_len;
-    ms_buf_t kept;         /* owned: ciphertext read while reading was off */
-    ms_buf_t sending;      /* owned: ciphertext the lower transport writes in the background */
-    ms_buf_t queued;       /* owned: ciphertext OpenSSL wrote meanwhile */
-    uv_buf_t *wv;          /* owned copy of the connection's background write (tls_write) */
-    unsigned wn, wi;       /* its pieces, the first not wholly encrypted */
-    size_t woff;           /* bytes of that one encrypted */
-    uint8_t state;         /* TLS_* */
-    uint8_t reading;       /* the connection wants bytes */
-    uint8_t flight;        /* the lower transport is writing `sending` */
-    uint8_t shutdown;      /* a graceful close waits for `sending` */
-    uint8_t closing;       /* the lower transport is told to close: nothing more goes out */
-    uint8_t fail;          /* FAIL_* + 1 set by a callback during the handshake */
-    uint8_t ksock;         /* the write BIO is on the socket's: the kernel may take the keys */
-    ms_tls_hook_t *hook;   /* the certificate hook's call, while the handshake lasts */
+    ms_tls_t *tls;       /* the listener's settings (the server's, which outlive it) */
+    ms_tls_eng_t eng;    /* its SSL made at the first bytes, freed once the transport closed;
+                          * its `out`: the worker's buffer, or `queued` while `flight` */
+    ms_timer_t timer;    /* the handshake deadline, then reads resumed on the next turn */
+    const char *alpn;    /* "h2", "http/1.1" or NULL: static */
+    const char *version; /* "TLSv1.3": OpenSSL's static text, kept past the close */
+    ms_buf_t kept;       /* owned: ciphertext read while reading was off */
+    ms_buf_t sending;    /* owned: ciphertext the lower transport writes in the background */
+    ms_buf_t queued;     /* owned: ciphertext OpenSSL wrote meanwhile */
+    uv_buf_t *wv;        /* owned copy of the connection's background write (tls_write) */
+    unsigned wn, wi;     /* its pieces, the first not wholly encrypted */
+    size_t woff;         /* bytes of that one encrypted */
+    uint8_t state;       /* TLS_* */
+    uint8_t reading;     /* the connection wants bytes */
+    uint8_t flight;      /* the lower transport is writing `sending` */
+    uint8_t shutdown;    /* a graceful close waits for `sending` */
+    uint8_t closing;     /* the lower transport is told to close: nothing more goes out */
+    uint8_t fail;        /* FAIL_* + 1 set by a callback during the handshake */
+    uint8_t ksock;       /* the write BIO is on the socket's: the kernel may take the keys */
+    ms_tls_hook_t *hook; /* the certificate hook's call, while the handshake lasts */
 } tls_conn_t;
 
 const size_t ms__tls_size = sizeof(tls_conn_t);
@@ -156,39 +156,54 @@ static void buf_drop(ms_buf_t *b)
     b->len = b->cap = 0;
 }
 
-/* -- The BIO between OpenSSL and the lower transport ------------------------------------ */
+/* A background write of the lower transport's has `sending` (on), or not: while it has,
+ * OpenSSL's records go to `queued`, after it. */
+static inline void set_flight(tls_conn_t *t, int on)
+{
+    t->flight = (uint8_t)on;
+    t->eng.out = on ? &t->queued : &t->conn->server->tls->out;
+}
 
-static BIO_METHOD *bio_method; /* one for the process, made with the first settings */
+/* -- The engine: one for both directions (tls_engine.h) ----------------------------------
+ * A connection's SSL and the BIO through which it meets its owner's buffers: what the owner
+ * read is handed in as `in`, what OpenSSL writes goes to `out`. The server's transport below
+ * and client sockets (client/tls_client.c) both step OpenSSL only through these functions.
+ * Client sockets are not ms_conn_t connections on the transport interface: an ms_conn_t is
+ * the server's (its protocol, reply queue, the worker's list that a stop closes, per-source
+ * and metrics counts, and conn.c's callbacks that the upper transport reports to), while a
+ * pooled client connection outlives the socket that used it, idles with its own expiry, may
+ * be a unix socket and is read by pattern into the socket's buffer. So the engine is the
+ * part both share, and each side keeps its own socket I/O. */
+
+static BIO_METHOD *bio_method; /* one for the process, made at the first use */
 
 static int bio_write(BIO *b, const char *p, int n)
 {
-    ms_conn_t *c = BIO_get_data(b);
-    tls_conn_t *t = tls_of(c);
+    ms_tls_eng_t *e = BIO_get_data(b);
     BIO_clear_retry_flags(b);
-    /* While a background write has `sending`, records go after it. */
-    ms__buf_append(t->flight ? &t->queued : &c->server->tls->out, p, (size_t)n);
+    ms__buf_append(e->out, p, (size_t)n);
     return n;
 }
 
 static int bio_read(BIO *b, char *p, int n)
 {
-    tls_conn_t *t = tls_of(BIO_get_data(b));
+    ms_tls_eng_t *e = BIO_get_data(b);
     BIO_clear_retry_flags(b);
-    if (t->in_len == 0) {
+    if (e->in_len == 0) {
         BIO_set_retry_read(b);
         return -1;
     }
-    size_t k = t->in_len < (size_t)n ? t->in_len : (size_t)n;
-    memcpy(p, t->in, k);
-    t->in += k;
-    t->in_len -= k;
+    size_t k = e->in_len < (size_t)n ? e->in_len : (size_t)n;
+    memcpy(p, e->in, k);
+    e->in += k;
+    e->in_len -= k;
     return (int)k;
 }
 
 static long bio_ctrl(BIO *b, int cmd, long num, void *ptr)
 {
     (void)b, (void)num, (void)ptr;
-    return cmd == BIO_CTRL_FLUSH; /* written already: nothing to flush */
+    return cmd == BIO_CTRL_FLUSH; /* in `out` already: its owner sends it */
 }
 
 static int bio_create(BIO *b)
@@ -197,11 +212,104 @@ static int bio_create(BIO *b)
     return 1;
 }
 
+static int bio_setup(void);
+
+/* SSL_get_error reads the thread's error queue: it must be empty before a call whose result
+ * it explains. It is, unless someone left an error there; clearing it only then is cheaper
+ * than ERR_clear_error on every record (which clears every slot). */
+static inline void err_reset(void)
+{
+    if (MS_UNLIKELY(ERR_peek_error() != 0))
+        ERR_clear_error();
+}
+
+int ms__tls_eng_open(ms_tls_eng_t *e, SSL_CTX *ctx, int client, BIO *wbio)
+{
+    ERR_clear_error();
+    e->ssl = bio_setup() == 0 ? SSL_new(ctx) : NULL;
+    BIO *b = e->ssl != NULL ? BIO_new(bio_method) : NULL;
+    if (b == NULL) {
+        SSL_free(e->ssl);
+        e->ssl = NULL;
+        BIO_free_all(wbio);
+        ERR_clear_error();
+        return UV_ENOMEM;
+    }
+    BIO_set_data(b, e);
+    SSL_set_bio(e->ssl, b, wbio != NULL ? wbio : b);
+    if (client)
+        SSL_set_connect_state(e->ssl);
+    else
+        SSL_set_accept_state(e->ssl);
+    return 0;
+}
+
+void ms__tls_eng_close(ms_tls_eng_t *e)
+{
+    SSL_free(e->ssl); /* (and its BIOs) */
+    e->ssl = NULL;
+}
+
+int ms__tls_eng_handshake(ms_tls_eng_t *e)
+{
+    ERR_clear_error();
+    int rc = SSL_do_handshake(e->ssl);
+    if (rc == 1)
+        return MS_TLS_ENG_DONE;
+    switch (SSL_get_error(e->ssl, rc)) {
+    case SSL_ERROR_WANT_READ:
+    case SSL_ERROR_WANT_WRITE:
+    case SSL_ERROR_WANT_X509_LOOKUP: /* (the certificate hook runs) */
+        return MS_TLS_ENG_WANT;
+    default: return UV_EPROTO;
+    }
+}
+
+static inline ssize_t eng_read(ms_tls_eng_t *e, char *p, size_t n)
+{
+    err_reset();
+    int k = SSL_read(e->ssl, p, n < INT32_MAX ? (int)n : INT32_MAX);
+    if (k > 0)
+        return k;
+    switch (SSL_get_error(e->ssl, k)) {
+    case SSL_ERROR_WANT_READ: return 0;
+    case SSL_ERROR_ZERO_RETURN: return UV_EOF; /* close_notify */
+    default: return UV_EPROTO;
+    }
+}
+
+ssize_t ms__tls_eng_read(ms_tls_eng_t *e, char *p, size_t n)
+{
+    return eng_read(e, p, n);
+}
+
+static inline int eng_write(ms_tls_eng_t *e, const char *p, size_t n)
+{
+    err_reset();
+    return SSL_write(e->ssl, p, (int)n) == (int)n ? 0 : UV_EPROTO;
+}
+
+int ms__tls_eng_write(ms_tls_eng_t *e, const char *p, size_t n)
+{
+    for (; n > INT32_MAX; p += INT32_MAX, n -= INT32_MAX)
+        if (eng_write(e, p, INT32_MAX) < 0)
+            return UV_EPROTO;
+    return n > 0 ? eng_write(e, p, n) : 0;
+}
+
+void ms__tls_eng_shutdown(ms_tls_eng_t *e)
+{
+    ERR_clear_error();
+    (void)SSL_shutdown(e->ssl);
+    ERR_clear_error();
+}
+
 /* The write BIO of a listener that may use kernel TLS: the same as the one above, pushed on
  * a socket BIO of the TCP descriptor (BIO_NOCLOSE), to which the controls it does not know
  * pass, so that OpenSSL finds the socket to hand the keys to (and later its descriptor, for
  * SSL_sendfile). The read BIO stays the one above: records are read and decrypted here, and
- * refusing the kernel the read keys keeps it so. */
+ * refusing the kernel the read keys keeps it so. Its data is the engine of a tls_conn_t (only
+ * the server's transport offers kernel TLS: client sockets never did). */
 static BIO_METHOD *ktls_bio_method;
 static int send_out(ms_conn_t *c);
 static void process(ms_conn_t *c, const char *p, size_t n);
@@ -215,7 +323,7 @@ static int ktls_bio_write(BIO *b, const char *p, int n)
      * type) go to the socket directly, once none of the connection's bytes waits to go
      * before them. */
     BIO_clear_retry_flags(b);
-    if (tls_of(BIO_get_data(b))->flight) {
+    if (container_of(BIO_get_data(b), tls_conn_t, eng)->flight) {
         BIO_set_retry_write(b);
         return -1;
     }
@@ -236,8 +344,8 @@ static long ktls_bio_ctrl(BIO *b, int cmd, long num, void *ptr)
      * succeeds: every byte written before must then be in the socket, or the kernel would
      * encrypt it again. What the socket does not take now is written in the background,
      * and the flush is to be tried again (tls_written goes on with the handshake). */
-    ms_conn_t *c = BIO_get_data(b);
-    tls_conn_t *t = tls_of(c);
+    tls_conn_t *t = container_of(BIO_get_data(b), tls_conn_t, eng);
+    ms_conn_t *c = t->conn;
     BIO_clear_retry_flags(b);
     if (!t->flight && c->server->tls->out.len > 0)
         (void)send_out(c); /* (a failure shows on the next read, as it would after) */
@@ -300,7 +408,7 @@ static int start_sending(ms_conn_t *c)
         t->sending.len = 0;
         return rc;
     }
-    t->flight = 1;
+    set_flight(t, 1);
     return 0;
 }
 
@@ -335,19 +443,9 @@ static int send_out(ms_conn_t *c)
     return 0;
 }
 
-/* SSL_get_error reads the thread's error queue: it must be empty before a call whose result
- * it explains. It is, unless someone left an error there; clearing it only then is cheaper
- * than ERR_clear_error on every record (which clears every slot). */
-static inline void err_reset(void)
+static inline int ssl_write(tls_conn_t *t, const char *p, size_t n)
 {
-    if (MS_UNLIKELY(ERR_peek_error() != 0))
-        ERR_clear_error();
-}
-
-static int ssl_write(tls_conn_t *t, const char *p, size_t n)
-{
-    err_reset();
-    return SSL_write(t->ssl, p, (int)n) == (int)n ? 0 : UV_EPROTO;
+    return eng_write(&t->eng, p, n);
 }
 
 /* Encrypts up to `budget` bytes of bufs[*i..n) from *off into the worker's buffer, gathering
@@ -491,7 +589,7 @@ static int tls_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 static void tls_written(ms_conn_t *c, int status)
 {
     tls_conn_t *t = tls_of(c);
-    t->flight = 0;
+    set_flight(t, 0);
     t->sending.len = 0;
     if (status < 0 || t->closing) {
         buf_drop(&t->sending);
@@ -774,7 +872,7 @@ SSL *ms_tls_hook_ssl(ms_tls_hook_t *h)
 {
     if (h->conn == NULL || !h->taken)
         return NULL;
-    return tls_of(h->conn)->ssl;
+    return tls_of(h->conn)->eng.ssl;
 }
 
 ms_conn_t *ms_tls_hook_conn(ms_tls_hook_t *h)
@@ -793,13 +891,13 @@ static void handshake_done(ms_conn_t *c)
     ms_timer_stop(c->server, &t->timer);
     hook_detach(c);
     t->state = TLS_OPEN;
-    t->version = SSL_get_version(t->ssl);
-    SSL_get0_alpn_selected(t->ssl, &p, &len);
+    t->version = SSL_get_version(t->eng.ssl);
+    SSL_get0_alpn_selected(t->eng.ssl, &p, &len);
     if (len == 2 && memcmp(p, "h2", 2) == 0)
         t->alpn = "h2";
     else if (len == 8 && memcmp(p, "http/1.1", 8) == 0)
         t->alpn = "http/1.1";
-    if (t->ksock && BIO_get_ktls_send(SSL_get_wbio(t->ssl))) {
+    if (t->ksock && BIO_get_ktls_send(SSL_get_wbio(t->eng.ssl))) {
         /* The kernel took the keys: what the connection writes goes to the socket as it is. */
         c->io = &ktls_io;
         t->upper.up = &ktls_up;
@@ -812,48 +910,42 @@ static void handshake_done(ms_conn_t *c)
 static int handshake(ms_conn_t *c)
 {
     tls_conn_t *t = tls_of(c);
-    if (t->ssl == NULL) {
-        t->ssl = SSL_new(t->tls->ctx);
-        BIO *b = t->ssl != NULL ? BIO_new(bio_method) : NULL, *w = b;
+    if (t->eng.ssl == NULL) {
+        BIO *w = NULL;
         int fd = t->tls->ktls && t->lower->fd != NULL ? t->lower->fd(c) : -1;
-        if (b != NULL && fd >= 0) {
+        int ok = 1;
+        if (fd >= 0) {
             /* (BIO_new_socket attaches the kernel's tls ULP to the socket) */
             BIO *sock = BIO_new_socket(fd, BIO_NOCLOSE);
             w = sock != NULL ? BIO_new(ktls_bio_method) : NULL;
             if (w != NULL) {
-                BIO_set_data(w, c);
+                BIO_set_data(w, &t->eng);
                 BIO_push(w, sock);
                 t->ksock = 1;
             } else {
                 BIO_free(sock);
-                BIO_free(b);
-                b = NULL;
+                ok = 0;
             }
         }
-        if (b == NULL) {
+        if (!ok || ms__tls_eng_open(&t->eng, t->tls->ctx, 0, w) < 0) {
             ms_log(MS_LOG_ERR, "TLS: out of memory for a connection");
             ms__conn_close(c, 0);
             return -1;
         }
-        BIO_set_data(b, c);
-        SSL_set_bio(t->ssl, b, w);
-        SSL_set_app_data(t->ssl, c);
-        SSL_set_accept_state(t->ssl);
+        SSL_set_app_data(t->eng.ssl, c);
     }
-    ERR_clear_error();
-    int rc = SSL_do_handshake(t->ssl);
-    int e = rc == 1 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, rc);
+    int rc = ms__tls_eng_handshake(&t->eng);
     if (send_out(c) < 0) { /* (an alert, on a failure, goes out first) */
         ERR_clear_error();
         ms__conn_close(c, 0);
         return -1;
     }
-    if (rc == 1) {
+    if (rc == MS_TLS_ENG_DONE) {
         handshake_done(c);
         return 0;
     }
-    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_X509_LOOKUP)
-        return 1; /* (WANT_X509_LOOKUP: the certificate hook runs) */
+    if (rc == MS_TLS_ENG_WANT)
+        return 1;
     handshake_failed(c);
     return -1;
 }
@@ -864,19 +956,20 @@ static int handshake(ms_conn_t *c)
 static void keep_rest(tls_conn_t *t)
 {
     ms_buf_t *k = &t->kept;
-    if (t->in_len > 0 && !(t->conn->flags & MS_CONN_CLOSED)) {
-        if (k->base != NULL && t->in >= k->base && t->in < k->base + k->len) {
-            memmove(k->base, t->in, t->in_len);
-            k->len = t->in_len;
+    ms_tls_eng_t *e = &t->eng;
+    if (e->in_len > 0 && !(t->conn->flags & MS_CONN_CLOSED)) {
+        if (k->base != NULL && e->in >= k->base && e->in < k->base + k->len) {
+            memmove(k->base, e->in, e->in_len);
+            k->len = e->in_len;
         } else {
             k->len = 0;
-            ms__buf_append(k, t->in, t->in_len);
+            ms__buf_append(k, e->in, e->in_len);
         }
     } else {
         buf_drop(k);
     }
-    t->in = NULL;
-    t->in_len = 0;
+    e->in = NULL;
+    e->in_len = 0;
 }
 
 /* Ciphertext in: the handshake, then records decrypted into the buffer the connection
@@ -887,11 +980,11 @@ static void process(ms_conn_t *c, const char *p, size_t n)
     ms__conn_hold(c);
     if (t->kept.len > 0) {
         ms__buf_append(&t->kept, p, n);
-        t->in = t->kept.base;
-        t->in_len = t->kept.len;
+        t->eng.in = t->kept.base;
+        t->eng.in_len = t->kept.len;
     } else {
-        t->in = p;
-        t->in_len = n;
+        t->eng.in = p;
+        t->eng.in_len = n;
     }
     if (t->state == TLS_HANDSHAKE && handshake(c) != 0) {
         keep_rest(t);
@@ -902,9 +995,7 @@ static void process(ms_conn_t *c, const char *p, size_t n)
     while (t->reading && t->state == TLS_OPEN && !(c->flags & MS_CONN_CLOSED)) {
         uv_buf_t b;
         ms_conn_read_buf(c, &b);
-        err_reset();
-        int k = SSL_read(t->ssl, b.base, b.len < INT32_MAX ? (int)b.len : INT32_MAX);
-        int e = k > 0 ? SSL_ERROR_NONE : SSL_get_error(t->ssl, k);
+        ssize_t k = eng_read(&t->eng, b.base, b.len);
         if (send_out(c) < 0) {
             ms__conn_close(c, 0);
             break;
@@ -913,9 +1004,9 @@ static void process(ms_conn_t *c, const char *p, size_t n)
             ms_conn_feed(c, b.base, (size_t)k);
             continue;
         }
-        if (e == SSL_ERROR_WANT_READ)
+        if (k == 0)
             break;
-        if (e == SSL_ERROR_ZERO_RETURN) {
+        if (k == UV_EOF) {
             /* close_notify: the peer sends no more, as a FIN says on TCP. */
             t->state = TLS_DONE;
             t->lower->read_stop(c);
@@ -978,7 +1069,7 @@ static void tls_read_start(ms_conn_t *c)
     t->lower->read_start(c);
     /* Bytes read or decrypted while reading was off go to the connection on the next turn of
      * the loop, not inside the call that turned it on. */
-    if (t->state == TLS_OPEN && (t->kept.len > 0 || SSL_has_pending(t->ssl)))
+    if (t->state == TLS_OPEN && (t->kept.len > 0 || SSL_has_pending(t->eng.ssl)))
         ms_timer_start(c->server, &t->timer, 0, resume_cb);
 }
 
@@ -991,10 +1082,7 @@ static void tls_shutdown(ms_conn_t *c)
     t->reading = 0;
     t->shutdown = 1;
     if (t->state != TLS_HANDSHAKE) {
-        ERR_clear_error();
-        SSL_shutdown(t->ssl); /* close_notify (after what is in flight); not waiting for the
-                               * peer's */
-        ERR_clear_error();
+        ms__tls_eng_shutdown(&t->eng); /* close_notify (after what is in flight) */
         if (send_out(c) < 0) {
             lower_close(c, 0);
             return;
@@ -1018,9 +1106,7 @@ static void tls_closed(ms_conn_t *c)
     tls_conn_t *t = tls_of(c);
     ms_timer_stop(c->server, &t->timer);
     hook_detach(c);
-    if (t->ssl != NULL)
-        SSL_free(t->ssl); /* (and its BIO) */
-    t->ssl = NULL;
+    ms__tls_eng_close(&t->eng);
     buf_drop(&t->kept);
     buf_drop(&t->sending);
     buf_drop(&t->queued);
@@ -1063,7 +1149,7 @@ static int ktls_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
     tls_conn_t *t = tls_of(c);
     int rc = t->lower->write(c, bufs, n);
     if (rc == 0)
-        t->flight = 1;
+        set_flight(t, 1);
     return rc;
 }
 
@@ -1073,11 +1159,11 @@ static ssize_t ktls_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
     if (t->flight)
         return UV_EAGAIN;
     err_reset();
-    ossl_ssize_t n = SSL_sendfile(t->ssl, fd, (off_t)off, len, 0);
+    ossl_ssize_t n = SSL_sendfile(t->eng.ssl, fd, (off_t)off, len, 0);
     if (n >= 0)
         return n;
     int e = errno;
-    if (SSL_get_error(t->ssl, -1) == SSL_ERROR_WANT_WRITE)
+    if (SSL_get_error(t->eng.ssl, -1) == SSL_ERROR_WANT_WRITE)
         return UV_EAGAIN;
     ERR_clear_error();
     return e > 0 ? -e : UV_EPROTO;
@@ -1093,15 +1179,12 @@ static void ktls_cork(ms_conn_t *c, int on)
 static void ktls_written(ms_conn_t *c, int status)
 {
     tls_conn_t *t = tls_of(c);
-    t->flight = 0;
+    set_flight(t, 0);
     ms_conn_write_done(c, status);
     if (t->shutdown && !t->flight && !t->closing) {
         /* tls_shutdown's close_notify waited for this write (ktls_bio_write). */
-        if (status == 0) {
-            ERR_clear_error();
-            SSL_shutdown(t->ssl);
-            ERR_clear_error();
-        }
+        if (status == 0)
+            ms__tls_eng_shutdown(&t->eng);
         lower_close(c, status == 0);
     }
 }
@@ -1203,6 +1286,7 @@ void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem)
     t->lower = c->io;
     t->conn = c;
     t->tls = tls;
+    t->eng.out = &s->tls->out;
     t->state = TLS_HANDSHAKE;
     t->reading = 1;
     c->io = &tls_io;

@@ -431,4 +431,74 @@ TEST(tls_resumes_by_the_zones_keys_the_newest_and_two_before)
     teardown();
 }
 
+/* -- The engine alone, both ways: a client's and a server's over each other's buffers ----- */
+
+TEST(tls_engine_runs_both_directions)
+{
+    setup(NULL, 0);
+    ms_buf_t cout = {0}, sout = {0};
+    ms_tls_eng_t cl = {.out = &cout}, sv = {.out = &sout};
+    SSL_CTX *cctx = SSL_CTX_new(TLS_client_method());
+    ASSERT_EQ(0, ms__tls_eng_open(&cl, cctx, 1, NULL));
+    ASSERT_EQ(0, ms__tls_eng_open(&sv, tls->ctx, 0, NULL));
+    ASSERT_EQ(MS_TLS_ENG_WANT, ms__tls_eng_handshake(&cl)); /* the ClientHello */
+    ASSERT(cout.len > 0);
+    /* The ClientHello a byte at a time: the server takes each and waits for the rest. */
+    for (size_t i = 0; i < cout.len; i++) {
+        sv.in = cout.base + i;
+        sv.in_len = 1;
+        ASSERT_EQ(MS_TLS_ENG_WANT, ms__tls_eng_handshake(&sv));
+        ASSERT_EQ(0, (int)sv.in_len);
+        ASSERT(i + 1 == cout.len || sout.len == 0);
+    }
+    cout.len = 0;
+    ASSERT(sout.len > 0); /* its flight */
+    cl.in = sout.base;
+    cl.in_len = sout.len;
+    ASSERT_EQ(MS_TLS_ENG_DONE, ms__tls_eng_handshake(&cl));
+    ASSERT_EQ(0, (int)cl.in_len);
+    sout.len = 0;
+    sv.in = cout.base; /* the client's Finished */
+    sv.in_len = cout.len;
+    ASSERT_EQ(MS_TLS_ENG_DONE, ms__tls_eng_handshake(&sv));
+    cout.len = 0;
+    /* Records both ways, into the caller's buffers. */
+    ASSERT_EQ(0, ms__tls_eng_write(&cl, S("ping")));
+    char buf[64 * 1024];
+    sv.in = cout.base;
+    sv.in_len = cout.len;
+    ASSERT_EQ(4, (int)ms__tls_eng_read(&sv, buf, sizeof(buf)));
+    ASSERT(memcmp(buf, "ping", 4) == 0);
+    ASSERT_EQ(0, (int)ms__tls_eng_read(&sv, buf, sizeof(buf))); /* wants more */
+    cout.len = 0;
+    char big[40000];
+    for (size_t i = 0; i < sizeof(big); i++)
+        big[i] = (char)('a' + i % 26);
+    /* (before them in `sout`: the server's session tickets, made as it read the Finished) */
+    ASSERT_EQ(0, ms__tls_eng_write(&sv, big, sizeof(big)));
+    ms__tls_eng_shutdown(&sv); /* close_notify after the records */
+    cl.in = sout.base;
+    cl.in_len = sout.len;
+    size_t got = 0;
+    ssize_t k;
+    while ((k = ms__tls_eng_read(&cl, buf + got, sizeof(buf) - got)) > 0)
+        got += (size_t)k;
+    ASSERT_EQ((int)sizeof(big), (int)got);
+    ASSERT(memcmp(buf, big, sizeof(big)) == 0);
+    ASSERT_EQ(UV_EOF, (int)k); /* the close_notify */
+    /* Bytes that are no record: an error, the queue left to the caller. */
+    sv.in = "\x17\x03\x03\x00\x05hello";
+    sv.in_len = 10;
+    ASSERT_EQ(UV_EPROTO, (int)ms__tls_eng_read(&sv, buf, sizeof(buf)));
+    ASSERT(ERR_peek_error() != 0);
+    ERR_clear_error();
+    ms__tls_eng_close(&cl);
+    ms__tls_eng_close(&sv);
+    ASSERT(cl.ssl == NULL && sv.ssl == NULL);
+    SSL_CTX_free(cctx);
+    ms_mem_free(cout.base);
+    ms_mem_free(sout.base);
+    teardown();
+}
+
 TEST_MAIN()

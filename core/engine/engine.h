@@ -153,7 +153,7 @@ struct ms_conn_s {
                              * the one a PROXY header gave */
     uint32_t flags;
     uint32_t requests;        /* served on this connection */
-    uint8_t mproto;           /* the protocol its metrics count it under (metrics.c) */
+    uint8_t mproto;           /* the protocol its metrics count it under (counting.c) */
     uint8_t mtls;             /* counted as a TLS connection */
     ms_conn_t *deferred_next; /* in the worker's deferred list, holding a reference */
     int refs;                 /* 1 for the transport, 1 while a handler holds the request */
@@ -282,7 +282,7 @@ struct ms_server_s {
     struct ms_listener_s *listeners;
     struct ms_sockets_s *sockets; /* sock.c: pools, resolver; NULL until a socket is made */
     uint32_t listen_port;
-    /* Where it counts (metrics.c): its own block, or its slot in a metrics zone. */
+    /* Where it counts (counting.c): its own block, or its slot in a metrics zone. */
     ms_metrics_block_t *m;
     ms_server_stats_t *stats;    /* &m->stats */
     uint64_t *route_counts;      /* the slot's counters by route; NULL until metrics are on */
@@ -378,7 +378,7 @@ static inline int ms__trusted(const ms_server_t *s, const uint8_t a[16])
 }
 ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);
 
-/* accept.c: the accept stage, the one place that knows every protocol. */
+/* accept.c: the accept stage, which chooses a protocol from ms__protos. */
 void ms__conn_accept(ms_conn_t *c);
 /* The protocol the request `r` asks to switch its connection to (Upgrade), or NULL. */
 const ms_proto_t *ms__upgrade_proto(ms_req_t *r);
@@ -389,7 +389,7 @@ void ms__conn_switch(ms_conn_t *c, const ms_proto_t *to, ms_req_t *r, const char
 void ms__protos_init(ms_server_t *s);
 void ms__protos_free(ms_server_t *s);
 
-/* metrics.c: a finished request counted (once), a refusal by status, a connection's
+/* counting.c: a finished request counted (once), a refusal by status, a connection's
  * protocol (to: the one it speaks from now on). */
 void ms__metrics_req(ms_req_t *r);
 void ms__metrics_refused(ms_server_t *s, int status);

@@ -104,8 +104,9 @@ void ms_timer_stop(ms_server_t *s, ms_timer_t *t);
 enum { MS_WAIT_NONE, MS_WAIT_BODY, MS_WAIT_TIMER, MS_WAIT_DRAIN };
 
 /* The part of a request that Lua reads directly through FFI. Keep in step with the cdef in
- * lua/moonserve/base.lua. Every ms_str_t points into the head, which lives in the worker's
- * read buffer while the handler runs without parking, and in the request's pool after. */
+ * lua/moonserve/host/core/base.lua. Every ms_str_t points into the head, which lives in the
+ * worker's read buffer while the handler runs without parking, and in the request's pool
+ * after. */
 typedef struct ms_req_view_s {
     ms_str_t method, target, path, query;
     uint32_t id;      /* per worker, increasing */

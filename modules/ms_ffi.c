@@ -1,5 +1,5 @@
 /* ms_ffi.c: the hot path Lua calls through LuaJIT's FFI: flat arguments, caller-owned
- * out-buffers, int results. Declared again in lua/moonserve/base.lua. */
+ * out-buffers, int results. Declared again in lua/moonserve/host/core/base.lua. */
 #include <string.h>
 
 #include "moonserve.h"
@@ -340,8 +340,8 @@ MS_FFI ms_server_t *ms_ffi_req_server(ms_req_t *r)
 
 /* -- The boundary, checked -------------------------------------------------------------- */
 
-/* What lua/moonserve/base.lua must agree with: the layout of the types it declares again,
- * the request flags, the wait states, the error codes it compares with and the log levels.
+/* What lua/moonserve/host/core/base.lua must agree with: the layout of the types it declares
+ * again, the request flags, the wait states, the error codes it compares with and the log levels.
  * base.lua reads this at load, checks its cdef against the layouts and takes the constants
  * from here, so a core and a framework of different builds fail at once with a message
  * instead of reading the wrong bytes. Names are as the Lua side spells them. */

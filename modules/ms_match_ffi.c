@@ -1,4 +1,4 @@
-/* ms_match_ffi.c: the FFI surface of the pattern matcher (core/base/match.h), for readers whose
+/* ms_match_ffi.c: the FFI surface of reading by pattern (core/base/match.h), for readers whose
  * bytes wait in Lua: ngx.req.socket (lua/moonserve/ngx/reqsock.lua). Outbound sockets use
  * it inside the engine (core/client/sock.c). */
 #include "base/match.h"
@@ -32,4 +32,15 @@ MS_FFI int ms_ffi_match_feed(ms_match_t *m, const char *p, size_t n, size_t size
     out[0] = (double)len;
     out[1] = (double)used;
     return rc;
+}
+
+/* ms_match_line over p[0..n), looking from `scanned` on: returns the line's length, its CRs
+ * dropped in place, with *used = the bytes to consume; or -1 with *used = n, where the next
+ * call looks from (doubles: Lua numbers, no boxed 64-bit integers). */
+MS_FFI double ms_ffi_match_line(char *p, size_t n, double scanned, double *used)
+{
+    size_t from = (size_t)scanned, take = 0;
+    long len = ms_match_line(p, n, &from, &take);
+    *used = (double)(len < 0 ? from : take);
+    return (double)len;
 }

@@ -1,6 +1,6 @@
 /* ms_sock_ffi.c: the FFI surface of moonserve.socket: each socket's completion wakes the
  * slot the Lua side parked its coroutine on (core/engine/wake.c). Declared again in
- * lua/moonserve/socket.lua. */
+ * lua/moonserve/host/core/socket.lua. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -1,5 +1,5 @@
 /* ms_tls_ffi.c: the FFI surface of the certificate hook (core/transport/tls.c's ms_tls_hook_*) and of the
- * certificate and key conversions that work anywhere: what lua/moonserve/tls_hook.lua calls,
+ * certificate and key conversions that work anywhere: what lua/moonserve/host/core/tls_hook.lua calls,
  * and through it the ngx layer's ngx.ssl. Results are 0 or a negative code; the reason of a
  * failure is OpenSSL's, taken with ms_ffi_tls_error. */
 #include <openssl/err.h>

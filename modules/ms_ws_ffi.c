@@ -1,5 +1,5 @@
 /* ms_ws_ffi.c: the FFI surface of moonserve.websocket (core/tunnel/ws.c): flat arguments, int
- * results. Declared again in lua/moonserve/websocket.lua. */
+ * results. Declared again in lua/moonserve/host/core/websocket.lua. */
 #include <string.h>
 
 #include "moonserve.h"

@@ -111,7 +111,7 @@ end
 
 -- Modules that load only inside nginx (they run on its Lua module's ngx): checked from
 -- their text alone.
-local NGINX_ONLY = { ["moonserve.openresty"] = true }
+local NGINX_ONLY = { ["moonserve.host.openresty"] = true }
 
 -- Every public function of every file config.ld lists.
 function _M.check_api(root)

@@ -143,3 +143,29 @@ int ms_match_feed(ms_match_t *m, const char *p, size_t n, size_t size, size_t *l
     m->scanned -= size;
     return MS_MATCH_PIECE;
 }
+
+/* -- Lines --------------------------------------------------------------------------------- */
+
+size_t ms_match_drop_cr(char *p, size_t n)
+{
+    char *cr = memchr(p, '\r', n);
+    if (cr == NULL)
+        return n;
+    char *w = cr;
+    for (char *r = cr + 1; r < p + n; r++)
+        if (*r != '\r')
+            *w++ = *r;
+    return (size_t)(w - p);
+}
+
+long ms_match_line(char *p, size_t n, size_t *scanned, size_t *used)
+{
+    char *lf = *scanned < n ? memchr(p + *scanned, '\n', n - *scanned) : NULL;
+    if (lf == NULL) {
+        *scanned = n;
+        return -1;
+    }
+    size_t len = (size_t)(lf - p);
+    *used = len + 1;
+    return (long)ms_match_drop_cr(p, len);
+}

@@ -1,4 +1,5 @@
-/* match.h: receiveuntil's pattern matcher, over bytes its caller holds; no I/O of its own. */
+/* match.h: reading by pattern ("*l" lines, and receiveuntil's patterns), over bytes its caller
+ * holds; no I/O of its own. */
 #ifndef MS_MATCH_H
 #define MS_MATCH_H
 
@@ -36,6 +37,15 @@ void ms_match_free(ms_match_t *m);
  * A caller whose unread bytes changed otherwise (another read consumed some) calls
  * ms_match_reset first. Linear in the bytes handed, however they are cut. */
 int ms_match_feed(ms_match_t *m, const char *p, size_t n, size_t size, size_t *len, size_t *used);
+
+/* A "*l" read over the caller's unread bytes p[0..n): the line ends at the first LF at or
+ * after p + *scanned. Returns its length once its CRs are dropped in place (lua-nginx-module
+ * drops every CR of a line), and sets *used to the bytes to consume, the LF included; or -1
+ * when there is no LF yet, with *scanned = n, where the next call starts looking. */
+long ms_match_line(char *p, size_t n, size_t *scanned, size_t *used);
+/* Drops every CR of p[0..n) in place (what a line's partial data gives up); returns the new
+ * length. */
+size_t ms_match_drop_cr(char *p, size_t n);
 
 /* Forgets what was searched (the caller's bytes changed); an end not yet told stays. */
 void ms_match_reset(ms_match_t *m);

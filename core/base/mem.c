@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/util.h"
 
 ms_mem_stats_t ms_mem_stats;
 
@@ -53,7 +53,7 @@ void ms_mem_free(void *p)
 
 /* -- Recycle lists --------------------------------------------------------------------- */
 
-/* Under ASan recycling is off (MS_ASAN, internal.h), so that a use after free is caught
+/* Under ASan recycling is off (MS_ASAN, base/util.h), so that a use after free is caught
  * rather than hidden. */
 
 void *ms__recycle_get(ms_recycle_t *r)
@@ -165,30 +165,6 @@ void ms_pool_free(ms_pool_t *p)
     }
     ms_pool_init(p);
 }
-
-/* -- Byte classes -------------------------------------------------------------------------- */
-
-#define MS_ALNUM(X)                                                                                \
-    ['0'] = X, ['1'] = X, ['2'] = X, ['3'] = X, ['4'] = X, ['5'] = X, ['6'] = X, ['7'] = X,        \
-    ['8'] = X, ['9'] = X, ['a'] = X, ['b'] = X, ['c'] = X, ['d'] = X, ['e'] = X, ['f'] = X,        \
-    ['g'] = X, ['h'] = X, ['i'] = X, ['j'] = X, ['k'] = X, ['l'] = X, ['m'] = X, ['n'] = X,        \
-    ['o'] = X, ['p'] = X, ['q'] = X, ['r'] = X, ['s'] = X, ['t'] = X, ['u'] = X, ['v'] = X,        \
-    ['w'] = X, ['x'] = X, ['y'] = X, ['z'] = X, ['A'] = X, ['B'] = X, ['C'] = X, ['D'] = X,        \
-    ['E'] = X, ['F'] = X, ['G'] = X, ['H'] = X, ['I'] = X, ['J'] = X, ['K'] = X, ['L'] = X,        \
-    ['M'] = X, ['N'] = X, ['O'] = X, ['P'] = X, ['Q'] = X, ['R'] = X, ['S'] = X, ['T'] = X,        \
-    ['U'] = X, ['V'] = X, ['W'] = X, ['X'] = X, ['Y'] = X, ['Z'] = X
-
-const uint8_t ms__tchar[256] = {
-    MS_ALNUM(1), ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1,
-    ['+'] = 1,   ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1,  ['~'] = 1,
-};
-
-/* reg-name, IPv4 or an IP literal, and a port (RFC 3986 3.2.2). */
-const uint8_t ms__hostchar[256] = {
-    MS_ALNUM(1), ['-'] = 1,  ['.'] = 1, ['_'] = 1, ['~'] = 1, ['!'] = 1, ['$'] = 1,
-    ['&'] = 1,   ['\''] = 1, ['('] = 1, [')'] = 1, ['*'] = 1, ['+'] = 1, [','] = 1,
-    [';'] = 1,   ['='] = 1,  [':'] = 1, ['['] = 1, [']'] = 1, ['%'] = 1,
-};
 
 /* -- Errors ------------------------------------------------------------------------------- */
 

@@ -5,7 +5,8 @@
 /* Every limit is one line of MS_LIMITS. Made from it: ms_limits_t (moonserve.h) and
  * ms_limits_default() (server.c); the keys the Lua module reads and reports
  * (modules/ms_core.c: core.server{ limits = ... }, core.default_limits(), core.limits());
- * the --limit lines of `moonserve --help` (lua/moonserve/cli.lua formats core.limits()).
+ * the --limit lines of `moonserve --help` (lua/moonserve/host/core/cli.lua formats
+ * core.limits()).
  * spec/lua/limits_spec.lua checks docs/guide/limits.md's table of limits against it.
  *
  * To add a limit: add its line here (at the end, so that ms_limits_t's layout stays), enforce

@@ -1,7 +1,7 @@
 /* timer.c: a binary heap of deadlines driven by one uv_timer per worker. */
-#include "moonserve.h"
+#include "base/timer.h"
 
-#include "internal.h"
+#include <string.h>
 
 static void heap_swap(ms_timer_t **h, uint32_t a, uint32_t b)
 {
@@ -38,22 +38,24 @@ static void sift_down(ms_timer_t **h, uint32_t n, uint32_t i)
     }
 }
 
+static void timers_run(uv_timer_t *ut);
+
 /* Points the uv_timer at the earliest deadline. It is only moved earlier, never later:
  * firing early is cheap (nothing is due, it re-arms) and saves a libuv call per request,
  * since every request pushes its connection's idle deadline later. */
-static void arm(ms_server_t *s)
+static void arm(ms_timers_t *s)
 {
     if (s->heap_len == 0)
         return;
     uint64_t due = s->heap[0]->due;
     if (s->armed_due != 0 && s->armed_due <= due)
         return;
-    uint64_t now = uv_now(s->loop);
+    uint64_t now = uv_now(s->uv.loop);
     s->armed_due = due;
-    uv_timer_start(&s->uv_timer, ms__timers_run, due > now ? due - now : 0, 0);
+    uv_timer_start(&s->uv, timers_run, due > now ? due - now : 0, 0);
 }
 
-static void heap_remove(ms_server_t *s, ms_timer_t *t)
+static void heap_remove(ms_timers_t *s, ms_timer_t *t)
 {
     uint32_t i = t->index - 1, last = --s->heap_len;
     t->index = 0;
@@ -65,27 +67,27 @@ static void heap_remove(ms_server_t *s, ms_timer_t *t)
     sift_down(s->heap, s->heap_len, s->heap[i]->index - 1);
 }
 
-void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
+void ms__timers_stop(ms_timers_t *s, ms_timer_t *t)
 {
     if (t->index == 0)
         return;
     heap_remove(s, t);
     if (s->heap_len == 0) /* nothing to wait for: let a stopping loop end; stays armed */
-        uv_unref((uv_handle_t *)&s->uv_timer);
+        uv_unref((uv_handle_t *)&s->uv);
 }
 
-void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
+void ms__timers_start(ms_timers_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
 {
     if (t->index != 0)
         heap_remove(s, t);
-    t->due = uv_now(s->loop) + ms;
+    t->due = uv_now(s->uv.loop) + ms;
     t->cb = cb;
     if (s->heap_len == s->heap_cap) {
         s->heap_cap = s->heap_cap ? s->heap_cap * 2 : 64;
         s->heap = ms_mem_realloc(s->heap, s->heap_cap * sizeof(*s->heap));
     }
     if (s->heap_len == 0)
-        uv_ref((uv_handle_t *)&s->uv_timer);
+        uv_ref((uv_handle_t *)&s->uv);
     s->heap[s->heap_len] = t;
     t->index = ++s->heap_len;
     sift_up(s->heap, s->heap_len - 1);
@@ -95,10 +97,10 @@ void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
 
 /* Fires every timer that is due. A callback may start or stop timers, the one that fired
  * included; the loop takes the heap's head afresh each time. */
-void ms__timers_run(uv_timer_t *ut)
+static void timers_run(uv_timer_t *ut)
 {
-    ms_server_t *s = container_of(ut, ms_server_t, uv_timer);
-    uint64_t now = uv_now(s->loop);
+    ms_timers_t *s = container_of(ut, ms_timers_t, uv);
+    uint64_t now = uv_now(s->uv.loop);
     s->armed_due = 0;
     while (s->heap_len > 0 && s->heap[0]->due <= now) {
         ms_timer_t *t = s->heap[0];
@@ -106,4 +108,23 @@ void ms__timers_run(uv_timer_t *ut)
         t->cb(t);
     }
     arm(s);
+}
+
+void ms__timers_init(ms_timers_t *s, uv_loop_t *loop)
+{
+    memset(s, 0, sizeof(*s));
+    uv_timer_init(loop, &s->uv); /* armed, it keeps the loop alive: a parked handler is work
+                                  * still to do */
+}
+
+void ms__timers_close(ms_timers_t *s)
+{
+    if (!uv_is_closing((uv_handle_t *)&s->uv))
+        uv_close((uv_handle_t *)&s->uv, NULL);
+}
+
+void ms__timers_free(ms_timers_t *s)
+{
+    ms_mem_free(s->heap);
+    s->heap = NULL;
 }

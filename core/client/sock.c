@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "base/match.h"
 #include "client/sockets.h"
 
@@ -257,31 +257,15 @@ static void set_result(ms_sock_t *s, const char *p, size_t n)
  * consumed, or 0 when it needs more. None looks at the socket beyond its buffer and rerr,
  * so the fuzz target runs them on a buffer alone. */
 
-/* Drops every CR of [p, p + n) in place; returns the new length. */
-static size_t strip_cr(char *p, size_t n)
-{
-    char *cr = memchr(p, '\r', n);
-    if (cr == NULL)
-        return n;
-    char *w = cr;
-    for (char *r = cr + 1; r < p + n; r++)
-        if (*r != '\r')
-            *w++ = *r;
-    return (size_t)(w - p);
-}
-
 static int match_line(ms_sock_t *s)
 {
     char *p = s->rbuf + s->rpos;
-    size_t avail = s->rlen - s->rpos;
-    char *lf = memchr(p + s->lscan, '\n', avail - s->lscan);
-    if (lf == NULL) {
-        s->lscan = avail;
+    size_t used;
+    long len = ms_match_line(p, s->rlen - s->rpos, &s->lscan, &used);
+    if (len < 0)
         return 0;
-    }
-    size_t n = (size_t)(lf - p);
-    set_result(s, p, strip_cr(p, n));
-    consume(s, n + 1);
+    set_result(s, p, (size_t)len);
+    consume(s, used);
     return MS_SOCK_DONE;
 }
 
@@ -341,7 +325,7 @@ static void read_partial(ms_sock_t *s)
 {
     char *p = s->rbuf ? s->rbuf + s->rpos : NULL;
     size_t avail = s->rlen - s->rpos;
-    size_t n = s->rkind == MS_SOCK_LINE && avail ? strip_cr(p, avail) : avail;
+    size_t n = s->rkind == MS_SOCK_LINE && avail ? ms_match_drop_cr(p, avail) : avail;
     set_result(s, p, n);
     if (avail)
         consume(s, avail);
@@ -1508,3 +1492,5 @@ void ms__sockets_free(ms_server_t *srv)
     srv->sockets = NULL;
     ms_mem_free(sk);
 }
+
+const ms_part_t ms__sockets_part = {.name = "client sockets", .worker_free = ms__sockets_free};

@@ -2,7 +2,7 @@
 #ifndef MS_SOCKETS_H
 #define MS_SOCKETS_H
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "client/sock.h"
 
 #define MS_SOCK_POOL_BUCKETS    64

@@ -2,15 +2,12 @@
  * listener that asks for one, then (with TLS) the handshake and ALPN; then the protocol is
  * chosen: HTTP/2 for a client with prior knowledge (it starts with the connection preface),
  * else HTTP/1.1. An HTTP/1.1 request may switch its connection to another protocol later
- * (Upgrade: h2c). This is the one file that names the protocols: a transport or a protocol
- * is added here. */
-#include "internal.h"
+ * (Upgrade: h2c). It chooses among the protocols of the table of parts (core/parts.c), where
+ * a protocol is added. */
+#include "engine/engine.h"
 
-/* Every protocol; the first is what a connection speaks unless something says otherwise. */
-static const ms_proto_t *const protos[] = {&ms__h1_proto, &ms__h2_proto};
-#define NPROTOS (sizeof(protos) / sizeof(*protos))
-#define HTTP1   protos[0]
-#define HTTP2   protos[1]
+#define HTTP1 ms__protos[0]
+#define HTTP2 ms__protos[1]
 
 /* Until it has chosen, the stage is the connection's protocol. Its state, made only when it
  * must wait for more bytes (a PROXY header or a preface split across reads), is what it
@@ -224,9 +221,9 @@ void ms__conn_accept(ms_conn_t *c)
 
 const ms_proto_t *ms__upgrade_proto(ms_req_t *r)
 {
-    for (size_t i = 0; i < NPROTOS; i++)
-        if (protos[i]->upgrade_ok != NULL && protos[i]->upgrade_ok(r))
-            return protos[i];
+    for (const ms_proto_t *const *p = ms__protos; *p != NULL; p++)
+        if ((*p)->upgrade_ok != NULL && (*p)->upgrade_ok(r))
+            return *p;
     return NULL;
 }
 
@@ -245,12 +242,12 @@ void ms__conn_switch(ms_conn_t *c, const ms_proto_t *to, ms_req_t *r, const char
 
 void ms__protos_init(ms_server_t *s)
 {
-    for (size_t i = 0; i < NPROTOS; i++)
-        protos[i]->worker_init(s);
+    for (const ms_proto_t *const *p = ms__protos; *p != NULL; p++)
+        (*p)->worker_init(s);
 }
 
 void ms__protos_free(ms_server_t *s)
 {
-    for (size_t i = 0; i < NPROTOS; i++)
-        protos[i]->worker_free(s);
+    for (const ms_proto_t *const *p = ms__protos; *p != NULL; p++)
+        (*p)->worker_free(s);
 }

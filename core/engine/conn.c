@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 
 /* -- Life -------------------------------------------------------------------------------- */
 
@@ -183,7 +183,7 @@ static inline void out_written(ms_server_t *s, ms_out_t *o)
         if (v->owner == MS_VEC_LUA)
             s->anchor_released[s->anchor_released_n++] = v->anchor;
         else if (v->owner == MS_VEC_FILE)
-            ms__sfile_unref(s, (ms_sfile_t *)v->base);
+            ((ms_file_t *)v->base)->release(s, (ms_file_t *)v->base);
     }
     o->nvecs = o->pos = o->held = 0;
     o->pos_off = o->async_bytes = 0;
@@ -239,7 +239,7 @@ int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int o
     return 0;
 }
 
-int ms__out_file(ms_server_t *s, ms_out_t *o, ms_sfile_t *f, uint64_t off, size_t len)
+int ms__out_file(ms_server_t *s, ms_out_t *o, ms_file_t *f, uint64_t off, size_t len)
 {
     if (len == 0)
         return 0;
@@ -296,7 +296,7 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
     assert(o->pos < o->nvecs);
     const ms_vec_t *v = &o->vecs[o->pos];
     assert(v->owner == MS_VEC_FILE && o->pos_off < v->len);
-    const ms_sfile_t *f = (const ms_sfile_t *)v->base;
+    const ms_file_t *f = (const ms_file_t *)v->base;
     uint64_t off = v->off + o->pos_off;
     size_t left = v->len - o->pos_off;
     if (c->io->sendfile != NULL && *budget > 0) {
@@ -348,7 +348,7 @@ static int write_file(ms_conn_t *c, ms_out_t *o, size_t *budget)
 static int has_disk_file(const ms_out_t *o)
 {
     for (uint32_t i = o->pos; i < o->nvecs; i++)
-        if (o->vecs[i].owner == MS_VEC_FILE && ((const ms_sfile_t *)o->vecs[i].base)->data == NULL)
+        if (o->vecs[i].owner == MS_VEC_FILE && ((const ms_file_t *)o->vecs[i].base)->data == NULL)
             return 1;
     return 0;
 }
@@ -373,7 +373,7 @@ static int out_write(ms_conn_t *c, ms_out_t *o)
             if (v->owner == MS_VEC_OUT) {
                 base = o->buf.base + (size_t)v->base;
             } else if (v->owner == MS_VEC_FILE) {
-                const ms_sfile_t *f = (const ms_sfile_t *)v->base;
+                const ms_file_t *f = (const ms_file_t *)v->base;
                 if (f->data == NULL)
                     break;
                 base = f->data + v->off;

@@ -4,7 +4,7 @@
 
 #include <netinet/in.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 
 /* An open-addressing table: address -> open connections. Rows with a count of zero are
  * removed at once (backward-shift deletion), so a scan never crosses tombstones. */

@@ -1,140 +1,20 @@
-/* proxy_protocol.c: who the client is behind proxies: trusted address ranges, X-Forwarded-For, and
- * the PROXY protocol (v1 text, v2 binary) on listeners that ask for it. */
+/* proxy_protocol.c: the PROXY protocol (v1 text, v2 binary) on listeners that ask for it,
+ * and the proxies trusted to speak for clients (here and in http/trusted.c). */
 #include "moonserve.h"
 
-#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
-
-/* -- Addresses ---------------------------------------------------------------------------- */
-
-/* Parses an IPv4 or IPv6 address into 16 bytes (IPv4 mapped). Returns 0 or -1. */
-static int parse_ip(const char *p, size_t n, uint8_t out[16])
-{
-    char tmp[INET6_ADDRSTRLEN + 1];
-    if (n == 0 || n >= sizeof(tmp))
-        return -1;
-    memcpy(tmp, p, n);
-    tmp[n] = 0;
-    if (inet_pton(AF_INET6, tmp, out) == 1)
-        return 0;
-    uint8_t v4[4];
-    if (inet_pton(AF_INET, tmp, v4) != 1)
-        return -1;
-    memset(out, 0, 10);
-    out[10] = out[11] = 0xff;
-    memcpy(out + 12, v4, 4);
-    return 0;
-}
-
-static int is_v4(const uint8_t a[16])
-{
-    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    return memcmp(a, prefix, 12) == 0;
-}
-
-void ms__format_ip(const uint8_t a[16], char *buf, size_t len)
-{
-    if (is_v4(a))
-        inet_ntop(AF_INET, a + 12, buf, (socklen_t)len);
-    else
-        inet_ntop(AF_INET6, a, buf, (socklen_t)len);
-}
+#include "engine/engine.h"
 
 int ms_server_trust(ms_server_t *s, const char *cidr)
 {
-    const char *slash = strchr(cidr, '/');
-    size_t n = slash ? (size_t)(slash - cidr) : strlen(cidr);
     ms_cidr_t c;
-    if (parse_ip(cidr, n, c.addr) < 0)
+    if (ms__cidr_parse(cidr, &c) < 0)
         return UV_EINVAL;
-    int max = is_v4(c.addr) ? 32 : 128;
-    long bits = max;
-    if (slash != NULL) {
-        char *end;
-        bits = strtol(slash + 1, &end, 10);
-        if (*end != 0 || end == slash + 1 || bits < 0 || bits > max)
-            return UV_EINVAL;
-    }
-    c.bits = (uint8_t)(bits + (max == 32 ? 96 : 0));
     s->trusted = ms_mem_realloc(s->trusted, (s->ntrusted + 1) * sizeof(ms_cidr_t));
     s->trusted[s->ntrusted++] = c;
     return 0;
-}
-
-int ms__trusted(const ms_server_t *s, const uint8_t a[16])
-{
-    for (uint32_t i = 0; i < s->ntrusted; i++) {
-        const ms_cidr_t *c = &s->trusted[i];
-        int full = c->bits / 8, rest = c->bits % 8;
-        if (memcmp(a, c->addr, (size_t)full) != 0)
-            continue;
-        if (rest == 0 || ((a[full] ^ c->addr[full]) & (0xff << (8 - rest))) == 0)
-            return 1;
-    }
-    return 0;
-}
-
-/* -- X-Forwarded-For ---------------------------------------------------------------------- */
-
-/* Walks one X-Forwarded-For value from the right. Returns 1 and sets `out` when it found an
- * untrusted (so: the client's) address, 0 when every entry was trusted (`out` is the
- * leftmost), -1 on an entry that is not an address (`out` untouched). */
-static int walk_xff(const ms_server_t *s, const ms_str_t *v, uint8_t out[16])
-{
-    const char *p = v->base, *end = v->base + v->len;
-    while (end > p) {
-        const char *comma = end;
-        while (comma > p && comma[-1] != ',')
-            comma--;
-        const char *a = comma, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t'))
-            a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
-            b--;
-        uint8_t ip[16];
-        if (parse_ip(a, (size_t)(b - a), ip) < 0)
-            return -1;
-        memcpy(out, ip, 16);
-        if (!ms__trusted(s, ip))
-            return 1;
-        end = comma > p ? comma - 1 : p;
-    }
-    return 0;
-}
-
-int ms_req_peer_trusted(ms_req_t *r)
-{
-    ms_conn_t *c = r->conn;
-    return c->source_known && ms__trusted(c->server, c->source);
-}
-
-int ms_req_client_ip(ms_req_t *r, char *buf, size_t len)
-{
-    ms_conn_t *c = r->conn;
-    ms_server_t *s = c->server;
-    buf[0] = 0;
-    if (!c->source_known) {
-        ms_conn_peer(c, buf, len);
-        return (int)strlen(buf);
-    }
-    uint8_t client[16];
-    memcpy(client, c->source, 16);
-    /* Only a trusted peer may say who it forwards for; its list is read from the right, the
-     * last hop first, through trusted addresses only. Repeated fields count in order. */
-    if (ms__trusted(s, client)) {
-        for (int i = r->v.nheaders - 1; i >= 0; i--) {
-            const ms_header_t *h = &r->headers[i];
-            if (h->name.len != 15 || !ms__ieq(h->name.base, "x-forwarded-for", 15))
-                continue;
-            if (walk_xff(s, &h->value, client) != 0)
-                break;
-        }
-    }
-    ms__format_ip(client, buf, len);
-    return (int)strlen(buf);
 }
 
 /* -- PROXY protocol ----------------------------------------------------------------------- */
@@ -209,7 +89,7 @@ ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known)
         (strcmp(proto, "TCP4") != 0 && strcmp(proto, "TCP6") != 0) || sport > 65535 ||
         dport > 65535)
         return MS_EBADREQ;
-    if (parse_ip(s_ip, strlen(s_ip), src) < 0 || (proto[3] == '4') != is_v4(src))
+    if (ms__parse_ip(s_ip, strlen(s_ip), src) < 0 || (proto[3] == '4') != ms__is_v4(src))
         return MS_EBADREQ;
     *known = 1;
     return (ssize_t)total;

@@ -1,4 +1,5 @@
-/* server.c: a worker's server: listeners, accepted TCP connections, logging. */
+/* server.c: a worker's server: its life (start, stop, free, going through the table of parts),
+ * and the depth guard around calls into the handler. */
 #include "moonserve.h"
 
 #include <arpa/inet.h>
@@ -11,249 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "http/accesslog.h"
-#include "process/channel.h"
-#include "internal.h"
-#include "tunnel/ws.h"
-#include "client/sock.h"
-#include "http/static/static.h"
-
-/* Accept at most this many connections per readiness event: a connect flood must not
- * starve reads on connections we already have. */
-#define MS_ACCEPT_BURST 64
-
-typedef struct ms_listener_s {
-    uv_tcp_t tcp;
-    ms_server_t *server;
-    int flags;     /* MS_LISTEN_* */
-    ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
-    struct ms_listener_s *next;
-} ms_listener_t;
-
-/* -- Logging ----------------------------------------------------------------------------- */
-
-static int log_fd = 2;
-static char *log_path;
-static int log_json;
-
-/* A JSON string's contents for the error log: '"', '\' and control characters escaped. */
-static size_t json_escape(char *w, size_t room, const char *p, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 6 < room; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (ch == '"' || ch == '\\') {
-            w[o++] = '\\';
-            w[o++] = (char)ch;
-        } else if (ch == '\n') {
-            w[o++] = '\\';
-            w[o++] = 'n';
-        } else if (ch < 0x20 || ch == 0x7f) {
-            memcpy(w + o, "\\u00", 4);
-            w[o + 4] = hex[ch >> 4];
-            w[o + 5] = hex[ch & 15];
-            o += 6;
-        } else {
-            w[o++] = (char)ch;
-        }
-    }
-    return o;
-}
-
-/* Whether the text log writes `ch` as an escape: a control byte (a message often holds what
- * a client sent, and a CR or LF in it would forge a line of its own) and the backslash (so
- * that an escape in a line can only be the log's). */
-static inline int text_escaped(unsigned char ch)
-{
-    return ch < 0x20 || ch == 0x7f || ch == '\\';
-}
-
-/* A message for the text log from its first escaped byte on: \n, \r, \t, \\ and \xHH (the
- * access log's form) for the other control bytes; bytes from 0x80 stay as they are, so UTF-8
- * text stays readable. Writes at most `room` bytes and returns how many. */
-static size_t text_escape(char *w, size_t room, const char *p, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 4 <= room; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (!text_escaped(ch)) {
-            w[o++] = (char)ch;
-            continue;
-        }
-        w[o++] = '\\';
-        switch (ch) {
-        case '\n': w[o++] = 'n'; break;
-        case '\r': w[o++] = 'r'; break;
-        case '\t': w[o++] = 't'; break;
-        case '\\': w[o++] = '\\'; break;
-        default:
-            w[o++] = 'x';
-            w[o++] = hex[ch >> 4];
-            w[o++] = hex[ch & 15];
-        }
-    }
-    return o;
-}
-
-/* One write per line, so that lines of several workers on one file never interleave:
- * "2000-10-10T13:55:36.123-07:00 moonserve[42] warn: ...", or with --log-format json
- * {"time":"...","level":"warn","pid":42,"msg":"..."}. Either way a message is one line:
- * its control bytes are escaped. */
-static void log_stderr(int level, const char *msg, size_t len)
-{
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    char line[2400], t[128];
-    ms__time_iso(t, sizeof(t));
-    int n;
-    if (log_json) {
-        n = snprintf(line, sizeof(line), "{\"time\":\"%s\",\"level\":\"%s\",\"pid\":%d,\"msg\":\"", t,
-                     names[level], (int)getpid());
-        n += (int)json_escape(line + n, sizeof(line) - (size_t)n - 3, msg, len);
-        memcpy(line + n, "\"}\n", 3);
-        n += 3;
-    } else {
-        n = snprintf(line, sizeof(line), "%s moonserve[%d] %s: ", t, (int)getpid(), names[level]);
-        /* The plain run first (most messages are all of it), then the rest escaped; a
-         * message cut short is still one line. */
-        size_t room = sizeof(line) - (size_t)n - 1, k = 0;
-        while (k < len && !text_escaped((unsigned char)msg[k]))
-            k++;
-        if (k > room)
-            k = room;
-        memcpy(line + n, msg, k);
-        n += (int)k;
-        if (k < len)
-            n += (int)text_escape(line + n, room - k, msg + k, len - k);
-        line[n++] = '\n';
-    }
-    if (n > 0 && write(log_fd, line, (size_t)n) < 0) {
-        /* nowhere left to say it */
-    }
-}
-
-void ms_log_format(int json)
-{
-    log_json = json != 0;
-}
-
-int (*ms__log_opener)(const char *path);
-
-int ms_log_open(const char *path)
-{
-    int fd = 2;
-    if (path != NULL && ms__log_opener != NULL) {
-        fd = ms__log_opener(path); /* the master's: its named log, opened as it was named */
-        if (fd < 0)
-            return fd;
-    } else if (path != NULL) {
-        char why[512];
-        fd = ms_chan_open(path, 1, why, sizeof(why)); /* (a worker's: through its master) */
-        if (fd < 0) {
-            if (why[0] != '\0')
-                ms_log(MS_LOG_ERR, "%s", why);
-            return fd;
-        }
-    }
-    if (log_fd != 2)
-        close(log_fd);
-    log_fd = fd;
-    free(log_path);
-    log_path = path ? strdup(path) : NULL;
-    return 0;
-}
-
-int ms_log_reopen(void)
-{
-    if (log_path == NULL)
-        return 0;
-    char *path = strdup(log_path);
-    int rc = ms_log_open(path);
-    free(path);
-    return rc;
-}
-
-static ms_log_fn log_fn = log_stderr;
-static int log_level = MS_LOG_INFO;
-
-void ms_log_set(ms_log_fn fn, int level)
-{
-    log_fn = fn ? fn : log_stderr;
-    log_level = level < MS_LOG_ERR ? MS_LOG_ERR : level > MS_LOG_DEBUG ? MS_LOG_DEBUG : level;
-}
-
-int ms_log_level(void)
-{
-    return log_level;
-}
-
-void ms_log(int level, const char *fmt, ...)
-{
-    /* Levels name the lines (log_stderr's table): one outside them is an error's. */
-    if (level < MS_LOG_ERR || level > MS_LOG_DEBUG)
-        level = MS_LOG_ERR;
-    if (level > log_level)
-        return;
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    log_fn(level, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
-}
-
-void ms_log_msg(int level, const char *msg, size_t len)
-{
-    if (level < MS_LOG_ERR || level > MS_LOG_DEBUG)
-        level = MS_LOG_ERR;
-    if (level > log_level)
-        return;
-    log_fn(level, msg, len < 1023 ? len : 1023); /* as ms_log's lines */
-}
-
-static void on_connection(uv_stream_t *ls, int status)
-{
-    ms_listener_t *l = (ms_listener_t *)ls;
-    ms_server_t *s = l->server;
-    if (status < 0) {
-        ms_log(MS_LOG_WARN, "accept: %s", uv_strerror(status));
-        return;
-    }
-    for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
-        ms_conn_t *c = ms__tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
-        if (c == NULL)
-            return; /* nothing more to accept now */
-        /* Caps on open connections, per worker and per source address: over them the
-         * connection is closed at once, before any byte is read. A trusted proxy's
-         * connections carry many clients and are not counted as one source; behind a PROXY
-         * header, the client it names is counted once the header is read. */
-        if (l->flags & MS_LISTEN_PROXY)
-            c->flags |= MS_CONN_PROXY;
-        if (l->flags & MS_LISTEN_REDIRECT_HTTPS)
-            c->flags |= MS_CONN_REDIRECT;
-        if (l->flags & MS_LISTEN_METRICS)
-            c->flags |= MS_CONN_METRICS;
-        if (l->tls != NULL) {
-            c->mtls = 1;
-            s->m->conns_proto[2]++;
-        }
-        if (s->stats->conns > s->limits.connections ||
-            (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
-             ms__source_add(s, c) < 0)) {
-            s->stats->refused_conns++;
-            ms__log_refusals(s);
-            ms__conn_close(c, 0);
-            continue;
-        }
-        c->io->read_start(c);
-        ms__conn_start(c);
-        if (l->tls != NULL) /* (after the caps: a refused connection costs no TLS state) */
-            ms__tls_wrap(c, l->tls, ms__tcp_extra(c));
-    }
-}
+#include "engine/engine.h"
 
 /* -- Server ------------------------------------------------------------------------------ */
 
@@ -284,151 +43,12 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
     s->https_port = 443;
     s->conns.next = s->conns.prev = &s->conns;
     ms__protos_init(s);
-    uv_timer_init(loop, &s->uv_timer); /* armed, it keeps the loop alive: a parked handler
-                                        * is work still to do */
+    for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
+        if ((*p)->worker_init != NULL)
+            (*p)->worker_init(s);
+    ms__timers_init(&s->timers, loop);
     uv_idle_init(loop, &s->wake_idle);
     return s;
-}
-
-static int parse_addr(const char *addr, struct sockaddr_storage *ss)
-{
-    char host[256];
-    const char *colon = strrchr(addr, ':');
-    if (colon == NULL)
-        return UV_EINVAL;
-    size_t hl = (size_t)(colon - addr);
-    if (hl >= sizeof(host))
-        return UV_EINVAL;
-    memcpy(host, addr, hl);
-    host[hl] = 0;
-    char *end;
-    long port = strtol(colon + 1, &end, 10);
-    if (*end != 0 || port < 0 || port > 65535 || end == colon + 1)
-        return UV_EINVAL;
-    if (hl == 0)
-        strcpy(host, "0.0.0.0");
-    if (host[0] == '[') {
-        size_t n = strlen(host);
-        if (host[n - 1] != ']')
-            return UV_EINVAL;
-        memmove(host, host + 1, n - 2);
-        host[n - 2] = 0;
-        return uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)ss);
-    }
-    if (strcmp(host, "localhost") == 0)
-        strcpy(host, "127.0.0.1");
-    return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss);
-}
-
-int ms_listen_fd(const char *addr, int backlog, int port)
-{
-    struct sockaddr_storage ss;
-    int rc = parse_addr(addr, &ss);
-    if (rc < 0)
-        return rc;
-    if (port >= 0) {
-        if (ss.ss_family == AF_INET6)
-            ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
-        else
-            ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
-    }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    socklen_t len =
-        ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    if (bind(fd, (struct sockaddr *)&ss, len) < 0 ||
-        listen(fd, backlog > 0 ? backlog : MS_LISTEN_BACKLOG) < 0) {
-        rc = -errno;
-        close(fd);
-        return rc;
-    }
-    return fd;
-}
-
-int ms_fd_port(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
-        return -errno;
-    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port);
-}
-
-int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
-{
-    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
-    l->server = s;
-    l->flags = flags;
-    l->tls = NULL;
-    uv_tcp_init(s->loop, &l->tcp);
-    int rc = uv_tcp_open(&l->tcp, fd);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, MS_LISTEN_BACKLOG, on_connection);
-    if (rc < 0) {
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
-        return rc;
-    }
-    s->listen_port = (uint32_t)ms_fd_port(fd);
-    l->next = s->listeners;
-    s->listeners = l;
-    return 0;
-}
-
-int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
-{
-    struct sockaddr_storage ss;
-    int rc = parse_addr(addr, &ss);
-    if (rc < 0)
-        return rc;
-    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
-    l->server = s;
-    l->flags = flags;
-    l->tls = NULL;
-    uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
-    uv_os_fd_t fd;
-    uv_fileno((uv_handle_t *)&l->tcp, &fd);
-    int one = 1;
-    /* Workers each listen on the same port; the kernel spreads connections among them. */
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : MS_LISTEN_BACKLOG,
-                       on_connection);
-    if (rc < 0) {
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
-        return rc;
-    }
-    struct sockaddr_storage bound;
-    int blen = sizeof(bound);
-    uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&bound, &blen);
-    s->listen_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                       : ((struct sockaddr_in *)&bound)->sin_port);
-    l->next = s->listeners;
-    s->listeners = l;
-    return 0;
-}
-
-void ms_server_https_port(ms_server_t *s, int port)
-{
-    s->https_port = (uint16_t)port;
-}
-
-int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t)
-{
-    if (s->listeners == NULL || t == NULL || !ms__tls_ready(t))
-        return UV_EINVAL;
-    s->listeners->tls = t;
-    return 0;
-}
-
-int ms_server_port(ms_server_t *s)
-{
-    return (int)s->listen_port;
 }
 
 int ms_server_stopping(ms_server_t *s)
@@ -508,45 +128,54 @@ void ms__server_conn_gone(ms_server_t *s, ms_conn_t *c)
     }
 }
 
+void ms_timer_start(ms_server_t *s, ms_timer_t *t, uint64_t ms, ms_timer_cb cb)
+{
+    ms__timers_start(&s->timers, t, ms, cb);
+}
+
+void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
+{
+    ms__timers_stop(&s->timers, t);
+}
+
 void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
 {
     s->stopping = 1;
     s->stopped = done;
-    for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
-        next = l->next;
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
-    }
-    s->listeners = NULL;
     /* Every reply from now on says "connection: close". A connection waiting for its next
      * request gets a short grace to send it (a busy keep-alive client always has one on the
      * way, and closing under it would be an error on its side); then it closes. */
     for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
         c->proto->stop(c);
-    ms__ws_stop_all(s); /* close 1001: each handler sees its socket end */
+    /* Then the parts: listeners close, WebSockets send close 1001 (each handler sees its
+     * socket end). */
+    for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
+        if ((*p)->stop != NULL)
+            (*p)->stop(s);
     ms__server_conn_gone(s, NULL);
 }
 
 void ms_server_free(ms_server_t *s)
 {
-    ms__alog_free(s); /* (its timers are in the heap freed below) */
     ms__protos_free(s); /* (HTTP/2's pending writes let go of the connections they hold) */
-    ms__sockets_free(s); /* its pooled connections close in the run below */
+    /* The parts' state: the access logs' timers are in the heap freed below, and client
+     * sockets' pooled connections close in the run below. */
+    for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
+        if ((*p)->worker_free != NULL)
+            (*p)->worker_free(s);
     ms__sources_free(s);
-    ms__tls_free(s);
     ms_mem_free(s->trusted);
     ms_mem_free(s->livez);
     ms_mem_free(s->readyz);
     ms__recycle_drain(&s->out_free, ms__out_destroy);
     ms__recycle_drain(&s->chunk_free, ms_mem_free);
-    ms__static_free(s);
     ms__wakes_free(s);
-    if (!uv_is_closing((uv_handle_t *)&s->uv_timer))
-        uv_close((uv_handle_t *)&s->uv_timer, NULL);
+    ms__timers_close(&s->timers);
     if (!uv_is_closing((uv_handle_t *)&s->wake_idle))
         uv_close((uv_handle_t *)&s->wake_idle, NULL);
     /* The uv handles live inside `s`: let the loop finish closing them first. */
     uv_run(s->loop, UV_RUN_NOWAIT);
-    ms_mem_free(s->heap);
+    ms__timers_free(&s->timers);
     ms_mem_free(s->anchor_free);
     ms_mem_free(s->anchor_released);
     ms_mem_free(s->rbuf);

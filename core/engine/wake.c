@@ -2,7 +2,7 @@
  * a slot (a timer's run, a worker hook, a light thread, a socket's connect, read or write). */
 #include "moonserve.h"
 
-#include "internal.h"
+#include "engine/engine.h"
 
 /* At most this many queued wakes are delivered at once; the rest wait for the next turn of
  * the loop (s->wake_idle), so that code that keeps waking itself (two threads passing a

@@ -1,5 +1,5 @@
 /* accesslog.c: the access log, a line per request formatted in the worker and written on
- * libuv's thread pool, and the request ids the lines carry. */
+ * libuv's thread pool. */
 #include "http/accesslog.h"
 
 #include <errno.h>
@@ -9,120 +9,9 @@
 #include <unistd.h>
 
 #include "process/channel.h"
-#include "internal.h"
-
-/* -- Times ------------------------------------------------------------------------------- */
-
-static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                   "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-
-/* The texts of the current second, made once a second: localtime_r is not cheap. The loop
- * thread alone logs, so one cache serves the process. */
-static struct {
-    time_t sec;
-    char iso[64]; /* "2000-10-10T13:55:36" */
-    char off[40]; /* "-07:00" */
-    char clf[96]; /* "10/Oct/2000:13:55:36 -0700" */
-    int iso_len, off_len, clf_len;
-} now_text = {-1, "", "", "", 0, 0, 0};
-
-static void now_texts(struct timespec *ts)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    if (ts->tv_sec == now_text.sec)
-        return;
-    struct tm tm;
-    localtime_r(&ts->tv_sec, &tm);
-    long off = tm.tm_gmtoff / 60;
-    char sign = off < 0 ? '-' : '+';
-    off = (off < 0 ? -off : off) % (100 * 60);
-    now_text.iso_len = snprintf(now_text.iso, sizeof(now_text.iso), "%04d-%02d-%02dT%02d:%02d:%02d",
-             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
-    now_text.off_len = snprintf(now_text.off, sizeof(now_text.off), "%c%02ld:%02ld", sign, off / 60, off % 60);
-    now_text.clf_len = snprintf(now_text.clf, sizeof(now_text.clf), "%02d/%s/%04d:%02d:%02d:%02d %c%02ld%02ld",
-             tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec,
-             sign, off / 60, off % 60);
-    now_text.sec = ts->tv_sec;
-}
-
-int ms__time_iso(char *buf, size_t len)
-{
-    struct timespec ts;
-    now_texts(&ts);
-    return snprintf(buf, len, "%s.%03d%s", now_text.iso, (int)(ts.tv_nsec / 1000000),
-                    now_text.off);
-}
-
-/* -- Request ids ------------------------------------------------------------------------- */
+#include "http/http.h"
 
 static const char hex[] = "0123456789abcdef";
-
-/* What an X-Request-Id may hold to be taken: what ids are made of (UUIDs, base64, dotted
- * or colon-separated parts), and nothing a log line or a header would have to escape. */
-static int id_ok(const ms_str_t *v)
-{
-    if (v->len == 0 || v->len > MS_REQ_ID_MAX)
-        return 0;
-    for (size_t i = 0; i < v->len; i++) {
-        unsigned char ch = (unsigned char)v->base[i];
-        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-              ch == '.' || ch == '_' || ch == ':' || ch == '-' || ch == '@' || ch == '/' ||
-              ch == '+' || ch == '='))
-            return 0;
-    }
-    return 1;
-}
-
-/* 64 random bits per worker start: two workers, or one started again, never share a
- * prefix in practice (a HUP starts new workers, and a new prefix with them). */
-static void draw_prefix(ms_server_t *s)
-{
-    unsigned char b[8];
-    if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
-        uint64_t x = uv_hrtime() ^ ((uint64_t)getpid() << 32);
-        memcpy(b, &x, sizeof(b));
-    }
-    for (int i = 0; i < 8; i++) {
-        s->id_prefix[2 * i] = hex[b[i] >> 4];
-        s->id_prefix[2 * i + 1] = hex[b[i] & 15];
-    }
-    s->id_prefix[16] = 0;
-}
-
-int ms_req_id(ms_req_t *r, char *buf, size_t len)
-{
-    ms_server_t *s = r->conn->server;
-    if (s->ntrusted > 0 && ms_req_peer_trusted(r)) {
-        const ms_str_t *v = ms_req_header(r, "x-request-id", 12);
-        if (v != NULL && id_ok(v) && v->len < len) {
-            memcpy(buf, v->base, v->len);
-            buf[v->len] = 0;
-            return (int)v->len;
-        }
-    }
-    if (len < 25)
-        return 0;
-    if (MS_UNLIKELY(s->id_prefix[0] == 0))
-        draw_prefix(s);
-    memcpy(buf, s->id_prefix, 16);
-    uint32_t n = r->v.id;
-    for (int i = 7; i >= 0; i--, n >>= 4)
-        buf[16 + i] = hex[n & 15];
-    buf[24] = 0;
-    return 24;
-}
-
-void ms__req_id_header(ms_req_t *r)
-{
-    char id[MS_REQ_ID_MAX + 1];
-    int n = ms_req_id(r, id, sizeof(id));
-    ms_reply_header(r, "x-request-id", 12, id, (size_t)n);
-}
-
-void ms_server_request_id_header(ms_server_t *s, int on)
-{
-    s->id_header = on != 0;
-}
 
 /* -- Formats ----------------------------------------------------------------------------- */
 
@@ -183,6 +72,12 @@ typedef struct ms_alog_s {
     uint8_t wants_client, wants_id, wants_fields; /* what the template shows */
     uint64_t dropped, dropped_told;
 } ms_alog_t;
+
+/* A worker's access logs, by id; made when the first is added (ms_server_t.alogs). */
+struct ms_alogs_s {
+    ms_alog_t *log[MS_ALOG_MAX];
+    uint8_t dflt; /* the default log's id + 1; 0: none */
+};
 
 static const char combined[] =
     "$client - - [$time_local] \"$request\" $status $bytes_out \"$referer\" \"$user_agent\"";
@@ -359,6 +254,7 @@ static char *put_ms(char *w, char *end, uint64_t us)
  * duration, fields looked up) are made by the formats that show them. */
 typedef struct facts_s {
     struct timespec ts;
+    const ms_now_text_t *now; /* the local time's texts of ts's second */
     char client[64];
     int client_len;
     char id[MS_REQ_ID_MAX + 1];
@@ -400,7 +296,7 @@ static void fields_of(ms_req_t *r, facts_t *f)
 
 static void gather_facts(ms_req_t *r, facts_t *f)
 {
-    now_texts(&f->ts);
+    f->now = ms__now_texts(&f->ts);
     f->status = r->refused ? r->refused : r->v.status;
     f->in = (r->head.len ? r->head.len : r->head_in) + r->body_seen;
     f->out = r->bytes_out;
@@ -430,7 +326,7 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, f
         switch (p->field) {
         case F_TEXT: w = put_raw(w, end, l->text + p->off, p->len); break;
         case F_TIME:
-            w = put_raw(w, end, now_text.iso, (size_t)now_text.iso_len);
+            w = put_raw(w, end, f->now->iso, (size_t)f->now->iso_len);
             if (end - w > 4) {
                 int ms = (int)(f->ts.tv_nsec / 1000000);
                 *w++ = '.';
@@ -438,9 +334,11 @@ static char *put_template(const ms_alog_t *l, char *w, char *end, ms_req_t *r, f
                 *w++ = (char)('0' + ms / 10 % 10);
                 *w++ = (char)('0' + ms % 10);
             }
-            w = put_raw(w, end, now_text.off, (size_t)now_text.off_len);
+            w = put_raw(w, end, f->now->off, (size_t)f->now->off_len);
             break;
-        case F_TIME_LOCAL: w = put_raw(w, end, now_text.clf, (size_t)now_text.clf_len); break;
+        case F_TIME_LOCAL:
+            w = put_raw(w, end, f->now->clf, (size_t)f->now->clf_len);
+            break;
         case F_CLIENT: w = put_field(w, end, f->client, (size_t)f->client_len); break;
         case F_METHOD: w = put_field(w, end, r->v.method.base, r->v.method.len); break;
         case F_TARGET: w = put_field(w, end, r->v.target.base, r->v.target.len); break;
@@ -494,8 +392,8 @@ static char *put_json_line(char *w, char *end, ms_req_t *r, facts_t *f)
     fields_of(r, f);
     f->us = micros(r);
     char t[128];
-    int tn = snprintf(t, sizeof(t), "%s.%03d%s", now_text.iso, (int)(f->ts.tv_nsec / 1000000),
-                      now_text.off);
+    int tn = snprintf(t, sizeof(t), "%s.%03d%s", f->now->iso, (int)(f->ts.tv_nsec / 1000000),
+                      f->now->off);
     w = put_jstr(w, end, "{\"time\":", t, (size_t)tn, 0);
     w = put_jstr(w, end, ",\"client\":", f->client, (size_t)f->client_len, 0);
     w = put_jstr(w, end, ",\"method\":", r->v.method.base, r->v.method.len, 0);
@@ -615,10 +513,10 @@ void ms__alog_req(ms_req_t *r)
     if (r->logged)
         return;
     r->logged = 1;
-    int id = r->alog == 0 ? (int)s->alog_default - 1 : r->alog - 1;
-    if (id < 0 || id >= MS_ALOG_MAX || s->alogs[id] == NULL)
+    int id = r->alog == 0 ? (int)s->alogs->dflt - 1 : r->alog - 1;
+    if (id < 0 || id >= MS_ALOG_MAX || s->alogs->log[id] == NULL)
         return;
-    ms_alog_t *l = s->alogs[id];
+    ms_alog_t *l = s->alogs->log[id];
     if (MS_ALOG_BUF - l->glen < MS_ALOG_LINE_MAX) {
         l->dropped++;
         if (!l->dropping)
@@ -660,11 +558,11 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
 {
     *why = NULL;
     if (s->alogs == NULL) {
-        s->alogs = ms_mem_alloc(sizeof(*s->alogs) * MS_ALOG_MAX);
-        memset(s->alogs, 0, sizeof(*s->alogs) * MS_ALOG_MAX);
+        s->alogs = ms_mem_alloc(sizeof(*s->alogs));
+        memset(s->alogs, 0, sizeof(*s->alogs));
     }
     int id = 0;
-    while (id < MS_ALOG_MAX && s->alogs[id] != NULL)
+    while (id < MS_ALOG_MAX && s->alogs->log[id] != NULL)
         id++;
     if (id == MS_ALOG_MAX) {
         *why = "too many access logs";
@@ -707,21 +605,20 @@ int ms_server_access_log(ms_server_t *s, const char *path, const char *format, c
     }
     l->gather = ms_mem_alloc(MS_ALOG_BUF);
     l->flight = ms_mem_alloc(MS_ALOG_BUF);
-    s->alogs[id] = l;
-    s->alog_any = 1;
+    s->alogs->log[id] = l;
     return id;
 }
 
 void ms_server_access_default(ms_server_t *s, int id)
 {
-    s->alog_default = id >= 0 && id < MS_ALOG_MAX && s->alogs && s->alogs[id] ? (uint8_t)(id + 1)
-                                                                               : 0;
+    if (s->alogs != NULL)
+        s->alogs->dflt = id >= 0 && id < MS_ALOG_MAX && s->alogs->log[id] ? (uint8_t)(id + 1) : 0;
 }
 
 void ms_server_access_reopen(ms_server_t *s)
 {
     for (int i = 0; s->alogs != NULL && i < MS_ALOG_MAX; i++) {
-        ms_alog_t *l = s->alogs[i];
+        ms_alog_t *l = s->alogs->log[i];
         if (l == NULL || l->path == NULL)
             continue;
         if (l->writing)
@@ -733,15 +630,15 @@ void ms_server_access_reopen(ms_server_t *s)
 
 uint64_t ms_server_access_dropped(ms_server_t *s, int id)
 {
-    if (s->alogs == NULL || id < 0 || id >= MS_ALOG_MAX || s->alogs[id] == NULL)
+    if (s->alogs == NULL || id < 0 || id >= MS_ALOG_MAX || s->alogs->log[id] == NULL)
         return 0;
-    return s->alogs[id]->dropped;
+    return s->alogs->log[id]->dropped;
 }
 
 int ms_server_access_busy(ms_server_t *s)
 {
     for (int i = 0; s->alogs != NULL && i < MS_ALOG_MAX; i++)
-        if (s->alogs[i] != NULL && s->alogs[i]->writing)
+        if (s->alogs->log[i] != NULL && s->alogs->log[i]->writing)
             return 1;
     return 0;
 }
@@ -765,7 +662,7 @@ void ms__alog_free(ms_server_t *s)
     if (s->alogs == NULL)
         return;
     for (int i = 0; i < MS_ALOG_MAX; i++) {
-        ms_alog_t *l = s->alogs[i];
+        ms_alog_t *l = s->alogs->log[i];
         if (l == NULL)
             continue;
         while (l->writing) /* its uv_fs_t lives in `l` */
@@ -784,5 +681,6 @@ void ms__alog_free(ms_server_t *s)
     }
     ms_mem_free(s->alogs);
     s->alogs = NULL;
-    s->alog_any = 0;
 }
+
+const ms_part_t ms__alog_part = {.name = "access log", .worker_free = ms__alog_free};

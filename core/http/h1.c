@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 typedef struct ms_h1_s ms_h1_t;
 
@@ -356,12 +356,17 @@ static const llhttp_settings_t h1_settings = {
     .on_message_complete = on_message_complete,
 };
 
+/* HTTP/1.1's own per worker: connection states kept for reuse while their connections idle. */
+struct ms_h1_worker_s {
+    ms_recycle_t free;
+};
+
 /* -- State ------------------------------------------------------------------------------- */
 
 static ms_h1_t *h1_get(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
-    ms_h1_t *h = ms__recycle_get(&s->h1_free);
+    ms_h1_t *h = ms__recycle_get(&s->h1->free);
     if (h == NULL) {
         h = ms_mem_alloc(sizeof(*h));
         memset(h, 0, sizeof(*h));
@@ -409,7 +414,7 @@ static void h1_free(ms_server_t *s, void *pstate)
         h->req.body.base = NULL;
         h->req.body.cap = 0;
     }
-    if (!ms__recycle_put(&s->h1_free, h))
+    if (!ms__recycle_put(&s->h1->free, h))
         h1_destroy(h);
 }
 
@@ -1101,15 +1106,19 @@ static void h1_tunnel_read(ms_req_t *r, int on)
 
 static void h1_worker_init(ms_server_t *s)
 {
-    (void)s;
+    s->h1 = ms_mem_alloc(sizeof(*s->h1));
+    memset(s->h1, 0, sizeof(*s->h1));
 }
 
 static void h1_worker_free(ms_server_t *s)
 {
-    ms__recycle_drain(&s->h1_free, h1_destroy);
+    ms__recycle_drain(&s->h1->free, h1_destroy);
+    ms_mem_free(s->h1);
+    s->h1 = NULL;
 }
 
 const ms_proto_t ms__h1_proto = {
+    .counted_as = 1,
     .name = "http/1.1",
     .read_buf = h1_read_buf,
     .feed = h1_feed,

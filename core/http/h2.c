@@ -6,7 +6,7 @@
 #include <nghttp2/nghttp2.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 /* What a server advertises, and what a connection may do before it is told to go away. */
 #define H2_MAX_STREAMS       100
@@ -117,11 +117,22 @@ static ms_stream_t *stream_of(ms_req_t *r)
 
 /* -- Streams -------------------------------------------------------------------------------- */
 
+/* HTTP/2's own per worker: recycled streams, and the connections replied to outside a read,
+ * whose frames are written once a turn of the loop. */
+typedef struct ms_h2_worker_s {
+    ms_recycle_t stream_free;
+    uv_prepare_t turn; /* writes the connections in `pending` */
+    uv_idle_t again;   /* keeps the next poll from blocking while `turn` has work that its
+                        * own run made (a handler woken by a write) */
+    ms_conn_t *pending;
+    int open_handles;  /* while the worker's state is being freed */
+} ms_h2_worker_t;
+
 /* A stream from the worker's recycle list (with its pool's first chunk and its body buffer)
  * or a new one. */
 static ms_stream_t *stream_new(ms_h2_t *h2, int32_t id)
 {
-    ms_stream_t *st = ms__recycle_get(&h2->conn->server->stream_free);
+    ms_stream_t *st = ms__recycle_get(&h2->conn->server->h2->stream_free);
     if (st == NULL) {
         st = ms_mem_alloc(sizeof(*st));
         memset(st, 0, sizeof(*st));
@@ -178,7 +189,7 @@ static void stream_free(ms_stream_t *st)
         }
         ms__out_release(s, st->out);
     }
-    if (!ms__recycle_put(&s->stream_free, st))
+    if (!ms__recycle_put(&s->h2->stream_free, st))
         stream_destroy(st);
 }
 
@@ -403,7 +414,7 @@ static int data_send(nghttp2_session *ng, nghttp2_frame *frame, const uint8_t *f
         int whole_rest = off + take == v->len;
         switch (v->owner) {
         case MS_VEC_OUT: ms__out_text(s, o, so->buf.base + (size_t)v->base + off, take); break;
-        case MS_VEC_FILE: ms__out_file(s, o, (ms_sfile_t *)v->base, v->off + off, take); break;
+        case MS_VEC_FILE: ms__out_file(s, o, (ms_file_t *)v->base, v->off + off, take); break;
         case MS_VEC_LUA:
             if (whole_rest) {
                 ms__out_vec(s, o, v->base + off, take, MS_VEC_LUA, v->anchor);
@@ -525,9 +536,9 @@ static void poll_once(uv_idle_t *idle)
 
 static void write_pending(uv_prepare_t *p)
 {
-    ms_server_t *s = container_of(p, ms_server_t, h2_turn);
-    ms_conn_t *c = s->h2_pending;
-    s->h2_pending = NULL;
+    ms_h2_worker_t *w = container_of(p, ms_h2_worker_t, turn);
+    ms_conn_t *c = w->pending;
+    w->pending = NULL;
     uv_prepare_stop(p);
     while (c != NULL) {
         ms_h2_t *h2 = h2_of(c);
@@ -546,8 +557,8 @@ static void write_pending(uv_prepare_t *p)
     /* A handler woken here (its write went out at once) may have replied again: that waits
      * for the next turn, which must come without waiting for an event (a prepare handle
      * does not shorten the poll; an idle one does). */
-    if (s->h2_pending != NULL)
-        uv_idle_start(&s->h2_again, poll_once);
+    if (w->pending != NULL)
+        uv_idle_start(&w->again, poll_once);
 }
 
 static void h2_flush_soon(ms_conn_t *c)
@@ -558,9 +569,9 @@ static void h2_flush_soon(ms_conn_t *c)
         return;
     h2->flush_pending = 1;
     ms__conn_hold(c); /* the list's */
-    h2->next_pending = s->h2_pending;
-    s->h2_pending = c;
-    uv_prepare_start(&s->h2_turn, write_pending);
+    h2->next_pending = s->h2->pending;
+    s->h2->pending = c;
+    uv_prepare_start(&s->h2->turn, write_pending);
 }
 
 static void h2_fail(ms_req_t *r)
@@ -1604,24 +1615,37 @@ static void h2_tunnel_read(ms_req_t *r, int on)
 
 static void h2_worker_init(ms_server_t *s)
 {
-    uv_prepare_init(s->loop, &s->h2_turn);
-    uv_unref((uv_handle_t *)&s->h2_turn);
-    uv_idle_init(s->loop, &s->h2_again);
-    uv_unref((uv_handle_t *)&s->h2_again);
+    ms_h2_worker_t *w = ms_mem_alloc(sizeof(*w));
+    memset(w, 0, sizeof(*w));
+    uv_prepare_init(s->loop, &w->turn);
+    uv_unref((uv_handle_t *)&w->turn);
+    uv_idle_init(s->loop, &w->again);
+    uv_unref((uv_handle_t *)&w->again);
+    s->h2 = w;
+}
+
+/* The state goes once the loop has closed both of its handles. */
+static void worker_handle_closed(uv_handle_t *h)
+{
+    ms_h2_worker_t *w = h->data;
+    if (--w->open_handles == 0)
+        ms_mem_free(w);
 }
 
 static void h2_worker_free(ms_server_t *s)
 {
-    if (s->h2_pending != NULL)
-        write_pending(&s->h2_turn); /* lets go of the connections it holds */
-    ms__recycle_drain(&s->stream_free, stream_destroy);
-    if (!uv_is_closing((uv_handle_t *)&s->h2_turn))
-        uv_close((uv_handle_t *)&s->h2_turn, NULL);
-    if (!uv_is_closing((uv_handle_t *)&s->h2_again))
-        uv_close((uv_handle_t *)&s->h2_again, NULL);
+    ms_h2_worker_t *w = s->h2;
+    if (w->pending != NULL)
+        write_pending(&w->turn); /* lets go of the connections it holds */
+    ms__recycle_drain(&w->stream_free, stream_destroy);
+    w->open_handles = 2;
+    w->turn.data = w->again.data = w;
+    uv_close((uv_handle_t *)&w->turn, worker_handle_closed);
+    uv_close((uv_handle_t *)&w->again, worker_handle_closed);
+    s->h2 = NULL;
 }
-
 const ms_proto_t ms__h2_proto = {
+    .counted_as = 2,
     .name = "h2",
     .feed = h2_feed,
     .eof = h2_eof,

@@ -1,10 +1,12 @@
-/* req.c: what a handler does with a request: fields, body, waits, reply, finish. */
+/* req.c: what a handler does with a request: fields, body, waits, reply, finish; and the
+ * request's id. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "moonserve.h"
 
 #include "http/accesslog.h"
-#include "internal.h"
+#include "http/http.h"
 
 /* -- Dispatch and refusal, the same for every protocol ------------------------------------ */
 
@@ -91,7 +93,7 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
         ms__log_refusals(s);
     }
     r->refused = (uint16_t)status;
-    if (MS_UNLIKELY(s->alog_any) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
+    if (MS_UNLIKELY(s->alogs != NULL) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
         /* No handler will finish it: its line is now, with the body the refusal carries. */
         char body[64];
         if (!(r->v.flags & MS_REQ_HEAD_SENT))
@@ -202,7 +204,7 @@ void ms__req_dispatch(ms_req_t *r)
     s->stats->requests++;
     c->requests++;
     r->v.flags |= MS_REQ_IN_HANDLER;
-    if (MS_UNLIKELY(s->alog_any | s->metrics_on))
+    if (MS_UNLIKELY((s->alogs != NULL) | s->metrics_on))
         r->t0 = uv_hrtime();
     if (MS_UNLIKELY(c->flags & MS_CONN_METRICS))
         r->v.flags |= MS_REQ_METRICS;
@@ -657,7 +659,7 @@ int ms_reply_piece(ms_req_t *r, const char *p, size_t len, int owner, int32_t an
 }
 
 /* A piece of a chain that is a static file's bytes: sent with sendfile, or from memory. */
-int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len)
+int ms__reply_file(ms_req_t *r, ms_file_t *f, uint64_t off, uint64_t len)
 {
     ms_conn_t *c = r->conn;
     if (!(r->v.flags & MS_REQ_HEAD_SENT) || (r->v.flags & MS_REQ_DONE))
@@ -802,7 +804,7 @@ void ms_req_finish(ms_req_t *r)
     r->body.len = 0;
     r->body_wait_timed = 0;
     ms_timer_stop(c->server, &r->timer);
-    if (MS_UNLIKELY(c->server->alog_any))
+    if (MS_UNLIKELY(c->server->alogs != NULL))
         ms__alog_req(r);
     if (MS_UNLIKELY(c->server->metrics_on))
         ms__metrics_req(r);
@@ -926,4 +928,75 @@ int ms_req_wait_drain(ms_req_t *r, int all)
     assert(r->v.wait == MS_WAIT_NONE && (r->v.flags & MS_REQ_IN_HANDLER));
     r->v.wait = MS_WAIT_DRAIN;
     return 0;
+}
+
+/* -- Request ids ------------------------------------------------------------------------- */
+
+static const char hex[] = "0123456789abcdef";
+
+/* What an X-Request-Id may hold to be taken: what ids are made of (UUIDs, base64, dotted
+ * or colon-separated parts), and nothing a log line or a header would have to escape. */
+static int id_ok(const ms_str_t *v)
+{
+    if (v->len == 0 || v->len > MS_REQ_ID_MAX)
+        return 0;
+    for (size_t i = 0; i < v->len; i++) {
+        unsigned char ch = (unsigned char)v->base[i];
+        if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '-' || ch == '@' || ch == '/' ||
+              ch == '+' || ch == '='))
+            return 0;
+    }
+    return 1;
+}
+
+/* 64 random bits per worker start: two workers, or one started again, never share a
+ * prefix in practice (a HUP starts new workers, and a new prefix with them). */
+static void draw_prefix(ms_server_t *s)
+{
+    unsigned char b[8];
+    if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
+        uint64_t x = uv_hrtime() ^ ((uint64_t)getpid() << 32);
+        memcpy(b, &x, sizeof(b));
+    }
+    for (int i = 0; i < 8; i++) {
+        s->id_prefix[2 * i] = hex[b[i] >> 4];
+        s->id_prefix[2 * i + 1] = hex[b[i] & 15];
+    }
+    s->id_prefix[16] = 0;
+}
+
+int ms_req_id(ms_req_t *r, char *buf, size_t len)
+{
+    ms_server_t *s = r->conn->server;
+    if (s->ntrusted > 0 && ms_req_peer_trusted(r)) {
+        const ms_str_t *v = ms_req_header(r, "x-request-id", 12);
+        if (v != NULL && id_ok(v) && v->len < len) {
+            memcpy(buf, v->base, v->len);
+            buf[v->len] = 0;
+            return (int)v->len;
+        }
+    }
+    if (len < 25)
+        return 0;
+    if (MS_UNLIKELY(s->id_prefix[0] == 0))
+        draw_prefix(s);
+    memcpy(buf, s->id_prefix, 16);
+    uint32_t n = r->v.id;
+    for (int i = 7; i >= 0; i--, n >>= 4)
+        buf[16 + i] = hex[n & 15];
+    buf[24] = 0;
+    return 24;
+}
+
+void ms__req_id_header(ms_req_t *r)
+{
+    char id[MS_REQ_ID_MAX + 1];
+    int n = ms_req_id(r, id, sizeof(id));
+    ms_reply_header(r, "x-request-id", 12, id, (size_t)n);
+}
+
+void ms_server_request_id_header(ms_server_t *s, int on)
+{
+    s->id_header = on != 0;
 }

@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "process/channel.h"
-#include "internal.h"
+#include "base/util.h"
+#include "process/log_file.h"
 #include "process/metrics.h"
 #include "process/shdict.h"
 #include "process/tickets.h"

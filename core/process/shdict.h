@@ -11,7 +11,7 @@
 typedef struct ms_shdict_s ms_shdict_t;
 
 /* The API is exported from the core's module: Lua calls it through the FFI
- * (lua/moonserve/shared.lua), as it does the ms_ffi_* functions. */
+ * (lua/moonserve/host/core/shared.lua), as it does the ms_ffi_* functions. */
 #define MS_SHDICT_API __attribute__((visibility("default")))
 
 /* The smallest and largest zone. Offsets inside a zone are 32 bits. */

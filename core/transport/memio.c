@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 
 static ms_memio_t *memio_of(ms_conn_t *c)
 {

@@ -1,12 +1,13 @@
-/* tcp.c: the plain TCP transport (ms_io_t) on a libuv stream: gathered writes, sendfile,
- * cork, and a graceful close that sends FIN after the last reply. */
+/* tcp.c: TCP listeners, and the plain TCP transport (ms_io_t) on a libuv stream: gathered
+ * writes, sendfile, cork, and a graceful close that sends FIN after the last reply. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 
 /* The transport's part of a TCP connection, right after its ms_conn_t. */
 typedef struct ms_tcp_s {
@@ -195,12 +196,12 @@ static const ms_io_t tcp_io = {
 /* The bytes of the transport's own part, where a stacked transport's extra bytes begin. */
 #define TCP_OWN ((sizeof(ms_tcp_t) + 15) & ~(size_t)15)
 
-void *ms__tcp_extra(ms_conn_t *c)
+static void *tcp_extra(ms_conn_t *c)
 {
     return (char *)tcp_of(c) + TCP_OWN;
 }
 
-ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
+static ms_conn_t *tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
 {
     ms_conn_t *c = ms_conn_new(s, &tcp_io, TCP_OWN + extra);
     ms_tcp_t *t = tcp_of(c);
@@ -222,3 +223,142 @@ ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
     uv_tcp_nodelay(&t->tcp, 1);
     return c;
 }
+
+/* -- Listeners ------------------------------------------------------------------------------ */
+
+/* Accept at most this many connections per readiness event: a connect flood must not
+ * starve reads on connections we already have. */
+#define MS_ACCEPT_BURST 64
+
+typedef struct ms_listener_s {
+    uv_tcp_t tcp;
+    ms_server_t *server;
+    int flags;     /* MS_LISTEN_* */
+    ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
+    struct ms_listener_s *next;
+} ms_listener_t;
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+    ms_listener_t *l = (ms_listener_t *)ls;
+    ms_server_t *s = l->server;
+    if (status < 0) {
+        ms_log(MS_LOG_WARN, "accept: %s", uv_strerror(status));
+        return;
+    }
+    for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
+        ms_conn_t *c = tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
+        if (c == NULL)
+            return; /* nothing more to accept now */
+        /* Caps on open connections, per worker and per source address: over them the
+         * connection is closed at once, before any byte is read. A trusted proxy's
+         * connections carry many clients and are not counted as one source; behind a PROXY
+         * header, the client it names is counted once the header is read. */
+        if (l->flags & MS_LISTEN_PROXY)
+            c->flags |= MS_CONN_PROXY;
+        if (l->flags & MS_LISTEN_REDIRECT_HTTPS)
+            c->flags |= MS_CONN_REDIRECT;
+        if (l->flags & MS_LISTEN_METRICS)
+            c->flags |= MS_CONN_METRICS;
+        if (l->tls != NULL) {
+            c->mtls = 1;
+            s->m->conns_proto[2]++;
+        }
+        if (s->stats->conns > s->limits.connections ||
+            (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&
+             ms__source_add(s, c) < 0)) {
+            s->stats->refused_conns++;
+            ms__log_refusals(s);
+            ms__conn_close(c, 0);
+            continue;
+        }
+        c->io->read_start(c);
+        ms__conn_start(c);
+        if (l->tls != NULL) /* (after the caps: a refused connection costs no TLS state) */
+            ms__tls_wrap(c, l->tls, tcp_extra(c));
+    }
+}
+
+int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
+{
+    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
+    l->server = s;
+    l->flags = flags;
+    l->tls = NULL;
+    uv_tcp_init(s->loop, &l->tcp);
+    int rc = uv_tcp_open(&l->tcp, fd);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&l->tcp, MS_LISTEN_BACKLOG, on_connection);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+        return rc;
+    }
+    s->listen_port = (uint32_t)ms_fd_port(fd);
+    l->next = s->listeners;
+    s->listeners = l;
+    return 0;
+}
+
+int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
+{
+    struct sockaddr_storage ss;
+    int rc = ms__parse_addr(addr, &ss);
+    if (rc < 0)
+        return rc;
+    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
+    l->server = s;
+    l->flags = flags;
+    l->tls = NULL;
+    uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
+    uv_os_fd_t fd;
+    uv_fileno((uv_handle_t *)&l->tcp, &fd);
+    int one = 1;
+    /* Workers each listen on the same port; the kernel spreads connections among them. */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : MS_LISTEN_BACKLOG,
+                       on_connection);
+    if (rc < 0) {
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+        return rc;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&bound, &blen);
+    s->listen_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                       : ((struct sockaddr_in *)&bound)->sin_port);
+    l->next = s->listeners;
+    s->listeners = l;
+    return 0;
+}
+
+void ms_server_https_port(ms_server_t *s, int port)
+{
+    s->https_port = (uint16_t)port;
+}
+
+int ms_server_listen_tls(ms_server_t *s, ms_tls_t *t)
+{
+    if (s->listeners == NULL || t == NULL || !ms__tls_ready(t))
+        return UV_EINVAL;
+    s->listeners->tls = t;
+    return 0;
+}
+
+int ms_server_port(ms_server_t *s)
+{
+    return (int)s->listen_port;
+}
+
+/* The server stops: its listeners close (ms_server_stop). */
+static void listeners_close(ms_server_t *s)
+{
+    for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
+        next = l->next;
+        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+    }
+    s->listeners = NULL;
+}
+
+const ms_part_t ms__tcp_part = {.name = "tcp", .stop = listeners_close};

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "process/tickets.h"
 
 /* Ciphertext read at once, into the worker's buffer. */
@@ -1457,7 +1457,7 @@ ms_tls_t *ms_tls_new(ms_server_t *s, const ms_tls_opts_t *o, char *err, size_t e
     return t;
 }
 
-void ms__tls_free(ms_server_t *s)
+static void tls_free(ms_server_t *s)
 {
     ms_tls_worker_t *w = s->tls;
     if (w == NULL)
@@ -1678,3 +1678,5 @@ int ms_tls_staple(ms_tls_t *t, const char *cert, size_t cert_len, const char *de
     X509_free(leaf);
     return rc;
 }
+
+const ms_part_t ms__tls_part = {.name = "tls", .worker_free = tls_free};

@@ -1,7 +1,7 @@
 /* rawsock.c: a raw socket on a request's tunnel (ms_raw_t): bytes in, bytes out. */
 #include "tunnel/rawsock.h"
 #include <string.h>
-#include "internal.h"
+#include "http/http.h"
 
 struct ms_raw_s {
     ms_tunnel_t tunnel;

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 /* -- The opening handshake --------------------------------------------------------------- */
 
@@ -927,6 +927,9 @@ static void on_timer(ms_timer_t *t)
 
 /* -- The connection, once the socket has it --------------------------------------------- */
 
+/* The protocol of a WebSocket that took its HTTP/1.1 connection over (below). */
+extern const ms_proto_t ms__ws_proto;
+
 static void ws_handover(ms_tunnel_t *t, ms_conn_t *c, const char *rest, size_t n)
 {
     ms_ws_t *ws = t->data;
@@ -1263,3 +1266,5 @@ void ms__ws_stop_all(ms_server_t *s)
         wake(ws);
     }
 }
+
+const ms_part_t ms__ws_part = {.name = "websocket", .stop = ms__ws_stop_all};

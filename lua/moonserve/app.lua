@@ -1,6 +1,6 @@
 --- moonserve/app.lua: an application: routes, middleware, groups, sites and mounted apps,
 -- and how a request goes through them.
--- It reaches whatever serves it only through moonserve/host.lua (and the request and reply
+-- It reaches whatever serves it only through moonserve/host/init.lua (and the request and reply
 -- objects the host hands to app:handle), so that defining an app loads no part of the core.
 --
 -- `App`: An application (moonserve.app()) or a site (app:site(host)): its routes, middleware,
@@ -20,6 +20,21 @@ local App = {}
 App.__index = App
 
 local _M = { methods = App }
+
+-- What app:ngx_content and the ngx hooks need of OpenResty's `ngx` API, which the framework
+-- has not: the ngx layer (moonserve/ngx/init.lua, OpenResty's API over the core's host) fills
+-- it when required, with phases(hooks, statics), what a request meets of the hooks. Inside
+-- nginx its own ngx serves app:ngx_content, and the hooks belong to nginx.conf.
+local ngx_layer
+
+--- Installs the ngx layer's part of the framework (moonserve/ngx/init.lua calls it).
+-- @local
+function _M.use_ngx(layer)
+    ngx_layer = layer
+end
+
+local NGX_MISSING = " runs OpenResty code, which needs the ngx layer: require \"moonserve.ngx\" "
+    .. "before the app's routes"
 
 local METHODS = { "get", "post", "put", "patch", "delete", "options", "head" }
 
@@ -142,7 +157,7 @@ local function phases_of(app)
     if not any and not statics then
         return false
     end
-    return require("moonserve.ngx.phases").new(hooks, statics)
+    return ngx_layer.phases(hooks, statics)
 end
 
 -- What a request through `app` needs of the settings a site inherits, looked up once (at
@@ -383,14 +398,16 @@ for _, m in ipairs(METHODS) do
 end
 
 --- A route whose handler is OpenResty code, as content_by_lua runs it: fn() takes no
--- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx.lua),
+-- arguments, answers with ngx.say, ngx.exit and the rest of the ngx API (moonserve/ngx/init.lua),
 -- and what it returns is ignored. Like an nginx location, every method reaches it (HEAD
 -- through GET). opts as a route's.
 function App:ngx_content(path, fn, opts)
     if type(fn) ~= "function" then
         error("bad handler for ngx_content " .. tostring(path) .. " (function expected)", 2)
     end
-    require "moonserve.ngx"
+    if not ngx_layer and not the_host.under_nginx() then
+        error("app:ngx_content" .. NGX_MISSING, 2)
+    end
     local function content(_, res)
         res:_ngx_begin() -- the reply is the ngx code's from here
         fn()
@@ -417,7 +434,9 @@ local function ngx_hook(self, phase, name, fn)
         error(name .. ": inside nginx, give nginx.conf's " .. phase .. "_by_lua_block the hook",
             3)
     end
-    require "moonserve.ngx"
+    if not ngx_layer then
+        error(name .. NGX_MISSING, 3)
+    end
     local hooks = rawget(self, "ngx_hooks") or {}
     self.ngx_hooks = hooks
     local list = hooks[phase] or {}
@@ -466,7 +485,7 @@ end
 -- which may refuse it as it would any request. Instead of fn, a table of callbacks
 -- { open = fn(ws, req), message = fn(ws, data, kind), close = fn(ws, code, reason) } (each
 -- optional): such a socket parks no coroutine between messages. opts: see
--- moonserve/websocket.lua (compile) and docs/API.md. The handshake does its own origin
+-- moonserve/host/core/websocket.lua (compile) and docs/API.md. The handshake does its own origin
 -- check, so the route's is off.
 function App:websocket(path, fn, opts)
     if type(path) ~= "string" then
@@ -483,7 +502,7 @@ function App:websocket(path, fn, opts)
         error("bad handler for websocket " .. path .. " (function or table of callbacks "
             .. "expected)", 2)
     end
-    local websocket = require "moonserve.websocket"
+    local websocket = the_host.module("websocket")
     local o = websocket.compile(opts, path, 2)
     local serve = websocket.serve
     local function handler(req, res)
@@ -496,11 +515,11 @@ function App:websocket(path, fn, opts)
 end
 
 --- A channel that carries WebSocket messages to the subscribers of every worker
--- (moonserve/channel.lua): ch:subscribe(ws), ch:publish(data[, "binary"]). It keeps its ring
+-- (moonserve/host/core/channel.lua): ch:subscribe(ws), ch:publish(data[, "binary"]). It keeps its ring
 -- in a shared dictionary of its own, declared here. opts: history, size, poll, hole_wait,
 -- max_message_bytes.
 function App:channel(name, opts)
-    return require("moonserve.channel").declare(self, name, opts, 2)
+    return the_host.module("channel").declare(self, name, opts, 2)
 end
 
 --- Adds middleware: function(req, res, next). It answers, or calls next() to pass on (and
@@ -844,7 +863,7 @@ function App:static(prefix, dir, opts)
     end
     if opts.live_reload and not self.live_route then
         self.live_route = true
-        self:get("/.moonserve/live", require("moonserve.live").stream)
+        self:get("/.moonserve/live", the_host.module("live").stream)
     end
     return self
 end
@@ -1117,7 +1136,7 @@ function _M.reply_with(res, status, body, headers)
     return res:send(body)
 end
 
--- Serves the app (moonserve/server.lua: run, for the core).
+-- Serves the app (moonserve/host/core/runner.lua: run, for the core).
 -- -- Worker hooks -----------------------------------------------------------------------
 --- fn() runs in every worker once it starts (not in the master, where an app file's top level
 -- runs too), in a coroutine with the whole non-blocking API; the worker is ready (and a

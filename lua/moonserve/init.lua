@@ -1,16 +1,13 @@
 --- moonserve: a Lua-scriptable HTTP server on a C core. Requiring it loads no part of the
--- core: that waits for the host's first use (moonserve/host.lua).
+-- core: that waits for the host's first use (moonserve/host/init.lua).
 -- @module moonserve
 local host = require "moonserve.host"
 
 local _M = { _VERSION = "0.2.0" }
 
 -- Handler code sees coroutine.resume, wrap and status that let waits through the
--- handler's own coroutines (moonserve/coroutine.lua): installed before the app's modules load.
--- nginx's Lua module lets waits through coroutines itself.
-if not host.under_nginx() then
-    require "moonserve.coroutine"
-end
+-- handler's own coroutines: installed by the host before the app's modules load.
+host.prepare()
 
 --- A new application; see app.lua.
 function _M.app(opts)
@@ -34,8 +31,8 @@ function _M.sleep(seconds)
     return host.sleep(seconds)
 end
 
---- Timers (moonserve/timer.lua), light threads and semaphores (moonserve/dispatcher.lua,
--- moonserve/semaphore.lua), which worker this is (moonserve/worker.lua), as OpenResty's
+--- Timers (moonserve/host/core/timer.lua), light threads and semaphores (moonserve/host/core/dispatcher.lua,
+-- moonserve/host/core/semaphore.lua), which worker this is (moonserve/host/core/worker.lua), as OpenResty's
 -- ngx.timer, ngx.thread, ngx.semaphore and ngx.worker. Loaded at the first call.
 -- @table timer
 _M.timer = {
@@ -59,21 +56,21 @@ function _M.kill(...) return host.module("dispatcher").kill(...) end
 -- @tparam[opt=0] number n
 -- @treturn Semaphore
 function _M.semaphore(n) return host.module("semaphore").new(n) end
---- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/socket.lua).
+--- Sockets, as OpenResty's ngx.socket.tcp and ngx.socket.udp (moonserve/host/core/socket.lua).
 -- @table socket
 _M.socket = {
     tcp = function() return host.module("socket").tcp() end,
     udp = function() return host.module("socket").udp() end,
 }
---- WebSocket (moonserve/websocket.lua): broadcast(list, data[, "binary"]) frames a message
+--- WebSocket (moonserve/host/core/websocket.lua): broadcast(list, data[, "binary"]) frames a message
 -- once for many sockets; endpoints are app:websocket(path, fn, opts).
 -- @table websocket
 _M.websocket = {
-    broadcast = function(...) return require("moonserve.websocket").broadcast(...) end,
-    -- The channel app:channel(name) declared (moonserve/channel.lua), or nil.
-    channel = function(name) return require("moonserve.channel").get(name) end,
+    broadcast = function(...) return host.module("websocket").broadcast(...) end,
+    -- The channel app:channel(name) declared (moonserve/host/core/channel.lua), or nil.
+    channel = function(name) return host.module("channel").get(name) end,
 }
---- Which worker this is: id() and count() (moonserve/worker.lua).
+--- Which worker this is: id() and count() (moonserve/host/core/worker.lua).
 -- @table worker
 _M.worker = {
     id = function() return host.module("worker").id() end,
@@ -81,15 +78,21 @@ _M.worker = {
 }
 
 --- The dictionaries shared by the workers of the server, by name: moonserve.shared.cache
--- once the app declared app:shared_dict("cache", "10m") (moonserve/shared.lua).
+-- once the app declared app:shared_dict("cache", "10m") (moonserve/host/core/shared.lua).
 -- @table shared
 _M.shared = require("moonserve.shared").dicts
 
 --- The error log for apps: moonserve.log.info(...), .warn, .error, .debug (moonserve/log.lua).
 -- @table log
 _M.log = require "moonserve.log"
---- Metrics: the app's own counters, gauges and histograms, and the scrape (moonserve/metrics.lua).
+--- Metrics: the app's own counters, gauges and histograms, and the scrape
+-- (moonserve/host/core/metrics.lua), the host's: each name is looked up at its first use, so
+-- requiring moonserve asks nothing of the host.
 -- @table metrics
-_M.metrics = require "moonserve.metrics"
+_M.metrics = setmetatable({}, {
+    __index = function(_, name)
+        return host.module("metrics")[name]
+    end,
+})
 
 return _M

@@ -2,7 +2,7 @@
 -- header(), _read() (the next piece of the body) and its own fields: the whole body, forms,
 -- multipart parts, content negotiation, JSON, and the lazy fields query, params, ctx and
 -- cookies. The core's request
--- (moonserve/request.lua) and nginx's (moonserve/openresty/request.lua) take them.
+-- (moonserve/host/core/request.lua) and nginx's (moonserve/host/openresty/request.lua) take them.
 -- @module moonserve.request_methods
 local codec = require "moonserve.codec"
 

@@ -1,7 +1,7 @@
 --- moonserve/response_methods.lua: the reply's methods that need nothing of its host but
 -- header(), status() and send(): JSON, redirects, cookies, hooks before the head leaves, and
--- templates. The core's reply (moonserve/response.lua) and nginx's
--- (moonserve/openresty/response.lua) take them.
+-- templates. The core's reply (moonserve/host/core/response.lua) and nginx's
+-- (moonserve/host/openresty/response.lua) take them.
 -- @module moonserve.response_methods
 local cookie = require "moonserve.cookie"
 

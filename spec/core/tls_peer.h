@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "transport/memio.h"
 
 /* PEM text of a BIO, NUL-terminated, malloc()ed. */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "transport/memio.h"
 #include "moonserve.h"
 

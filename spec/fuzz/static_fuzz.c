@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "engine/engine.h"
 #include "transport/memio.h"
 #include "moonserve.h"
 #include "http/static/static.h"

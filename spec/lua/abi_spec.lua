@@ -38,7 +38,7 @@ describe("moonserve.base and the core's ABI", function()
         local abi = copy(base.abi)
         abi["offsetof(ms_req_view_t, flags)"] = abi["offsetof(ms_req_view_t, flags)"] + 4
         local err = failure(abi)
-        assert.matches("moonserve.core and lua/moonserve/base.lua disagree on "
+        assert.matches("moonserve.core and lua/moonserve/host/core/base.lua disagree on "
             .. "offsetof%(ms_req_view_t, flags%)", err)
         assert.matches("rebuild/reinstall", err)
     end)
@@ -78,7 +78,7 @@ io.write(ok and "loaded" or err)
         f:close()
         local out = helper.run(helper.tool("luajit") .. " " .. script .. " 2>&1")
         os.remove(script)
-        assert.matches("moonserve.core and lua/moonserve/base.lua disagree on "
+        assert.matches("moonserve.core and lua/moonserve/host/core/base.lua disagree on "
             .. "offsetof%(ms_req_view_t, wait%)", out)
         assert.matches("rebuild/reinstall", out)
     end)

@@ -501,7 +501,7 @@ describe("moonserve.app", function()
             headers["set-cookie"])
         assert.has_error(function()
             local res = { }
-            require("moonserve.response").methods.cookie(res, "bad name", "v")
+            require("moonserve.host.core.response").methods.cookie(res, "bad name", "v")
         end)
     end)
 

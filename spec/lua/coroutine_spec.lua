@@ -1,6 +1,6 @@
 -- Waits inside the handler's own coroutines and pcall, the early end, and plain coroutine
 -- semantics, through the real engine and dispatch, in-process.
-describe("moonserve.coroutine", function()
+describe("moonserve.host.core.coroutine", function()
     local moonserve = require "moonserve"
     local helper = require "helper"
     local server = require "moonserve.server"
@@ -243,7 +243,7 @@ describe("moonserve.coroutine", function()
         end)
 
         it("refuses a coroutine resumed by a resume kept from before moonserve loaded", function()
-            local raw_resume = require("moonserve.coroutine").raw.resume
+            local raw_resume = require("moonserve.host.core.coroutine").raw.resume
             local err = caught(function()
                 local co = coroutine.create(function() return moonserve.sleep(0.01) end)
                 local _, e = raw_resume(co)
@@ -432,7 +432,7 @@ describe("moonserve.coroutine", function()
         end)
 
         it("is LuaJIT's own", function()
-            local raw = require("moonserve.coroutine").raw
+            local raw = require("moonserve.host.core.coroutine").raw
             local mine = { resume = coroutine.resume, yield = coroutine.yield,
                 status = coroutine.status, wrap = coroutine.wrap }
             -- luacheck: push ignore 122 (LuaJIT's own put back for the run, then moonserve's)

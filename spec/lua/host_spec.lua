@@ -1,4 +1,4 @@
--- The framework reaches its host only through moonserve/host.lua: defining an app loads no
+-- The framework reaches its host only through moonserve/host/init.lua: defining an app loads no
 -- part of the core, and another host can serve it. Each case runs in a fresh LuaJIT, since
 -- the specs before it have loaded the core into this one.
 describe("moonserve.host", function()
@@ -71,8 +71,9 @@ report("served")
             local mods, core = at(when)
             assert.truthy(mods, out)
             assert.equal("not mapped", core, out)
-            for _, m in ipairs({ "moonserve.core", "moonserve.base", "moonserve.dispatcher",
-                    "moonserve.server", "moonserve.request", "moonserve.response" }) do
+            for _, m in ipairs({ "moonserve.core", "moonserve.host.core.base",
+                    "moonserve.host.core.dispatcher", "moonserve.host.core.runner",
+                    "moonserve.host.core.request", "moonserve.host.core.response" }) do
                 assert.falsy((" " .. mods .. " "):find(" " .. m .. " ", 1, true), m .. " loaded "
                     .. when .. ": " .. mods)
             end
@@ -149,8 +150,29 @@ report("done")
         assert.truthy(out:find("log: [^\n]*warn refused 1 cross%-origin"), out)
         assert.matches("run: here:1\n", out)
         assert.matches("done: core not mapped\n", out)
-        assert.falsy(out:match("done: [^\n]*moonserve%.base"), out)
+        assert.falsy(out:match("done: [^\n]*moonserve%.host%.core%.base"), out)
         assert.falsy(out:match("done: [^\n]*moonserve%.core"), out)
+    end)
+
+    it("serves app:ngx_content only once the ngx layer has installed itself", function()
+        local out = run(REPORT .. [[
+local moonserve = require "moonserve"
+local app = moonserve.app()
+local ok, err = pcall(app.ngx_content, app, "/x", function() end)
+io.write("without: ", tostring(ok), " ", tostring(err), "\n")
+ok, err = pcall(app.ngx_access, app, function() end)
+io.write("hook without: ", tostring(ok), " ", tostring(err), "\n")
+report("refused")
+require "moonserve.ngx"
+ok, err = pcall(app.ngx_content, app, "/x", function() end)
+io.write("with: ", tostring(ok), " ", tostring(err), "\n")
+]])
+        assert.matches('without: false [^\n]*app:ngx_content runs OpenResty code, which needs the '
+            .. 'ngx layer: require "moonserve.ngx"', out)
+        assert.matches('hook without: false [^\n]*ngx_access runs OpenResty code[^\n]*'
+            .. 'require "moonserve.ngx"', out)
+        assert.falsy(out:match("refused: [^\n]*moonserve%.ngx"), out)
+        assert.matches("with: true ", out)
     end)
 
     it("refuses a host without every function of the interface", function()

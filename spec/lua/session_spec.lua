@@ -31,7 +31,7 @@ describe("moonserve.session", function()
 
     it("loads without the server core", function()
         assert.is_nil(package.loaded["moonserve.core"])
-        assert.is_nil(package.loaded["moonserve.base"])
+        assert.is_nil(package.loaded["moonserve.host.core.base"])
     end)
 
     for _, encrypt in ipairs({ true, false }) do

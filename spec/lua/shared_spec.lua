@@ -2,7 +2,7 @@
 -- (two handles on one zone stand for two workers). The engine's own cases are in
 -- spec/core/process/shdict_test.c; spec/it/shared_spec.lua runs them across real workers.
 describe("moonserve.shared", function()
-    local shared = require "moonserve.shared"
+    local shared = require "moonserve.host.core.shared"
     local moonserve = require "moonserve"
     local n = 0
 

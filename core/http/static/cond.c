@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 /* 9999-12-31T23:59:59Z: HTTP-dates have four-digit years. */
 #define MAX_DATE INT64_C(253402300799)

@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "http/http.h"
 
 /* The common web formats, in mime.types format, so one parser reads both. They are read after
  * the file and an extension keeps its first type, which is what lets the file win. */

@@ -17,9 +17,42 @@
 #include <zlib.h>
 
 #include "http/static/cond.h"
-#include "internal.h"
+#include "http/http.h"
 #include "http/static/mime.h"
 #include "http/static/path.h"
+
+/* A file as the static file cache holds it. Queued reply pieces hold references,
+ * so a file evicted or replaced while it is being sent stays open until it is written. */
+typedef struct ms_sfile_s ms_sfile_t;
+struct ms_sfile_s {
+    /* first: fd, refs (1 while cached, and 1 per queued piece) and data (the whole file when
+     * small, or a compressed variant; owned) */
+    ms_file_t file;
+    ms_sfile_t *hnext;         /* the cache's hash chain */
+    ms_sfile_t *older, *newer; /* the cache's recency list */
+    struct ms_mount_s *mount;  /* where it was found; NULL for a file a handler named */
+    uint32_t hash;
+    uint8_t cached; /* in the table (not yet evicted or replaced) */
+    uint8_t compressible;
+    uint8_t encoding;   /* MS_ENC_*: what `data` or the file is encoded with */
+    uint8_t sidecars;   /* MS_ENC_* bits: which precompressed sidecars exist */
+    uint64_t size;      /* of what is served: the file, or `data` for a variant */
+    uint64_t file_size; /* of the file as stat()ed */
+    int64_t mtime_sec, mtime_nsec;
+    int64_t ctime_sec, ctime_nsec; /* a chmod, chown or rename changes only this */
+    uint64_t dev, ino;
+    uint64_t checked;          /* the turn of the loop of the last check of the path */
+    uint64_t sidecars_checked; /* loop ms of the last look for sidecars */
+    ms_sfile_t *variant[3];    /* by MS_ENC_* (index 0 unused): encoded forms, when known */
+    const char *type;          /* Content-Type, from the mime table */
+    uint8_t type_len;
+    uint8_t etag_len;
+    char etag[40];
+    char last_modified[32];
+    uint16_t key_len;
+    char key[]; /* the path below the mount, or the path a handler named */
+};
+
 
 /* Content codings, as indexes of ms_sfile_t.variant and bits of what a client accepts. */
 enum { MS_ENC_IDENTITY, MS_ENC_BR, MS_ENC_GZIP };
@@ -176,21 +209,27 @@ static void lru_newest(ms_static_t *st, ms_sfile_t *f)
     st->lru->older = f;
 }
 
-void ms__sfile_unref(ms_server_t *s, ms_sfile_t *f)
+static void sfile_unref(ms_server_t *s, ms_sfile_t *f)
 {
-    assert(f->refs > 0);
-    if (--f->refs > 0)
+    assert(f->file.refs > 0);
+    if (--f->file.refs > 0)
         return;
     for (int e = MS_ENC_BR; e <= MS_ENC_GZIP; e++)
         if (f->variant[e] != NULL)
-            ms__sfile_unref(s, f->variant[e]);
-    if (f->fd >= 0)
-        close(f->fd);
-    if (f->data != NULL) {
+            sfile_unref(s, f->variant[e]);
+    if (f->file.fd >= 0)
+        close(f->file.fd);
+    if (f->file.data != NULL) {
         s->statics->bytes -= f->size;
-        ms_mem_free(f->data);
+        ms_mem_free(f->file.data);
     }
     ms_mem_free(f);
+}
+
+/* A queued reply piece gives its reference back (ms_file_t.release). */
+static void file_release(ms_server_t *s, ms_file_t *f)
+{
+    sfile_unref(s, (ms_sfile_t *)f);
 }
 
 /* Takes `f` out of the table; queued pieces may still hold it. */
@@ -204,7 +243,7 @@ static void evict(ms_server_t *s, ms_sfile_t *f)
     lru_unlink(f);
     f->cached = 0;
     st->count--;
-    ms__sfile_unref(s, f);
+    sfile_unref(s, f);
 }
 
 /* Evicts the oldest entries (never `keep`) until one more file and `bytes` more fit. */
@@ -275,8 +314,9 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     f->key[n] = 0;
     f->key_len = (uint16_t)n;
     f->mount = m;
-    f->fd = fd;
-    f->refs = 1;
+    f->file.fd = fd;
+    f->file.refs = 1;
+    f->file.release = file_release;
     f->size = f->file_size = (uint64_t)sb->st_size;
     f->mtime_sec = sb->st_mtim.tv_sec;
     f->mtime_nsec = sb->st_mtim.tv_nsec;
@@ -297,8 +337,8 @@ static ms_sfile_t *sfile_new(ms_server_t *s, ms_mount_t *m, const char *key, siz
     if (f->size <= m->o.memory_max) {
         make_room(s, f->size, keep);
         if (st->bytes + f->size <= st->max_bytes) {
-            f->data = read_whole(fd, f->size);
-            if (f->data != NULL)
+            f->file.data = read_whole(fd, f->size);
+            if (f->file.data != NULL)
                 st->bytes += f->size;
         }
     }
@@ -464,8 +504,9 @@ static ms_sfile_t *variant_new(const ms_sfile_t *f, int enc)
 {
     ms_sfile_t *v = ms_mem_alloc(sizeof(*v) + 1);
     memset(v, 0, sizeof(*v) + 1);
-    v->fd = -1;
-    v->refs = 1;
+    v->file.fd = -1;
+    v->file.refs = 1;
+    v->file.release = file_release;
     as_variant(v, f, enc);
     return v;
 }
@@ -483,7 +524,7 @@ static void find_sidecars(ms_server_t *s, ms_sfile_t *f)
         return;
     for (int e = MS_ENC_BR; e <= MS_ENC_GZIP; e++) {
         ms_sfile_t *old = f->variant[e];
-        if (old != NULL && old->fd < 0)
+        if (old != NULL && old->file.fd < 0)
             continue; /* compressed here: no sidecar was there */
         memcpy(key, f->key, f->key_len);
         memcpy(key + f->key_len, ext[e], 4);
@@ -508,7 +549,7 @@ static void find_sidecars(ms_server_t *s, ms_sfile_t *f)
             }
         }
         if (old != NULL)
-            ms__sfile_unref(s, old);
+            sfile_unref(s, old);
     }
 }
 
@@ -551,9 +592,9 @@ static void compress_file(ms_server_t *s, ms_sfile_t *f, int enc)
         return; /* busy compressing: this one goes as it is, and is tried again later */
     st->budget -= f->size;
     f->sidecars |= (uint8_t)(ENC_BIT(enc) << 4); /* tried */
-    const char *in = f->data;
+    const char *in = f->file.data;
     char *tmp = NULL;
-    if (in == NULL && (in = tmp = read_whole(f->fd, f->size)) == NULL)
+    if (in == NULL && (in = tmp = read_whole(f->file.fd, f->size)) == NULL)
         return;
     size_t cap = enc == MS_ENC_BR ? BrotliEncoderMaxCompressedSize(f->size)
                                   : compressBound((uLong)f->size) + 32;
@@ -567,7 +608,7 @@ static void compress_file(ms_server_t *s, ms_sfile_t *f, int enc)
         return;
     }
     ms_sfile_t *v = variant_new(f, enc);
-    v->data = ms_mem_realloc(out, len);
+    v->file.data = ms_mem_realloc(out, len);
     v->size = len;
     st->bytes += len;
     f->variant[enc] = v;
@@ -747,7 +788,7 @@ static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *bu
         add_fields(r, m, buf, (size_t)(w - buf));
         uint64_t len = rg[0].last - rg[0].first + 1;
         ms_reply_begin(r, len);
-        ms__reply_file(r, f, rg[0].first, len);
+        ms__reply_file(r, &f->file, rg[0].first, len);
         return ms_reply_end(r);
     }
     uint32_t boundary = ms__hash16(f->etag) ^ r->v.id;
@@ -764,7 +805,7 @@ static int send_ranges(ms_req_t *r, const ms_mount_t *m, ms_sfile_t *f, char *bu
         size_t len = part_head(part, f, rg, i, n, boundary);
         ms_reply_piece(r, part, len, MS_VEC_OUT, -1);
         if (i < n)
-            ms__reply_file(r, f, rg[i].first, rg[i].last - rg[i].first + 1);
+            ms__reply_file(r, &f->file, rg[i].first, rg[i].last - rg[i].first + 1);
     }
     return ms_reply_end(r);
 }
@@ -834,7 +875,7 @@ static int send_file(ms_req_t *r, ms_mount_t *m, ms_sfile_t *f, const fields_t *
     add_fields(r, m, buf, (size_t)(w - buf));
     size_t extra = live ? sizeof(live_script) - 1 : 0;
     ms_reply_begin(r, rep->size + extra);
-    ms__reply_file(r, rep, 0, rep->size);
+    ms__reply_file(r, &rep->file, 0, rep->size);
     if (extra)
         ms_reply_piece(r, live_script, extra, MS_VEC_STATIC, -1);
     return ms_reply_end(r);
@@ -1264,3 +1305,5 @@ void ms__static_free(ms_server_t *s)
     s->statics = NULL;
     s->before_handler = NULL;
 }
+
+const ms_part_t ms__static_part = {.name = "static files", .worker_free = ms__static_free};

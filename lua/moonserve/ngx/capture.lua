@@ -11,8 +11,8 @@ local ffi = require "ffi"
 local context = require "moonserve.ngx.context"
 local codec = require "moonserve.ngx.codec"
 local req_api = require "moonserve.ngx.req"
-local dispatcher = require "moonserve.dispatcher"
-local base = require "moonserve.base"
+local dispatcher = require "moonserve.host.core.dispatcher"
+local base = require "moonserve.host.core.base"
 
 local C = base.C
 local add_value = require("moonserve.codec").add_value

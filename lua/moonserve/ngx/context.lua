@@ -36,7 +36,7 @@ end
 -- and `phase` (OpenResty's name for it); a request's also has `req` and `res`.
 function _M.state()
     if not context then
-        dispatcher = require "moonserve.dispatcher"
+        dispatcher = require "moonserve.host.core.dispatcher"
         context = dispatcher.context
     end
     local frame, kind, what = context()

@@ -62,7 +62,7 @@ end
 
 -- The level the server logs at (--log-level), as nginx's constant.
 function _M.get_sys_filter_level()
-    local ok, base = pcall(require, "moonserve.base")
+    local ok, base = pcall(require, "moonserve.host.core.base")
     local level = ok and base.core.log_level() or 2
     return FROM[level] or 7
 end

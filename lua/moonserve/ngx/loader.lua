@@ -58,7 +58,7 @@ local modules = {
     ["resty.core"] = function() return { version = RESTY_CORE_VERSION } end,
     ["resty.core.base"] = core_base,
     ["ngx.semaphore"] = function()
-        local sema = require "moonserve.semaphore"
+        local sema = require "moonserve.host.core.semaphore"
         return { version = RESTY_CORE_VERSION, new = function(n) return sema.new(n) end }
     end,
     ["ngx.errlog"] = function() return require "moonserve.ngx.errlog" end,

@@ -23,7 +23,7 @@ local null                 -- ngx.null (cjson.null, a NULL light userdata)
 
 local C -- the core's FFI namespace, once a reply needs it
 local function core()
-    C = C or require("moonserve.base").C
+    C = C or require("moonserve.host.core.base").C
     return C
 end
 
@@ -468,7 +468,7 @@ local OK, ERROR, AGAIN, DONE = 0, -1, -2, -4
 local dispatcher
 
 local function leave()
-    dispatcher = dispatcher or require "moonserve.dispatcher"
+    dispatcher = dispatcher or require "moonserve.host.core.dispatcher"
     dispatcher.exit()
 end
 

@@ -17,10 +17,10 @@ local context = require "moonserve.ngx.context"
 local output = require "moonserve.ngx.output"
 local req_api = require "moonserve.ngx.req"
 local var = require "moonserve.ngx.var"
-local coro = require "moonserve.coroutine"
-local base = require "moonserve.base"
-local dispatcher = require "moonserve.dispatcher"
-local Response = require("moonserve.response").methods
+local coro = require "moonserve.host.core.coroutine"
+local base = require "moonserve.host.core.base"
+local dispatcher = require "moonserve.host.core.dispatcher"
+local Response = require("moonserve.host.core.response").methods
 
 local C = base.C
 local band = bit.band

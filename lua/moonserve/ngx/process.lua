@@ -33,7 +33,7 @@ function _M.type()
     if os.getenv("MOONSERVE_WORKER") then
         return "worker"
     end
-    local d = package.loaded["moonserve.dispatcher"]
+    local d = package.loaded["moonserve.host.core.dispatcher"]
     if d and d.attached() then
         return "single"
     end

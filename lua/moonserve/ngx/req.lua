@@ -1,4 +1,4 @@
--- moonserve/ngx/req.lua: ngx.req over the running request (moonserve/request.lua): its
+-- moonserve/ngx/req.lua: ngx.req over the running request (moonserve/host/core/request.lua): its
 -- method, fields, arguments, body, and the changes a handler makes to them (set_header,
 -- set_uri, set_uri_args), which ngx.req and ngx.var then show.
 local ffi = require "ffi"
@@ -17,7 +17,7 @@ local _M = {}
 local C, fields_buf
 local function core()
     if not C then
-        C = require("moonserve.base").C
+        C = require("moonserve.host.core.base").C
         fields_buf = ffi.new("ms_header_t[64]")
     end
     return C

@@ -7,14 +7,14 @@
 -- core/base/match.c, the one outbound sockets use), with OpenResty's results and errors.
 local ffi = require "ffi"
 local strbuf = require "string.buffer"
-local base = require "moonserve.base"
-local coro = require "moonserve.coroutine"
-local dispatcher = require "moonserve.dispatcher"
-local response = require "moonserve.response"
+local base = require "moonserve.host.core.base"
+local coro = require "moonserve.host.core.coroutine"
+local dispatcher = require "moonserve.host.core.dispatcher"
+local response = require "moonserve.host.core.response"
 
 local C = base.C
 local ffi_gc = ffi.gc
-local find, gsub = string.find, string.gsub
+local find = string.find
 local type, tostring, tonumber, error, setmetatable, floor = type, tostring, tonumber, error,
     setmetatable, math.floor
 local anchors, drain = base.anchors, response.drain
@@ -33,12 +33,12 @@ int ms_ffi_raw_congested(ms_raw_t *t, ms_req_view_t *r);
 int ms_ffi_req_wait_body_for(ms_req_view_t *r, double seconds);
 double ms_ffi_raw_default_timeout(ms_server_t *s, int send);
 double ms_ffi_raw_buffer_cap(ms_server_t *s);
-void *memchr(const void *s, int c, size_t n);
 typedef struct ms_match_s ms_match_t;
 ms_match_t *ms_ffi_match_new(const char *p, size_t len, int inclusive);
 void ms_ffi_match_free(ms_match_t *m);
 void ms_ffi_match_reset(ms_match_t *m);
 int ms_ffi_match_feed(ms_match_t *m, const char *p, size_t n, size_t size, double *out);
+double ms_ffi_match_line(char *p, size_t n, double scanned, double *used);
 ]]
 
 local ptr = ffi.new("const char *[1]") -- reused; never held across a yield
@@ -112,21 +112,18 @@ local function over(self, err)
     return fail(self, err)
 end
 
+-- "*l": the core's line reader (core/base/match.c) drops the line's CRs in the buffer itself.
 local function receive_line(self)
     local scanned = 0
     while true do
         local p, n = self.buf:ref()
-        local lf = n > scanned and C.memchr(p + scanned, 10, n - scanned) or nil
-        if lf ~= nil then
-            local i = ffi.cast("const char *", lf) - p
-            local line = self.buf:get(i)
-            self.buf:skip(1)
-            if find(line, "\r", 1, true) then
-                line = gsub(line, "\r", "")
-            end
+        local len = C.ms_ffi_match_line(p, n, scanned, match_out)
+        if len >= 0 then
+            local line = self.buf:get(len)
+            self.buf:skip(match_out[0] - len)
             return line
         end
-        scanned = n
+        scanned = match_out[0]
         local ok, err = more(self, true)
         if not ok then
             return over(self, err)

@@ -1,8 +1,8 @@
--- moonserve/ngx/ssl.lua: OpenResty's ngx.ssl over the core's host (moonserve/tls_hook.lua):
+-- moonserve/ngx/ssl.lua: OpenResty's ngx.ssl over the core's host (moonserve/host/core/tls_hook.lua):
 -- the conversions anywhere, and in a certificate hook (app:ssl_certificate, where
 -- OpenResty has ssl_certificate_by_lua) what chooses this handshake's certificate.
 local ffi = require "ffi"
-local hook = require "moonserve.tls_hook"
+local hook = require "moonserve.host.core.tls_hook"
 
 pcall(ffi.cdef, "int inet_pton(int af, const char *src, void *dst);") -- (declared once)
 

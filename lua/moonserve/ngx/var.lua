@@ -25,7 +25,7 @@ local function address(st, is_local)
         return address(st.parent, is_local)
     end
     if not C then
-        C = require("moonserve.base").C
+        C = require("moonserve.host.core.base").C
         addr_buf = ffi.new("char[64]")
     end
     local r = st.req.r

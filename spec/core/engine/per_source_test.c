@@ -1,4 +1,4 @@
-/* caps_test.c: the per-source table and the in-flight cap. */
+/* per_source_test.c: the per-source table and the in-flight cap. */
 #include "test.h"
 
 #include <arpa/inet.h>

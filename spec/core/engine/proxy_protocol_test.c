@@ -1,4 +1,4 @@
-/* proxy_test.c: PROXY protocol headers, trusted ranges and the X-Forwarded-For walk. */
+/* proxy_protocol_test.c: PROXY protocol headers, trusted ranges and the X-Forwarded-For walk. */
 #include "test.h"
 
 #include "../../../core/transport/memio.h"
@@ -132,7 +132,7 @@ static const char *client_of(ms_server_t *s, const char *peer, const char *head)
 {
     ms_memio_t m;
     ms_conn_t *c = ms_memio_open(s, &m);
-    parse_ip(peer, strlen(peer), c->source);
+    ms__parse_ip(peer, strlen(peer), c->source);
     c->source_known = 1;
     client[0] = 0;
     ms_memio_feed(&m, head, strlen(head));

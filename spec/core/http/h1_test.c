@@ -8,6 +8,8 @@
 #include "tunnel.h"
 #include "../../../core/tunnel/ws.h"
 
+extern const ms_proto_t ms__ws_proto; /* tunnel/ws.c */
+
 #define S(lit) lit, sizeof(lit) - 1
 
 /* -- Fixture: a server on a private loop and a handler that acts on the path ----------- */
@@ -1144,15 +1146,15 @@ TEST(h1_a_websocket_takes_the_connection_over_and_gives_the_request_back)
     ASSERT_HAS(output(&m), "HTTP/1.1 101 Switching Protocols\r\n");
     ms_h1_t *h = m.conn->pstate;
     ASSERT(h != NULL && &h->req == parked && m.conn->proto == &ms__h1_proto);
-    uint32_t recycled = srv->h1_free.count;
+    uint32_t recycled = srv->h1->free.count;
     ASSERT_EQ(1, (int)srv->stats->in_flight);
     ms_req_finish(parked);
     parked = NULL;
     ASSERT(m.conn->proto == &ms__ws_proto && m.conn->pstate == (void *)ws);
 #ifndef MS_ASAN
     /* back in the worker's recycle list, its pool reset to the one chunk it keeps */
-    ASSERT_EQ(recycled + 1, srv->h1_free.count);
-    ASSERT(srv->h1_free.head == h && h->req.pool.chunks != NULL && h->req.head.base == NULL &&
+    ASSERT_EQ(recycled + 1, srv->h1->free.count);
+    ASSERT(srv->h1->free.head == h && h->req.pool.chunks != NULL && h->req.head.base == NULL &&
            h->req.tunnel == NULL && h->keeper == NULL);
 #else
     (void)recycled;

@@ -115,7 +115,7 @@ TEST(static_small_file_leaves_with_its_head_in_one_write_and_never_reaches_the_h
     ASSERT_HAS(out, "content-type: text/plain; charset=utf-8\r\n");
     ASSERT_HAS(out, "\r\n\r\nhello file");
     ASSERT_EQ(0, handled);
-    ASSERT(srv->statics->lru->older->data != NULL); /* small: held in memory */
+    ASSERT(srv->statics->lru->older->file.data != NULL); /* small: held in memory */
     ms_memio_peer_close(&m, UV_EOF);
     ms_memio_free(&m);
     teardown();
@@ -189,12 +189,12 @@ TEST(static_file_evicted_while_queued_is_still_sent_then_closed)
     m.congested = 1;
     ms_memio_feed(&m, S("GET /files/big.bin HTTP/1.1\r\nhost: x\r\n\r\n"));
     ms_sfile_t *f = srv->statics->lru->older;
-    ASSERT_EQ(2, f->refs); /* the cache's and the queued piece's */
+    ASSERT_EQ(2, f->file.refs); /* the cache's and the queued piece's */
     ms_static_cache_limits(srv, 1, 1 << 20);
     ms_memio_t m2;
     get(&m2, "GET /files/b.txt HTTP/1.1\r\nhost: x\r\n\r\n"); /* evicts big.bin */
     ASSERT_EQ(1, srv->statics->count);
-    ASSERT_EQ(1, f->refs);
+    ASSERT_EQ(1, f->file.refs);
     while (m.held.len > 0)
         ms_memio_drain(&m);
     size_t blen;

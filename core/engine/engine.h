@@ -1,6 +1,7 @@
-/* internal.h: structures and helpers shared between the core's files (ms__ prefix). */
-#ifndef MS_INTERNAL_H
-#define MS_INTERNAL_H
+/* engine.h: the engine's structures and functions, shared with the layers above it (ms__
+ * prefix): connections, reply queues, protocols, transports, the server, the table of parts. */
+#ifndef MS_ENGINE_H
+#define MS_ENGINE_H
 
 #include <assert.h>
 #include <llhttp.h>
@@ -8,17 +9,11 @@
 #include <string.h>
 
 #include "moonserve.h"
+#include "base/addr.h"
+#include "base/date.h"
+#include "base/timer.h"
+#include "base/util.h"
 #include "process/metrics.h"
-
-/* Built with AddressSanitizer: the recycle lists are off (mem.c), so that a use after free
- * is caught rather than hidden; tests that count what went back to a list skip that. */
-#if defined(__SANITIZE_ADDRESS__)
-#define MS_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MS_ASAN 1
-#endif
-#endif
 
 /* The worker's shared read buffer: big enough for a burst of pipelined requests. */
 #define MS_READ_BUF_SIZE (64 * 1024)
@@ -42,27 +37,6 @@
 #define MS_FILE_PROBE 1024
 /* File bytes one connection sends in one go; past this it lets the other connections run. */
 #define MS_FILE_BURST (1024 * 1024)
-/* Free objects kept per recycle list; beyond this they go back to the allocator. */
-#define MS_RECYCLE_MAX 1024
-
-/* A LIFO of free objects, threaded through their first word. Objects keep their inner
- * buffers while recycled, which is what makes a warm request allocation-free. */
-typedef struct ms_recycle_s {
-    void *head;
-    uint32_t count;
-} ms_recycle_t;
-
-/* Returns a recycled object, or NULL when the caller must make a new one. */
-void *ms__recycle_get(ms_recycle_t *r);
-/* Keeps `p` for reuse and returns 1, or returns 0 when the caller must destroy it (list full,
- * or under ASan, where recycling is off so that a use after free shows). */
-int ms__recycle_put(ms_recycle_t *r, void *p);
-void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p));
-
-/* When set (by the master), what ms_log_open calls for a path instead of opening it: a
- * descriptor the caller owns, or -errno. */
-extern int (*ms__log_opener)(const char *path);
-
 /* One reply queue: text (heads, chunk framing, small bodies) in `buf`, pieces in `vecs`. */
 struct ms_out_s {
     ms_out_t *next_free;
@@ -78,39 +52,17 @@ struct ms_out_s {
     char *chunk;        /* MS_FILE_CHUNK bytes of a file being written, while they are */
 };
 
-/* A file as the static file cache holds it (static.c). Queued reply pieces hold references,
- * so a file evicted or replaced while it is being sent stays open until it is written. */
-typedef struct ms_sfile_s ms_sfile_t;
-struct ms_sfile_s {
-    ms_sfile_t *hnext;         /* the cache's hash chain */
-    ms_sfile_t *older, *newer; /* the cache's recency list */
-    struct ms_mount_s *mount;  /* where it was found; NULL for a file a handler named */
-    int fd;                    /* open read-only */
-    uint32_t refs;             /* 1 while cached, and 1 per queued piece */
-    uint32_t hash;
-    uint8_t cached; /* in the table (not yet evicted or replaced) */
-    uint8_t compressible;
-    uint8_t encoding;   /* MS_ENC_*: what `data` or the file is encoded with */
-    uint8_t sidecars;   /* MS_ENC_* bits: which precompressed sidecars exist */
-    char *data;         /* the whole file when small, or a compressed variant; owned */
-    uint64_t size;      /* of what is served: the file, or `data` for a variant */
-    uint64_t file_size; /* of the file as stat()ed */
-    int64_t mtime_sec, mtime_nsec;
-    int64_t ctime_sec, ctime_nsec; /* a chmod, chown or rename changes only this */
-    uint64_t dev, ino;
-    uint64_t checked;          /* the turn of the loop of the last check of the path */
-    uint64_t sidecars_checked; /* loop ms of the last look for sidecars */
-    ms_sfile_t *variant[3];    /* by MS_ENC_* (index 0 unused): encoded forms, when known */
-    const char *type;          /* Content-Type, from the mime table */
-    uint8_t type_len;
-    uint8_t etag_len;
-    char etag[40];
-    char last_modified[32];
-    uint16_t key_len;
-    char key[]; /* the path below the mount, or the path a handler named */
+/* A file that reply pieces refer to (MS_VEC_FILE): its descriptor, or its bytes when its
+ * owner holds them in memory. A queued piece holds a reference and gives it back with
+ * `release` once written, so the reply queue knows no owner of files (the static file
+ * cache, http/static/static.c, is one). */
+typedef struct ms_file_s ms_file_t;
+struct ms_file_s {
+    int fd;       /* open read-only; -1 for bytes held in `data` only */
+    uint32_t refs;
+    char *data;   /* the whole file, or NULL: read it from `fd` */
+    void (*release)(ms_server_t *s, ms_file_t *f); /* gives one reference back */
 };
-
-void ms__sfile_unref(ms_server_t *s, ms_sfile_t *f);
 
 enum {
     MS_CONN_CLOSING = 1 << 0,  /* no more reading; close once the output is written */
@@ -131,6 +83,7 @@ enum {
  * protocol only through its table, so none of them knows a protocol's state or framing. */
 typedef struct ms_proto_s {
     const char *name;
+    uint8_t counted_as; /* where the metrics count its connections: 1 HTTP/1.1, 2 HTTP/2; 0 none */
     /* -- The connection's side. */
     /* Where the next read goes: the protocol's own buffer when it keeps bytes between reads
      * (a partial head); NULL for the worker's shared buffer. */
@@ -281,11 +234,6 @@ static inline void ms__conn_drain_check(ms_conn_t *c)
     c->proto->drain_check(c);
 }
 
-/* An address range: 16 bytes (IPv4 mapped) and a prefix length out of 128. */
-typedef struct ms_cidr_s {
-    uint8_t addr[16];
-    uint8_t bits;
-} ms_cidr_t;
 
 /* What a connection's timer waits for. */
 enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
@@ -305,29 +253,20 @@ struct ms_server_s {
     char *rbuf;      /* owned: the shared read buffer */
     ms_conn_t conns; /* sentinel of the open connection list */
     ms_recycle_t out_free, chunk_free;
-    /* The protocols' own, touched by no other file: recycled HTTP/1.1 states and HTTP/2
-     * streams, and HTTP/2's writes once a turn of the loop. */
-    ms_recycle_t h1_free, stream_free;
+    /* The protocols' own, made and freed by each (ms_proto_t.worker_init, worker_free) and
+     * touched by no other file. */
+    struct ms_h1_worker_s *h1;
+    struct ms_h2_worker_s *h2;
     struct ms_static_s *statics; /* static mounts and the file cache; NULL until one is made */
     /* The step before the handler (static mounts, set by static.c): 0 when it answered the
      * request, which is then finished; NULL when there is none. */
     int (*before_handler)(ms_req_t *r);
-    uv_prepare_t h2_turn; /* writes HTTP/2 connections replied to outside a read */
-    uv_idle_t h2_again;   /* keeps the next poll from blocking while h2_turn has work
-                           * that its own run made (a handler woken by a write) */
-    ms_conn_t *h2_pending;
-    /* timers */
-    uv_timer_t uv_timer;
-    ms_timer_t **heap;
-    uint32_t heap_len, heap_cap;
-    uint64_t armed_due; /* when the uv_timer fires; 0 when it is not armed */
+    ms_timers_t timers;
     /* anchors */
     int32_t *anchor_free, *anchor_released;
     uint32_t anchor_free_n, anchor_released_n, anchor_cap;
     int32_t anchor_next;
-    /* date: "date: Sun, 06 Nov 1994 08:49:37 GMT\r\n" */
-    char date_line[40];
-    uint64_t date_sec, date_checked;
+    ms_date_t date; /* the Date field (ms__date_line) */
     uint32_t next_req_id;
     int stopping;
     int handing_over; /* the stop hands over to a new worker: still ready (ms_server_health) */
@@ -351,10 +290,9 @@ struct ms_server_s {
     uint8_t metrics_on;          /* requests are counted by route, status and latency */
     ms_metrics_zone_t *mzone;    /* mapped for as long as the process runs */
     ms_metrics_block_t own_m;
-    /* access logs and request ids (accesslog.c) */
-    struct ms_alog_s **alogs; /* MS_ALOG_MAX slots once a log is added, else NULL */
-    uint8_t alog_any;         /* some access log exists: requests note their start */
-    uint8_t alog_default;     /* the default log's id + 1; 0: none */
+    /* the access logs (accesslog.c), made at the first: requests note their start */
+    struct ms_alogs_s *alogs;
+    /* request ids (req.c) */
     uint8_t id_header;        /* replies carry x-request-id */
     char id_prefix[17];       /* 16 random hex digits, drawn at the first id */
     /* refusals with a reason: a few a second are logged with it, the rest as counts */
@@ -385,7 +323,7 @@ void ms__out_destroy(void *p);
 ms_out_t *ms__conn_out(ms_conn_t *c);
 int ms__out_vec(ms_server_t *s, ms_out_t *o, const char *base, size_t len, int owner,
                 int32_t anchor);
-int ms__out_file(ms_server_t *s, ms_out_t *o, ms_sfile_t *f, uint64_t off, size_t len);
+int ms__out_file(ms_server_t *s, ms_out_t *o, ms_file_t *f, uint64_t off, size_t len);
 char *ms__out_reserve(ms_out_t *o, size_t n);
 void ms__out_commit(ms_server_t *s, ms_out_t *o, size_t n);
 void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n);
@@ -395,11 +333,22 @@ void ms__server_call(ms_server_t *s, ms_request_cb cb, ms_req_t *r);
 void ms__server_event(ms_server_t *s, int32_t slot, int status);
 void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 
-/* tcp.c: a connection accepted on `listener`, its source known and not yet reading; NULL
- * when there was none to accept. `extra` bytes follow the transport's own, for a transport
- * stacked on it (ms__tcp_extra). */
-ms_conn_t *ms__tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra);
-void *ms__tcp_extra(ms_conn_t *c);
+/* A part of a worker with state of its own (a transport, static files, client sockets,
+ * WebSockets, the access logs), as nginx's modules have init_process and exit_process. The
+ * engine calls each through one list (core/parts.c) and names none of them. Any hook may be
+ * NULL. */
+typedef struct ms_part_s {
+    const char *name;
+    void (*worker_init)(ms_server_t *s); /* ms_server_new */
+    void (*stop)(ms_server_t *s);        /* ms_server_stop, once each connection was told */
+    void (*worker_free)(ms_server_t *s); /* ms_server_free */
+} ms_part_t;
+/* Every part, NULL-ended, in the order they start, stop and are freed (core/parts.c). */
+extern const ms_part_t *const ms__parts[];
+/* The protocols the accept stage chooses from, NULL-ended (core/parts.c): [0] is what a
+ * connection speaks unless it says otherwise (HTTP/1.1), [1] the one ALPN "h2" or the
+ * HTTP/2 preface asks for; any may be switched to by an Upgrade it accepts. */
+extern const ms_proto_t *const ms__protos[];
 
 /* tls.c: the TLS transport, stacked on the connection's (TCP, or memory in tests). */
 typedef struct ms_tls_s ms_tls_t;
@@ -411,8 +360,6 @@ extern const size_t ms__tls_size;
 void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem);
 /* Whether `tls` has a default certificate, as a listener needs. */
 int ms__tls_ready(const ms_tls_t *tls);
-/* Frees the server's TLS settings and its TLS buffers (ms_server_free). */
-void ms__tls_free(ms_server_t *s);
 
 /* per_source.c */
 int ms__source_key(const struct sockaddr *sa, uint8_t key[16]);
@@ -423,12 +370,12 @@ void ms__log_refusals(ms_server_t *s);
 /* Refusals logged with their reason each second; the rest are counted (ms__log_refusals). */
 #define MS_REFUSALS_TOLD 10
 
-/* accesslog.c: "2000-10-10T13:55:36.123-07:00", the local time; returns its length. */
-int ms__time_iso(char *buf, size_t len);
-
 /* proxy_protocol.c */
-int ms__trusted(const ms_server_t *s, const uint8_t a[16]);
-void ms__format_ip(const uint8_t a[16], char *buf, size_t len);
+/* Whether `a` is a proxy trusted to speak for its clients (ms_server_trust). */
+static inline int ms__trusted(const ms_server_t *s, const uint8_t a[16])
+{
+    return ms__cidr_match(s->trusted, s->ntrusted, a);
+}
 ssize_t ms__proxy_parse(const char *p, size_t n, uint8_t src[16], int *known);
 
 /* accept.c: the accept stage, the one place that knows every protocol. */
@@ -441,10 +388,6 @@ void ms__conn_switch(ms_conn_t *c, const ms_proto_t *to, ms_req_t *r, const char
                      size_t restlen);
 void ms__protos_init(ms_server_t *s);
 void ms__protos_free(ms_server_t *s);
-/* The protocols, for the accept stage. */
-extern const ms_proto_t ms__h1_proto, ms__h2_proto;
-/* ws.c: a WebSocket that took its HTTP/1.1 connection over (ms_tunnel_t.on_handover). */
-extern const ms_proto_t ms__ws_proto;
 
 /* metrics.c: a finished request counted (once), a refusal by status, a connection's
  * protocol (to: the one it speaks from now on). */
@@ -454,9 +397,6 @@ void ms__metrics_proto(ms_conn_t *c, const ms_proto_t *to);
 /* The HTTP/2 connection preface, which a client with prior knowledge starts with. */
 #define MS_H2_PREFACE     "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #define MS_H2_PREFACE_LEN 24
-
-/* timer.c */
-void ms__timers_run(uv_timer_t *ut);
 
 /* wake.c */
 void ms__wakes_free(ms_server_t *s);
@@ -472,106 +412,10 @@ static inline void ms__server_enter(ms_server_t *s)
 }
 void ms__server_leave(ms_server_t *s);
 
-/* date.c */
-const char *ms__date_line(ms_server_t *s);
-
-/* req.c */
-const char *ms__reason(int status);
-int ms__refusal_body(int status, char *buf, size_t size);
-int ms__req_refused_busy(ms_server_t *s);
-/* Over the in-flight cap? Then the refusal is counted and logged, and the protocol answers
- * 503 with ms__refusal_body and retry-after: 1, the same on every protocol. */
-static inline int ms__req_busy(ms_server_t *s)
+/* The Date field's line (base/date.c), "date: ...\r\n". */
+static inline const char *ms__date_line(ms_server_t *s)
 {
-    return MS_UNLIKELY(s->stats->in_flight >= s->limits.in_flight) && ms__req_refused_busy(s);
-}
-void ms__req_dispatch(ms_req_t *r);
-/* The core answers `r` in the handler's place (a limit, a malformed head, a deadline): one
- * log line and one body (ms__refusal_body), the same on every protocol. */
-void ms__req_refuse(ms_req_t *r, int status, const char *why);
-/* Queues a body piece on `o`: copied if small or not ours to keep, referenced otherwise. */
-void ms__req_queue_body(ms_req_t *r, ms_out_t *o, const char *p, size_t len, int owner,
-                        int32_t anchor);
-void ms__req_init(ms_req_t *r);
-/* Splits r->v.target into path and query, the same for every protocol. */
-void ms__req_split_target(ms_req_t *r);
-/* Whether the request's method is GET or HEAD. */
-int ms__req_get_or_head(const ms_req_t *r);
-/* Doubles the room for header fields (in the pool), once r->headers is full. */
-MS_NOINLINE void ms__req_headers_grow(ms_req_t *r);
-void ms__req_reset(ms_req_t *r);
-void ms__req_wake(ms_req_t *r, int wait);
-void ms__req_abort(ms_req_t *r);
-/* The tunnel of `r` learns that no more bytes will come (ms_tunnel_t.on_end), once. */
-void ms__req_tunnel_end(ms_req_t *r, int status);
-/* Adds a trailer field of the request body (HTTP/1.1 chunked trailers, an HTTP/2 HEADERS
- * frame after DATA), copied into the pool: trailers arrive among body bytes, which the shared
- * read buffer does not keep. They are kept apart from the headers, so a trailer never stands
- * for a header field (Host, X-Forwarded-For, Cookie). */
-void ms__req_add_trailer(ms_req_t *r, const char *name, size_t nlen, const char *value,
-                         size_t vlen);
-int ms__reply_file(ms_req_t *r, ms_sfile_t *f, uint64_t off, uint64_t len);
-
-/* buf helpers */
-static inline int ms__buf_append(ms_buf_t *b, const char *p, size_t n)
-{
-    if (n == 0)
-        return 0; /* b->base may still be NULL */
-    if (MS_UNLIKELY(n > b->cap - b->len)) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n)
-            cap *= 2;
-        b->base = ms_mem_realloc(b->base, cap);
-        b->cap = cap;
-    }
-    memcpy(b->base + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
-/* Byte classes for validating fields: token characters (RFC 9110 5.6.2), and what a Host
- * may hold. */
-extern const uint8_t ms__tchar[256];
-extern const uint8_t ms__hostchar[256];
-
-/* A hash of 16 bytes (an address, a padded key) for the core's open-addressing tables. */
-static inline uint32_t ms__hash16(const void *key)
-{
-    uint64_t x, y;
-    memcpy(&x, key, 8);
-    memcpy(&y, (const char *)key + 8, 8);
-    x ^= y * 0x9e3779b97f4a7c15ull;
-    x ^= x >> 29;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return (uint32_t)(x ^ (x >> 32));
-}
-
-/* Writes `v` in decimal at `w`; returns the end. */
-static inline char *ms__put_u64(char *w, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v != 0);
-    while (n > 0)
-        *w++ = tmp[--n];
-    return w;
-}
-
-static inline int ms__lower(int ch)
-{
-    return (ch >= 'A' && ch <= 'Z') ? ch | 0x20 : ch;
-}
-
-/* Compares `a` to the lowercase `lower` of the same length, ignoring case in `a`. */
-static inline int ms__ieq(const char *a, const char *lower, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ms__lower((unsigned char)a[i]) != lower[i])
-            return 0;
-    return 1;
+    return ms__date_text(&s->date, uv_now(s->loop));
 }
 
 #endif

@@ -1,4 +1,4 @@
--- moonserve/host.lua: the one way the framework (app, router, middleware, security) reaches
+-- moonserve/host/init.lua: the one way the framework (app, router, middleware, security) reaches
 -- whatever serves it. A host makes the request and reply objects, calls app:handle(req, res)
 -- for each request and app:handle_error(req, res, err) when that raises, and gives the
 -- framework the few functions below. moonserve's own core is the host unless another was
@@ -13,9 +13,11 @@
 --   sleep(seconds)      parks the running handler (moonserve.sleep)
 --   run(app, opts)      serves `app` (app:run)
 --   module(name)        the host's "timer", "dispatcher" (spawn, wait, kill), "semaphore",
---                       "socket" or "worker" module, behind moonserve.timer, moonserve.spawn...
+--                       "socket" or "worker" module, behind moonserve.timer, moonserve.spawn...,
+--                       and on the core's host its "websocket", "channel", "live" and
+--                       "metrics" (app:websocket, app:channel, live reload, moonserve.metrics)
 -- Inside nginx (its Lua module's own `ngx`, not moonserve's ngx layer) the default host is
--- OpenResty's (moonserve/openresty.lua), so that the core's shared object is never loaded there.
+-- OpenResty's (moonserve/host/openresty/init.lua), so that the core's shared object is never loaded there.
 local _M = {}
 
 local NAMES = { "path_plain", "fields_ok", "log", "now", "sleep", "run", "module" }
@@ -37,41 +39,35 @@ function _M.use(host)
     return _M
 end
 
--- The core's host, made when first needed: the FFI (moonserve/base.lua), the dispatcher and
--- the process runner.
-local function core_host()
-    local base = require "moonserve.base"
-    local dispatcher = require "moonserve.dispatcher"
-    local C = base.C
-    local LEVELS = { err = base.LOG_ERR, warn = base.LOG_WARN, info = base.LOG_INFO,
-        debug = base.LOG_DEBUG }
-    local modules = {}
-    return {
-        name = "core",
-        path_plain = function(path)
-            return C.ms_ffi_path_plain(path, #path) ~= 0
-        end,
-        fields_ok = function(lines)
-            return C.ms_ffi_fields_check(lines, #lines) == 0
-        end,
-        log = function(level, msg)
-            base.log(LEVELS[level] or base.LOG_ERR, msg)
-        end,
-        now = base.core.now,
-        sleep = dispatcher.sleep,
-        run = require("moonserve.server").run,
-        -- Cached: a require per call (moonserve.socket.tcp(), spawn, timers) made a string
-        -- and called a C function, whose trace stitch left the rest of the handler to the
-        -- interpreter, some 6,000 instructions a request.
-        module = function(name)
-            local m = modules[name]
-            if m == nil then
-                m = require("moonserve." .. name)
-                modules[name] = m
+-- The modules behind module(name) on the core's host (moonserve/host/core/NAME.lua).
+-- Cached: a require per call (moonserve.socket.tcp(), spawn, timers) made a string and called
+-- a C function, whose trace stitch left the rest of the handler to the interpreter, some
+-- 6,000 instructions a request.
+local core_modules = {}
+local function core_module(name)
+    local m = core_modules[name]
+    if m == nil then
+        m = require("moonserve.host.core." .. name)
+        core_modules[name] = m
+    end
+    return m
+end
+
+-- The core's host before its first call: module(name) loads that module alone, as the
+-- framework asks for the core's WebSocket, channels or live reload while an app is defined;
+-- any other function installs the core's host (moonserve/host/core/init.lua: the FFI) and
+-- calls it.
+local function core_host_unloaded()
+    local t = { name = "core", module = core_module }
+    for _, name in ipairs(NAMES) do
+        if name ~= "module" then
+            t[name] = function(...)
+                _M.use(require "moonserve.host.core")
+                return _M[name](...)
             end
-            return m
-        end,
-    }
+        end
+    end
+    return t
 end
 
 --- Whether this Lua runs inside nginx with its Lua module: a global `ngx` that is nginx's,
@@ -84,9 +80,9 @@ end
 
 local function default_host()
     if _M.under_nginx() then
-        return require("moonserve.openresty").host
+        return require("moonserve.host.openresty").host
     end
-    return core_host()
+    return core_host_unloaded()
 end
 
 -- Until a host is installed, the first look-up of a function installs the core's.
@@ -104,6 +100,16 @@ setmetatable(_M, {
         return nil
     end,
 })
+
+--- Readies the process for handler code, before the app's modules load: on the core's host,
+-- coroutine.resume, wrap and status that let waits through the handler's own coroutines
+-- (moonserve/host/core/coroutine.lua). nginx's Lua module lets waits through coroutines
+-- itself.
+function _M.prepare()
+    if not _M.under_nginx() then
+        require "moonserve.host.core.coroutine"
+    end
+end
 
 -- Whether a host is installed (or the core's was loaded by a first use): for tests.
 function _M.loaded()

@@ -1,11 +1,11 @@
--- moonserve/tls_hook.lua: the certificate hook of TLS handshakes (app:ssl_certificate) in the
+-- moonserve/host/core/tls_hook.lua: the certificate hook of TLS handshakes (app:ssl_certificate) in the
 -- core's host: runs the app's hook for each handshake the core pauses (core/transport/tls.c's
 -- ms_tls_hook_*), and what the hook may do to its handshake (server_name, set_der_cert ...),
 -- with the certificate and key conversions that work anywhere. The ngx layer's ngx.ssl is
 -- these under OpenResty's names.
 local ffi = require "ffi"
-local base = require "moonserve.base"
-local dispatcher = require "moonserve.dispatcher"
+local base = require "moonserve.host.core.base"
+local dispatcher = require "moonserve.host.core.dispatcher"
 
 local C = base.C
 local traceback = debug.traceback

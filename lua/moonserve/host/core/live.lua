@@ -1,4 +1,4 @@
--- moonserve/live.lua: live reload for development. Pages from a static mount with
+-- moonserve/host/core/live.lua: live reload for development. Pages from a static mount with
 -- live_reload carry a small script that listens on /.moonserve/live; this handler sends it
 -- an event when a file under a watched directory changes, and the page reloads.
 -- It reads the core's static generation: the core is loaded at its first request, not when
@@ -11,7 +11,7 @@ local _M = {}
 local POLL, PING = 0.25, 15
 
 function _M.stream(_, res)
-    local base = require "moonserve.base"
+    local base = require "moonserve.host.core.base"
     local C = base.C
     local r = res.r
     local seen = C.ms_ffi_static_generation(r)

@@ -1,5 +1,5 @@
---- moonserve/openresty/request.lua: the request a handler gets inside nginx, over ngx.req
--- and ngx.var: the fields and methods of moonserve's own (moonserve/request.lua).
+--- moonserve/host/openresty/request.lua: the request a handler gets inside nginx, over ngx.req
+-- and ngx.var: the fields and methods of moonserve's own (moonserve/host/core/request.lua).
 --
 -- Its path is the target as the client sent it (ngx.var.request_uri up to "?"), as on the
 -- core, not nginx's decoded and merged $uri. The body streams from ngx.req.socket() when it

@@ -1,5 +1,5 @@
---- moonserve/openresty/response.lua: the reply a handler builds inside nginx, over ngx.status,
--- ngx.header and ngx.print: the methods of moonserve's own (moonserve/response.lua).
+--- moonserve/host/openresty/response.lua: the reply a handler builds inside nginx, over ngx.status,
+-- ngx.header and ngx.print: the methods of moonserve's own (moonserve/host/core/response.lua).
 --
 -- Fields gather in the reply until its head leaves (an error page can still replace them),
 -- then go to ngx.header at once. send() gives the length; write() streams (chunked on

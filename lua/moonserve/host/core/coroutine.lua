@@ -1,4 +1,4 @@
--- moonserve/coroutine.lua: the coroutine functions handler code sees, so that a wait
+-- moonserve/host/core/coroutine.lua: the coroutine functions handler code sees, so that a wait
 -- reaches the dispatcher through the handler's own coroutines and a plain yield does not.
 --
 -- A handler runs in a coroutine the dispatcher resumes. A wait (moonserve.sleep, req:body,

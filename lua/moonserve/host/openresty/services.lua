@@ -1,7 +1,7 @@
---- moonserve/openresty/services.lua: moonserve's timers, light threads, semaphores, sockets,
+--- moonserve/host/openresty/services.lua: moonserve's timers, light threads, semaphores, sockets,
 -- worker and shared dictionaries inside nginx, on OpenResty's own (the modules behind
 -- moonserve.timer, moonserve.spawn, moonserve.semaphore, moonserve.socket, moonserve.worker
--- and moonserve.shared; moonserve/host.lua: module).
+-- and moonserve.shared; moonserve/host/init.lua: module).
 -- @module moonserve.openresty.services
 
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
@@ -199,7 +199,7 @@ local MODULES = {
     },
 }
 
---- The module behind moonserve.`name` inside nginx (moonserve/host.lua: module).
+--- The module behind moonserve.`name` inside nginx (moonserve/host/init.lua: module).
 -- @tparam string name "timer", "dispatcher", "semaphore", "socket" or "worker"
 function _M.module(name)
     local m = MODULES[name]

@@ -1,7 +1,7 @@
--- moonserve/dispatcher.lua: the coroutine dispatcher the core calls once per request, and
+-- moonserve/host/core/dispatcher.lua: the coroutine dispatcher the core calls once per request, and
 -- for every wake. Each request runs in a coroutine from a pool; one that parks (waits for its
 -- body, a timer, a slow reader) is resumed by the core when its wait is over. Waits reach
--- here through the handler's own coroutines too (moonserve/coroutine.lua). What a request's
+-- here through the handler's own coroutines too (moonserve/host/core/coroutine.lua). What a request's
 -- error means (the log line, error pages) is the app's: app:handle_error.
 --
 -- Slots. Every coroutine the dispatcher parks has a slot: parked[slot] is the coroutine,
@@ -14,10 +14,10 @@
 -- way, on the next turn of the loop (wake: a semaphore's post, a thread's end), so a resume
 -- never nests inside the code that caused it.
 local bit = require "bit"
-local base = require "moonserve.base"
-local request = require "moonserve.request"
-local response = require "moonserve.response"
-local coro = require "moonserve.coroutine"
+local base = require "moonserve.host.core.base"
+local request = require "moonserve.host.core.request"
+local response = require "moonserve.host.core.response"
+local coro = require "moonserve.host.core.coroutine"
 
 local C = base.C
 local band = bit.band
@@ -110,7 +110,7 @@ local function scrape(req, res)
     if p ~= "/metrics" and p ~= "/" then
         return res:status(404):send("not found\n")
     end
-    return require("moonserve.metrics").handler(req, res)
+    return require("moonserve.host.core.metrics").handler(req, res)
 end
 
 local function handle(req, res, frame)

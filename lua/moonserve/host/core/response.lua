@@ -1,12 +1,12 @@
---- moonserve/response.lua: the reply a handler builds, written by the core.
+--- moonserve/host/core/response.lua: the reply a handler builds, written by the core.
 --
 -- `Response`: The reply a handler builds. Header and status setters chain; the first send or
 --   write sends the head.
 -- @module moonserve.response
 local ffi = require "ffi"
 local bit = require "bit"
-local base = require "moonserve.base"
-local coro = require "moonserve.coroutine"
+local base = require "moonserve.host.core.base"
+local coro = require "moonserve.host.core.coroutine"
 
 local C = base.C
 local band = bit.band
@@ -115,15 +115,10 @@ function Response:_reset()
 end
 
 -- An app:ngx_content route's code takes the reply over (moonserve/ngx/output.lua writes it
--- through this object already). Its ngx state is made now, before the route's code runs: made
--- at its first ngx call instead, deep in a driver's code, the state's making is a branch that
--- one call per request takes and the others do not, and the side trace it grows returns
--- through the driver's frames, which LuaJIT often cannot compile (a tail call of
--- setmetatable there).
-local ngx_state
+-- through this object already): the ngx layer, which alone makes such routes, puts its own
+-- here when it loads (moonserve/ngx/init.lua).
 function Response._ngx_begin()
-    ngx_state = ngx_state or require("moonserve.ngx.context").state
-    ngx_state()
+    error("app:ngx_content needs the ngx layer: require \"moonserve.ngx\"", 2)
 end
 
 -- One field for response_methods' header(), which raises at the caller of header().

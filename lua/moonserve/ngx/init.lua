@@ -1,4 +1,4 @@
--- moonserve/ngx.lua: OpenResty's `ngx` API over moonserve, so that code written for
+-- moonserve/ngx/init.lua: OpenResty's `ngx` API over moonserve, so that code written for
 -- content_by_lua and the lua-resty drivers run unchanged. `require "moonserve.ngx"` installs
 -- one global `ngx` in the process (an app file's top level runs in the master and again in
 -- each worker); its per-request fields (ngx.ctx, ngx.status, ngx.headers_sent, ngx.arg) and
@@ -16,7 +16,7 @@ end
 -- ffi.C, some as they load (resty.aes: EVP_md5()); loading the core's module makes them the
 -- process's global symbols (luaopen_moonserve_core), so it loads here, before the app's code
 -- requires them.
-require "moonserve.base"
+require "moonserve.host.core.base"
 
 local context = require "moonserve.ngx.context"
 local output = require "moonserve.ngx.output"
@@ -27,7 +27,7 @@ local codec = require "moonserve.ngx.codec"
 local errlog = require "moonserve.ngx.errlog"
 local process = require "moonserve.ngx.process"
 local loader = require "moonserve.ngx.loader"
-require "moonserve.coroutine" -- waits through the user's coroutines: installed before the app's
+require "moonserve.host.core.coroutine" -- waits through the user's coroutines: installed before the app's
 
 local type, error, rawset = type, error, rawset
 local state, request_state = context.state, context.request
@@ -110,34 +110,34 @@ local ngx = {
     log = errlog.log,
     -- sockets, shared dictionaries, timers, threads
     socket = {
-        tcp = waits0("moonserve.socket", "ngx_tcp"),
-        udp = waits0("moonserve.socket", "ngx_udp"),
-        stream = waits0("moonserve.socket", "ngx_tcp"),
+        tcp = waits0("moonserve.host.core.socket", "ngx_tcp"),
+        udp = waits0("moonserve.host.core.socket", "ngx_udp"),
+        stream = waits0("moonserve.host.core.socket", "ngx_tcp"),
     },
     shared = require("moonserve.shared").dicts,
     timer = {
-        at = lazy("moonserve.timer", "at"),
-        every = lazy("moonserve.timer", "every"),
+        at = lazy("moonserve.host.core.timer", "at"),
+        every = lazy("moonserve.host.core.timer", "every"),
         running_count = function()
-            local _, running = require("moonserve.timer").counts()
+            local _, running = require("moonserve.host.core.timer").counts()
             return running
         end,
         pending_count = function()
-            return (require("moonserve.timer").counts())
+            return (require("moonserve.host.core.timer").counts())
         end,
     },
     thread = {
-        spawn = waits("moonserve.dispatcher", "spawn"),
-        wait = lazy("moonserve.dispatcher", "wait"),
-        kill = lazy("moonserve.dispatcher", "kill"),
+        spawn = waits("moonserve.host.core.dispatcher", "spawn"),
+        wait = lazy("moonserve.host.core.dispatcher", "wait"),
+        kill = lazy("moonserve.host.core.dispatcher", "kill"),
     },
-    sleep = waits("moonserve.dispatcher", "sleep"),
+    sleep = waits("moonserve.host.core.dispatcher", "sleep"),
     worker = {
-        id = lazy("moonserve.worker", "id"),
-        count = lazy("moonserve.worker", "count"),
+        id = lazy("moonserve.host.core.worker", "id"),
+        count = lazy("moonserve.host.core.worker", "count"),
         pid = process.pid,
         exiting = function()
-            local d = package.loaded["moonserve.dispatcher"]
+            local d = package.loaded["moonserve.host.core.dispatcher"]
             return d ~= nil and d.stopping()
         end,
     },
@@ -272,6 +272,24 @@ setmetatable(ngx, {
         rawset(t, k, v)
     end,
 })
+
+-- The framework's app:ngx_content and ngx hooks run on this layer: it installs itself there
+-- (moonserve/app.lua: use_ngx), with the phases a request meets (moonserve/ngx/phases.lua,
+-- loaded with the first app that has hooks).
+require("moonserve.app").use_ngx {
+    phases = function(hooks, statics)
+        return require("moonserve.ngx.phases").new(hooks, statics)
+    end,
+}
+-- An app:ngx_content route's reply is the ngx code's (moonserve/ngx/output.lua writes it
+-- through the core's reply object). Its ngx state is made as the route starts, before its code
+-- runs: made at its first ngx call instead, deep in a driver's code, the state's making is a
+-- branch that one call per request takes and the others do not, and the side trace it grows
+-- returns through the driver's frames, which LuaJIT often cannot compile (a tail call of
+-- setmetatable there).
+require("moonserve.host.core.response").methods._ngx_begin = function()
+    state()
+end
 
 loader.install()
 rawset(_G, "ngx", ngx)

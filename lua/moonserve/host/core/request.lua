@@ -1,4 +1,4 @@
---- moonserve/request.lua: the request a handler gets: lazy fields over the core's FFI view.
+--- moonserve/host/core/request.lua: the request a handler gets: lazy fields over the core's FFI view.
 --
 -- `Request`: The request a handler gets. Fields, read lazily from the core: `method`, `path`,
 --   `target`, `query_string`, `query` (a table), `params` (the route's captures), `ctx` (a
@@ -7,8 +7,8 @@
 -- @module moonserve.request
 local ffi = require "ffi"
 local bit = require "bit"
-local base = require "moonserve.base"
-local coro = require "moonserve.coroutine"
+local base = require "moonserve.host.core.base"
+local coro = require "moonserve.host.core.coroutine"
 local shared = require "moonserve.request_methods"
 
 local C = base.C
@@ -122,7 +122,7 @@ function Request:_access(log, route)
     C.ms_ffi_req_access(view(self), log or -2, route, route and #route or 0)
 end
 
--- The route's index in the metrics (moonserve/metrics.lua numbers the app's routes).
+-- The route's index in the metrics (moonserve/host/core/metrics.lua numbers the app's routes).
 function Request:_metric(ix)
     C.ms_ffi_req_metric(view(self), ix)
 end

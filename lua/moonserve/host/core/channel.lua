@@ -1,0 +1,268 @@
+--- moonserve/host/core/channel.lua: named channels that carry WebSocket messages to the subscribers of
+-- every worker. A channel is a ring of `history` slots in a shared dictionary of its own: a
+-- publisher takes the next sequence number with one atomic incr and writes the message into
+-- slot seq % history; each worker that has subscribers polls the ring every `poll` seconds
+-- and hands what is new, in sequence order, to its subscribers with one framed broadcast per
+-- message. The ring never grows: a worker that falls more than `history` messages behind
+-- skips what was overwritten, and a slot still empty after `hole_wait` seconds (a publisher
+-- that died between its incr and its write, or an entry the dictionary evicted) is skipped;
+-- both are counted as lost.
+--
+-- `Channel`: what app:channel(name, opts) returns.
+-- @module moonserve.channel
+local shared = require "moonserve.shared"
+
+local type, tostring, pairs, next, error = type, tostring, pairs, next, error
+local find, sub, tonumber, format, ceil = string.find, string.sub, tonumber, string.format,
+    math.ceil
+
+local _M = {}
+
+local DEFAULTS = {
+    history = 1024,                -- slots in the ring: how far a worker may fall behind
+    size = "2m",                   -- the dictionary's size
+    poll = 0.02,                   -- seconds between a subscribed worker's looks at the ring
+    hole_wait = 1,                 -- seconds a slot may stay unwritten before it is skipped
+    max_message_bytes = 65536,     -- a larger publish is refused
+}
+local PREFIX = "moonserve_channel_"
+
+local channels = {} -- by name, in this process
+
+local Channel = {}
+Channel.__index = Channel
+
+local function dict(self)
+    local d = shared.dicts[self.dict_name]
+    if not d then
+        return nil, "channel " .. self.name .. " is not open here (it opens in the workers)"
+    end
+    return d
+end
+
+-- -- Publishing ---------------------------------------------------------------------------
+
+--- Publishes `data` (text, or with kind "binary" binary) to every subscriber of every worker.
+-- Returns its sequence number, or nil and "not UTF-8", "too big" (over max_message_bytes),
+-- or the dictionary's error.
+function Channel:publish(data, kind)
+    if type(data) ~= "string" then
+        error("bad data (string expected)", 2)
+    end
+    local k = "t"
+    if kind == "binary" then
+        k = "b"
+    elseif kind ~= nil and kind ~= "text" then
+        error("bad kind (\"text\" or \"binary\" expected)", 2)
+    end
+    if #data > self.max_message_bytes then
+        return nil, "too big"
+    end
+    local ws = require "moonserve.host.core.websocket"
+    if k == "t" and not ws.utf8_ok(data) then
+        return nil, "not UTF-8"
+    end
+    local d, err = dict(self)
+    if not d then
+        return nil, err
+    end
+    local seq
+    seq, err = d:incr("seq", 1, 0)
+    if not seq then
+        return nil, err
+    end
+    -- "SEQ KIND DATA": the sequence number tells a reader whether the slot holds the message
+    -- it expects, an older one (not written yet) or a newer one (it fell behind).
+    local ok
+    ok, err = d:set(format("m%d", seq % self.history), format("%d%s", seq, k) .. data)
+    if not ok then
+        return nil, err
+    end
+    return seq
+end
+
+-- -- Subscribing and the poller -----------------------------------------------------------
+
+local function add_lost(self, d, n)
+    if n > 0 then
+        self.lost = self.lost + n
+        d:incr("lost", n, 0)
+    end
+end
+
+-- One look at the ring: delivers what is new, in order, to this worker's subscribers.
+local function poll(self)
+    local d = dict(self)
+    if not d then
+        return
+    end
+    local ws = require "moonserve.host.core.websocket"
+    local subs = self.subs
+    for s in pairs(subs) do
+        if s:closed() then
+            subs[s] = nil
+        end
+    end
+    if next(subs) == nil then
+        -- Nobody listens in this worker any more: stop looking until someone subscribes.
+        self.timer:cancel()
+        self.timer = nil
+        return
+    end
+    local last = d:get("seq") or 0
+    local want = self.next_seq
+    if last < want - 1 then -- (the ring was flushed)
+        want = last + 1
+    end
+    local oldest = last - self.history + 1
+    if want < oldest then
+        add_lost(self, d, oldest - want)
+        want, self.hole_ticks = oldest, 0
+    end
+    local history = self.history
+    while want <= last do
+        local v = d:get(format("m%d", want % history))
+        local p = v and find(v, "[tb]")
+        local seq = p and tonumber(sub(v, 1, p - 1))
+        if seq == want then
+            local data = sub(v, p + 1)
+            ws.broadcast(subs, data, sub(v, p, p) == "b" and "binary" or "text")
+            self.delivered = self.delivered + 1
+            want, self.hole_ticks = want + 1, 0
+        elseif seq and seq > want then
+            -- Overwritten by a later lap: the publishers got `history` ahead of this worker.
+            add_lost(self, d, 1)
+            want, self.hole_ticks = want + 1, 0
+        else
+            -- Not written yet, or evicted: wait a little, in order, then give it up.
+            self.hole_ticks = self.hole_ticks + 1
+            if self.hole_ticks <= self.hole_limit then
+                break
+            end
+            add_lost(self, d, 1)
+            want, self.hole_ticks = want + 1, 0
+        end
+    end
+    self.next_seq = want
+end
+
+--- Adds `ws` to the channel's subscribers in this worker: from now on it gets every message
+-- published to the channel, in the order of their sequence numbers (the same order in every
+-- worker). A socket that closes leaves by itself. Returns true, or nil, err (no timer left).
+function Channel:subscribe(ws)
+    local websocket = require "moonserve.host.core.websocket"
+    if getmetatable(ws) ~= websocket.WebSocket then
+        error("bad socket (websocket expected)", 2)
+    end
+    local d, err = dict(self)
+    if not d then
+        return nil, err
+    end
+    if not self.timer then
+        local timer = require "moonserve.host.core.timer"
+        local h
+        h, err = timer.every(self.poll, function(premature)
+            if not premature then
+                poll(self)
+            end
+        end)
+        if not h then
+            return nil, err
+        end
+        self.timer = h
+        self.next_seq = (d:get("seq") or 0) + 1
+        self.hole_ticks = 0
+    end
+    self.subs[ws] = ws -- (a list for broadcast, which takes the values)
+    return true
+end
+
+--- Takes `ws` out of the channel's subscribers in this worker.
+function Channel:unsubscribe(ws)
+    self.subs[ws] = nil
+end
+
+--- Counts: published (the channel's last sequence number, every worker's), lost (every
+-- worker's), and this worker's subscribers, delivered and lost.
+function Channel:stats()
+    local d = dict(self)
+    local n = 0
+    for s in pairs(self.subs) do
+        if not s:closed() then
+            n = n + 1
+        end
+    end
+    return {
+        published = d and d:get("seq") or 0,
+        lost = d and d:get("lost") or 0,
+        subscribers = n,
+        worker_delivered = self.delivered,
+        worker_lost = self.lost,
+    }
+end
+
+-- -- Declaring ----------------------------------------------------------------------------
+
+-- A channel's options, checked: the table to build it from. Misuse raises at `level`.
+local function check(name, opts, level)
+    if type(name) ~= "string" or not find(name, "^[%w_-]+$") or #name > 63 - #PREFIX then
+        error("bad channel name " .. tostring(name) .. " (1 to " .. (63 - #PREFIX)
+            .. " letters, digits, '_' or '-')", level)
+    end
+    opts = opts or {}
+    if type(opts) ~= "table" then
+        error("bad options for channel " .. name .. " (table expected)", level)
+    end
+    local o = {}
+    for k, v in pairs(opts) do
+        if DEFAULTS[k] == nil then
+            error("unknown channel option " .. tostring(k) .. " for " .. name
+                .. " (accepted: history, size, poll, hole_wait, max_message_bytes)", level)
+        end
+        o[k] = v
+    end
+    for k, v in pairs(DEFAULTS) do
+        if o[k] == nil then
+            o[k] = v
+        end
+    end
+    for _, k in ipairs { "history", "poll", "hole_wait", "max_message_bytes" } do
+        if type(o[k]) ~= "number" or o[k] <= 0 or o[k] ~= o[k] then
+            error("bad " .. k .. " for channel " .. name .. " (positive number expected)", level)
+        end
+    end
+    if o.history % 1 ~= 0 then
+        error("bad history for channel " .. name .. " (a whole number expected)", level)
+    end
+    local bytes, err = shared.parse_size(o.size)
+    if not bytes then
+        error(err:gsub("^bad size", "bad size for channel " .. name), level)
+    end
+    o.bytes = bytes
+    return o
+end
+
+--- Declares the channel `name` for `app` (app:channel): its dictionary is the app's
+-- "moonserve_channel_NAME". Returns the channel; declaring it again returns the same one.
+function _M.declare(app, name, opts, level)
+    level = (level or 1) + 1
+    local o = check(name, opts, level + 1)
+    local ch = channels[name]
+    if not ch then
+        ch = setmetatable({ name = name, dict_name = PREFIX .. name,
+            subs = {}, delivered = 0, lost = 0 }, Channel)
+        channels[name] = ch
+    end
+    ch.history, ch.poll, ch.max_message_bytes = o.history, o.poll, o.max_message_bytes
+    ch.hole_limit = ceil(o.hole_wait / o.poll)
+    app:shared_dict(ch.dict_name, o.bytes)
+    return ch
+end
+
+--- The channel `name` declared in this process, or nil.
+function _M.get(name)
+    return channels[name]
+end
+
+_M.Channel = Channel
+return _M

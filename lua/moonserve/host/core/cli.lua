@@ -1,0 +1,362 @@
+-- moonserve/host/core/cli.lua: the `moonserve` command.
+local _M = {}
+
+local USAGE = [[
+usage: moonserve [APP.lua] [options]
+       moonserve --static DIR [options]
+
+Serves APP.lua (a file that returns an app), or the files of DIR, or the bundled demo site.
+
+options:
+  --static DIR         serve the files of DIR at / from the core, with no Lua per request:
+                       index.html for directories, ETag, ranges, brotli and gzip
+  --listing            with --static: list directories that have no index.html
+  --spa                with --static: paths with no file extension get /index.html
+  --dev                with --static: reload open pages when a file under DIR changes
+  --listen ADDR:PORT   where to listen (default 127.0.0.1:8080; port 0 picks one);
+                       repeatable
+  --listen-proxy ADDR:PORT
+                       a listener whose connections start with a PROXY protocol header
+                       (v1 or v2), whose address then is the client's
+  --tls-cert FILE      the --listen before it serves TLS with this certificate chain (PEM);
+                       give it twice for an RSA and an ECDSA certificate side by side
+  --tls-key FILE       the private key (PEM) of the --tls-cert before it
+  --tls-ocsp FILE      an OCSP response (DER) for the --tls-cert before it, stapled to its
+                       handshakes; its chain must hold the issuer. A reload reads it again
+  --tls-ciphers LIST   that listener's TLS 1.2 ciphers (OpenSSL's syntax; default: Mozilla's
+                       intermediate profile)
+  --tls-unknown-name POLICY
+                       a server name (SNI) no certificate is for: default (answer with the
+                       listener's certificate, the default) or refuse (fail the handshake)
+  --tls-no-ktls        no kernel TLS on the --listen before it, where the kernel offers it
+                       (the start's log line says whether it does)
+  --tls-ticket-rotate S
+                       seconds between new TLS session ticket keys (default 3600); the
+                       two keys before the newest still resume a session
+  --redirect-https PORT
+                       the --listen before it answers every request with a 308 redirect to
+                       the same host and path over https on PORT
+  --ssl-trusted-certificate FILE
+                       CA certificates (PEM) that sock:sslhandshake trusts besides the
+                       system's store
+  --trusted-proxy CIDR believe X-Forwarded-For from these addresses; repeatable
+  --workers N          worker processes under a master (default: one per CPU);
+                       0 runs a single process with no master
+  --user NAME          the workers run as this user (the master starts as root: it binds,
+                       reads the TLS keys and opens the logs, and hands them over)
+  --group NAME         with --user: the workers' group (default: the user's own)
+  --limit KEY=VALUE    set a limit; repeatable (sizes in bytes, times in seconds). The keys,
+                       with their defaults:
+$limits
+  --log FILE           log to FILE (SIGUSR1 reopens it) instead of stderr
+  --log-level LEVEL    debug, info (the default), warn or error
+  --log-format FORMAT  text (the default) or json: one object per line
+  --access-log FILE|-  a line per request (static files too) to FILE, or - for stdout;
+                       SIGUSR1 reopens it. Off by default
+  --access-log-format FORMAT
+                       combined (the default), json, or a template of $fields: time,
+                       time_local, client, method, target, request, status, bytes_in,
+                       bytes_out, duration, protocol, tls, request_id, route, referer,
+                       user_agent (e.g. '$time $client "$request" $status $duration')
+  --request-id-header  replies carry x-request-id (the access log's request_id)
+  --metrics ADDR:PORT  serve metrics in Prometheus' text format on a listener of their own
+                       (GET /metrics; nothing of the app's answers there); off by default
+  --livez PATH         answer GET PATH with 200 "ok" while the worker serves (off by default)
+  --readyz PATH        answer GET PATH with 200, or 503 once the server stops (a reload
+                       stays ready); off by default
+  --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
+  --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
+                       hooks returned (default $start_timeout); past it the start or
+                       reload fails and the old workers keep serving
+  --quiet              log errors and warnings only
+  --check              load the app and check it and every option, then exit (0 when
+                       all is well), as nginx -t does; nothing listens
+
+environment (a flag wins over its variable, which wins over app:run{}'s table; "" is unset):
+  MOONSERVE_LISTEN     ADDR:PORT, or several separated by commas (as --listen)
+  PORT                 listen on MOONSERVE_HOST (default 0.0.0.0) at this port, when
+                       MOONSERVE_LISTEN is not set
+  MOONSERVE_WORKERS    as --workers
+  MOONSERVE_LOG, MOONSERVE_LOG_LEVEL, MOONSERVE_LOG_FORMAT
+                       as --log, --log-level and --log-format
+  MOONSERVE_ACCESS_LOG, MOONSERVE_ACCESS_LOG_FORMAT
+                       as --access-log and --access-log-format
+  MOONSERVE_LIVEZ, MOONSERVE_READYZ, MOONSERVE_STOP_TIMEOUT, MOONSERVE_START_TIMEOUT
+                       as --livez, --readyz, --stop-timeout and --start-timeout
+  MOONSERVE_USER, MOONSERVE_GROUP
+                       as --user and --group
+
+signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
+now, which take over while the old ones finish; USR1 reopens the log files.
+  -h, --help           this text
+  -v, --version        the version, the LuaJIT it runs on and where its modules are
+]]
+
+-- USAGE with the core's limits and defaults filled in: they are defined once, in the core.
+local function usage()
+    local core = require("moonserve.host.core.base").core
+    local lines = {}
+    for i, l in ipairs(core.limits()) do
+        lines[i] = string.format("    %-30s %s", l.key .. "=" .. string.format("%.14g", l.default),
+            l.doc)
+    end
+    local fill = { limits = table.concat(lines, "\n"),
+        stop_timeout = string.format("%.14g", core.defaults().stop_timeout),
+        start_timeout = string.format("%.14g", core.defaults().start_timeout) }
+    return (USAGE:gsub("%$([%w_]+)", fill))
+end
+
+local function die(msg)
+    -- (A mistake in the configuration is the user's: no position inside moonserve's code.)
+    msg = msg:gsub("^[^\n:]*moonserve/[%w_/]+%.lua:%d+: ", "")
+    -- A worker that cannot start tells its master, which stops the start or fails the
+    -- reload with this sentence: one line, the master's.
+    if os.getenv("MOONSERVE_WORKER") then
+        local ok, told = pcall(function()
+            return require("moonserve.host.core.base").core.worker_failed(msg)
+        end)
+        if ok and told then
+            return 2
+        end
+    end
+    io.stderr:write("moonserve: ", msg, "\n")
+    return 2
+end
+
+function _M.main(args)
+    local opts = {}
+    local app_file, static_dir, check
+    local static_flags = {}
+    local i = 1
+    while i <= #args do
+        local a = args[i]
+        local function value()
+            i = i + 1
+            local v = args[i]
+            if v == nil then
+                error({ usage = a .. " needs a value" })
+            end
+            return v
+        end
+        if a == "-h" or a == "--help" then
+            io.stdout:write(usage())
+            return 0
+        elseif a == "-v" or a == "--version" then
+            -- (Which copy runs, and on what: several trees may each have one.)
+            io.stdout:write("moonserve ", require("moonserve")._VERSION, " on ", jit.version,
+                ", from ", package.searchpath("moonserve", package.path) or "?", "\n")
+            return 0
+        elseif a == "--listen" or a == "--listen-proxy" then
+            opts.listen = opts.listen or {}
+            opts.listen[#opts.listen + 1] = { value(), proxy_protocol = a == "--listen-proxy" }
+        elseif a == "--tls-cert" or a == "--tls-key" or a == "--tls-ciphers"
+                or a == "--tls-unknown-name" or a == "--tls-ocsp" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            end
+            local v = value()
+            l.tls = l.tls or { cert = {}, key = {} }
+            if a == "--tls-cert" then
+                table.insert(l.tls.cert, v)
+            elseif a == "--tls-key" then
+                table.insert(l.tls.key, v)
+            elseif a == "--tls-ciphers" then
+                l.tls.ciphers = v
+            elseif a == "--tls-ocsp" then
+                if #l.tls.cert == 0 then
+                    return die(a .. " goes after the --tls-cert it is for")
+                end
+                l.tls.ocsp = l.tls.ocsp or {}
+                for k = #l.tls.ocsp + 1, #l.tls.cert - 1 do
+                    l.tls.ocsp[k] = false
+                end
+                l.tls.ocsp[#l.tls.cert] = v
+            else
+                if v ~= "default" and v ~= "refuse" then
+                    return die("--tls-unknown-name needs default or refuse")
+                end
+                l.tls.unknown_name = v
+            end
+        elseif a == "--tls-no-ktls" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            end
+            l.tls = l.tls or { cert = {}, key = {} }
+            l.tls.ktls = false
+        elseif a == "--redirect-https" then
+            local l = opts.listen and opts.listen[#opts.listen]
+            local port = tonumber(value())
+            if not l then
+                return die(a .. " goes after the --listen it is for")
+            elseif not port then
+                return die(a .. " needs a port")
+            end
+            l.redirect_https = port
+        elseif a == "--ssl-trusted-certificate" then
+            opts.ssl_trusted_certificate = value()
+        elseif a == "--trusted-proxy" then
+            opts.trusted_proxies = opts.trusted_proxies or {}
+            opts.trusted_proxies[#opts.trusted_proxies + 1] = value()
+        elseif a == "--workers" then
+            local n = tonumber(value())
+            if not n or n < 0 or n % 1 ~= 0 then
+                return die("--workers needs a whole number")
+            end
+            opts.workers = n
+        elseif a == "--user" or a == "--group" then
+            opts[a:sub(3)] = value()
+        elseif a == "--limit" then
+            local k, v = value():match("^([%w_]+)=(.+)$")
+            if not k or not tonumber(v) then
+                return die("--limit needs KEY=NUMBER")
+            end
+            opts.limits = opts.limits or {}
+            opts.limits[k] = tonumber(v)
+        elseif a == "--log" then
+            opts.log = value()
+        elseif a == "--log-level" then
+            local v = value()
+            if v ~= "debug" and v ~= "info" and v ~= "warn" and v ~= "error" then
+                return die("--log-level needs debug, info, warn or error")
+            end
+            opts.log_level = v
+        elseif a == "--log-format" then
+            local v = value()
+            if v ~= "text" and v ~= "json" then
+                return die("--log-format needs text or json")
+            end
+            opts.log_format = v
+        elseif a == "--access-log" then
+            opts.access_log = value()
+        elseif a == "--access-log-format" or a == "--access-format" then
+            opts.access_log_format = value()
+        elseif a == "--metrics" then
+            local v = value()
+            if not v:match("^%[?[%w%.:]*%]?:%d+$") then
+                return die("--metrics needs ADDR:PORT")
+            end
+            opts.metrics = v
+        elseif a == "--request-id-header" then
+            opts.request_id_header = true
+        elseif a == "--livez" or a == "--readyz" then
+            local path = value()
+            if path:sub(1, 1) ~= "/" then
+                return die(a .. " needs a path starting with /")
+            end
+            opts[a:sub(3)] = path
+        elseif a == "--stop-timeout" then
+            opts.stop_timeout = tonumber(value())
+            if not opts.stop_timeout then
+                return die("--stop-timeout needs a number of seconds")
+            end
+        elseif a == "--tls-ticket-rotate" then
+            opts.tls_ticket_rotate = tonumber(value())
+            if not opts.tls_ticket_rotate then
+                return die("--tls-ticket-rotate needs a number of seconds")
+            end
+        elseif a == "--start-timeout" then
+            opts.start_timeout = tonumber(value())
+            if not opts.start_timeout then
+                return die("--start-timeout needs a number of seconds")
+            end
+        elseif a == "--quiet" then
+            opts.quiet = true
+        elseif a == "--check" then
+            check = true
+        elseif a == "--static" then
+            static_dir = value()
+        elseif a == "--listing" or a == "--spa" or a == "--dev" then
+            static_flags[a:sub(3)] = true
+        elseif a:sub(1, 1) == "-" then
+            return die("unknown option " .. a .. " (see --help)")
+        elseif app_file then
+            return die("one app file at most")
+        else
+            app_file = a
+        end
+        i = i + 1
+    end
+    for _, l in ipairs(opts.listen or {}) do
+        if l.tls and (#l.tls.cert == 0 or #l.tls.cert ~= #l.tls.key) then
+            return die("--listen " .. l[1] .. ": each --tls-cert needs its --tls-key")
+        end
+    end
+    local app
+    if static_dir then
+        if app_file then
+            return die("--static serves a directory: no app file with it")
+        end
+        local ok, err = pcall(function()
+            app = require("moonserve.app").new()
+            app:static("/", static_dir, { listing = static_flags.listing, spa = static_flags.spa,
+                live_reload = static_flags.dev, cache_control = static_flags.dev and "no-cache"
+                or nil })
+        end)
+        if not ok then
+            return die(tostring(err))
+        end
+    elseif next(static_flags) then
+        return die("--listing, --spa and --dev go with --static")
+    elseif app_file then
+        local chunk, err = loadfile(app_file)
+        if not chunk then
+            return die(err)
+        end
+        local ok
+        ok, app = pcall(chunk)
+        if not ok then
+            return die(tostring(app))
+        end
+        if type(app) ~= "table" or type(app.handle) ~= "function" then
+            return die(app_file .. " must return an app (moonserve.app())")
+        end
+    else
+        -- MOONSERVE_DEMO names the demo's file in a source tree (the tests set it), so a
+        -- stale installed copy is not what gets run there.
+        local file = os.getenv("MOONSERVE_DEMO")
+        local ok, demo
+        if file and file ~= "" then
+            ok, demo = pcall(dofile, file)
+        else
+            ok, demo = pcall(require, "moonserve.demo")
+        end
+        if not ok then
+            return die("the demo site is not installed: " .. tostring(demo))
+        end
+        app = demo
+    end
+    if opts.quiet then
+        require("moonserve.host.core.base").core.log_level(1)
+    end
+    -- What the command line set, the environment does not override (--quiet: the level).
+    local flags = {}
+    for k in pairs(opts) do
+        flags[k] = true
+    end
+    flags.log_level = flags.log_level or flags.quiet
+    require("moonserve.host.core.runner").given(opts, flags)
+    if check then
+        local ok, err, env, ktls = pcall(require("moonserve.host.core.runner").check, app, opts)
+        if not ok then
+            return die(tostring(err))
+        end
+        if env then
+            io.stdout:write("moonserve: from the environment: ", env, "\n")
+        end
+        if ktls then
+            io.stdout:write("moonserve: ", ktls, "\n")
+        end
+        io.stdout:write("moonserve: ", app_file or static_dir or "the demo site",
+            ": the app and its options are valid\n")
+        return 0
+    end
+    local ok, err = pcall(app.run, app, opts)
+    if not ok then
+        return die(tostring(err))
+    end
+    return 0
+end
+
+return _M

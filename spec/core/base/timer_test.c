@@ -4,17 +4,19 @@
 #include "../../../core/base/timer.c"
 
 static uv_loop_t loop;
-static ms_server_t *srv;
+static ms_timers_t tm;
 
 static void setup(void)
 {
     uv_loop_init(&loop);
-    srv = ms_server_new(&loop, NULL, NULL, NULL, NULL);
+    ms__timers_init(&tm, &loop);
 }
 
 static void teardown(void)
 {
-    ms_server_free(srv);
+    ms__timers_close(&tm);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ms__timers_free(&tm);
     uv_loop_close(&loop);
 }
 
@@ -32,7 +34,7 @@ static void note(ms_timer_t *t)
 }
 
 /* Every parent due no later than its children, and each timer knows its place. */
-static int heap_ok(const ms_server_t *s)
+static int heap_ok(const ms_timers_t *s)
 {
     for (uint32_t i = 0; i < s->heap_len; i++) {
         if (s->heap[i]->index != i + 1)
@@ -52,10 +54,10 @@ TEST(timer_fires_in_due_order_on_the_loop)
     for (int i = 0; i < 6; i++) {
         t[i].id = ms[i];
         t[i].t.index = 0;
-        ms_timer_start(srv, &t[i].t, (uint64_t)ms[i], note);
-        ASSERT(heap_ok(srv));
+        ms__timers_start(&tm, &t[i].t, (uint64_t)ms[i], note);
+        ASSERT(heap_ok(&tm));
     }
-    ASSERT_EQ(6, srv->heap_len);
+    ASSERT_EQ(6, tm.heap_len);
     uint64_t t0 = uv_now(&loop);
     uv_run(&loop, UV_RUN_DEFAULT); /* ends when the last has fired: nothing else holds it */
     ASSERT_EQ(6, nfired);
@@ -65,7 +67,7 @@ TEST(timer_fires_in_due_order_on_the_loop)
     ASSERT(uv_now(&loop) - t0 >= 40); /* not early: the last was due 40 ms on */
     for (int i = 0; i < 6; i++)
         ASSERT_EQ(0, t[i].t.index); /* fired timers are disarmed */
-    ASSERT_EQ(0, srv->heap_len);
+    ASSERT_EQ(0, tm.heap_len);
     teardown();
 }
 
@@ -79,18 +81,18 @@ TEST(timer_stopped_never_fires_and_the_heap_stays_whole)
     for (int i = 0; i < 40; i++) {
         t[i].id = i;
         t[i].t.index = 0;
-        ms_timer_start(srv, &t[i].t, (uint64_t)((i * 17) % 40), note);
+        ms__timers_start(&tm, &t[i].t, (uint64_t)((i * 17) % 40), note);
     }
-    ASSERT(heap_ok(srv));
+    ASSERT(heap_ok(&tm));
     int left = 40;
     for (int i = 0; i < 40; i += 3) {
-        ms_timer_stop(srv, &t[i].t);
+        ms__timers_stop(&tm, &t[i].t);
         ASSERT_EQ(0, t[i].t.index);
-        ASSERT(heap_ok(srv));
+        ASSERT(heap_ok(&tm));
         left--;
     }
-    ms_timer_stop(srv, &t[0].t); /* twice: nothing */
-    ASSERT_EQ(left, srv->heap_len);
+    ms__timers_stop(&tm, &t[0].t); /* twice: nothing */
+    ASSERT_EQ(left, tm.heap_len);
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(left, nfired);
     for (int k = 0; k < nfired; k++) {
@@ -106,12 +108,12 @@ TEST(timer_started_again_moves_instead_of_doubling)
     setup();
     tagged_t a = {.id = 1}, b = {.id = 2};
     nfired = 0;
-    ms_timer_start(srv, &a.t, 5, note);
-    ms_timer_start(srv, &b.t, 10, note);
-    ms_timer_start(srv, &a.t, 30, note); /* later than b now */
-    ASSERT_EQ(2, srv->heap_len);
-    ASSERT(heap_ok(srv));
-    ASSERT(srv->heap[0] == &b.t);
+    ms__timers_start(&tm, &a.t, 5, note);
+    ms__timers_start(&tm, &b.t, 10, note);
+    ms__timers_start(&tm, &a.t, 30, note); /* later than b now */
+    ASSERT_EQ(2, tm.heap_len);
+    ASSERT(heap_ok(&tm));
+    ASSERT(tm.heap[0] == &b.t);
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(2, nfired);
     ASSERT_EQ(2, fired[0]);
@@ -124,7 +126,7 @@ static int repeats;
 static void again(ms_timer_t *t)
 {
     if (++repeats < 3)
-        ms_timer_start(srv, t, 1, again);
+        ms__timers_start(&tm, t, 1, again);
 }
 
 /* ... or stop another that is due in the same run. */
@@ -132,7 +134,7 @@ static ms_timer_t *victim;
 static void stop_other(ms_timer_t *t)
 {
     note(t);
-    ms_timer_stop(srv, victim);
+    ms__timers_stop(&tm, victim);
 }
 
 TEST(timer_callbacks_may_start_and_stop_timers)
@@ -140,7 +142,7 @@ TEST(timer_callbacks_may_start_and_stop_timers)
     setup();
     ms_timer_t r = {0};
     repeats = 0;
-    ms_timer_start(srv, &r, 0, again);
+    ms__timers_start(&tm, &r, 0, again);
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(3, repeats);
     ASSERT_EQ(0, r.index);
@@ -148,8 +150,8 @@ TEST(timer_callbacks_may_start_and_stop_timers)
     tagged_t a = {.id = 1}, b = {.id = 2};
     nfired = 0;
     victim = &b.t;
-    ms_timer_start(srv, &a.t, 0, stop_other);
-    ms_timer_start(srv, &b.t, 0, note);
+    ms__timers_start(&tm, &a.t, 0, stop_other);
+    ms__timers_start(&tm, &b.t, 0, note);
     uv_sleep(2); /* both due by the time the loop looks */
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(1, nfired);
@@ -161,21 +163,21 @@ TEST(timer_is_armed_only_earlier_and_holds_the_loop_only_while_armed)
 {
     setup();
     ms_timer_t a = {0}, b = {0};
-    ms_timer_start(srv, &a, 1000, note);
-    uint64_t armed = srv->armed_due;
+    ms__timers_start(&tm, &a, 1000, note);
+    uint64_t armed = tm.armed_due;
     ASSERT_EQ(a.due, armed);
-    ms_timer_start(srv, &b, 5000, note); /* later: the uv_timer is left where it is */
-    ASSERT_EQ(armed, srv->armed_due);
-    ms_timer_start(srv, &b, 10, note); /* earlier: moved */
-    ASSERT_EQ(b.due, srv->armed_due);
+    ms__timers_start(&tm, &b, 5000, note); /* later: the uv_timer is left where it is */
+    ASSERT_EQ(armed, tm.armed_due);
+    ms__timers_start(&tm, &b, 10, note); /* earlier: moved */
+    ASSERT_EQ(b.due, tm.armed_due);
     ASSERT(uv_loop_alive(&loop));
-    ms_timer_stop(srv, &a);
-    ms_timer_stop(srv, &b);
+    ms__timers_stop(&tm, &a);
+    ms__timers_stop(&tm, &b);
     /* Nothing to wait for: the loop may end (a stopping worker must not hang on it). */
     ASSERT(!uv_loop_alive(&loop));
-    ms_timer_start(srv, &a, 1000, note);
+    ms__timers_start(&tm, &a, 1000, note);
     ASSERT(uv_loop_alive(&loop));
-    ms_timer_stop(srv, &a);
+    ms__timers_stop(&tm, &a);
     teardown();
 }
 

@@ -81,7 +81,7 @@ TEST(accept_sniffs_the_http2_preface_and_otherwise_speaks_http1)
     ASSERT_STR_EQ("accept", ca->proto->name);
     /* the preface whole */
     ms_memio_feed(&a, S(MS_H2_PREFACE));
-    ASSERT(ca->proto == &ms__h2_proto);
+    ASSERT(ca->proto == HTTP2);
     ASSERT(starts_with_settings(&a));
     /* the preface split: the stage keeps its start until the rest comes */
     ms_memio_read(&b, "PRI * HT", 8);
@@ -89,18 +89,18 @@ TEST(accept_sniffs_the_http2_preface_and_otherwise_speaks_http1)
     ASSERT(cb->pstate != NULL);
     ASSERT_EQ(0, b.out.len);
     ms_memio_read(&b, MS_H2_PREFACE + 8, MS_H2_PREFACE_LEN - 8);
-    ASSERT(cb->proto == &ms__h2_proto);
+    ASSERT(cb->proto == HTTP2);
     ASSERT(starts_with_settings(&b));
     /* A request that starts with "P" as the preface does: HTTP/1.1 once it differs. */
     ms_memio_read(&c, "P", 1);
     ASSERT_STR_EQ("accept", cc->proto->name);
     ms_memio_read(&c, S("OST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"));
-    ASSERT(cc->proto == &ms__h1_proto);
+    ASSERT(cc->proto == HTTP1);
     ASSERT_EQ(1, requests);
     ASSERT(strncmp(text(&c.out), "HTTP/1.1 200 OK\r\n", 17) == 0);
     /* anything else: HTTP/1.1 from the first byte */
     ms_memio_feed(&d, S(GET));
-    ASSERT(cd->proto == &ms__h1_proto);
+    ASSERT(cd->proto == HTTP1);
     ASSERT_EQ(2, requests);
     ms_memio_t *all[] = {&a, &b, &c, &d};
     for (int i = 0; i < 4; i++) {
@@ -120,7 +120,7 @@ TEST(accept_takes_the_protocol_the_transport_agreed)
     a.alpn = "h2";
     b.alpn = "http/1.1";
     ms_memio_feed(&a, S(MS_H2_PREFACE));
-    ASSERT(ca->proto == &ms__h2_proto);
+    ASSERT(ca->proto == HTTP2);
     /* ALPN said HTTP/1.1: a preface is not sniffed, it is a bad request line */
     ms_memio_feed(&b, S(MS_H2_PREFACE));
     ASSERT(b.conn == NULL); /* answered as HTTP/1.1 does a line it cannot read, and closed */

@@ -100,6 +100,10 @@ ms_raw_t *ms_raw_accept(ms_req_t *r, uint64_t send_queue, int *err)
 void ms_raw_free(ms_raw_t *t)
 {
     ms_server_t *s = t->server;
+    /* The request outlives the socket (its handler finishes it after): it must not call
+     * the freed tunnel when its connection ends or it finishes. */
+    if (t->req->tunnel == &t->tunnel)
+        t->req->tunnel = NULL;
     /* Back to a request in flight, which ms_req_finish counts out. */
     s->websockets--;
     s->stats->in_flight++;

@@ -1,0 +1,166 @@
+/* server_test.c: a worker's server on a real loop: listening on loopback, serving, the caps
+ * on open connections, stopping and freeing; the limits' defaults. */
+#include "test.h"
+
+#include "../../../core/engine/server.c"
+#include "loopback.h"
+
+#define S(lit) lit, sizeof(lit) - 1
+
+static uv_loop_t loop;
+static ms_server_t *srv;
+static int requests, stopped;
+
+static void on_request(ms_req_t *r, void *data)
+{
+    (void)data;
+    requests++;
+    ms_reply_send(r, S("served"), MS_VEC_STATIC, -1);
+    ms_req_finish(r);
+}
+
+static void on_resume(ms_req_t *r, void *data)
+{
+    (void)r;
+    (void)data;
+}
+
+static void on_stopped(ms_server_t *s)
+{
+    (void)s;
+    stopped++;
+}
+
+static void setup(const ms_limits_t *lim)
+{
+    ms_log_set(NULL, MS_LOG_ERR);
+    uv_loop_init(&loop);
+    srv = ms_server_new(&loop, lim, on_request, on_resume, NULL);
+    requests = stopped = 0;
+}
+
+static void teardown(void)
+{
+    ms_server_free(srv);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(0, uv_loop_close(&loop)); /* every handle closed */
+}
+
+TEST(server_limits_defaults_are_the_table)
+{
+    ms_limits_t l;
+    memset(&l, 0xff, sizeof(l));
+    ms_limits_default(&l);
+    ASSERT_EQ(10000, l.head_timeout_ms);  /* 10 s */
+    ASSERT_EQ(15000, l.idle_timeout_ms);  /* 15 s */
+    ASSERT_EQ(30000, l.send_timeout_ms);  /* 30 s */
+#define CHECK_DEFAULT(key, field, type, dflt, unit, max, doc)                                     \
+    if (l.field != (type)((dflt)*MS_UNIT_SCALE(unit)))                                             \
+        TEST_FAIL("%s: not its default", #key);
+    MS_LIMITS(CHECK_DEFAULT)
+#undef CHECK_DEFAULT
+    /* A server made without limits takes the defaults. */
+    uv_loop_init(&loop);
+    srv = ms_server_new(&loop, NULL, on_request, on_resume, NULL);
+#define CHECK_SAME(key, field, type, dflt, unit, max, doc)                                        \
+    if (srv->limits.field != l.field)                                                              \
+        TEST_FAIL("%s: not its default", #key);
+    MS_LIMITS(CHECK_SAME)
+#undef CHECK_SAME
+    ASSERT_EQ(443, srv->https_port);
+    ASSERT(!ms_server_stopping(srv));
+    ASSERT(ms_server_loop(srv) == &loop);
+    ASSERT(ms_server_stats(srv) == srv->stats);
+    teardown();
+}
+
+TEST(server_listen_parses_addresses_and_refuses_bad_ones)
+{
+    setup(NULL);
+    static const char *const bad[] = {"nocolon", "127.0.0.1:", "127.0.0.1:70000",
+                                      "127.0.0.1:-1", "[::1:80", "127.0.0.1:8x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+        if (ms_server_listen(srv, bad[i], 0, 0) != UV_EINVAL)
+            TEST_FAIL("%s: not refused", bad[i]);
+    ASSERT(srv->listeners == NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "localhost:0", 0, 0));
+    int port = ms_server_port(srv);
+    ASSERT(port > 0);
+    /* ms_listen_fd: the same parse, a socket of its own, the port overridden */
+    ASSERT_EQ(UV_EINVAL, ms_listen_fd("nocolon", 0, -1));
+    int fd = ms_listen_fd("127.0.0.1:1", 16, 0);
+    ASSERT(fd >= 0);
+    int fport = ms_fd_port(fd);
+    ASSERT(fport > 0 && fport != 1);
+    ASSERT_EQ(0, ms_server_listen_fd(srv, fd, 0)); /* the server owns it now */
+    ASSERT_EQ(fport, ms_server_port(srv));
+    ASSERT_EQ(UV_EINVAL, ms_server_listen_tls(srv, NULL));
+    ms_server_stop(srv, on_stopped);
+    ASSERT_EQ(1, stopped); /* no connection: done at once */
+    ASSERT(srv->listeners == NULL);
+    teardown();
+}
+
+TEST(server_serves_a_loopback_client_then_stops)
+{
+    setup(NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    static const char req[] = "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+    client_t cl;
+    client_start(&cl, &loop, ms_server_port(srv), S(req));
+    ASSERT(run_until(&loop, &cl.done, 5000));
+    ASSERT_EQ(UV_EOF, cl.status);
+    ASSERT_EQ(1, requests);
+    ASSERT(cl.got.base != NULL && strncmp(cl.got.base, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    ASSERT_HAS(cl.got.base, "\r\n\r\nserved");
+    ASSERT_EQ(1, (int)srv->stats->accepted);
+    ASSERT_EQ(1, (int)srv->stats->requests);
+    client_free(&cl);
+
+    /* Stopping with a connection open: done once it is gone, and no new one is taken. */
+    static const char keep[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    client_t k;
+    client_start(&k, &loop, ms_server_port(srv), S(keep));
+    while (requests < 2)
+        uv_run(&loop, UV_RUN_ONCE);
+    int port = ms_server_port(srv);
+    ms_server_stop(srv, on_stopped);
+    ASSERT(ms_server_stopping(srv));
+    ASSERT_EQ(0, stopped); /* the keep-alive connection gets its grace */
+    ASSERT(run_until(&loop, &k.done, 5000));
+    ASSERT(run_until(&loop, &stopped, 5000));
+    ASSERT_EQ(1, stopped);
+    ASSERT_EQ(0, (int)srv->stats->conns);
+    client_t late;
+    client_start(&late, &loop, port, S(keep));
+    ASSERT(run_until(&loop, &late.done, 5000));
+    ASSERT(late.status < 0 && late.status != UV_EOF); /* refused: nobody listens */
+    ASSERT_EQ(2, requests);
+    client_free(&k);
+    client_free(&late);
+    teardown();
+}
+
+TEST(server_closes_connections_over_its_cap_before_reading)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.connections = 0;
+    setup(&lim);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    static const char req[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    client_t cl;
+    client_start(&cl, &loop, ms_server_port(srv), S(req));
+    ASSERT(run_until(&loop, &cl.done, 5000));
+    ASSERT(cl.status < 0);
+    ASSERT_EQ(0, cl.got.len);
+    ASSERT_EQ(0, requests);
+    ASSERT_EQ(1, (int)srv->stats->refused_conns);
+    ASSERT_EQ(0, (int)srv->stats->conns);
+    client_free(&cl);
+    ms_server_stop(srv, on_stopped);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    teardown();
+}
+
+TEST_MAIN()

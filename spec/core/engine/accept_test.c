@@ -4,6 +4,7 @@
 
 #include "../../../core/engine/accept.c"
 #include "../../../core/transport/memio.h"
+#include "text.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define GET    "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -55,13 +56,6 @@ static void teardown(void)
     ms_server_free(srv);
     uv_loop_close(&loop);
     ms_log_set(NULL, MS_LOG_ERR);
-}
-
-static const char *text(ms_buf_t *b)
-{
-    ms__buf_append(b, "", 1);
-    b->len--;
-    return b->base;
 }
 
 /* The server's first frame on HTTP/2 is its SETTINGS (RFC 9113 3.4). */

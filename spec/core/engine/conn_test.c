@@ -4,6 +4,7 @@
 
 #include "../../../core/engine/conn.c"
 #include "../../../core/transport/memio.h"
+#include "text.h"
 
 static uv_loop_t loop;
 static ms_server_t *srv;
@@ -19,13 +20,6 @@ static void teardown(void)
 {
     ms_server_free(srv);
     uv_loop_close(&loop);
-}
-
-static const char *text(ms_buf_t *b)
-{
-    ms__buf_append(b, "", 1);
-    b->len--;
-    return b->base;
 }
 
 /* -- A transport whose socket takes `room` bytes a call, and keeps the rest of a write as a

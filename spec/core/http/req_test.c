@@ -4,6 +4,7 @@
 
 #include "../../../core/http/req.c"
 #include "../../../core/transport/memio.h"
+#include "text.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -63,13 +64,6 @@ static void teardown(void)
     ms_server_free(srv);
     uv_loop_close(&loop);
     ms_log_set(NULL, MS_LOG_ERR);
-}
-
-static const char *text(ms_buf_t *b)
-{
-    ms__buf_append(b, "", 1);
-    b->len--;
-    return b->base;
 }
 
 /* Feeds `req` on a new connection; the reply in `m` (closed by the peer after). */

@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include "../../../core/transport/memio.c"
+#include "text.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define GET    "GET / HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -49,13 +50,6 @@ static void teardown(void)
 {
     ms_server_free(srv);
     uv_loop_close(&loop);
-}
-
-static const char *text(ms_buf_t *b)
-{
-    ms__buf_append(b, "", 1);
-    b->len--;
-    return b->base;
 }
 
 TEST(memio_keeps_what_the_engine_writes_and_closes_as_asked)

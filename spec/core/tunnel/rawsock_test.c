@@ -4,6 +4,7 @@
 
 #include "../../../core/tunnel/rawsock.c"
 #include "../../../core/transport/memio.h"
+#include "text.h"
 
 #define S(lit) lit, sizeof(lit) - 1
 #define UPGRADE "GET /raw HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: x-raw\r\n\r\n"
@@ -56,13 +57,6 @@ static void teardown(void)
 {
     ms_server_free(srv);
     uv_loop_close(&loop);
-}
-
-static const char *text(ms_buf_t *b)
-{
-    ms__buf_append(b, "", 1);
-    b->len--;
-    return b->base;
 }
 
 TEST(rawsock_takes_the_connection_and_carries_bytes_both_ways)

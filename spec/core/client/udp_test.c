@@ -167,8 +167,7 @@ TEST(udp_sends_and_receives_datagrams_over_ipv4_and_ipv6)
         ASSERT(!u->v.connected);
         ASSERT_EQ(UV_ENOTCONN, send_str(u, "early"));
         /* An address: no lookup, connected at once. */
-        ASSERT_EQ(MS_SOCK_DONE, ms_udp_setpeername(u, hosts[i], strlen(hosts[i]), p.port,
-                                                   on_done));
+        ASSERT_EQ(MS_SOCK_DONE, ms_udp_setpeername(u, hosts[i], strlen(hosts[i]), p.port, on_done));
         ASSERT(u->v.connected);
         ASSERT_EQ(0, done_n[0]);
         /* Gathered buffers go as one datagram. */

@@ -219,7 +219,8 @@ TEST(alog_writes_json_lines_that_stay_json_whatever_the_client_sends)
     const char *got = slurp(path);
     ASSERT_EQ(1, count_lines(got));
     ASSERT(strncmp(got, "{\"time\":\"", 9) == 0);
-    ASSERT_HAS(got, "\",\"client\":\"memory\",\"method\":\"GET\",\"target\":\"/x\",\"status\":200,");
+    ASSERT_HAS(got,
+               "\",\"client\":\"memory\",\"method\":\"GET\",\"target\":\"/x\",\"status\":200,");
     ASSERT_HAS(got, ",\"protocol\":\"HTTP/1.1\",\"tls\":null,\"request_id\":\"");
     ASSERT_HAS(got, ",\"route\":\"a\\\"b\\\\c\\u000a\\u0001\\u007f\xc3\xa9\\u0080\\u00ed\\u00a0"
                     "\\u0080\\u00c0\\u00af\\u00f5\\u0080\\u0080\\u0080!\",");

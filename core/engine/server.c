@@ -1,17 +1,5 @@
 /* server.c: a worker's server: its life (start, stop, free, going through the table of parts),
  * and the depth guard around calls into the handler. */
-#include "moonserve.h"
-
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "engine/engine.h"
 
 /* -- Server ------------------------------------------------------------------------------ */

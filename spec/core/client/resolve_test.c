@@ -9,52 +9,7 @@
 
 #include "../../../core/client/resolve.c"
 
-/* libuv's thread pool, two threads, so that a test can hold both (lookups then wait). */
-__attribute__((constructor)) static void small_pool(void)
-{
-    setenv("UV_THREADPOOL_SIZE", "2", 1);
-}
-
-static uv_loop_t loop;
-static ms_server_t *srv;
-static uv_timer_t guard;
-static ms_mem_stats_t mem_before;
-
-static void on_guard(uv_timer_t *t)
-{
-    (void)t;
-    fprintf(stderr, "  resolve_test: a wait took over 10 s\n");
-    abort();
-}
-
-static void setup(void)
-{
-    ms_log_set(NULL, MS_LOG_ERR);
-    uv_loop_init(&loop);
-    mem_before = ms_mem_stats;
-    srv = ms_server_new(&loop, NULL, NULL, NULL, NULL);
-    uv_timer_init(&loop, &guard);
-}
-
-static void run_once(void)
-{
-    uv_timer_start(&guard, on_guard, 10000, 0);
-    uv_run(&loop, UV_RUN_ONCE);
-    uv_timer_stop(&guard);
-}
-
-static int teardown(void)
-{
-    uv_close((uv_handle_t *)&guard, NULL);
-    if (srv != NULL)
-        ms_server_free(srv);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    if (uv_loop_close(&loop) != 0) {
-        uv_print_all_handles(&loop, stderr);
-        return 0;
-    }
-    return ms_mem_stats.allocs - mem_before.allocs == ms_mem_stats.frees - mem_before.frees;
-}
+#include "real_loop.h"
 
 /* Completions, per resolution. */
 #define N 8
@@ -109,41 +64,6 @@ static const char *addr_text(const ms_addr_t *a)
 static ms_sockets_t *sk(void)
 {
     return ms__sockets(srv);
-}
-
-/* Holds both of the thread pool's threads, so that lookups wait. */
-static uv_sem_t hold;
-static uv_work_t holders[2];
-static int holders_done;
-
-static void hold_work(uv_work_t *w)
-{
-    (void)w;
-    uv_sem_wait(&hold);
-}
-
-static void hold_done(uv_work_t *w, int status)
-{
-    (void)w;
-    (void)status;
-    holders_done++;
-}
-
-static void pool_hold(void)
-{
-    uv_sem_init(&hold, 0);
-    holders_done = 0;
-    for (int i = 0; i < 2; i++)
-        uv_queue_work(&loop, &holders[i], hold_work, hold_done);
-}
-
-static void pool_release(void)
-{
-    for (int i = 0; i < 2; i++)
-        uv_sem_post(&hold);
-    while (holders_done < 2)
-        run_once();
-    uv_sem_destroy(&hold);
 }
 
 TEST(resolve_takes_address_literals_without_a_lookup)

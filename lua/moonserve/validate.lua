@@ -12,6 +12,8 @@ local setmetatable, type, pairs, tonumber, tostring, error, pcall, find, gsub, c
 
 local null = json.null
 
+local _M = {}
+
 -- The options each type takes (every type takes those of ANY).
 local ANY = { [1] = true, required = true, default = true, check = true, nullable = true,
     enum = true }
@@ -22,8 +24,8 @@ local OPTIONS = {
     boolean = {},
     array = { min = true, max = true, of = true },
     table = { fields = true },
+    object = { fields = true },
 }
-OPTIONS.object = OPTIONS.table
 
 -- What each option must be.
 local KINDS = { required = "boolean", check = "function", nullable = "boolean", enum = "table",
@@ -249,7 +251,7 @@ end
 -- @tparam table schema
 -- @tparam[opt] table opts max_errors: errors collected at most (100), then "_more"
 -- @treturn function v(input) -> data, errors (nil, or { path = message })
-local function new(schema, opts)
+function _M.new(schema, opts)
     local fields = compile(schema, "")
     local max_errors = opts and opts.max_errors or 100
     return function(input)
@@ -275,4 +277,5 @@ local function new(schema, opts)
     end
 end
 
-return setmetatable({ new = new }, { __call = function(_, ...) return new(...) end })
+-- moonserve.validate(schema) is validate.new(schema).
+return setmetatable(_M, { __call = function(_, ...) return _M.new(...) end })

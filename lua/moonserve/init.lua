@@ -25,6 +25,18 @@ function _M.csrf(opts)
     return require("moonserve.csrf").middleware(opts)
 end
 
+--- A validator for a schema of params, queries or JSON bodies: v(input) -> data, errors
+-- (moonserve/validate.lua).
+-- @usage local v = moonserve.validate{ title = { "string", required = true } }
+function _M.validate(schema, opts)
+    return require("moonserve.validate").new(schema, opts)
+end
+
+--- JSON that keeps its shapes: json.array(t) (an empty one is `[]`), json.null, encode,
+-- decode (moonserve/json.lua).
+-- @table json
+_M.json = require "moonserve.json"
+
 --- Parks the running handler for `seconds` while the worker serves others; works inside
 -- pcall and the handler's own coroutines, raises inside a C call (a string.gsub callback...).
 function _M.sleep(seconds)

@@ -74,6 +74,26 @@ local function media_type(self)
     return lower(semi and sub(ct, 1, semi - 1):match("^%s*(.-)%s*$") or ct:match("^%s*(.-)%s*$"))
 end
 
+--- Every value of query parameter `name`, as a list: {} when absent, one item when it came
+-- once, all of them in order when repeated ("?tag=a&tag=b"). req.query[name] gives a string
+-- for a parameter that came once and a list for a repeated one.
+-- @tparam string name
+-- @treturn table a new list of strings
+-- @usage for _, tag in ipairs(req:query_all("tag")) do ... end
+function Request:query_all(name)
+    local v = self.query[name]
+    if v == nil then
+        return {}
+    elseif type(v) == "table" then
+        local list = {}
+        for i = 1, #v do
+            list[i] = v[i]
+        end
+        return list
+    end
+    return { v }
+end
+
 --- The parts of a multipart/form-data body as they arrive: for part in req:parts() do ...
 -- (moonserve.multipart: part.name, part.filename, part:read(), part:body(), part:save(path)).
 -- Returns nil, err when the body is not multipart/form-data.
@@ -195,16 +215,15 @@ function Request:accepts(...)
     return best
 end
 
-local cjson_safe
---- The body decoded as JSON, or nil and an error.
+--- The body decoded as JSON (moonserve.json.decode: null is json.null, an empty array is
+-- marked to encode as `[]` again), or nil and an error.
 -- @return the decoded value, or nil and an error
 function Request:json()
     local body, err = self:body()
     if not body then
         return nil, err
     end
-    cjson_safe = cjson_safe or require "cjson.safe"
-    local v, jerr = cjson_safe.decode(body)
+    local v, jerr = require("moonserve.json").decode(body)
     if v == nil and jerr then
         return nil, "invalid JSON: " .. jerr
     end

@@ -4,11 +4,22 @@
 -- (moonserve/host/openresty/response.lua) take them.
 -- @module moonserve.response_methods
 local cookie = require "moonserve.cookie"
+local json = require "moonserve.json"
 
-local format, gsub, find, type, tostring = string.format, string.gsub, string.find, type,
-    tostring
+local format, gsub, find, type, tostring, pairs = string.format, string.gsub, string.find,
+    type, tostring, pairs
 
 local Response = {}
+
+-- The reasons error_json says when given no message (RFC 9110 15.5, 15.6).
+local REASONS = {
+    [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbidden", [404] = "Not Found",
+    [405] = "Method Not Allowed", [406] = "Not Acceptable", [408] = "Request Timeout",
+    [409] = "Conflict", [410] = "Gone", [413] = "Content Too Large", [415] =
+    "Unsupported Media Type", [422] = "Unprocessable Content", [429] = "Too Many Requests",
+    [500] = "Internal Server Error", [501] = "Not Implemented", [502] = "Bad Gateway",
+    [503] = "Service Unavailable", [504] = "Gateway Timeout",
+}
 
 local _M = { methods = Response }
 
@@ -67,17 +78,55 @@ function Response:header(name, value)
 end
 
 
-local cjson
---- Sends `value` as JSON.
+--- Sends `value` as JSON (moonserve.json: json.array(t) encodes as an array, `[]` when
+-- empty; json.null as null).
 -- @param value a table (or any value lua-cjson encodes)
 -- @return true, or nil and an error
 function Response:json(value)
-    cjson = cjson or require "cjson"
-    local body = cjson.encode(value)
+    local body = json.encode(value)
     if not self.has_type then
         self:header("content-type", "application/json")
     end
     return self:send(body)
+end
+
+--- Answers 422 with `{"errors": {field: message, ...}}`: what a validator of
+-- moonserve.validate returned as its errors.
+-- @tparam table errors
+-- @return true, or nil and an error
+-- @usage local data, errors = v(req:json()); if errors then return res:invalid(errors) end
+function Response:invalid(errors)
+    if type(errors) ~= "table" then
+        error("bad errors (table expected, got " .. type(errors) .. ")", 2)
+    end
+    self:status(422)
+    return self:json{ errors = errors }
+end
+
+--- Answers `status` with the JSON error envelope `{"error": {"status": 404, "message":
+-- "..."}}`; the fields of `extra` (a code, details...) join status and message.
+-- @tparam integer status
+-- @tparam[opt] string message the status's reason when nil
+-- @tparam[opt] table extra more fields of "error"
+-- @return true, or nil and an error
+-- @usage return res:error_json(404, "no such note", { id = id })
+function Response:error_json(status, message, extra)
+    if type(status) ~= "number" or status < 400 or status > 599 or status % 1 ~= 0 then
+        error("bad error status " .. tostring(status) .. " (400 to 599 expected)", 2)
+    end
+    local body = {}
+    if extra ~= nil then
+        if type(extra) ~= "table" then
+            error("bad extra (table expected, got " .. type(extra) .. ")", 2)
+        end
+        for k, v in pairs(extra) do
+            body[k] = v
+        end
+    end
+    body.status = status
+    body.message = message ~= nil and tostring(message) or (REASONS[status] or "Error")
+    self:status(status)
+    return self:json{ error = body }
 end
 
 -- Printable bytes no URL may hold as they are (RFC 3986 2): escaped in a Location. Above

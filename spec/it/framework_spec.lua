@@ -95,6 +95,50 @@ describe("the framework over a real server (" .. server .. ")", function()
         assert.equal("html", curl("-s -H 'Accept: text/html' " .. url .. "/api/who"))
         assert.equal("none", curl("-s -H 'Accept: image/png' " .. url .. "/api/who"))
     end)
+
+    it("validates a query: 422 with every field's error, repeated parameters as lists", function()
+        local json = require "cjson"
+        local out = curl("-s -w '\n%{http_code} %{content_type}' '" .. url ..
+            "/api/search?page=0&tag=ok&tag=toolong'")
+        local body, status = out:match("^(.*)\n(%d+ .*)$")
+        assert.equal("422 application/json", status, out)
+        assert.same({ errors = { page = "at least 1", ["tag[2]"] = "at most 5 characters" } },
+            json.decode(body))
+        out = curl("-s '" .. url .. "/api/search?page=2&tag=a&tag=b&tag=a'")
+        assert.same({ page = 2, tags = { "a", "b", "a" }, all = { "a", "b", "a" }, none = {} },
+            json.decode(out))
+        -- an empty list stays [] through res:json; one value is a list of one
+        out = curl("-s '" .. url .. "/api/search'")
+        assert.truthy(out:find('"tags":[]', 1, true), out)
+        assert.truthy(out:find('"all":[]', 1, true), out)
+        out = curl("-s '" .. url .. "/api/search?tag=x'")
+        assert.truthy(out:find('"all":["x"]', 1, true), out)
+    end)
+
+    it("validates a JSON body and answers the JSON error envelopes", function()
+        local json = require "cjson"
+        local token = curl("-s " .. url .. "/form"):match('name="_csrf" value="([^"]+)"')
+        local post = "-s -w '\n%{http_code}' -H 'X-CSRF-Token: " .. token ..
+            "' -H 'Content-Type: application/json' " .. url .. "/api/notes -d "
+        local body, status = curl(post .. [['{"title":"far too long a title","author":{}}']])
+            :match("^(.*)\n(%d+)$")
+        assert.equal("422", status)
+        assert.same({ errors = { title = "at most 10 characters", ["author.name"] = "required" } },
+            json.decode(body))
+        body, status = curl(post .. [['{"title":"hi","x":1}']]):match("^(.*)\n(%d+)$")
+        assert.equal("201", status)
+        assert.same({ note = { title = "hi" }, missing = json.null }, json.decode(body))
+        body, status = curl(post .. [['{"title":']]):match("^(.*)\n(%d+)$")
+        assert.equal("400", status)
+        local e = json.decode(body).error
+        assert.equal(400, e.status)
+        assert.truthy(e.message:find("invalid JSON", 1, true), body)
+        body, status = curl("-s -w '\n%{http_code}' " .. url .. "/api/notes/7")
+            :match("^(.*)\n(%d+)$")
+        assert.equal("404", status)
+        assert.same({ error = { status = 404, message = "no such note", id = "7" } },
+            json.decode(body))
+    end)
 end)
 
 describe("form tokens and the origin check over a real server (" .. server .. ")", function()

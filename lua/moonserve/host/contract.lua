@@ -12,14 +12,14 @@ return {
     },
     -- The request's methods.
     request_methods = {
-        "accepts", "body", "body_limit", "form", "header", "headers", "json", "parts", "read",
-        "trailers",
+        "accepts", "body", "body_limit", "form", "header", "headers", "json", "parts",
+        "query_all", "read", "trailers",
         "_access", "_metric", "_read", "_static_dir", "_unread",
     },
     -- The reply's methods.
     response_methods = {
-        "before_send", "cookie", "fields", "file", "flush", "get_status", "gone", "header",
-        "json", "redirect", "render", "send", "sent", "static_mount", "status", "trailer",
+        "before_send", "cookie", "error_json", "fields", "file", "flush", "get_status", "gone",
+        "header", "invalid", "json", "redirect", "render", "send", "sent", "static_mount", "status", "trailer",
         "write",
         "_add_header", "_fields_checked", "_ngx_begin", "_reset", "_url_check",
     },

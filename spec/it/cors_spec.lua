@@ -3,11 +3,21 @@
 -- same fields, and hostile ones no browser would).
 local helper = require "helper"
 
-describe("CORS over a real server", function()
+-- The moonserve server, and nginx with its Lua module through moonserve.openresty: the same
+-- app file and the same answers from both.
+local function start(server)
+    if server == "nginx" then
+        return helper.nginx_app { app = "spec/fixtures/cors_app.lua" }
+    end
+    return helper.spawn_server { app = "spec/fixtures/cors_app.lua" }
+end
+
+for _, server in ipairs { "moonserve", "nginx" } do
+describe("CORS over a real server (" .. server .. ")", function()
     local srv, url
 
     setup(function()
-        srv = helper.spawn_server { app = "spec/fixtures/cors_app.lua" }
+        srv = start(server)
         url = "http://127.0.0.1:" .. srv.port
     end)
 
@@ -140,6 +150,8 @@ describe("CORS over a real server", function()
         assert.is_nil(allowed("https://x.evil.test?a.app.example"))
     end)
 end)
+
+end
 
 describe("flash messages over a real server", function()
     it("shows the messages on the page after the redirect, once", function()

@@ -59,6 +59,7 @@ build = {
          ["moonserve.validate"] = "lua/moonserve/validate.lua",
          ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
+         ["moonserve.cors"] = "lua/moonserve/cors.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",
          ["moonserve.host.contract"] = "lua/moonserve/host/contract.lua",

@@ -37,6 +37,13 @@ end
 -- @table json
 _M.json = require "moonserve.json"
 
+--- Middleware for cross-origin requests: which other origins' pages may read the replies,
+-- with which methods and headers; preflights answered without the route (moonserve/cors.lua,
+-- middleware).
+function _M.cors(opts)
+    return require("moonserve.cors").middleware(opts)
+end
+
 --- Parks the running handler for `seconds` while the worker serves others; works inside
 -- pcall and the handler's own coroutines, raises inside a C call (a string.gsub callback...).
 function _M.sleep(seconds)

@@ -22,6 +22,7 @@ local getmetatable, setmetatable = getmetatable, setmetatable
 local MAX_COOKIE = 4096   -- what browsers keep at least, attributes included (RFC 6265 6.1)
 local MIN_SECRET = 32     -- bytes: a shorter secret can be guessed offline from one cookie
 local ID_BYTES = 16       -- 128 random bits: ids cannot be guessed
+local FLASH = "_flash"    -- where flash messages wait in the data: a list of { kind, message }
 
 local _M = { MAX_COOKIE = MAX_COOKIE }
 
@@ -36,13 +37,24 @@ local Session = {}
 Session.__index = Session
 
 local function new_session(id, data, is_new)
+    -- What the previous request left with flash() is this request's to read, and is not
+    -- saved again: the session changes, so its cookie (or record) is written without them.
+    local flashes = data[FLASH]
+    local had = flashes ~= nil
+    if had then
+        data[FLASH] = nil
+        if type(flashes) ~= "table" then
+            flashes = nil
+        end
+    end
     return setmetatable({
         id = id,            -- public: csrf tokens and logs may use it
         is_new = is_new,    -- true when no valid cookie came with the request
         _data = data,
-        _dirty = false,     -- save() writes a cookie only when something changed
+        _dirty = had,       -- save() writes a cookie only when something changed
         _keep = false,      -- keep(): save() writes a cookie even for an empty session
         _old_id = nil,      -- set by regenerate(): the stored record to delete on save
+        _flashes = flashes or {}, -- the previous request's flash messages: { kind, message }
     }, Session)
 end
 
@@ -61,6 +73,49 @@ function Session:set(key, value)
     self._data[key] = value
     self._dirty = true
     return self
+end
+
+--- Keeps a message for the next request of this session (after a redirect, the page it
+-- lands on): `kind` says what it is ("notice", "error"...), `message` is any JSON value.
+-- The next request that loads the session reads it with flashes(); it is dropped at the end
+-- of that request whether read or not, so a message is shown once.
+-- @usage req.session:flash("notice", "Saved"); return res:redirect("/notes")
+function Session:flash(kind, message)
+    if type(kind) ~= "string" then
+        error("bad flash kind (string expected, got " .. type(kind) .. ")", 2)
+    end
+    if message == nil then
+        error("bad flash message (a value expected)", 2)
+    end
+    local list = self._data[FLASH]
+    if type(list) ~= "table" then
+        list = {}
+        self._data[FLASH] = list
+    end
+    list[#list + 1] = { kind, message }
+    self._dirty = true
+    return self
+end
+
+--- The messages the previous request left with flash(), and forgets them: with `kind`, the
+-- list of that kind's messages (the others stay for this request); without, a list of
+-- { kind =, message = } in the order they were left. Empty lists when there are none.
+-- @usage for _, f in ipairs(req.session:flashes()) do ... f.kind, f.message ... end
+function Session:flashes(kind)
+    local got, keep = {}, {}
+    for _, f in ipairs(self._flashes) do
+        -- (an entry flash() did not write, from a store's data, is nothing to show)
+        local ok = type(f) == "table" and type(f[1]) == "string"
+        if ok and kind == nil then
+            got[#got + 1] = { kind = f[1], message = f[2] }
+        elseif ok and f[1] == kind then
+            got[#got + 1] = f[2]
+        elseif ok then
+            keep[#keep + 1] = f
+        end
+    end
+    self._flashes = keep
+    return got
 end
 
 --- Gives the session a new id, keeping its data. Call it when privileges change (at login):
@@ -271,7 +326,7 @@ function Manager:load(from)
     end
     local s = new_session(p.i, p.d, false)
     -- Signed with an older secret: saving it again moves it to the newest one.
-    s._dirty = rotated
+    s._dirty = s._dirty or rotated
     return s
 end
 

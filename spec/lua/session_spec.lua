@@ -525,6 +525,92 @@ describe("moonserve.session", function()
         end)
     end)
 
+    describe("flash messages", function()
+        for _, opts in ipairs {
+            { "in a cookie", function() return { secret = SECRET } end },
+            { "in a store", function() return { secret = SECRET, store = session.memory_store() } end },
+        } do
+            describe(opts[1], function()
+                local m = session.new(opts[2]())
+
+                -- The next request of a browser that got `set_cookie` (nil: it keeps its own).
+                local function next_request(jar, set_cookie)
+                    if set_cookie then
+                        jar.cookie = cookie_of(set_cookie)
+                    end
+                    return m:load(jar.cookie)
+                end
+
+                it("shows a message on the next request only, then drops it", function()
+                    local jar = {}
+                    local s = next_request(jar)
+                    s:set("user", "ada")
+                    s:flash("notice", "Saved"):flash("error", "Title too long")
+                    assert.same({}, s:flashes()) -- not this request's to show
+                    local s2 = next_request(jar, m:save(s))
+                    assert.equal("ada", s2:get("user"))
+                    assert.is_nil(s2:get("_flash"))
+                    assert.same({ { kind = "notice", message = "Saved" },
+                        { kind = "error", message = "Title too long" } }, s2:flashes())
+                    assert.same({}, s2:flashes()) -- read and cleared
+                    local s3 = next_request(jar, m:save(s2))
+                    assert.same({}, s3:flashes())
+                    assert.equal("ada", s3:get("user"))
+                end)
+
+                it("drops unread messages after the next request too", function()
+                    local jar = {}
+                    local s = next_request(jar)
+                    s:flash("notice", "Saved")
+                    local s2 = next_request(jar, m:save(s))
+                    local set_cookie = m:save(s2) -- not read: still the cookie changes
+                    assert.is_string(set_cookie)
+                    assert.same({}, next_request(jar, set_cookie):flashes())
+                end)
+
+                it("reads one kind, leaving the others for this request", function()
+                    local jar = {}
+                    local s = next_request(jar)
+                    s:set("user", "ada")
+                    s:flash("notice", "a"):flash("error", "b"):flash("notice", { n = 3 })
+                    local s2 = next_request(jar, m:save(s))
+                    assert.same({ "a", { n = 3 } }, s2:flashes("notice"))
+                    assert.same({}, s2:flashes("notice"))
+                    assert.same({ { kind = "error", message = "b" } }, s2:flashes())
+                end)
+
+                it("keeps a message left while showing one for the request after", function()
+                    local jar = {}
+                    local s = next_request(jar)
+                    s:flash("notice", "first")
+                    local s2 = next_request(jar, m:save(s))
+                    s2:flash("notice", "second")
+                    local s3 = next_request(jar, m:save(s2))
+                    assert.same({ "second" }, s3:flashes("notice"))
+                end)
+
+                it("keeps messages across regenerate, and after destroy", function()
+                    local jar = {}
+                    local s = next_request(jar)
+                    s:set("user", "ada")
+                    s:flash("notice", "Welcome"):regenerate()
+                    assert.same({ "Welcome" }, next_request(jar, m:save(s)):flashes("notice"))
+                    local s2 = next_request(jar)
+                    s2:destroy():flash("notice", "Logged out")
+                    local s3 = next_request(jar, m:save(s2))
+                    assert.is_nil(s3:get("user"))
+                    assert.same({ "Logged out" }, s3:flashes("notice"))
+                end)
+
+                it("refuses a kind that is not a string and a nil message", function()
+                    local s = m:load(nil)
+                    assert.has_error(function() s:flash(1, "x") end)
+                    assert.has_error(function() s:flash("notice", nil) end)
+                end)
+            end)
+        end
+    end)
+
     describe("new", function()
         local misuse = {
             { "no secret", {} },

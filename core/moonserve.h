@@ -492,6 +492,17 @@ int ms_server_port(ms_server_t *s);
  * until it stops, then 503, unless the stop hands over to a new worker (a reload: the service
  * stays ready). Before any static mount or handler; NULL or "" turns a path off. */
 void ms_server_health(ms_server_t *s, const char *livez, const char *readyz);
+/* The bodies of the core's own refusals (400, 403, 408, 413, 414, 431, 503) in place of its
+ * text ("413 Content Too Large\n"), for an API that answers in JSON or a site in HTML: a body of
+ * `kind` MS_REFUSAL_TEXT (text/plain), MS_REFUSAL_JSON (application/json) or MS_REFUSAL_HTML
+ * (text/html), at most MS_REFUSAL_BODY_MAX bytes, set once at start (its bytes are sent by
+ * reference). A refusal answers with the JSON body when the request's Accept names
+ * application/json or a +json type, the HTML one when it names text/html (whichever comes
+ * first), else the text, else the first given of JSON and HTML. Returns 0, UV_EINVAL (a
+ * status the core does not refuse with, an unknown kind, a body too large) or UV_EEXIST. */
+enum { MS_REFUSAL_TEXT, MS_REFUSAL_JSON, MS_REFUSAL_HTML };
+#define MS_REFUSAL_BODY_MAX 16384
+int ms_server_refusal_body(ms_server_t *s, int status, int kind, const char *body, size_t len);
 /* Marks the coming stop as a handover to a new worker (readyz stays 200). */
 void ms_server_handing_over(ms_server_t *s);
 /* Stops accepting, closes idle connections, lets in-flight requests finish. `done` runs when

@@ -583,6 +583,26 @@ static int server_health(lua_State *L)
     return 0;
 }
 
+/* server:refusal_body(status, kind, body) -> true | nil, err: the app's body for one of the
+ * core's refusals; kind "text", "json" or "html" (ms_server_refusal_body). */
+static int server_refusal_body(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    static const char *const kinds[] = {"text", "json", "html", NULL};
+    int status = (int)luaL_checkinteger(L, 2);
+    int kind = luaL_checkoption(L, 3, NULL, kinds);
+    size_t len;
+    const char *body = luaL_checklstring(L, 4, &len);
+    int rc = ms_server_refusal_body(b->server, status, kind, body, len);
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, uv_err_name(rc));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 /* server:request_id_header(on): replies carry x-request-id. */
 static int server_request_id_header(lua_State *L)
 {
@@ -1331,6 +1351,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"access_dropped", server_access_dropped},
                                               {"request_id_header", server_request_id_header},
                                               {"health", server_health},
+                                              {"refusal_body", server_refusal_body},
                                               {"stats", server_stats},
                                               {"static", server_static},
                                               {"static_cache", server_static_cache},

@@ -95,6 +95,12 @@ MS_FFI int ms_ffi_req_address(ms_req_t *r, int local, char *buf, size_t len)
     return ms_conn_address(r->conn, local, buf, len);
 }
 
+/* The status the core answered with in the handler's place (a limit, a deadline), or 0. */
+MS_FFI int ms_ffi_req_refused(ms_req_t *r)
+{
+    return r->refused;
+}
+
 MS_FFI int ms_ffi_req_peer_trusted(ms_req_t *r)
 {
     return ms_req_peer_trusted(r);

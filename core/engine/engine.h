@@ -292,6 +292,8 @@ struct ms_server_s {
     ms_metrics_block_t own_m;
     /* the access logs (accesslog.c), made at the first: requests note their start */
     struct ms_alogs_s *alogs;
+    /* the app's bodies for the core's refusals (http/req.c); NULL: the core's own text */
+    struct ms_refusals_s *refusals;
     /* request ids (req.c) */
     uint8_t id_header;        /* replies carry x-request-id */
     char id_prefix[17];       /* 16 random hex digits, drawn at the first id */

@@ -436,14 +436,18 @@ static void h1_refuse(ms_req_t *r, int status)
         r->v.flags |= MS_REQ_HEAD_SENT | MS_REQ_DONE | MS_REQ_CLOSE;
         ms_out_t *o = ms__conn_out(c);
         char *w = ms__out_reserve(o, 512);
-        char body[64];
-        int len = ms__refusal_body(status, body, sizeof(body));
+        ms_refusal_t body;
+        ms__refusal(r, status, &body);
         int n = snprintf(w, 512,
-                         "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: text/plain; "
-                         "charset=utf-8\r\ncontent-length: %d\r\n%sconnection: close\r\n\r\n%s",
-                         status, ms__reason(status), ms__date_line(s), len,
-                         status == 503 ? "retry-after: 1\r\n" : "", body);
+                         "HTTP/1.1 %d %s\r\nserver: moonserve\r\n%scontent-type: %s\r\n"
+                         "content-length: %zu\r\n%sconnection: close\r\n\r\n",
+                         status, ms__reason(status), ms__date_line(s), body.type, body.len,
+                         status == 503 ? "retry-after: 1\r\n" : "");
         ms__out_commit(s, o, (size_t)n);
+        if (body.app) /* the app's lives as long as the server */
+            ms__out_vec(s, o, body.body, body.len, MS_VEC_STATIC, -1);
+        else
+            ms__out_text(s, o, body.body, body.len);
         c->flags |= MS_CONN_CLOSING;
         if (!(c->flags & MS_CONN_IN_FEED))
             ms__conn_flush(c);
@@ -513,6 +517,27 @@ static void h1_reply_head(ms_req_t *r, int64_t clen)
 
 /* -- Reading ----------------------------------------------------------------------------- */
 
+/* refuse_busy with the app's body for 503, if it gave one: no head was parsed, so no Accept
+ * chooses among its bodies (ms__refusal_first). */
+static MS_NOINLINE int refuse_busy_app(ms_conn_t *c, ms_out_t *o)
+{
+    ms_server_t *s = c->server;
+    size_t len;
+    const char *type, *body = ms__refusal_first(s, 503, &len, &type);
+    if (body == NULL)
+        return 0;
+    char *w = ms__out_reserve(o, 256);
+    int n = snprintf(w, 256,
+                     "HTTP/1.1 503 Service Unavailable\r\nserver: moonserve\r\n%sretry-after: "
+                     "1\r\ncontent-type: %s\r\ncontent-length: %zu\r\nconnection: close\r\n\r\n",
+                     ms__date_line(s), type, len);
+    ms__out_commit(s, o, (size_t)n);
+    ms__out_vec(s, o, body, len, MS_VEC_STATIC, -1);
+    h1_of(c)->state = MS_H1_DEAD;
+    c->flags |= MS_CONN_CLOSING;
+    return 1;
+}
+
 /* Over the in-flight cap: 503 from the core before the head is even parsed, and a close.
  * Shedding load must cost far less than serving it: what it costs here is finding the end
  * of the head, one write and the close; the client comes back on a new connection, later. */
@@ -524,6 +549,8 @@ static void refuse_busy(ms_conn_t *c)
                                "content-length: 24\r\nconnection: close\r\n";
     static const char body[] = "\r\n503 Service Unavailable\n"; /* ms__refusal_body's */
     ms_out_t *o = ms__conn_out(c);
+    if (MS_UNLIKELY(s->refusals != NULL) && refuse_busy_app(c, o))
+        return;
     ms__out_vec(s, o, busy, sizeof(busy) - 1, MS_VEC_STATIC, -1);
     ms__out_text(s, o, ms__date_line(s), 37);
     ms__out_vec(s, o, body, sizeof(body) - 1, MS_VEC_STATIC, -1);

@@ -652,16 +652,16 @@ static void h2_refuse(ms_req_t *r, int status)
     ms_stream_t *st = stream_of(r);
     r->v.flags |= MS_REQ_BODY_ERROR;
     if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
-        static const char type[] = "content-type: text/plain; charset=utf-8\r\n";
         static const char retry[] = "retry-after: 1\r\n";
-        char body[64];
-        int n = ms__refusal_body(status, body, sizeof(body));
+        ms_refusal_t body;
+        ms__refusal(r, status, &body);
         ms_reply_reset(r);
         r->v.status = (uint16_t)status;
-        ms_reply_field(r, type, sizeof(type) - 1);
+        ms_reply_header(r, "content-type", 12, body.type, strlen(body.type));
         if (status == 503)
             ms_reply_field(r, retry, sizeof(retry) - 1);
-        ms_reply_send(r, body, (size_t)n, MS_VEC_OUT, -1);
+        /* (the app's body lives as long as the server) */
+        ms_reply_send(r, body.body, body.len, body.app ? MS_VEC_STATIC : MS_VEC_OUT, -1);
     }
     discard_rest(st);
     if (r->v.wait == MS_WAIT_BODY)

@@ -11,6 +11,19 @@ extern const ms_proto_t ms__h1_proto, ms__h2_proto;
 /* -- The request layer (req.c) */
 const char *ms__reason(int status);
 int ms__refusal_body(int status, char *buf, size_t size);
+/* The body a refusal of `status` carries: the app's (ms_server_refusal_body) as the request's
+ * Accept asks for it, else the core's text in `buf`. `r` may be NULL (no request yet). */
+typedef struct {
+    const char *type; /* the content type */
+    const char *body;
+    size_t len;
+    int app; /* the app's, which lives as long as the server (MS_VEC_STATIC); else `buf` */
+    char buf[64];
+} ms_refusal_t;
+void ms__refusal(ms_req_t *r, int status, ms_refusal_t *out);
+/* The app's body for a refusal before any request (503 over in_flight on HTTP/1.1): its text,
+ * else the first it gave; NULL when it gave none. */
+const char *ms__refusal_first(ms_server_t *s, int status, size_t *len, const char **type);
 int ms__req_refused_busy(ms_server_t *s);
 /* Over the in-flight cap? Then the refusal is counted and logged, and the protocol answers
  * 503 with ms__refusal_body and retry-after: 1, the same on every protocol. */

@@ -61,6 +61,128 @@ int ms__refusal_body(int status, char *buf, size_t size)
     return snprintf(buf, size, "%d %s\n", status, ms__reason(status));
 }
 
+/* -- The app's bodies for the core's refusals (ms_server_refusal_body) -------------------- */
+
+#define MS__REFUSALS 7
+
+/* The statuses the core refuses with by itself, and the kinds of body an app may give each. */
+static const uint16_t refusal_statuses[MS__REFUSALS] = {400, 403, 408, 413, 414, 431, 503};
+static const char *const refusal_types[3] = {"text/plain; charset=utf-8", "application/json",
+                                             "text/html; charset=utf-8"};
+
+struct ms_refusals_s {
+    char *body[MS__REFUSALS][3]; /* owned; NULL: not given */
+    uint32_t len[MS__REFUSALS][3];
+};
+
+static int refusal_index(int status)
+{
+    for (int i = 0; i < MS__REFUSALS; i++)
+        if (refusal_statuses[i] == status)
+            return i;
+    return -1;
+}
+
+int ms_server_refusal_body(ms_server_t *s, int status, int kind, const char *body, size_t len)
+{
+    int i = refusal_index(status);
+    if (i < 0 || kind < MS_REFUSAL_TEXT || kind > MS_REFUSAL_HTML || len > MS_REFUSAL_BODY_MAX ||
+        (body == NULL && len > 0))
+        return UV_EINVAL;
+    if (s->refusals == NULL) {
+        s->refusals = ms_mem_alloc(sizeof(*s->refusals));
+        memset(s->refusals, 0, sizeof(*s->refusals));
+    }
+    /* Set once, at start: a body is referenced, not copied, by replies still queued. */
+    if (s->refusals->body[i][kind] != NULL)
+        return UV_EEXIST;
+    char *copy = ms_mem_alloc(len + 1);
+    if (len > 0)
+        memcpy(copy, body, len);
+    copy[len] = '\0';
+    s->refusals->body[i][kind] = copy;
+    s->refusals->len[i][kind] = (uint32_t)len;
+    return 0;
+}
+
+static void refusals_free(ms_server_t *s)
+{
+    if (s->refusals == NULL)
+        return;
+    for (int i = 0; i < MS__REFUSALS; i++)
+        for (int k = 0; k < 3; k++)
+            ms_mem_free(s->refusals->body[i][k]);
+    ms_mem_free(s->refusals);
+    s->refusals = NULL;
+}
+
+const ms_part_t ms__refusal_part = {.name = "refusal bodies", .worker_free = refusals_free};
+
+/* Where in `accept` a media type of `kind` is first named, or SIZE_MAX: JSON is
+ * application/json or any "+json" suffix (RFC 6839, section 3.1), HTML text/html. A cheap
+ * look, not content negotiation: q-values are not weighed. */
+static size_t accept_at(const ms_str_t *accept, int kind)
+{
+    const char *p = accept->base;
+    size_t n = accept->len;
+    for (size_t i = 0; i < n; i++) {
+        if (kind == MS_REFUSAL_JSON && p[i] == 'j' && i >= 1 && n - i >= 4 &&
+            memcmp(p + i, "json", 4) == 0 && (p[i - 1] == '+' || p[i - 1] == '/'))
+            return i;
+        if (kind == MS_REFUSAL_HTML && n - i >= 9 && ms__ieq(p + i, "text/html", 9))
+            return i;
+    }
+    return SIZE_MAX;
+}
+
+void ms__refusal(ms_req_t *r, int status, ms_refusal_t *out)
+{
+    ms_server_t *s = r != NULL ? r->conn->server : NULL;
+    int i = s != NULL && s->refusals != NULL ? refusal_index(status) : -1;
+    const struct ms_refusals_s *t = i >= 0 ? s->refusals : NULL;
+    int kind = -1;
+    if (t != NULL) {
+        /* (A head the core refuses before it is whole has no fields yet: nheaders is 0.) */
+        const ms_str_t *accept = ms_req_header(r, "accept", 6);
+        size_t json = SIZE_MAX, html = SIZE_MAX;
+        if (accept != NULL) {
+            if (t->body[i][MS_REFUSAL_JSON] != NULL)
+                json = accept_at(accept, MS_REFUSAL_JSON);
+            if (t->body[i][MS_REFUSAL_HTML] != NULL)
+                html = accept_at(accept, MS_REFUSAL_HTML);
+        }
+        if (json != SIZE_MAX || html != SIZE_MAX)
+            kind = json < html ? MS_REFUSAL_JSON : MS_REFUSAL_HTML;
+        else /* the text, else the first given in the order text, JSON, HTML */
+            for (int k = MS_REFUSAL_TEXT; k <= MS_REFUSAL_HTML && kind < 0; k++)
+                if (t->body[i][k] != NULL)
+                    kind = k;
+    }
+    if (kind < 0) {
+        out->type = refusal_types[MS_REFUSAL_TEXT];
+        out->len = (size_t)ms__refusal_body(status, out->buf, sizeof(out->buf));
+        out->body = out->buf;
+        out->app = 0;
+        return;
+    }
+    out->type = refusal_types[kind];
+    out->body = t->body[i][kind];
+    out->len = t->len[i][kind];
+    out->app = 1;
+}
+
+const char *ms__refusal_first(ms_server_t *s, int status, size_t *len, const char **type)
+{
+    int i = s->refusals != NULL ? refusal_index(status) : -1;
+    for (int k = MS_REFUSAL_TEXT; i >= 0 && k <= MS_REFUSAL_HTML; k++)
+        if (s->refusals->body[i][k] != NULL) {
+            *len = s->refusals->len[i][k];
+            *type = refusal_types[k];
+            return s->refusals->body[i][k];
+        }
+    return NULL;
+}
+
 /* A request over the in-flight cap (ms__req_busy): counted and logged, a flood as one line
  * a second. */
 int ms__req_refused_busy(ms_server_t *s)
@@ -95,9 +217,11 @@ void ms__req_refuse(ms_req_t *r, int status, const char *why)
     r->refused = (uint16_t)status;
     if (MS_UNLIKELY(s->alogs != NULL) && !(r->v.flags & MS_REQ_IN_HANDLER)) {
         /* No handler will finish it: its line is now, with the body the refusal carries. */
-        char body[64];
-        if (!(r->v.flags & MS_REQ_HEAD_SENT))
-            r->bytes_out += (uint64_t)ms__refusal_body(status, body, sizeof(body));
+        if (!(r->v.flags & MS_REQ_HEAD_SENT)) {
+            ms_refusal_t body;
+            ms__refusal(r, status, &body);
+            r->bytes_out += (uint64_t)body.len;
+        }
         ms__alog_req(r);
     }
     if (MS_UNLIKELY(s->metrics_on) && !(r->v.flags & MS_REQ_IN_HANDLER))

@@ -218,11 +218,145 @@ local REASONS = { [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbid
     [429] = "Too Many Requests", [500] = "Internal Server Error", [501] = "Not Implemented",
     [502] = "Bad Gateway", [503] = "Service Unavailable", [504] = "Gateway Timeout" }
 
+-- The statuses the core refuses with by itself (and 403 for a cross-site request), the most a
+-- body may hold, and the kinds of body by the names app:refusal_body takes.
+local REFUSALS = { [400] = true, [403] = true, [408] = true, [413] = true, [414] = true,
+    [431] = true, [503] = true }
+local REFUSAL_BODY_MAX = 16384
+local REFUSAL_KINDS = { "text", "json", "html" }
+
+-- Whether `s` is whole UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+local function utf8_ok(s)
+    local i, n = 1, #s
+    while i <= n do
+        local c = s:byte(i)
+        local len, min
+        if c < 0x80 then
+            len = 1
+        elseif c >= 0xC2 and c <= 0xDF then
+            len, min = 2, 0x80
+        elseif c >= 0xE0 and c <= 0xEF then
+            len, min = 3, 0x800
+        elseif c >= 0xF0 and c <= 0xF4 then
+            len, min = 4, 0x10000
+        else
+            return false
+        end
+        if len > 1 then
+            local cp = c % (2 ^ (7 - len))
+            for j = i + 1, i + len - 1 do
+                local b = s:byte(j)
+                if not b or b < 0x80 or b > 0xBF then
+                    return false
+                end
+                cp = cp * 64 + b % 64
+            end
+            if cp < min or cp > 0x10FFFF or (cp >= 0xD800 and cp <= 0xDFFF) then
+                return false
+            end
+        end
+        i = i + len
+    end
+    return true
+end
+
+--- The bodies of the core's own refusals (400, 403 cross-site, 408, 413, 414, 431, 503) in
+-- place of its text ("413 Content Too Large"): the core answers them without entering Lua,
+-- with the JSON body when the request's Accept names application/json or a +json type, the
+-- HTML one when it names text/html (whichever first), else the text, else the first of JSON
+-- and HTML given. Each body is at most 16 KiB and valid as given (JSON that parses, UTF-8);
+-- anything else raises at start. Set before the app runs; a site or mounted app uses its
+-- top app's (the core answers before any routing).
+-- @tparam integer status
+-- @tparam table bodies { json = string, html = string, text = string }, one at least
+-- @return the app
+function App:refusal_body(status, bodies)
+    if not REFUSALS[status] then
+        error("bad refusal body: the core refuses with 400, 403, 408, 413, 414, 431 or 503, not "
+            .. tostring(status), 2)
+    end
+    if type(bodies) ~= "table" then
+        error("bad refusal body for " .. status .. " ({ json =, html =, text = } expected)", 2)
+    end
+    local set, any = {}, false
+    for k, v in pairs(bodies) do
+        if k ~= "json" and k ~= "html" and k ~= "text" then
+            error("bad refusal body for " .. status .. ": unknown kind " .. tostring(k)
+                .. " (json, html or text)", 2)
+        end
+        if type(v) ~= "string" then
+            error("bad refusal body for " .. status .. ": " .. k .. " must be a string", 2)
+        end
+        if #v > REFUSAL_BODY_MAX then
+            error("bad refusal body for " .. status .. ": " .. k .. " is " .. #v
+                .. " bytes, more than 16384", 2)
+        end
+        if not utf8_ok(v) then
+            error("bad refusal body for " .. status .. ": " .. k .. " is not UTF-8", 2)
+        end
+        if k == "json" then
+            if require("cjson.safe").decode(v) == nil then
+                error("bad refusal body for " .. status .. ": json is not valid JSON", 2)
+            end
+        end
+        set[k] = v
+        any = true
+    end
+    if not any then
+        error("bad refusal body for " .. status .. " (json, html or text expected)", 2)
+    end
+    self.refusal_bodies = self.refusal_bodies or {}
+    self.refusal_bodies[status] = set
+    return self
+end
+
+local REFUSAL_TYPES = { text = "text/plain; charset=utf-8", json = "application/json",
+    html = "text/html; charset=utf-8" }
+--- The app's refusal body in `set` (app:refusal_body's table for one status) as `accept`
+-- asks for it, by the core's rule; for the refusals made in Lua (403 cross-site).
+-- @local
+-- @treturn ?string the body, or nil when `set` is nil
+-- @treturn ?string its content type
+function _M.refusal_pick(set, accept)
+    if not set then
+        return nil
+    end
+    accept = type(accept) == "string" and accept:lower() or nil
+    local json = set.json and accept and accept:find("[/+]json")
+    local html = set.html and accept and accept:find("text/html", 1, true)
+    local kind
+    if json or html then
+        kind = (json and (not html or json < html)) and "json" or "html"
+    else
+        for _, k in ipairs(REFUSAL_KINDS) do
+            if set[k] then
+                kind = k
+                break
+            end
+        end
+    end
+    return set[kind], REFUSAL_TYPES[kind]
+end
+
+--- The app's bodies for the core's refusals, by status (app:refusal_body), for the host to
+-- hand to the core at start.
+-- @local
+function App:refusal_bodies_of()
+    return rawget(self, "refusal_bodies") or {}
+end
+
 --- Answers with the error page for info.status.
 function App:error(req, res, info)
     local page = inherited(self, "error_pages", info.status)
     if page then
         return page(req, res, info)
+    end
+    if info.refusal then -- one of the core's refusals made in Lua (403 cross-site)
+        local body, ctype = _M.refusal_pick(inherited(self, "refusal_bodies", info.status),
+            req:header("accept"))
+        if body then
+            return res:status(info.status):header("content-type", ctype):send(body)
+        end
     end
     local text = info.status .. " " .. (REASONS[info.status] or "Error") .. "\n"
     if info.ref then
@@ -941,7 +1075,7 @@ local function not_found(req, res)
 end
 
 local NOT_ALLOWED = { status = 405 }
-local FORBIDDEN = { status = 403 }
+local FORBIDDEN = { status = 403, refusal = true }
 local function method_not_allowed(req, res)
     res:header("allow", rawget(req, "_allow"))
     return rawget(req, "_app"):error(req, res, NOT_ALLOWED)

@@ -20,8 +20,11 @@
 -- A part has name, filename, content_type and headers; part:read() returns its next piece or
 -- nil at its end, part:body() the rest as a string, part:save(path) streams the rest to a file.
 -- What the caller leaves unread is skipped when the loop moves on. The loop raises
--- "bad multipart body: ..." for a malformed body and "reading the multipart body failed: ..."
--- when `req:read()` fails: wrap it in pcall to answer 400 rather than 500.
+-- "bad multipart body: ..." for a malformed body: wrap it in pcall to answer 400 rather than
+-- 500. When `req:read()` fails (the core refused the body, 413 or 408, or the client left),
+-- nothing raises: the loop ends (its iterator returns nil, "reading the multipart body
+-- failed: ..."), and part:read(), part:body() and part:save() return nil and that error.
+-- req:parts() on a request the core refused already returns nil and an error.
 --
 -- `Part`: A part of a multipart/form-data body (req:parts()): `name`, `filename`,
 --   `content_type`, `headers`.
@@ -429,7 +432,11 @@ function Part:read()
     if self._done then
         return nil
     end
-    local ev = self._pull()
+    local ev, err = self._pull()
+    if not ev then -- the body could not be read (the core refused it, the client left)
+        self._done = true
+        return nil, err
+    end
     if ev.type == "data" then
         return ev.data
     end
@@ -444,8 +451,11 @@ function Part:body()
     end
     local pieces, n = {}, 0
     while true do
-        local data = self:read()
+        local data, err = self:read()
         if not data then
+            if err then
+                return nil, err
+            end
             break
         end
         n = n + 1
@@ -458,8 +468,11 @@ end
 local function copy(part, f)
     local size = 0
     while true do
-        local data = part:read()
+        local data, rerr = part:read()
         if not data then
+            if rerr then
+                return nil, rerr
+            end
             return size
         end
         local ok, err = f:write(data)
@@ -499,10 +512,19 @@ function _M.parts(req, opts)
     if not boundary then
         return nil, err
     end
+    local refused = type(req.refused) == "function" and req:refused()
+    if refused then
+        return nil, "the core answered " .. refused .. " in the handler's place"
+    end
     local p = _M.parser(boundary, opts)
 
-    -- The next event, reading the body as the parser needs it.
+    -- The next event, reading the body as the parser needs it; nil and why once the body
+    -- could not be read, then and on every later call.
+    local failed
     local function pull()
+        if failed then
+            return nil, failed
+        end
         while true do
             local ev, perr = p:next()
             if ev then
@@ -515,7 +537,9 @@ function _M.parts(req, opts)
             if piece then
                 p:feed(piece)
             elseif rerr then
-                error("reading the multipart body failed: " .. tostring(rerr), 0)
+                -- (the core refused the body, or the client left: no error of the handler's)
+                failed = "reading the multipart body failed: " .. tostring(rerr)
+                return nil, failed
             else
                 p:finish()
             end
@@ -530,7 +554,11 @@ function _M.parts(req, opts)
         if current then
             while current:read() do end -- skip what the caller left unread
         end
-        local ev = pull()
+        local ev, rerr = pull()
+        if not ev then -- the body could not be read: the loop ends, with why
+            finished, current = true, nil
+            return nil, rerr
+        end
         if ev.type == "end" then
             finished, current = true, nil
             return nil

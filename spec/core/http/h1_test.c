@@ -889,6 +889,73 @@ TEST(h1_refuses_oversized_heads)
     teardown();
 }
 
+/* The app's refusal bodies: chosen by Accept (JSON, HTML, else the text, else the first
+ * given), with their content type and length; the core's own text where none was given. */
+TEST(h1_answers_refusals_with_the_app_bodies_chosen_by_accept)
+{
+    setup();
+    static const char json[] = "{\"error\":\"too large\"}", html[] = "<h1>Too large</h1>";
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 413, MS_REFUSAL_JSON, S(json)));
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 413, MS_REFUSAL_HTML, S(html)));
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 431, MS_REFUSAL_JSON, S("{\"error\":\"head\"}")));
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 503, MS_REFUSAL_JSON, S("{\"error\":\"busy\"}")));
+    ASSERT_EQ(UV_EEXIST, ms_server_refusal_body(srv, 413, MS_REFUSAL_JSON, S("{}")));
+    ASSERT_EQ(UV_EINVAL, ms_server_refusal_body(srv, 404, MS_REFUSAL_JSON, S("{}")));
+    ASSERT_EQ(UV_EINVAL, ms_server_refusal_body(srv, 413, 3, S("{}")));
+    static char big[MS_REFUSAL_BODY_MAX + 1];
+    ASSERT_EQ(UV_EINVAL, ms_server_refusal_body(srv, 400, MS_REFUSAL_TEXT, big, sizeof(big)));
+    static const struct {
+        const char *accept, *type, *body;
+    } cases[] = {
+        {"application/json", "application/json", json},
+        {"application/problem+json", "application/json", json},
+        {"text/html,application/xhtml+xml,*/*;q=0.8", "text/html; charset=utf-8", html},
+        {"text/html, application/json", "text/html; charset=utf-8", html},
+        {"application/json, text/html", "application/json", json},
+        {"*/*", "application/json", json}, /* no text given: the first, JSON */
+        {NULL, "application/json", json},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char in[256], want[256];
+        snprintf(in, sizeof(in),
+                 "POST / HTTP/1.1\r\nHost: a\r\n%s%s%sContent-Length: 99999999999\r\n\r\n",
+                 cases[i].accept ? "Accept: " : "", cases[i].accept ? cases[i].accept : "",
+                 cases[i].accept ? "\r\n" : "");
+        char *out = exchange(in, strlen(in), 0);
+        snprintf(want, sizeof(want), "content-type: %s\r\ncontent-length: %zu\r\n", cases[i].type,
+                 strlen(cases[i].body));
+        if (strncmp(out, "HTTP/1.1 413 ", 13) != 0 || strstr(out, want) == NULL ||
+            strcmp(strstr(out, "\r\n\r\n") + 4, cases[i].body) != 0)
+            TEST_FAIL("case %zu (%s): got:\n%s", i, cases[i].accept, out);
+        free(out);
+    }
+    /* A status the app gave no body for keeps the core's text. */
+    char *out = exchange(S("GET / HTTP/3.1\r\nHost: a\r\n\r\n"), 0);
+    ASSERT_HAS(out, "HTTP/1.1 400 ");
+    ASSERT_HAS(out, "content-type: text/plain; charset=utf-8\r\n");
+    ASSERT_HAS(out, "\r\n\r\n400 Bad Request\n");
+    free(out);
+    /* A head too large is refused before its fields are read: the first body given. */
+    ms_memio_t m;
+    ms_memio_open(srv, &m);
+    ms_memio_feed(&m, S("GET / HTTP/1.1\r\nHost: a\r\nAccept: text/html\r\n"));
+    for (int i = 0; i < 1000; i++)
+        ms_memio_feed(&m, S("X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n"));
+    ASSERT_HAS(output(&m), "HTTP/1.1 431 ");
+    ASSERT_HAS(output(&m), "content-type: application/json\r\n");
+    ASSERT_HAS(output(&m), "\r\n\r\n{\"error\":\"head\"}");
+    ms_memio_free(&m);
+    /* Over the in-flight cap: 503 with the app's body, before the head is parsed. */
+    srv->limits.in_flight = 0;
+    out = exchange(S("GET / HTTP/1.1\r\nHost: a\r\n\r\n"), 0);
+    ASSERT_HAS(out, "HTTP/1.1 503 ");
+    ASSERT_HAS(out, "retry-after: 1\r\n");
+    ASSERT_HAS(out, "content-type: application/json\r\ncontent-length: 16\r\n");
+    ASSERT_HAS(out, "\r\n\r\n{\"error\":\"busy\"}");
+    free(out);
+    teardown();
+}
+
 TEST(h1_ignores_empty_lines_before_a_request)
 {
     setup();

@@ -126,6 +126,7 @@ typedef struct reply_s {
     uint32_t error;
     int rst; /* RST_STREAM frames received */
     int saw_connection_field, saw_date;
+    char ctype[64]; /* the reply's content-type */
 } reply_t;
 
 static reply_t replies[32]; /* by stream id / 2 */
@@ -148,6 +149,10 @@ static int c_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *n
         rp->saw_connection_field = 1;
     if (nl == 4 && memcmp(name, "date", 4) == 0)
         rp->saw_date = 1;
+    if (nl == 12 && memcmp(name, "content-type", 12) == 0 && vl < sizeof(rp->ctype)) {
+        memcpy(rp->ctype, value, vl);
+        rp->ctype[vl] = 0;
+    }
     if (nl == 5 && memcmp(name, "x-ok2", 5) == 0 && vl == 2 && memcmp(value, "10", 2) == 0)
         rp->saw_ok2 = 1;
     return 0;
@@ -425,6 +430,54 @@ TEST(h2_over_in_flight_a_stream_gets_503_from_the_core)
     ms_reply_send(parked, S("ok"), MS_VEC_STATIC, -1);
     ms_req_finish(parked);
     pump();
+    teardown();
+}
+
+/* A POST declaring a body over body_bytes_max, with `accept` (NULL: none). */
+static int32_t post_too_large(const char *accept)
+{
+    nghttp2_nv nva[] = {
+        {(uint8_t *)":method", (uint8_t *)"POST", 7, 4, 0},
+        {(uint8_t *)":scheme", (uint8_t *)"http", 7, 4, 0},
+        {(uint8_t *)":path", (uint8_t *)"/echo", 5, 5, 0},
+        {(uint8_t *)":authority", (uint8_t *)"h", 10, 1, 0},
+        {(uint8_t *)"content-length", (uint8_t *)"100000", 14, 6, 0},
+        {(uint8_t *)"accept", (uint8_t *)accept, 6, accept ? strlen(accept) : 0, 0},
+    };
+    static body_t never = {.p = NULL};
+    nghttp2_data_provider prd = {.source.ptr = &never, .read_callback = body_never};
+    return nghttp2_submit_request(client, NULL, nva, accept ? 6 : 5, &prd, NULL);
+}
+
+/* The app's refusal bodies, chosen by Accept, as on HTTP/1.1; the core's text where none. */
+TEST(h2_answers_refusals_with_the_app_bodies_chosen_by_accept)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.body_bytes_max = lim.body_bytes = 1000;
+    setup_limits(&lim);
+    static const char json[] = "{\"error\":\"too large\"}", html[] = "<h1>Too large</h1>";
+    static const char text[] = "too large\n";
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 413, MS_REFUSAL_JSON, S(json)));
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 413, MS_REFUSAL_HTML, S(html)));
+    ASSERT_EQ(0, ms_server_refusal_body(srv, 413, MS_REFUSAL_TEXT, S(text)));
+    int32_t a = post_too_large("application/json"), b = post_too_large("text/html"),
+            c = post_too_large("*/*"), d = post_too_large(NULL);
+    pump();
+    ASSERT_EQ(413, reply_of(a)->status);
+    ASSERT_STR_EQ("application/json", reply_of(a)->ctype);
+    ASSERT_EQ(strlen(json), reply_of(a)->len);
+    ASSERT(memcmp(reply_of(a)->body, json, strlen(json)) == 0);
+    ASSERT_EQ(413, reply_of(b)->status);
+    ASSERT_STR_EQ("text/html; charset=utf-8", reply_of(b)->ctype);
+    ASSERT_EQ(strlen(html), reply_of(b)->len);
+    ASSERT(memcmp(reply_of(b)->body, html, strlen(html)) == 0);
+    for (int32_t id = c; id <= d; id += 2) {
+        ASSERT_EQ(413, reply_of(id)->status);
+        ASSERT_STR_EQ("text/plain; charset=utf-8", reply_of(id)->ctype);
+        ASSERT_EQ(strlen(text), reply_of(id)->len);
+        ASSERT(memcmp(reply_of(id)->body, text, strlen(text)) == 0);
+    }
     teardown();
 }
 

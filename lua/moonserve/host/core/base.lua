@@ -52,6 +52,7 @@ int ms_ffi_res_fields(ms_req_view_t *r, const char *lines, size_t len);
 int ms_ffi_res_fields_checked(ms_req_view_t *r, const char *lines, size_t len);
 int ms_ffi_fields_check(const char *lines, size_t len);
 int ms_ffi_req_peer_trusted(ms_req_view_t *r);
+int ms_ffi_req_refused(ms_req_view_t *r);
 int ms_ffi_req_tls(ms_req_view_t *r, char *buf, size_t len);
 int ms_ffi_req_id(ms_req_view_t *r, char *buf, size_t len);
 void ms_ffi_req_access(ms_req_view_t *r, int log, const char *route, size_t len);

@@ -215,6 +215,14 @@ function Request:read()
 end
 Request._read = read -- (for request_methods' body(), whose errors name req:body)
 
+--- The status the core answered with in the handler's place (413, 408, ...), or nil; then
+-- req:read(), req:body(), req:json() and req:parts() return nil and an error.
+-- @treturn ?integer
+function Request:refused()
+    local status = C.ms_ffi_req_refused(view(self))
+    return status ~= 0 and status or nil
+end
+
 --- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. Raises when over the server's body_bytes_max.
 -- @tparam number bytes

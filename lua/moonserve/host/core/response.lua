@@ -70,11 +70,34 @@ function Response:get_status()
     return view(self).status
 end
 
+--- The status the core answered with in the handler's place (413 for a body over the limit,
+-- 408 for one too slow, ...), or nil. Once it has, every method of the reply is a harmless
+-- no-op: setters still chain, the ones that send return nil and an error.
+-- @treturn ?integer
+function Response:refused()
+    local status = C.ms_ffi_req_refused(view(self))
+    return status ~= 0 and status or nil
+end
+
+-- The error of a call that failed with `rc`: after the core refused the request, nil and
+-- "ESENT: the core answered 413 in the handler's place"; else base.fail's.
+local function fail(r, rc)
+    local refused = C.ms_ffi_req_refused(r)
+    if refused ~= 0 then
+        return nil, format("ESENT: the core answered %d in the handler's place", refused), "ESENT"
+    end
+    return base.fail(rc)
+end
+
 local CTYPE_LEN = #"content-type"
 
 local function add_header(self, name, value, level)
-    local rc = C.ms_ffi_res_header(view(self), name, #name, value, #value)
+    local r = view(self)
+    local rc = C.ms_ffi_res_header(r, name, #name, value, #value)
     if rc < 0 then
+        if C.ms_ffi_req_refused(r) ~= 0 then
+            return -- the core answered already: a field for a reply that is gone changes nothing
+        end
         local _, err = base.fail(rc)
         error(format("bad header %q: %s", name, err), level + 1)
     end
@@ -84,8 +107,12 @@ local function add_header(self, name, value, level)
 end
 
 local function add_fields(self, add, lines)
-    local rc = add(view(self), lines, #lines)
+    local r = view(self)
+    local rc = add(r, lines, #lines)
     if rc < 0 then
+        if C.ms_ffi_req_refused(r) ~= 0 then
+            return self
+        end
         local _, err = base.fail(rc)
         error("cannot add fields: " .. err, 2) -- the callers below tail-call: 2 is theirs
     end
@@ -158,7 +185,7 @@ local function anchor(rc, s, r)
         drain(r)
         return true
     elseif rc < 0 then
-        return base.fail(rc)
+        return fail(r, rc)
     end
     return true
 end
@@ -177,7 +204,7 @@ local function send_chain(self, r, pieces)
     end
     local rc = C.ms_ffi_res_begin(r, total, self.has_type and 0 or 1)
     if rc < 0 then
-        return base.fail(rc)
+        return fail(r, rc)
     end
     for i = 1, #pieces do
         local p = pieces[i]
@@ -185,7 +212,7 @@ local function send_chain(self, r, pieces)
     end
     rc = C.ms_ffi_res_end(r)
     if rc < 0 then
-        return base.fail(rc)
+        return fail(r, rc)
     end
     return true
 end
@@ -228,8 +255,12 @@ end
 -- @return the reply
 function Response:trailer(name, value)
     name, value = tostring(name), tostring(value)
-    local rc = C.ms_ffi_res_trailer(view(self), name, #name, value, #value)
+    local r = view(self)
+    local rc = C.ms_ffi_res_trailer(r, name, #name, value, #value)
     if rc < 0 then
+        if C.ms_ffi_req_refused(r) ~= 0 then
+            return self
+        end
         local _, err = base.fail(rc)
         error(format("bad trailer %q: %s", name, err), 2)
     end
@@ -252,7 +283,7 @@ function Response:file(path)
     fire(self)
     local rc = C.ms_ffi_static_file(r, path, #path, self.has_type and 1 or 0)
     if rc < 0 then
-        return base.fail(rc)
+        return fail(r, rc)
     end
     return true
 end
@@ -291,7 +322,7 @@ function Response:write(chunk)
         if rc == 0 then
             park()
         elseif rc < 0 then
-            return base.fail(rc)
+            return fail(r, rc)
         end
     end
     return true

@@ -42,6 +42,17 @@ function _M.create(the_app, limits)
             m.mount.id = id
         end
     end
+    -- The app's bodies for the core's refusals, which the core answers without Lua.
+    if type(the_app.refusal_bodies_of) == "function" then
+        for status, set in pairs(the_app:refusal_bodies_of()) do
+            for kind, body in pairs(set) do
+                local ok, err = srv:refusal_body(status, kind, body)
+                if not ok then
+                    error("bad refusal body for " .. status .. " (" .. kind .. "): " .. err, 4)
+                end
+            end
+        end
+    end
     return srv
 end
 

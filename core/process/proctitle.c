@@ -17,7 +17,7 @@
 
 extern char **environ;
 
-static char *area;    /* the writable area: argv's strings, and environ's once moved */
+static char *area; /* the writable area: argv's strings, and environ's once moved */
 static size_t area_len;
 
 /* Reads fields 48 to 51 of /proc/self/stat. Returns 0, or a negative errno. */

@@ -7,7 +7,7 @@
  * too, once they have been copied to the heap and `environ` pointed at the copies. Linux shows
  * a command line whose last byte is no longer NUL up to the first NUL, so a title longer than
  * argv still reads whole (fs/proc/base.c, get_mm_cmdline). */
-#include "proctitle.h"
+#include "process/proctitle.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -302,10 +302,9 @@ function _M.start(res, opts)
     if last == nil then
         last = request_last_id(res)
     end
-    local sema = require "moonserve.semaphore"
     local self = setmetatable({ res = res, heartbeat = hb, channel = ch, replay = opts.replay,
         event = opts.event, last_event_id = last, last_id = last, queue = {},
-        wakeup = sema.new(0), sent = 0, closed = false, next_beat = 0 }, EventStream)
+        wakeup = host.module("semaphore").new(0), sent = 0, closed = false, next_beat = 0 }, EventStream)
     res:header("content-type", "text/event-stream")
     res:header("cache-control", "no-cache")
     -- nginx buffers a proxied reply unless told not to; moonserve often runs behind it.

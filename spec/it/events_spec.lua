@@ -131,6 +131,32 @@ describe("server-sent events", function()
         assert.is_nil(body:find("data: e2", 1, true))
     end)
 
+    it("replays the ring to a WebSocket subscriber since an id", function()
+        local first = tonumber(publish(srv.port, "w1"))
+        publish(srv.port, "w2")
+        publish(srv.port, "w3")
+        local s = helper.connect(srv.port, 5)
+        finally(function() s:close() end)
+        s:send("GET /ws?since=" .. first .. " HTTP/1.1\r\nHost: 127.0.0.1:" .. srv.port
+            .. "\r\nOrigin: http://127.0.0.1:" .. srv.port .. "\r\nUpgrade: websocket\r\n"
+            .. "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            .. "Sec-WebSocket-Version: 13\r\n\r\n")
+        assert.matches("^HTTP/1.1 101", s:receive("*l"))
+        repeat
+            local line = s:receive("*l")
+        until line == ""
+        local function frame() -- (small unmasked text frames from the server)
+            local h = assert(s:receive(2))
+            return assert(s:receive(h:byte(2) % 128))
+        end
+        -- the replay goes out before the socket joins; the "lost" line after it
+        assert.equal("w2", frame())
+        assert.equal("w3", frame())
+        assert.equal("lost 0", frame())
+        publish(srv.port, "w4")
+        assert.equal("w4", frame())
+    end)
+
     it("ends the handler when the client leaves", function()
         local before = tonumber(helper.curl("http://127.0.0.1:" .. srv.port .. "/ends"))
         local c = open(srv.port, "/events")

@@ -89,10 +89,15 @@ describe("server-sent events", function()
             for _, c in ipairs(clients) do c:close() end
         end)
         local workers = {}
-        for i = 1, 6 do
+        -- (the kernel spreads connections over the workers' sockets by a hash: open
+        -- streams until both workers hold some)
+        for i = 1, 40 do
             local c = open(srv.port, "/events")
             clients[i] = c
             workers[c:until_match("worker %d"):match("worker (%d)")] = true
+            if i >= 4 and workers["0"] and workers["1"] then
+                break
+            end
         end
         assert.is_true(workers["0"] and workers["1"], "streams on both workers")
         local seq = tonumber(publish(srv.port, "hello\nworld"))
@@ -164,6 +169,17 @@ describe("server-sent events", function()
         c:close()
         assert.truthy(helper.wait_for(function()
             return tonumber(helper.curl("http://127.0.0.1:" .. srv.port .. "/ends")) > before
+        end, 3))
+    end)
+
+    it("streams over HTTP/2 too, and ends the handler when that client leaves", function()
+        local url = "http://127.0.0.1:" .. srv.port
+        local before = tonumber(helper.curl(url .. "/ends"))
+        local out = helper.run(helper.tool("curl") .. " -sN --http2-prior-knowledge --max-time 1 "
+            .. url .. "/events 2>&1")
+        assert.matches("^retry: 2500\n\n: worker %d pid %d+\n\n$", out)
+        assert.truthy(helper.wait_for(function()
+            return tonumber(helper.curl(url .. "/ends")) > before
         end, 3))
     end)
 end)

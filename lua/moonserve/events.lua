@@ -160,6 +160,13 @@ end
 -- the waiting follow() woken.
 function EventStream:_push(seq, data)
     local q = self.queue
+    if #q >= 2 * self.channel.history then
+        -- A client slower than the channel (its writes parked): what waits here is bounded
+        -- as the ring is, and what is dropped is told to it as a `reset` event.
+        self.dropped = (self.dropped or 0) + #q / 2
+        q = {}
+        self.queue = q
+    end
     q[#q + 1] = seq
     q[#q + 1] = data
     if #q == 2 then
@@ -208,9 +215,15 @@ function EventStream:follow()
             end
         end
     end
-    local wakeup, q = self.wakeup, self.queue
+    local wakeup = self.wakeup
     while not self:gone() do
+        local q = self.queue
         local n = #q
+        local dropped = self.dropped
+        if dropped then
+            self.dropped = nil
+            write(self, _M.frame { event = "reset", data = dropped })
+        end
         if n > 0 then
             self.queue = {}
             for i = 1, n, 2 do
@@ -218,7 +231,6 @@ function EventStream:follow()
                     break
                 end
             end
-            q = self.queue
         else
             local now = host.now()
             if now >= self.next_beat then

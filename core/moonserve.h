@@ -133,7 +133,8 @@ enum {
     MS_REQ_IN_HANDLER = 1 << 10, /* dispatched and not yet finished by the handler */
     MS_REQ_BODY_ERROR = 1 << 11, /* the body could not be read whole */
     MS_REQ_STATIC_DIR = 1 << 12, /* a static mount found a directory it does not answer for */
-    MS_REQ_METRICS = 1 << 13     /* on a MS_LISTEN_METRICS listener: for the scrape alone */
+    MS_REQ_METRICS = 1 << 13,    /* on a MS_LISTEN_METRICS listener: for the scrape alone */
+    MS_REQ_PEER_EOF = 1 << 14    /* HTTP/1.1: the client shut its side while in the handler */
 };
 
 typedef struct ms_header_s {

@@ -20,6 +20,7 @@
 #include "http/accesslog.h"
 #include "process/channel.h"
 #include "process/master.h"
+#include "process/proctitle.h"
 #include "http/static/static.h"
 #include "transport/memio.h"
 #include "process/metrics.h"
@@ -989,6 +990,19 @@ static int core_master(lua_State *L)
 
 /* core.worker_init(): keeps the worker's channel to its master from whatever the worker
  * runs (the master handed it on at fd 3 without close-on-exec, as inheriting needs). */
+/* core.proctitle(title): what `ps` shows for this process. true, or nil and an error. */
+static int core_proctitle(lua_State *L)
+{
+    int rc = ms_proctitle_set(luaL_checkstring(L, 1));
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, strerror(-rc));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static int core_worker_init(lua_State *L)
 {
     int flags = fcntl(MS_CHAN_WORKER_FD, F_GETFD);
@@ -1366,6 +1380,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"log_format", core_log_format},
                                      {"log_open", core_log_open},
                                      {"master", core_master},
+                                     {"proctitle", core_proctitle},
                                      {"worker_init", core_worker_init},
                                      {"worker_ready", core_worker_ready},
                                      {"worker_failed", core_worker_failed},

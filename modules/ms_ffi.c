@@ -394,6 +394,7 @@ static const ms_ffi_abi_t abi[] = {
     CONST(REQ_BODY_ERROR),
     CONST(REQ_STATIC_DIR),
     CONST(REQ_METRICS),
+    CONST(REQ_PEER_EOF),
     CONST(WAIT_NONE),
     CONST(WAIT_BODY),
     CONST(WAIT_TIMER),

@@ -44,6 +44,7 @@ build = {
          ["moonserve.cookie"] = "lua/moonserve/cookie.lua",
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.cors"] = "lua/moonserve/cors.lua",
+         ["moonserve.events"] = "lua/moonserve/events.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",
          ["moonserve.host.contract"] = "lua/moonserve/host/contract.lua",

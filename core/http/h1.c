@@ -927,6 +927,9 @@ static void h1_eof(ms_conn_t *c)
             return;
         }
         c->flags |= MS_CONN_CLOSING;
+        /* A long reply (an event stream) takes this as the client leaving: no client of one
+         * half-closes and still reads (res:gone() says so). */
+        r->v.flags |= MS_REQ_PEER_EOF;
         if (!h->msg_done) {
             r->v.flags |= MS_REQ_BODY_ERROR;
             if (r->v.wait == MS_WAIT_BODY)

@@ -208,6 +208,17 @@ function Response:before_send(fn)
     return self
 end
 
+--- Starts a server-sent event stream (text/event-stream) and returns it: ev:send{ id =,
+-- event =, data =, retry = }, ev:comment(text), ev:follow() (a channel's messages, with
+-- heartbeats, until the client leaves), ev:idle(seconds). See moonserve/events.lua.
+-- @tparam[opt] table opts channel, replay, heartbeat, retry, event, last_event_id
+-- @return the stream
+-- @usage local ev = res:events{ channel = "notes", replay = true }; ev:follow()
+function Response:events(opts)
+    local stream = require("moonserve.events").start(self, opts)
+    return stream -- (not a tail call: start's errors name the handler's line)
+end
+
 --- Renders a template of the app's views (app:views{ root = ... }) and sends it as HTML,
 -- its pieces unjoined. A template error raises (a 500 with its reference id).
 -- @tparam string name the template, under the views' root

@@ -9,6 +9,47 @@ local function get(port, path)
 end
 
 describe("moonserve with workers", function()
+    it("shows as 'moonserve: master APP' and 'moonserve: worker N' in ps", function()
+        local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
+        finally(function() srv:stop() end)
+        assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))
+        local function cmdline(pid)
+            -- (the rest of the old command line's area reads as NULs)
+            return (helper.read_file("/proc/" .. pid .. "/cmdline"):gsub("%z+$", ""))
+        end
+        local function comm(pid)
+            return (helper.read_file("/proc/" .. pid .. "/comm"):gsub("\n$", ""))
+        end
+        assert.equal("moonserve: master " .. helper.root .. "/spec/fixtures/app.lua",
+            cmdline(srv.pid))
+        assert.equal("moonserve: mast", comm(srv.pid))
+        -- (a worker sets its title as it starts: wait for both)
+        local titles
+        assert.truthy(wait_for(function()
+            titles = {}
+            for _, pid in ipairs(children(srv.pid)) do
+                titles[#titles + 1] = cmdline(pid)
+            end
+            table.sort(titles)
+            return titles[1] == "moonserve: worker 0" and titles[2] == "moonserve: worker 1"
+        end), table.concat(titles, ", "))
+        for _, pid in ipairs(children(srv.pid)) do
+            assert.matches("^moonserve: work", comm(pid))
+        end
+        -- The workers' command is intact (the master copied argv before its title): a
+        -- worker killed is replaced, runs the app, and takes the title too.
+        local before = children(srv.pid)
+        os.execute("kill -9 " .. before[1])
+        assert.truthy(wait_for(function()
+            local now = children(srv.pid)
+            return #now == 2 and now[1] ~= before[1] and now[2] ~= before[1]
+                and cmdline(now[1]):find("^moonserve: worker %d$")
+                and cmdline(now[2]):find("^moonserve: worker %d$")
+        end))
+        -- (the master built its environment from `environ`, moved off argv's area)
+        assert.equal(200, get(srv.port, "/hello").status)
+    end)
+
     it("spreads connections over its workers", function()
         local srv = helper.spawn_server { app = "spec/fixtures/app.lua", args = "--workers 2" }
         assert.is_true(wait_for(function() return #children(srv.pid) == 2 end))

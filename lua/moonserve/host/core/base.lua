@@ -112,7 +112,7 @@ local LAYOUT = {
 local CONSTANTS = {
     "REQ_HEAD_SENT", "REQ_DONE", "REQ_ABORTED", "REQ_BODY_DONE", "REQ_HAS_BODY", "REQ_EXPECT",
     "REQ_CHUNKED_OUT", "REQ_IS_HEAD", "REQ_CLOSE", "REQ_PARKED", "REQ_IN_HANDLER",
-    "REQ_BODY_ERROR", "REQ_STATIC_DIR", "REQ_METRICS",
+    "REQ_BODY_ERROR", "REQ_STATIC_DIR", "REQ_METRICS", "REQ_PEER_EOF",
     "WAIT_NONE", "WAIT_BODY", "WAIT_TIMER", "WAIT_DRAIN",
     "LOG_ERR", "LOG_WARN", "LOG_INFO", "LOG_DEBUG",
     "EAGAIN", -- libuv's, which is the platform's errno negated: "nothing yet, wait"

@@ -103,7 +103,8 @@ local function poll(self)
             subs[s] = nil
         end
     end
-    if next(subs) == nil then
+    local streams = self.streams
+    if next(subs) == nil and next(streams) == nil then
         -- Nobody listens in this worker any more: stop looking until someone subscribes.
         self.timer:cancel()
         self.timer = nil
@@ -126,7 +127,15 @@ local function poll(self)
         local seq = p and tonumber(sub(v, 1, p - 1))
         if seq == want then
             local data = sub(v, p + 1)
-            ws.broadcast(subs, data, sub(v, p, p) == "b" and "binary" or "text")
+            local binary = sub(v, p, p) == "b"
+            if next(subs) ~= nil then
+                ws.broadcast(subs, data, binary and "binary" or "text")
+            end
+            if not binary then -- (an event stream carries text only)
+                for s in pairs(streams) do
+                    s:_push(want, data)
+                end
+            end
             self.delivered = self.delivered + 1
             want, self.hole_ticks = want + 1, 0
         elseif seq and seq > want then
@@ -149,15 +158,14 @@ end
 --- Adds `ws` to the channel's subscribers in this worker: from now on it gets every message
 -- published to the channel, in the order of their sequence numbers (the same order in every
 -- worker). A socket that closes leaves by itself. Returns true, or nil, err (no timer left).
-function Channel:subscribe(ws)
-    local websocket = require "moonserve.host.core.websocket"
-    if getmetatable(ws) ~= websocket.WebSocket then
-        error("bad socket (websocket expected)", 2)
-    end
+-- Starts this worker's poller if it is not running: it delivers from the channel's next
+-- sequence number on. Returns the channel's last sequence number now, or nil, err.
+local function listen(self)
     local d, err = dict(self)
     if not d then
         return nil, err
     end
+    local last = d:get("seq") or 0
     if not self.timer then
         local timer = require "moonserve.host.core.timer"
         local h
@@ -170,11 +178,97 @@ function Channel:subscribe(ws)
             return nil, err
         end
         self.timer = h
-        self.next_seq = (d:get("seq") or 0) + 1
+        self.next_seq = last + 1
         self.hole_ticks = 0
     end
+    return last
+end
+
+--- The messages still in the ring after sequence number `id`, oldest first, as a flat list
+-- { seq, data, kind, ... } (kind "text" or "binary"), and how many after `id` are no longer
+-- there: 0 when none is missing, n when the ring has moved past n of them, -1 when `id` is
+-- ahead of the channel (its dictionary was emptied, as by a restart: every kept message is
+-- then given). A slot not written yet ends the list. Misses in the dictionary: nil, err.
+function Channel:since(id)
+    if type(id) ~= "number" or id < 0 or id % 1 ~= 0 then
+        error("bad id (whole number expected)", 2)
+    end
+    local d, err = dict(self)
+    if not d then
+        return nil, err
+    end
+    local last = d:get("seq") or 0
+    local oldest = last - self.history + 1
+    if oldest < 1 then
+        oldest = 1
+    end
+    local lost, from = 0, id + 1
+    if id > last then
+        lost, from = -1, oldest
+    elseif from < oldest then
+        lost, from = oldest - from, oldest
+    end
+    local out, n, history = {}, 0, self.history
+    for want = from, last do
+        local v = d:get(format("m%d", want % history))
+        local p = v and find(v, "[tb]")
+        if not p or tonumber(sub(v, 1, p - 1)) ~= want then
+            break
+        end
+        out[n + 1], out[n + 2] = want, sub(v, p + 1)
+        out[n + 3] = sub(v, p, p) == "b" and "binary" or "text"
+        n = n + 3
+    end
+    return out, lost
+end
+
+--- Adds `ws` to the channel's subscribers in this worker: from now on it gets every message
+-- published to the channel, in the order of their sequence numbers (the same order in every
+-- worker). With `opts.since` (a sequence number the client last saw), the messages after it
+-- still in the ring are sent first. A socket that closes leaves by itself. Returns true
+-- and how many messages after `since` the ring no longer held (see since), or nil, err.
+function Channel:subscribe(ws, opts)
+    local websocket = require "moonserve.host.core.websocket"
+    if getmetatable(ws) ~= websocket.WebSocket then
+        error("bad socket (websocket expected)", 2)
+    end
+    local since = opts and opts.since
+    if since ~= nil and (type(since) ~= "number" or since < 0 or since % 1 ~= 0) then
+        error("bad since (whole number expected)", 2)
+    end
+    local last, err = listen(self)
+    if not last then
+        return nil, err
+    end
+    local lost = 0
+    if since then
+        -- Sent before the socket joins, up to where this worker's poller stands: from its
+        -- next sequence number on, the poller delivers to the socket itself.
+        local items
+        items, lost = self:since(since)
+        for i = 1, items and #items or 0, 3 do
+            if items[i] < self.next_seq then
+                websocket.broadcast({ ws }, items[i + 1], items[i + 2])
+            end
+        end
+    end
     self.subs[ws] = ws -- (a list for broadcast, which takes the values)
-    return true
+    return true, lost
+end
+
+-- An event stream (moonserve/events.lua) that follows the channel: the poller hands it each
+-- text message with stream:_push(seq, data). Returns the last sequence number, or nil, err.
+function Channel:_add_stream(s)
+    local last, err = listen(self)
+    if not last then
+        return nil, err
+    end
+    self.streams[s] = true
+    return last
+end
+
+function Channel:_remove_stream(s)
+    self.streams[s] = nil
 end
 
 --- Takes `ws` out of the channel's subscribers in this worker.
@@ -250,7 +344,7 @@ function _M.declare(app, name, opts, level)
     local ch = channels[name]
     if not ch then
         ch = setmetatable({ name = name, dict_name = PREFIX .. name,
-            subs = {}, delivered = 0, lost = 0 }, Channel)
+            subs = {}, streams = {}, delivered = 0, lost = 0 }, Channel)
         channels[name] = ch
     end
     ch.history, ch.poll, ch.max_message_bytes = o.history, o.poll, o.max_message_bytes

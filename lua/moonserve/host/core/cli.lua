@@ -312,6 +312,8 @@ function _M.main(args)
         if type(app) ~= "table" or type(app.handle) ~= "function" then
             return die(app_file .. " must return an app (moonserve.app())")
         end
+        -- (For the master's process title: "moonserve: master app.lua".)
+        require("moonserve.host.core.runner").app_path = app_file
     else
         -- MOONSERVE_DEMO names the demo's file in a source tree (the tests set it), so a
         -- stale installed copy is not what gets run there.

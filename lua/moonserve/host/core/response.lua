@@ -11,7 +11,7 @@ local coro = require "moonserve.host.core.coroutine"
 local C = base.C
 local band = bit.band
 local lower, format, type, tostring = string.lower, string.format, type, tostring
-local HEAD_SENT, ABORTED = base.REQ_HEAD_SENT, base.REQ_ABORTED
+local HEAD_SENT, ABORTED, PEER_EOF = base.REQ_HEAD_SENT, base.REQ_ABORTED, base.REQ_PEER_EOF
 local check, park = coro.check_request, coro.park
 local shared = require "moonserve.response_methods"
 local text = shared.text
@@ -51,6 +51,12 @@ end
 -- @treturn boolean
 function Response:gone()
     return band(view(self).flags, ABORTED) ~= 0
+end
+
+-- Whether the client shut its side of an HTTP/1.1 connection while the handler ran: it may
+-- still read (a half-close), but no browser does that; an event stream takes it as leaving.
+function Response:_peer_eof()
+    return band(view(self).flags, PEER_EOF) ~= 0
 end
 
 --- Sets the status code.

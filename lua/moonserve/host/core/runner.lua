@@ -871,6 +871,8 @@ function _M.run(the_app, opts)
     check_options(opts)
     log_options(opts)
     if os.getenv("MOONSERVE_WORKER") then
+        -- What `ps` shows (as nginx's "nginx: worker process"); a failure changes nothing else.
+        core.proctitle("moonserve: worker " .. os.getenv("MOONSERVE_WORKER"))
         -- (First: a worker's files, the log's too, may need its master; and a worker that
         -- should have dropped its privileges and has not runs nothing.)
         assert(core.worker_init())
@@ -946,7 +948,11 @@ function _M.run(the_app, opts)
             metrics_at = l.metrics and i or metrics_at
         end
         -- (zones: the dictionaries declared now, the only ones the master will make.)
-        local ok, err, whole = core.master { argv = command_line(), listen = addresses(listen),
+        local argv = command_line()
+        -- What `ps` shows: "moonserve: master" and the app's path, as nginx's "nginx: master
+        -- process /usr/sbin/nginx" (after command_line(), which copied argv's strings).
+        core.proctitle("moonserve: master" .. (_M.app_path and " " .. _M.app_path or ""))
+        local ok, err, whole = core.master { argv = argv, listen = addresses(listen),
             https = https, metrics = metrics_at, workers = workers,
             stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
             ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,

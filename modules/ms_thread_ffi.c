@@ -325,8 +325,8 @@ MS_FFI void ms_ffi_thread_free(ms_thread_job_t *j)
     j->abandoned = 1; /* read by the loop's thread only (hub_async), as state 2 is set there */
 }
 
-/* Stops the pool: jobs still queued are dropped (their callers are woken with no result:
- * ok 0, "thread pool stopped"), the running ones are waited for, the threads joined. */
+/* Stops and frees the pool: jobs still queued are dropped (their callers are woken with no
+ * result: ok 0, "thread pool stopped"), the running ones are waited for, the threads joined. */
 MS_FFI void ms_ffi_thread_pool_stop(ms_thread_pool_t *p)
 {
     static const char msg[] = "thread pool stopped";
@@ -351,7 +351,9 @@ MS_FFI void ms_ffi_thread_pool_stop(ms_thread_pool_t *p)
     }
     for (int i = 0; i < p->nthreads; i++)
         uv_thread_join(&p->threads[i]);
-    p->nthreads = 0;
+    uv_cond_destroy(&p->cond);
+    uv_mutex_destroy(&p->lock);
+    free(p->threads), free(p->path), free(p->cpath), free(p->runner), free(p);
 }
 
 static void hub_closed(uv_handle_t *a)

@@ -32,6 +32,7 @@ void ms_ffi_thread_hub_close(ms_server_t *srv);
 local _M = {}
 
 local DEFAULT = { threads = 4, max_queue = 1024 }
+local MAX_THREADS = 256 -- a pool's cap (each thread holds a LuaJIT state)
 local RUNNER = "moonserve.host.core.thread_runner"
 local EAGAIN = -11 -- UV_EAGAIN on Linux: the queue is full
 
@@ -66,8 +67,8 @@ function _M.declare(name, opts, level)
         end
     end
     local threads, err = count(opts.threads, "threads", 1)
-    if err then
-        error(err, level)
+    if err or (threads and threads > MAX_THREADS) then
+        error(err or ("bad threads (at most " .. MAX_THREADS .. ")"), level)
     end
     local max_queue
     max_queue, err = count(opts.max_queue, "max_queue", 0)
@@ -85,6 +86,9 @@ local function pool_get(name)
     local pool = pools[name]
     if not pool then
         return nil, "no thread pool named '" .. tostring(name) .. "'"
+    end
+    if pool.stopped then
+        return nil, "thread pool stopped"
     end
     if not pool.p then
         local p = C.ms_ffi_thread_pool_new(pool.threads, pool.max_queue, package.path,
@@ -186,6 +190,8 @@ function _M.stop_all(srv)
     for _, pool in pairs(pools) do
         if pool.p then
             C.ms_ffi_thread_pool_stop(pool.p)
+            pool.p = nil
+            pool.stopped = true
         end
     end
     if srv ~= nil then

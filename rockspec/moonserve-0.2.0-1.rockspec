@@ -26,7 +26,8 @@ dependencies = {
 -- Found where LuaRocks looks (external_deps_dirs; on Debian /usr/include and
 -- /usr/lib/x86_64-linux-gnu), or where LIBUV_DIR=..., OPENSSL_DIR=... on its command line
 -- say. llhttp is built from its C sources (Debian node-llhttp: /usr/share/llhttp), unless a
--- libllhttp is installed; PCRE2 (ngx.re) is loaded at run time (Debian libpcre2-8-0).
+-- libllhttp is installed; PCRE2 (ngx.re) and libargon2
+-- (moonserve.password) are loaded at run time (Debian libpcre2-8-0, libargon2-1).
 -- The build needs meson and ninja.
 external_dependencies = {
    LIBUV = { header = "uv.h", library = "uv" },
@@ -61,6 +62,8 @@ build = {
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.cors"] = "lua/moonserve/cors.lua",
          ["moonserve.events"] = "lua/moonserve/events.lua",
+         ["moonserve.password"] = "lua/moonserve/password.lua",
+         ["moonserve.argon2"] = "lua/moonserve/argon2.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",
          ["moonserve.host.contract"] = "lua/moonserve/host/contract.lua",
@@ -79,6 +82,8 @@ build = {
          ["moonserve.host.core.shared"] = "lua/moonserve/host/core/shared.lua",
          ["moonserve.host.core.socket"] = "lua/moonserve/host/core/socket.lua",
          ["moonserve.host.core.timer"] = "lua/moonserve/host/core/timer.lua",
+         ["moonserve.host.core.threads"] = "lua/moonserve/host/core/threads.lua",
+         ["moonserve.host.core.thread_runner"] = "lua/moonserve/host/core/thread_runner.lua",
          ["moonserve.host.core.tls_hook"] = "lua/moonserve/host/core/tls_hook.lua",
          ["moonserve.host.core.websocket"] = "lua/moonserve/host/core/websocket.lua",
          ["moonserve.host.core.worker"] = "lua/moonserve/host/core/worker.lua",

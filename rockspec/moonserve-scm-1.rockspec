@@ -15,9 +15,9 @@ and talking to the core through LuaJIT's FFI.
    labels = { "http", "server", "web", "luajit" },
 }
 -- LuaJIT only: the framework talks to the core through the FFI. lua-cjson, OpenSSL (TLS
--- listeners in the core; libcrypto for sessions and CSRF tokens) and PCRE2 (ngx.re) come
--- from the system's packages (Debian lua-cjson, libssl-dev to build, libssl3 and
--- libpcre2-8-0 to run).
+-- listeners in the core; libcrypto for sessions and CSRF tokens), PCRE2 (ngx.re) and libargon2
+-- (moonserve.password) come from the system's packages (Debian lua-cjson, libssl-dev to build,
+-- libssl3, libpcre2-8-0 and libargon2-1 to run).
 dependencies = {
    "lua >= 5.1, < 5.2",
 }
@@ -45,6 +45,8 @@ build = {
          ["moonserve.crypto"] = "lua/moonserve/crypto.lua",
          ["moonserve.cors"] = "lua/moonserve/cors.lua",
          ["moonserve.events"] = "lua/moonserve/events.lua",
+         ["moonserve.password"] = "lua/moonserve/password.lua",
+         ["moonserve.argon2"] = "lua/moonserve/argon2.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",
          ["moonserve.host.contract"] = "lua/moonserve/host/contract.lua",
@@ -63,6 +65,8 @@ build = {
          ["moonserve.host.core.shared"] = "lua/moonserve/host/core/shared.lua",
          ["moonserve.host.core.socket"] = "lua/moonserve/host/core/socket.lua",
          ["moonserve.host.core.timer"] = "lua/moonserve/host/core/timer.lua",
+         ["moonserve.host.core.threads"] = "lua/moonserve/host/core/threads.lua",
+         ["moonserve.host.core.thread_runner"] = "lua/moonserve/host/core/thread_runner.lua",
          ["moonserve.host.core.tls_hook"] = "lua/moonserve/host/core/tls_hook.lua",
          ["moonserve.host.core.websocket"] = "lua/moonserve/host/core/websocket.lua",
          ["moonserve.host.core.worker"] = "lua/moonserve/host/core/worker.lua",

@@ -59,6 +59,8 @@
       "timers waiting to run per worker; past it, timer.at fails")                                 \
     X(timers_running, timers_running, uint32_t, 256, COUNT, 0,                                     \
       "timer runs under way per worker; past it, a run is skipped")                                \
+    X(thread_job_bytes, thread_job_bytes, uint32_t, 16777216, BYTES, 0,                            \
+      "a thread job's encoded arguments or results; past it, an error")                            \
     /* Outbound sockets (moonserve.socket): a new socket's timeouts, as OpenResty's                \
      * lua_socket_* directives, and its pools' size when connect and setkeepalive name none. */    \
     X(socket_connect_timeout, socket_connect_timeout_ms, uint32_t, 60, SECONDS, 0,                 \

@@ -884,6 +884,18 @@ function App:shared_dict(name, size)
     return self
 end
 
+--- Declares a thread pool for moonserve.run_worker_thread (moonserve/host/core/threads.lua):
+-- opts.threads (4) threads at most, each with a LuaJIT state of its own, started as jobs come;
+-- opts.max_queue (1024) jobs waiting for a thread, past which a run returns false, "queue
+-- full". A pool named "default" always exists; declaring it again sets its sizes.
+-- @tparam string name
+-- @tparam[opt] table opts
+-- @return the app
+function App:thread_pool(name, opts)
+    the_host.module("threads").declare(name, opts, 2)
+    return self
+end
+
 --- Handlers for errors raised by handlers, before the error page: fn(req, res, err, ref). One
 -- that answers (res:sent()) ends it; a site's run before its app's.
 -- @tparam function fn

@@ -71,6 +71,19 @@ function _M.wait(...) return host.module("dispatcher").wait(...) end
 --- Kills a light thread this coroutine started (as ngx.thread.kill).
 -- @return true, or nil and an error
 function _M.kill(...) return host.module("dispatcher").kill(...) end
+--- Runs require(module)[func](...) in a thread of the pool named `pool` (app:thread_pool;
+-- "default" always exists), each thread with a LuaJIT state of its own, while the caller
+-- waits without holding the loop up (as ngx.run_worker_thread). Arguments and results are
+-- plain values (nil, booleans, numbers, strings, tables of those), copied.
+-- @return true and the function's results, or false and an error
+function _M.run_worker_thread(...) return host.module("threads").run(...) end
+--- Password hashing with argon2id, off the loop (moonserve/password.lua).
+-- @table password
+_M.password = setmetatable({}, { __index = function(t, k)
+    local m = require "moonserve.password"
+    setmetatable(t, { __index = m })
+    return m[k]
+end })
 --- A semaphore with `n` resources (as ngx.semaphore.new): see moonserve.semaphore.
 -- @tparam[opt=0] number n
 -- @treturn Semaphore

@@ -132,6 +132,8 @@ local ngx = {
         kill = lazy("moonserve.host.core.dispatcher", "kill"),
     },
     sleep = waits("moonserve.host.core.dispatcher", "sleep"),
+    -- a thread pool's thread with a LuaJIT state of its own (moonserve/host/core/threads.lua)
+    run_worker_thread = waits("moonserve.host.core.threads", "run"),
     worker = {
         id = lazy("moonserve.host.core.worker", "id"),
         count = lazy("moonserve.host.core.worker", "count"),

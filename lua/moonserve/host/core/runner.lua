@@ -572,6 +572,11 @@ end
 
 local function serve(srv)
     srv:run()
+    -- Thread pools: running jobs are waited for, the threads joined, before the loop closes.
+    local threads = package.loaded["moonserve.host.core.threads"]
+    if threads then
+        threads.stop_all(ffi.cast("ms_server_t *", srv:pointer()))
+    end
     base.log(base.LOG_INFO, "stopped")
     srv:close()
     return true

@@ -193,6 +193,12 @@ local MODULES = {
     },
     semaphore = { new = function(n) return require("ngx.semaphore").new(n) end },
     socket = { tcp = tcp, udp = function() return ngx.socket.udp() end },
+    -- Thread pools are nginx's (its thread_pool directive): app:thread_pool declares nothing
+    -- here, and a job runs through OpenResty's own ngx.run_worker_thread.
+    threads = {
+        declare = function() end,
+        run = function(...) return ngx.run_worker_thread(...) end,
+    },
     worker = {
         id = function() return ngx.worker.id() end,
         count = function() return ngx.worker.count() end,
@@ -200,7 +206,7 @@ local MODULES = {
 }
 
 --- The module behind moonserve.`name` inside nginx (moonserve/host/init.lua: module).
--- @tparam string name "timer", "dispatcher", "semaphore", "socket" or "worker"
+-- @tparam string name "timer", "dispatcher", "semaphore", "socket", "threads" or "worker"
 function _M.module(name)
     local m = MODULES[name]
     if not m then

@@ -81,8 +81,9 @@ describe("thread pools and passwords over a real server", function()
         local function busy(path)
             local pids = {}
             for i = 1, 1 do
-                pids[i] = helper.background(string.format("for i in 1 2 3 4 5 6; do curl -s "
-                    .. "'http://127.0.0.1:%d%s' >/dev/null; done", srv.port, path))
+                pids[i] = helper.background(string.format("for i in 1 2 3 4 5 6; do %s -s "
+                    .. "'http://127.0.0.1:%d%s' >/dev/null; done", helper.tool("curl"), srv.port,
+                    path))
             end
             socket.sleep(0.1)
             return pids
@@ -100,8 +101,10 @@ describe("thread pools and passwords over a real server", function()
     end)
 
     it("keeps a cheap route quick while passwords are hashed", function()
-        local pid = helper.background(string.format("for i in $(seq 20); do curl -s -X POST "
-            .. "'http://127.0.0.1:%d/password/hash?pw=x' >/dev/null; done", srv.port))
+        local twenty = string.rep("x ", 20)
+        local pid = helper.background(string.format("for i in %s; do %s -s -X POST "
+            .. "'http://127.0.0.1:%d/password/hash?pw=x' >/dev/null; done", twenty,
+            helper.tool("curl"), srv.port))
         socket.sleep(0.1)
         local hashing = fast_latency(srv, 20)
         helper.stop_pid(pid)

@@ -293,6 +293,10 @@ local function parse_literal(s, elem)
     return v
 end
 
+--- Parses an array literal with `elem` (a function(text) -> value, or nil, err) for its
+-- elements: for arrays whose OID is not built in (of an enum, a domain), which decoder()
+-- gives as text. Returns the marked sequence, or nil and an error.
+-- @usage types.parse_array("{a,b}", function(s) return s end)
 _M.parse_array = parse_literal
 
 -- -- Decoders by OID ---------------------------------------------------------------------

@@ -236,8 +236,9 @@ local function read_settings(env)
     end
     if envs then
         if env ~= "development" and envs[env] == nil then
+            local names = names_of(envs)
             error(format("unknown environment %q: %s has %s", env, path,
-                names_of(envs) ~= "" and names_of(envs) or "only common"), 0)
+                names ~= "" and names .. " (and development)" or "development alone"), 0)
         end
     elseif not DEFAULT_ENVS[env] then
         error(format("unknown environment %q (no configuration file: development, test or "
@@ -357,24 +358,20 @@ local function resolve(st, name, min_bytes)
     if dir ~= nil and type(dir) ~= "string" then
         error("bad secrets_dir setting (a directory's path expected)", 0)
     end
-    local places = {}
-    if dir then
-        places[#places + 1] = { dir:gsub("/$", "") .. "/" .. name, "secrets_dir" }
-    else
-        looked[#looked + 1] = "no secrets_dir setting"
-    end
-    local creds = getenv("CREDENTIALS_DIRECTORY")
-    if creds then
-        places[#places + 1] = { creds:gsub("/$", "") .. "/" .. name, "$CREDENTIALS_DIRECTORY" }
-    else
-        looked[#looked + 1] = "no $CREDENTIALS_DIRECTORY"
-    end
+    local places = { { dir, "secrets_dir", "no secrets_dir setting" },
+        { getenv("CREDENTIALS_DIRECTORY"), "$CREDENTIALS_DIRECTORY",
+            "no $CREDENTIALS_DIRECTORY" } }
     for _, p in ipairs(places) do
-        local bytes = read_secret_file(name, p[1])
-        if bytes then
-            return bytes, "the file " .. p[1]
+        if p[1] then
+            local path = p[1]:gsub("/$", "") .. "/" .. name
+            local bytes = read_secret_file(name, path)
+            if bytes then
+                return bytes, "the file " .. path
+            end
+            looked[#looked + 1] = "no file " .. path .. " (" .. p[2] .. ")"
+        else
+            looked[#looked + 1] = p[3]
         end
-        looked[#looked + 1] = "no file " .. p[1] .. " (" .. p[2] .. ")"
     end
     local var = _M.secret_variable(name)
     local bytes = getenv(var)
@@ -427,14 +424,20 @@ local function current()
     end
     local inherited = host.module("config").inherited()
     if inherited then
-        state = buffer.decode(inherited)
-        return state
+        return _M.adopt(inherited)
     end
     local env = given.env or getenv("MOONSERVE_ENV") or "development"
     if type(env) ~= "string" or not env:match("^[%w_%-]+$") then
         error("bad environment name " .. tostring(env), 0)
     end
     state = read_state(env)
+    return state
+end
+
+--- Takes `bytes`, a snapshot, as this process's configuration: what a worker does with its
+-- master's. Returns the state.
+function _M.adopt(bytes)
+    state = buffer.decode(bytes)
     return state
 end
 

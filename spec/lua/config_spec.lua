@@ -11,14 +11,16 @@ local function setenv(k, v)
     end
 end
 
--- Runs fn with the variables of `vars` set, then unset.
+-- Runs fn with the variables of `vars` set, then as they were.
 local function with_env(vars, fn)
+    local was = {}
     for k, v in pairs(vars) do
+        was[k] = os.getenv(k)
         setenv(k, v)
     end
     local ok, err = pcall(fn)
     for k in pairs(vars) do
-        setenv(k, nil)
+        setenv(k, was[k])
     end
     if not ok then
         error(err, 0)

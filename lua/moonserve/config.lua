@@ -68,7 +68,12 @@ local function config_path()
     if not app then
         return nil
     end
-    return (app:match("^(.*/)[^/]*$") or "") .. "config.lua", false
+    local path = (app:match("^(.*/)[^/]*$") or "") .. "config.lua"
+    -- (An app beside this module, the installed demo, is not configured by it.)
+    if path == package.searchpath("moonserve.config", package.path) then
+        return nil
+    end
+    return path, false
 end
 
 -- Whether `t` holds only what can be handed to a worker: strings, numbers, booleans and

@@ -413,6 +413,14 @@ describe("the configuration file and secrets", function()
         assert.equal("production", seen[0].env)
         assert.equal("production", seen[1].env)
         assert.falsy(srv:log():find(SECRET, 1, true))
+        -- Nor what `ps` shows of the master and its workers.
+        local pids = helper.children(srv.pid)
+        pids[#pids + 1] = srv.pid
+        for _, pid in ipairs(pids) do
+            local cmdline = helper.read_file("/proc/" .. pid .. "/cmdline")
+            assert.truthy(cmdline:find("^moonserve: "), cmdline)
+            assert.falsy(cmdline:find(SECRET, 1, true))
+        end
         -- A secret file others may read is refused, as ssh refuses such a key.
         assert(os.execute("chmod 644 " .. creds .. "/session") == 0)
         out, status = moonserve(app .. " --check --env production",

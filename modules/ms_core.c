@@ -893,7 +893,8 @@ static int master_reload(const ms_master_opts_t *o, char *why, size_t why_len)
     size_t len;
     const char *bytes = lua_tolstring(L, -2, &len);
     if (bytes == NULL) {
-        snprintf(why, why_len, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "no configuration");
+        snprintf(why, why_len, "%s",
+                 lua_isstring(L, -1) ? lua_tostring(L, -1) : "no configuration");
         lua_pop(L, 2);
         return -1;
     }

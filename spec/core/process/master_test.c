@@ -250,7 +250,7 @@ TEST(config_is_a_sealed_copy_replaced_on_reload)
     ASSERT(ftruncate(fd, 0) < 0);      /* F_SEAL_SHRINK */
     int seals = fcntl(fd, F_GET_SEALS);
     ASSERT(seals & F_SEAL_SEAL);
-    int kept = dup(fd);                /* a worker that has it keeps it */
+    int kept = dup(fd); /* a worker that has it keeps it */
     ASSERT_EQ(0, ms_master_config("second!", 7));
     int fd2 = ask_config(why, sizeof(why));
     ASSERT(fd2 >= 0);

@@ -385,7 +385,7 @@ local function resolve(st, name, min_bytes)
     end
     looked[#looked + 1] = "no variable " .. var
     if st.env == "development" then
-        return derived(st.seed, name, min_bytes), "drawn at random (development)"
+        return derived(st.seed, name, min_bytes), "drawn at random, in development"
     end
     error(format("secret %q not found in the %s environment: %s (only development draws one "
         .. "at random)", name, st.env, table.concat(looked, ", ")), 0)

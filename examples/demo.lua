@@ -3,23 +3,16 @@
 -- is a template with a layout (demo/views), a session remembers the visitor, the guestbook
 -- is a form with a CSRF token, /api/status is JSON with live numbers from the metrics, and
 -- a WebSocket carries a shared counter and a chat to every tab on every worker (a channel).
-local ffi = require "ffi"
 local cjson = require "cjson.safe"
 local moonserve = require "moonserve"
-local crypto = require "moonserve.crypto"
 
 -- Next to this file (examples/ in the source tree, moonserve/ where the rock installs it).
 local here = (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$") or "./") .. "demo/"
 
--- Sessions and form tokens are signed with a secret every worker must share: the one in
--- MOONSERVE_DEMO_SECRET, or one drawn by the first process that loads this file (the master,
--- whose environment its workers get, so a reload keeps it too).
-ffi.cdef "int setenv(const char *name, const char *value, int overwrite);"
-local secret = os.getenv("MOONSERVE_DEMO_SECRET")
-if not secret or #secret < 32 then
-    secret = crypto.base64url_encode(assert(crypto.random(32)))
-    ffi.C.setenv("MOONSERVE_DEMO_SECRET", secret, 1)
-end
+-- Sessions and form tokens are signed with a secret every worker must share: in
+-- development (the default) one the master draws once and keeps across reloads; elsewhere a
+-- file (secrets_dir, or systemd's LoadCredential=) or MOONSERVE_SECRET_SESSION.
+local secret = moonserve.secret("session")
 
 local app = moonserve.app()
 -- Everything the page uses comes from this server: scripts, styles, images and the

@@ -8,10 +8,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -873,6 +875,38 @@ static void master_listening(const ms_master_opts_t *o)
     }
 }
 
+/* The master's Lua state and the function a reload calls (core.master's on_reload), which
+ * returns the configuration's new bytes or nil and why. The master runs in one thread,
+ * inside core.master's call, so calling back into its state from the loop is safe. */
+static lua_State *master_L;
+static int master_reload_ref = LUA_NOREF;
+
+static int master_reload(const ms_master_opts_t *o, char *why, size_t why_len)
+{
+    lua_State *L = master_L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, master_reload_ref);
+    if (lua_pcall(L, 0, 2, 0) != 0) {
+        snprintf(why, why_len, "%s", lua_isstring(L, -1) ? lua_tostring(L, -1) : "an error");
+        lua_pop(L, 1);
+        return -1;
+    }
+    size_t len;
+    const char *bytes = lua_tolstring(L, -2, &len);
+    if (bytes == NULL) {
+        snprintf(why, why_len, "%s",
+                 lua_isstring(L, -1) ? lua_tostring(L, -1) : "no configuration");
+        lua_pop(L, 2);
+        return -1;
+    }
+    int rc = ms_master_config(bytes, len);
+    lua_pop(L, 2);
+    if (rc < 0) {
+        snprintf(why, why_len, "cannot hand the configuration over: %s", uv_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
 /* The strings of the list at t[key] (none when it is nil), in an array that lives on the
  * stack as a userdata until the caller returns; the table keeps the strings alive. */
 static const char **string_list(lua_State *L, int t, const char *key, int *n)
@@ -971,11 +1005,24 @@ static int core_master(lua_State *L)
             sizes[nz++] = (uint64_t)luaL_checknumber(L, -1);
         }
     }
+    lua_getfield(L, 1, "config");
+    if (!lua_isnil(L, -1))
+        o.config = luaL_checklstring(L, -1, &o.config_len); /* (the opts table keeps it) */
+    lua_getfield(L, 1, "on_reload");
+    if (lua_isfunction(L, -1)) {
+        master_L = L;
+        master_reload_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+        o.on_reload = master_reload;
+    }
     char why[1200] = "";
     o.why = why;
     o.why_len = sizeof(why);
     o.on_listen = master_listening;
     int rc = ms_master_run(&o);
+    if (master_reload_ref != LUA_NOREF) {
+        luaL_unref(L, LUA_REGISTRYINDEX, master_reload_ref);
+        master_reload_ref = LUA_NOREF;
+    }
     if (rc < 0 && why[0] != '\0') {
         lua_pushnil(L);
         lua_pushstring(L, why);
@@ -1146,6 +1193,53 @@ static int core_master_metrics(lua_State *L)
     lua_pushinteger(L, fd);
     lua_pushinteger(L, atoi(why)); /* (an OK's body: the slot) */
     return 2;
+}
+
+/* The largest configuration a worker takes from its master. */
+#define MASTER_CONFIG_MAX (16 * 1024 * 1024)
+
+/* core.master_config() -> bytes | nil, why: the configuration the master read (settings and
+ * secrets), the same bytes for every worker it starts until its next reload. Read with pread:
+ * the memfd's offset is shared by every worker that holds it. */
+static int core_master_config(lua_State *L)
+{
+    char why[512] = "";
+    int fd;
+    if (ms_chan_ask(MS_CHAN_CONFIG, NULL, 0, MASTER_ASK_MS, &fd, why, sizeof(why)) < 0 ||
+        fd < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, why[0] != '\0' ? why : "no configuration in the master's answer");
+        return 2;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size > MASTER_CONFIG_MAX) {
+        close(fd);
+        lua_pushnil(L);
+        lua_pushstring(L, "the master's configuration cannot be read");
+        return 2;
+    }
+    size_t len = (size_t)st.st_size, off = 0;
+    char *p = malloc(len ? len : 1);
+    if (p == NULL)
+        abort();
+    while (off < len) {
+        ssize_t n = pread(fd, p + off, len - off, (off_t)off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    close(fd);
+    if (off < len) {
+        free(p);
+        lua_pushnil(L);
+        lua_pushstring(L, "the master's configuration was cut short");
+        return 2;
+    }
+    lua_pushlstring(L, p, len);
+    free(p);
+    return 1;
 }
 
 /* The largest file a worker reads through its master: certificates and keys are a few KB. */
@@ -1389,6 +1483,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},
                                      {"tls_kernel", core_tls_kernel},
                                      {"master_file", core_master_file},
+                                     {"master_config", core_master_config},
                                      {"user_ids", core_user_ids},
                                      {"user_check", core_user_check},
                                      {"uid", core_uid},

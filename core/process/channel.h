@@ -26,6 +26,7 @@ enum {
     MS_CHAN_TICKETS,   /* the zone of the TLS session ticket keys (tickets.h) */
     MS_CHAN_APPEND,    /* a log file the master opened for appending: its path as named */
     MS_CHAN_FAILED,    /* the worker cannot start: why, a sentence; no answer */
+    MS_CHAN_CONFIG,    /* the configuration the master read (its bytes in a sealed memfd) */
 };
 
 /* One message: a header, then `len` bytes of body. One message is one packet of the

@@ -97,6 +97,7 @@ typedef struct master_s {
     uv_timer_t tickets_timer;  /* a new key every ticket_rotate seconds */
     named_log_t *logs;         /* o->nlogs of them */
     int started;               /* every slot has had a ready worker: the start is over */
+    int config_fd;             /* the configuration's sealed memfd (MS_CHAN_CONFIG), or -1 */
 } master_t;
 
 static master_t M;
@@ -870,6 +871,46 @@ static int ask_tickets(char *why, size_t why_len)
     return M.tickets_fd;
 }
 
+/* -- The configuration ------------------------------------------------------------------ */
+
+int ms_master_config(const char *bytes, size_t len)
+{
+    /* Sealed against writes: a worker maps or reads it, and no process can change what the
+     * others read. A new one for each reload; a worker that has its descriptor keeps it. */
+    int fd = memfd_create("moonserve:config", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(fd, bytes + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int err = n < 0 ? errno : EIO;
+            close(fd);
+            return -err;
+        }
+        off += (size_t)n;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
+        int err = errno;
+        close(fd);
+        return -err;
+    }
+    if (M.config_fd >= 0)
+        close(M.config_fd);
+    M.config_fd = fd;
+    return 0;
+}
+
+/* CONFIG: the configuration's memfd, the same for every worker of a generation. */
+static int ask_config(char *why, size_t why_len)
+{
+    if (M.config_fd < 0)
+        snprintf(why, why_len, "the master has no configuration to hand over");
+    return M.config_fd;
+}
+
 static void answer(worker_t *w, const ms_chan_msg_t *m)
 {
     char why[512];
@@ -896,6 +937,10 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
         fd = ask_metrics(w, m, why, sizeof(why));
         keep = 1;
         body = why;
+        break;
+    case MS_CHAN_CONFIG:
+        fd = ask_config(why, sizeof(why));
+        keep = 1;
         break;
     default: snprintf(why, sizeof(why), "unknown message %u", m->type); break;
     }
@@ -1094,6 +1139,13 @@ static void on_signal(uv_signal_t *h, int signum)
                                     "still stopping; not reloading (send SIGHUP again)");
                 return;
             }
+        if (M.o->on_reload != NULL) {
+            char why[1024] = "";
+            if (M.o->on_reload(M.o, why, sizeof(why)) < 0) {
+                ms_log(MS_LOG_ERR, "SIGHUP: not reloading, the old workers serve on: %s", why);
+                return;
+            }
+        }
         ms_log(MS_LOG_INFO, "SIGHUP: starting new workers");
         M.reloading = 1;
         notify("RELOADING=1");
@@ -1129,6 +1181,12 @@ int ms_master_run(const ms_master_opts_t *o)
     signal(SIGPIPE, SIG_IGN);
     notify_open();
     M.metrics_fd = -1;
+    M.config_fd = -1;
+    if (o->config != NULL) {
+        int crc = ms_master_config(o->config, o->config_len);
+        if (crc < 0)
+            return crc;
+    }
     M.slots = calloc((size_t)o->workers, sizeof(slot_t));
     for (int i = 0; i < o->workers; i++) {
         slot_t *s = &M.slots[i];
@@ -1195,6 +1253,8 @@ int ms_master_run(const ms_master_opts_t *o)
         close(M.metrics_fd);
     }
     free(M.metrics_writer);
+    if (M.config_fd >= 0)
+        close(M.config_fd);
     logs_close();
     return M.code;
 }

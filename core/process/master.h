@@ -37,7 +37,20 @@ struct ms_master_opts_s {
     size_t why_len;
     /* Called once the sockets are bound, before the workers start. */
     void (*on_listen)(const ms_master_opts_t *o);
+    /* The configuration the workers run with: bytes the caller made (the environment's
+     * settings and secrets), which every worker asks for (MS_CHAN_CONFIG) and gets as the same
+     * sealed memfd, so that no worker reads a file that changed since. NULL: none. */
+    const char *config;
+    size_t config_len;
+    /* Called on SIGHUP before the new workers start, as nginx reads its configuration again on
+     * a reload: returns 0 having called ms_master_config with the new bytes, or -1 with why in
+     * `why`, and the reload does not happen (the old workers serve on). NULL: nothing to do. */
+    int (*on_reload)(const ms_master_opts_t *o, char *why, size_t why_len);
 };
+
+/* Replaces the configuration workers started from now on get (MS_CHAN_CONFIG); the workers
+ * running keep theirs. Returns 0 or a negative code. Only from the master's own thread. */
+int ms_master_config(const char *bytes, size_t len);
 
 /* The CPUs this process may use: what the scheduler allows (its affinity), and no more than
  * its cgroup's CPU quota, rounded up (cgroup v2's cpu.max, v1's cpu.cfs_quota_us and

@@ -127,4 +127,31 @@ _M.metrics = setmetatable({}, {
     end,
 })
 
+--- The secret `name`'s bytes, from a file, the environment, or in development one drawn at
+-- random for the whole server (moonserve/config.lua: secret).
+-- @tparam string name
+-- @tparam[opt] table opts min_bytes (default 32)
+-- @usage app:use(moonserve.sessions{ secret = moonserve.secret("session") })
+function _M.secret(name, opts)
+    local ok, bytes = pcall(require("moonserve.config").secret, name, opts)
+    if not ok then
+        error(bytes, 2)
+    end
+    return bytes
+end
+
+--- moonserve.config: the environment's settings (moonserve/config.lua), read at the first
+-- look; moonserve.env: the environment's name.
+-- @table config
+setmetatable(_M, {
+    __index = function(_, k)
+        if k == "config" then
+            return require("moonserve.config").get()
+        elseif k == "env" then
+            return require("moonserve.config").env()
+        end
+        return nil
+    end,
+})
+
 return _M

@@ -1,7 +1,9 @@
 -- spec/it/config_spec.lua: settings from the environment (PORT, MOONSERVE_LISTEN,
 -- MOONSERVE_WORKERS, the logs, health paths, timeouts) on real servers, the precedence
 -- (a flag, then the environment, then app:run{}'s table, then the default), and a bad value
--- stopping the start with the variable's name and what it accepts.
+-- stopping the start with the variable's name and what it accepts; the configuration file
+-- per environment and the secrets (moonserve.config, moonserve.secret): read once by the
+-- master, handed to its workers, read again on a reload.
 local ffi = require "ffi"
 local helper = require "helper"
 local socket = require "socket"
@@ -243,5 +245,199 @@ app:run { listen = "127.0.0.1:%d", workers = 0, log_level = "warn" }
         out, status = moonserve(app .. " --check", { PORT = "", MOONSERVE_WORKERS = "" })
         assert.equal(0, status, out)
         assert.falsy(out:find("from the environment", 1, true), out)
+    end)
+end)
+
+-- -- The configuration file and secrets ---------------------------------------------------
+
+-- An app that shows its settings and which worker answers, and keeps a session signed with
+-- the secret "session".
+local CONFIG_APP = [[
+local moonserve = require "moonserve"
+local app = moonserve.app()
+local greeting = moonserve.config.greeting -- read at the top level, as routes are built
+app:use(moonserve.sessions { secret = moonserve.secret("session") })
+app:get("/config", function(req, res)
+    res:json { greeting = greeting, pool = moonserve.config.pool, env = moonserve.env,
+        worker = moonserve.worker.id() }
+end)
+app:get("/set", function(req, res)
+    req.session:set("who", "ada")
+    res:send("set")
+end)
+app:get("/who", function(req, res)
+    res:send(tostring(req.session:get("who")))
+end)
+return app
+]]
+
+local SECRET = "a-secret-of-forty-bytes-0123456789abcdef"
+
+-- A directory with the app and config.lua (`config`'s text); returns its path.
+local function app_dir(config)
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -m 700 " .. dir) == 0)
+    helper.write_file(dir .. "/app.lua", CONFIG_APP)
+    helper.write_file(dir .. "/config.lua", config)
+    return dir
+end
+
+-- What each worker answers at /config, by worker id, once both have answered.
+local function by_worker(port)
+    local seen = {}
+    helper.wait_for(function()
+        local r = get(port, "/config")
+        if r.status == 200 then
+            local t = cjson.decode(r.body)
+            seen[t.worker] = t
+        end
+        return seen[0] and seen[1]
+    end)
+    return seen
+end
+
+describe("the configuration file and secrets", function()
+    it("is read once by the master: every worker has its values, a worker started later too, "
+        .. "and a reload reads the file again", function()
+        local dir = app_dir [[return { common = { greeting = "hello", pool = 4 },
+            production = { greeting = "welcome" } }]]
+        finally(function() os.execute("rm -rf " .. dir) end)
+        local srv = helper.spawn_server { app = dir .. "/app.lua", args = "--workers 2",
+            env = { POOL = "8" } }
+        finally(function() srv:stop() end)
+        local seen = by_worker(srv.port)
+        for w = 0, 1 do
+            assert.same({ greeting = "hello", pool = 8, env = "development", worker = w },
+                seen[w])
+        end
+        -- The file changes; a worker that dies is replaced with the master's values, not the
+        -- file's.
+        helper.write_file(dir .. "/config.lua",
+            [[return { common = { greeting = "hi", pool = 4 } }]])
+        local workers = helper.children(srv.pid)
+        assert.equal(2, #workers)
+        os.execute("kill -9 " .. workers[1])
+        assert.truthy(helper.wait_for(function()
+            local now = helper.children(srv.pid)
+            return #now == 2 and now[1] ~= workers[1] and now[2] ~= workers[1]
+        end))
+        seen = by_worker(srv.port)
+        assert.equal("hello", seen[0].greeting)
+        assert.equal("hello", seen[1].greeting)
+        -- A reload reads it again (the variable still over it).
+        os.execute("kill -HUP " .. srv.pid)
+        assert.truthy(helper.wait_for(function()
+            local s = by_worker(srv.port)
+            return s[0].greeting == "hi" and s[1].greeting == "hi" and s[0].pool == 8
+        end))
+        assert.matches("reload: environment development, configuration " .. dir:gsub("%p", "%%%0")
+            .. "/config%.lua; settings from the environment: POOL", srv:log())
+        -- A file that no longer loads: the reload does not happen, the workers serve on.
+        helper.write_file(dir .. "/config.lua", [[return { common = { greeting = ]])
+        os.execute("kill -HUP " .. srv.pid)
+        assert.truthy(helper.wait_for(function()
+            return srv:log():find("SIGHUP: not reloading, the old workers serve on: cannot "
+                .. "read the configuration", 1, true)
+        end), srv:log())
+        assert.equal("hi", by_worker(srv.port)[1].greeting)
+    end)
+
+    it("keeps a development secret across a reload: a session cookie stays valid", function()
+        local dir = app_dir [[return { common = { greeting = "hello" } }]]
+        local jar = os.tmpname()
+        finally(function() os.execute("rm -rf " .. dir) os.remove(jar) end)
+        local srv = helper.spawn_server { app = dir .. "/app.lua", args = "--workers 2" }
+        finally(function() srv:stop() end)
+        local url = "http://127.0.0.1:" .. srv.port
+        assert.equal("set", helper.curl("-c " .. q(jar) .. " " .. url .. "/set"))
+        -- Every worker reads the session: they share the secret.
+        for _ = 1, 10 do
+            assert.equal("ada", helper.curl("-b " .. q(jar) .. " " .. url .. "/who"))
+        end
+        local old = helper.children(srv.pid)
+        os.execute("kill -HUP " .. srv.pid)
+        assert.truthy(helper.wait_for(function()
+            local now = helper.children(srv.pid)
+            return #now == 2 and now[1] ~= old[1] and now[1] ~= old[2] and now[2] ~= old[1]
+                and now[2] ~= old[2]
+        end))
+        for _ = 1, 10 do
+            assert.equal("ada", helper.curl("-b " .. q(jar) .. " " .. url .. "/who"))
+        end
+    end)
+
+    it("in production, fails to start and --check fails without the secret, and passes with "
+        .. "it in the environment or a file, never showing it", function()
+        local dir = app_dir [[return { common = { greeting = "hello" },
+            production = { secrets_dir = "/nonexistent/secrets" } }]]
+        finally(function() os.execute("rm -rf " .. dir) end)
+        local app = q(dir .. "/app.lua")
+        local missing = 'secret "session" not found in the production environment: no file '
+            .. "/nonexistent/secrets/session (secrets_dir), no $CREDENTIALS_DIRECTORY, no "
+            .. "variable MOONSERVE_SECRET_SESSION (only development draws one at random)"
+        for _, args in ipairs { " --env production --listen 127.0.0.1:0 --workers 2",
+            " --env production --check" } do
+            local out, status = moonserve(app .. args, {})
+            assert.equal(2, status, out)
+            assert.truthy(out:find(missing, 1, true), out)
+        end
+        -- In the environment (MOONSERVE_ENV names the environment as --env does).
+        local out, status = moonserve(app .. " --check",
+            { MOONSERVE_ENV = "production", MOONSERVE_SECRET_SESSION = SECRET })
+        assert.equal(0, status, out)
+        assert.truthy(out:find("moonserve: environment production, configuration " .. dir
+            .. "/config.lua; secrets: session (the variable MOONSERVE_SECRET_SESSION)", 1, true),
+            out)
+        assert.falsy(out:find(SECRET, 1, true), out)
+        -- Too short: named, not shown.
+        out, status = moonserve(app .. " --check --env production",
+            { MOONSERVE_SECRET_SESSION = "tiny-secret" })
+        assert.equal(2, status, out)
+        assert.truthy(out:find('secret "session" from the variable MOONSERVE_SECRET_SESSION is '
+            .. "11 bytes; at least 32 expected", 1, true), out)
+        assert.falsy(out:find("tiny-secret", 1, true), out)
+        -- In a file: systemd's credentials directory, served by workers; the log never shows it.
+        local creds = dir .. "/creds"
+        assert(os.execute("mkdir -m 700 " .. creds) == 0)
+        helper.write_file(creds .. "/session", SECRET .. "\n")
+        assert(os.execute("chmod 600 " .. creds .. "/session") == 0)
+        out, status = moonserve(app .. " --check --env production",
+            { CREDENTIALS_DIRECTORY = creds })
+        assert.equal(0, status, out)
+        assert.truthy(out:find("secrets: session (the file " .. creds .. "/session)", 1, true), out)
+        local srv = helper.spawn_server { app = dir .. "/app.lua",
+            args = "--env production --workers 2", env = { CREDENTIALS_DIRECTORY = creds } }
+        finally(function() srv:stop() end)
+        local seen = by_worker(srv.port)
+        assert.equal("production", seen[0].env)
+        assert.equal("production", seen[1].env)
+        assert.falsy(srv:log():find(SECRET, 1, true))
+        -- Nor what `ps` shows of the master and its workers.
+        local pids = helper.children(srv.pid)
+        pids[#pids + 1] = srv.pid
+        for _, pid in ipairs(pids) do
+            local cmdline = helper.read_file("/proc/" .. pid .. "/cmdline")
+            assert.truthy(cmdline:find("^moonserve: "), cmdline)
+            assert.falsy(cmdline:find(SECRET, 1, true))
+        end
+        -- A secret file others may read is refused, as ssh refuses such a key.
+        assert(os.execute("chmod 644 " .. creds .. "/session") == 0)
+        out, status = moonserve(app .. " --check --env production",
+            { CREDENTIALS_DIRECTORY = creds })
+        assert.equal(2, status, out)
+        assert.truthy(out:find('secret "session": ' .. creds .. "/session may be read by others "
+            .. "(mode 0644): it is refused, as ssh refuses such a key; chmod 600 it (or 400)", 1,
+            true), out)
+        assert.falsy(out:find(SECRET, 1, true), out)
+    end)
+
+    it("stops at an environment the file does not name", function()
+        local dir = app_dir [[return { common = {}, production = {} }]]
+        finally(function() os.execute("rm -rf " .. dir) end)
+        local out, status = moonserve(q(dir .. "/app.lua") .. " --env prodution --check", {})
+        assert.equal(2, status, out)
+        assert.truthy(out:find('moonserve: unknown environment "prodution": ' .. dir
+            .. "/config.lua has production (and development)", 1, true), out)
     end)
 end)

@@ -241,6 +241,41 @@ return app
             .. "access_by_lua_block the hook", 1, true), err)
     end)
 
+    it("reads moonserve.config and moonserve.secret where init_by_lua loads the app", function()
+        local dir = os.tmpname()
+        os.remove(dir)
+        assert(os.execute("mkdir -m 700 " .. dir .. " && mkdir -m 700 " .. dir .. "/secrets")
+            == 0)
+        finally(function() os.execute("rm -rf " .. dir) end)
+        helper.write_file(dir .. "/config.lua", ([[return { common = { greeting = "hello" },
+            production = { greeting = "from nginx", secrets_dir = %q } }]]):format(dir
+            .. "/secrets"))
+        helper.write_file(dir .. "/secrets/session", string.rep("k", 40) .. "\n")
+        assert(os.execute("chmod 600 " .. dir .. "/secrets/session") == 0)
+        helper.write_file(dir .. "/app.lua", ([[
+require("moonserve.config").setup { file = %q, env = "production" }
+local moonserve = require "moonserve"
+local app = moonserve.app()
+local secret = moonserve.secret("session")
+app:get("/config", function(req, res)
+    res:json { greeting = moonserve.config.greeting, env = moonserve.env, bytes = #secret }
+end)
+return app
+]]):format(dir .. "/config.lua"))
+        local own = helper.nginx_app { app = dir .. "/app.lua" }
+        finally(function() own.stop() end)
+        local res = assert(helper.request(own.port, "GET /config HTTP/1.1\r\nHost: x\r\n"
+            .. "Connection: close\r\n\r\n"))
+        assert.same({ greeting = "from nginx", env = "production", bytes = 40 },
+            cjson.decode(res.body))
+        -- Without the secret, nginx does not start, and says why.
+        os.remove(dir .. "/secrets/session")
+        local ok, err = pcall(helper.nginx_app, { app = dir .. "/app.lua" })
+        assert.falsy(ok)
+        assert.truthy(tostring(err):find('secret "session" not found in the production '
+            .. "environment", 1, true), err)
+    end)
+
     it("never loads the core's shared object inside nginx", function()
         local maps = helper.read_file("/proc/" .. nginx.pid .. "/maps")
         assert.truthy(maps:find("ngx_http_lua_module", 1, true), "not nginx's Lua module?")

@@ -231,6 +231,38 @@ TEST(link_with_an_unknown_directory_is_refused)
     ASSERT(why != NULL);
 }
 
+/* The configuration a worker asks for: the bytes given, in a memfd no process may write, the
+ * same descriptor for every ask, and a new one once the master replaces it (a reload). */
+TEST(config_is_a_sealed_copy_replaced_on_reload)
+{
+    char why[128] = "";
+    M.config_fd = -1;
+    ASSERT(ask_config(why, sizeof(why)) < 0);
+    ASSERT_STR_EQ("the master has no configuration to hand over", why);
+    ASSERT_EQ(0, ms_master_config("first", 5));
+    int fd = ask_config(why, sizeof(why));
+    ASSERT(fd >= 0);
+    ASSERT_EQ(fd, ask_config(why, sizeof(why)));
+    char buf[16] = "";
+    ASSERT_EQ(5, (int)pread(fd, buf, sizeof(buf), 0));
+    ASSERT(memcmp(buf, "first", 5) == 0);
+    ASSERT(pwrite(fd, "X", 1, 0) < 0); /* sealed: F_SEAL_WRITE */
+    ASSERT(ftruncate(fd, 0) < 0);      /* F_SEAL_SHRINK */
+    int seals = fcntl(fd, F_GET_SEALS);
+    ASSERT(seals & F_SEAL_SEAL);
+    int kept = dup(fd); /* a worker that has it keeps it */
+    ASSERT_EQ(0, ms_master_config("second!", 7));
+    int fd2 = ask_config(why, sizeof(why));
+    ASSERT(fd2 >= 0);
+    ASSERT_EQ(7, (int)pread(fd2, buf, sizeof(buf), 0));
+    ASSERT(memcmp(buf, "second!", 7) == 0);
+    ASSERT_EQ(5, (int)pread(kept, buf, sizeof(buf), 0));
+    ASSERT(memcmp(buf, "first", 5) == 0);
+    close(kept);
+    close(M.config_fd);
+    M.config_fd = -1;
+}
+
 int main(int argc, char **argv)
 {
     int rc = test_main(argc, argv);

@@ -68,9 +68,14 @@ $limits
   --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
                        hooks returned (default $start_timeout); past it the start or
                        reload fails and the old workers keep serving
+  --env NAME           the configuration's environment (default: MOONSERVE_ENV, else
+                       development): its settings are moonserve.config
+  --config FILE        the configuration file (default: config.lua beside the app;
+                       MOONSERVE_CONFIG names one too); a reload (HUP) reads it again
   --quiet              log errors and warnings only
-  --check              load the app and check it and every option, then exit (0 when
-                       all is well), as nginx -t does; nothing listens
+  --check              load the app and check it, every option, the configuration and the
+                       secrets it asks for, then exit (0 when all is well), as nginx -t
+                       does; nothing listens and no secret is shown
 
 environment (a flag wins over its variable, which wins over app:run{}'s table; "" is unset):
   MOONSERVE_LISTEN     ADDR:PORT, or several separated by commas (as --listen)
@@ -85,6 +90,13 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
                        as --livez, --readyz, --stop-timeout and --start-timeout
   MOONSERVE_USER, MOONSERVE_GROUP
                        as --user and --group
+  MOONSERVE_ENV, MOONSERVE_CONFIG
+                       as --env and --config
+  NAME, A__B           a setting the configuration declares (database_url, a.b), typed
+                       as declared
+  MOONSERVE_SECRET_NAME
+                       moonserve.secret("name"), after a file in the secrets_dir setting
+                       or in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=)
 
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
@@ -125,7 +137,7 @@ end
 
 function _M.main(args)
     local opts = {}
-    local app_file, static_dir, check
+    local app_file, static_dir, check, env, config_file
     local static_flags = {}
     local i = 1
     while i <= #args do
@@ -261,6 +273,13 @@ function _M.main(args)
             if not opts.start_timeout then
                 return die("--start-timeout needs a number of seconds")
             end
+        elseif a == "--env" then
+            env = value()
+            if not env:match("^[%w_%-]+$") then
+                return die("--env needs an environment's name (letters, digits, _ and -)")
+            end
+        elseif a == "--config" then
+            config_file = value()
         elseif a == "--quiet" then
             opts.quiet = true
         elseif a == "--check" then
@@ -283,6 +302,8 @@ function _M.main(args)
             return die("--listen " .. l[1] .. ": each --tls-cert needs its --tls-key")
         end
     end
+    -- The configuration beside the app, read at its first use: the app's top level may read it.
+    require("moonserve.config").setup { file = config_file, env = env, app = app_file }
     local app
     if static_dir then
         if app_file then
@@ -340,13 +361,15 @@ function _M.main(args)
     flags.log_level = flags.log_level or flags.quiet
     require("moonserve.host.core.runner").given(opts, flags)
     if check then
-        local ok, err, env, ktls = pcall(require("moonserve.host.core.runner").check, app, opts)
+        local ok, err, from_env, ktls = pcall(require("moonserve.host.core.runner").check, app,
+            opts)
         if not ok then
             return die(tostring(err))
         end
-        if env then
-            io.stdout:write("moonserve: from the environment: ", env, "\n")
+        if from_env then
+            io.stdout:write("moonserve: from the environment: ", from_env, "\n")
         end
+        io.stdout:write("moonserve: ", require("moonserve.host.core.runner").config_line(), "\n")
         if ktls then
             io.stdout:write("moonserve: ", ktls, "\n")
         end

@@ -824,10 +824,26 @@ local function check_worker_user(opts)
     end
 end
 
+-- The line a start logs and --check prints about the configuration: the environment, the file,
+-- the variables that set settings, the secrets and where each came from (never a value).
+function _M.config_line()
+    local d = require("moonserve.config").describe()
+    local parts = { "environment " .. d.env .. ", " .. (d.file and "configuration " .. d.file
+        or "no configuration file") }
+    if #d.from > 0 then
+        parts[#parts + 1] = "settings from the environment: " .. table.concat(d.from, ", ")
+    end
+    if #d.secrets > 0 then
+        parts[#parts + 1] = "secrets: " .. table.concat(d.secrets, ", ")
+    end
+    return table.concat(parts, "; ")
+end
+
 -- Checks everything `run` would, as `moonserve --check` does: the options, the limits, the
 -- listeners' addresses, the log and access log files, the static mounts' directories, the
 -- trusted proxies; nothing listens and no worker starts. Returns true or raises.
 function _M.check(the_app, opts)
+    require("moonserve.config").get() -- (the configuration and its environment's name)
     opts = environment(opts or {})
     check_options(opts)
     log_options(opts)
@@ -932,6 +948,11 @@ function _M.run(the_app, opts)
     if ktls then
         base.log(base.LOG_INFO, ktls)
     end
+    -- Read here, once: a master hands its workers these bytes (settings and secrets), and
+    -- reads them again on a reload (HUP), as nginx does its configuration.
+    local config = require "moonserve.config"
+    local config_bytes = config.snapshot()
+    base.log(base.LOG_INFO, _M.config_line())
     local workers = opts.workers or core.cpus()
     local uid, gid = user_ids(opts)
     if uid and workers == 0 then
@@ -961,7 +982,14 @@ function _M.run(the_app, opts)
             https = https, metrics = metrics_at, workers = workers,
             stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
             ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,
-            logs = logs, zones = the_app.shared_decl }
+            logs = logs, zones = the_app.shared_decl, config = config_bytes,
+            on_reload = function()
+                local bytes, why = config.reload()
+                if bytes then
+                    base.log(base.LOG_INFO, "reload: " .. _M.config_line())
+                end
+                return bytes, why
+            end }
         if not ok then
             error(whole == true and err
                 or "cannot listen on " .. table.concat(addresses(listen), ", ") .. ": " .. err, 2)

@@ -186,6 +186,10 @@ require("moonserve.shared").provide(shared_dict)
 
 local MODULES = {
     timer = timer,
+    -- The configuration is read where the app is loaded: init_by_lua runs in nginx's master
+    -- before it forks, so every worker has the master's settings and secrets (the
+    -- development seed too); a reload (HUP) runs it again and reads them anew.
+    config = { inherited = function() return nil end },
     dispatcher = {
         spawn = function(...) return ngx.thread.spawn(...) end,
         wait = function(...) return ngx.thread.wait(...) end,

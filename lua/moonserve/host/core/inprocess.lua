@@ -1,0 +1,133 @@
+-- moonserve/host/core/inprocess.lua: an app served in this process without a socket, for its
+-- own specs (moonserve.test): the core server the runner makes, fed requests over in-memory
+-- connections (server:memconn), with this process's loop turned while a reply is under way.
+local base = require "moonserve.host.core.base"
+local dispatcher = require "moonserve.host.core.dispatcher"
+local runner = require "moonserve.host.core.runner"
+
+local core = base.core
+local error = error
+
+local _M = {}
+
+local Server = {}
+Server.__index = Server
+
+local active -- the Server whose app the dispatcher serves now: one app a process at a time
+
+-- The dispatcher serves one app, on one server, at a time: a spec with two clients has each
+-- take it over for its own requests.
+local function activate(s)
+    if active ~= s then
+        dispatcher.serve(s.app)
+        dispatcher.attach(s.srv, s.limits)
+        active = s
+    end
+end
+
+-- Turns the loop until `done()` or `seconds` have gone by (whichever first); whether done.
+local function turn_until(done, seconds)
+    local deadline = core.now() + seconds
+    while not done() do
+        local left = deadline - core.now()
+        if left <= 0 then
+            return false
+        end
+        core.run_once(left < 0.25 and left or 0.25)
+    end
+    return true
+end
+
+--- Serves `app` in this process. opts: limits (as app:run's), start_hooks (false: the app's
+-- on_worker_start hooks are not run; they run by default, as in a worker), start_timeout
+-- (seconds for them, 10). Returns the server.
+function _M.open(app, opts)
+    opts = opts or {}
+    local opened, why = require("moonserve.host.core.shared").open(app.shared_decl or {})
+    if not opened then
+        error(why, 3)
+    end
+    local limits = runner.parse_limits(opts.limits, app)
+    local s = setmetatable({ app = app, limits = limits }, Server)
+    s.srv = runner.create(app, limits)
+    active = nil
+    activate(s)
+    core.log_tap(true)
+    local starts = opts.start_hooks ~= false and rawget(app, "worker_start_hooks") or nil
+    local ready = false
+    dispatcher.start_worker(s.srv, starts, rawget(app, "worker_stop_hooks"), function()
+        ready = true
+    end)
+    if not turn_until(function() return ready end, opts.start_timeout or 10) then
+        error("the app's on_worker_start hooks did not return within "
+            .. (opts.start_timeout or 10) .. " s", 3)
+    end
+    s.start_log = core.log_taken()
+    return s
+end
+
+--- Sends `bytes` over a new in-memory connection and turns the loop until `complete(out,
+-- closed)` says the answer is whole (out: what the server wrote so far, closed: whether it
+-- ended the connection) and the server has ended the connection (or `grace` seconds more
+-- went by), or `seconds` went by. Returns what the server wrote, whether it was complete,
+-- whether the server closed, and the log lines of the while ({ "error: ...", ... }).
+function Server:exchange(bytes, complete, seconds, grace)
+    if self.srv == nil then
+        error("the test client is closed", 3)
+    end
+    activate(self)
+    core.log_taken() -- (what came before is no reply's)
+    local conn = self.srv:memconn()
+    local out, closed = conn:feed(bytes)
+    local parts = { out }
+    local whole = false
+    local function check()
+        local more, c = conn:take()
+        if more ~= "" then
+            parts[#parts + 1] = more
+        end
+        closed = closed or c
+        local text = table.concat(parts)
+        parts = { text }
+        whole = whole or complete(text, closed)
+        return whole or closed
+    end
+    turn_until(check, seconds)
+    if whole and not closed then
+        -- The reply is whole; the handler may still be running after it (it said
+        -- connection: close, so the server ends the connection once the handler returns).
+        turn_until(function() return check() and closed end, grace)
+    end
+    check()
+    conn:close()
+    local log = core.log_taken()
+    return parts[1], whole, closed, log
+end
+
+--- Turns the loop for `seconds`: timers, light threads and other background work of the
+-- app's run meanwhile.
+function Server:turn(seconds)
+    activate(self)
+    turn_until(function() return false end, seconds)
+    return core.log_taken()
+end
+
+--- Ends the server: its on_worker_stop hooks run, and its in-process connections go.
+function Server:close()
+    if self.srv == nil then
+        return
+    end
+    activate(self)
+    self.srv:stop() -- pending timers run early, then the on_worker_stop hooks
+    for _ = 1, 20 do
+        if not core.run_once(0.05) then
+            break
+        end
+    end
+    self.srv:close()
+    self.srv = nil
+    active = nil
+    core.log_tap(false)
+end
+
+return _M

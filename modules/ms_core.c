@@ -1315,7 +1315,9 @@ static int run_bound_made;
 
 static void run_bound_cb(uv_timer_t *t)
 {
-    (void)t; /* only ends the loop's wait */
+    /* Ends the loop's wait: fired among the timers an iteration runs before it polls, the
+     * stop makes that poll not wait (else it would sleep until the next timer after it). */
+    uv_stop(t->loop);
 }
 
 /* core.run_once([seconds]) -> whether anything is left to run. Runs due timers and events:
@@ -1334,7 +1336,9 @@ static int core_run_once(lua_State *L)
         run_bound_made = 1;
     }
     /* The timer bounds the poll; stopped after, it keeps nothing alive. */
-    uv_timer_start(&run_bound, run_bound_cb, wait > 3600 ? 3600000 : (uint64_t)(wait * 1000), 0);
+    uv_update_time(loop);
+    uv_timer_start(&run_bound, run_bound_cb, wait > 3600 ? 3600000 : (uint64_t)(wait * 1000) + 1,
+                   0);
     int more = uv_run(loop, UV_RUN_ONCE);
     uv_timer_stop(&run_bound);
     lua_pushboolean(L, more);
@@ -1375,6 +1379,18 @@ static int core_log_tap(lua_State *L)
     ms_log_tap(on ? tap_line : NULL);
     if (!on)
         tap_len = 0;
+    return 0;
+}
+
+static void log_nowhere(int level, const char *msg, size_t len)
+{
+    (void)level, (void)msg, (void)len; /* core.log_quiet: only the tap sees the line */
+}
+
+/* core.log_quiet(on): lines go nowhere but to the tap (on), or to the log again (off). */
+static int core_log_quiet(lua_State *L)
+{
+    ms_log_set(lua_toboolean(L, 1) ? log_nowhere : NULL, ms_log_level());
     return 0;
 }
 
@@ -1487,6 +1503,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"run_once", core_run_once},
                                      {"log_tap", core_log_tap},
                                      {"log_taken", core_log_taken},
+                                     {"log_quiet", core_log_quiet},
                                      {"now", core_now},
                                      {NULL, NULL}};
 

@@ -376,7 +376,8 @@ end
 
 --- A client for `app`, served in this process. opts: host (the Host field, "localhost"),
 -- timeout (seconds a reply may take, 5), limits (as app:run's), start_hooks (false: the
--- app's on_worker_start hooks do not run; they do by default, as in a worker).
+-- app's on_worker_start hooks do not run; they do by default, as in a worker), quiet (true:
+-- the log's lines go only to the replies' `log`, not to standard error).
 function _M.client(app, opts)
     opts = opts or {}
     if type(app) ~= "table" or type(app.handle) ~= "function" then

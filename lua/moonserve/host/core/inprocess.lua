@@ -21,6 +21,10 @@ local function activate(s)
     if active ~= s then
         dispatcher.serve(s.app)
         dispatcher.attach(s.srv, s.limits)
+        core.log_quiet(s.quiet)
+        if s.stops then
+            dispatcher.start_worker(s.srv, nil, s.stops) -- (its stop hooks, nothing to start)
+        end
         active = s
     end
 end
@@ -40,7 +44,8 @@ end
 
 --- Serves `app` in this process. opts: limits (as app:run's), start_hooks (false: the app's
 -- on_worker_start hooks are not run; they run by default, as in a worker), start_timeout
--- (seconds for them, 10). Returns the server.
+-- (seconds for them, 10), quiet (true: the log's lines reach the replies' `log` only, not
+-- the log). Returns the server.
 function _M.open(app, opts)
     opts = opts or {}
     local opened, why = require("moonserve.host.core.shared").open(app.shared_decl or {})
@@ -48,14 +53,23 @@ function _M.open(app, opts)
         error(why, 3)
     end
     local limits = runner.parse_limits(opts.limits, app)
-    local s = setmetatable({ app = app, limits = limits }, Server)
+    local s = setmetatable({ app = app, limits = limits, quiet = opts.quiet == true }, Server)
     s.srv = runner.create(app, limits)
     active = nil
     activate(s)
-    core.log_tap(true)
+    core.log_tap(true) -- (and left on: another client may be open)
     local starts = opts.start_hooks ~= false and rawget(app, "worker_start_hooks") or nil
     local ready = false
-    dispatcher.start_worker(s.srv, starts, rawget(app, "worker_stop_hooks"), function()
+    -- The stop hooks, then one of ours that says they have run (close() waits for it).
+    local stops = {}
+    for i, fn in ipairs(rawget(app, "worker_stop_hooks") or {}) do
+        stops[i] = fn
+    end
+    stops[#stops + 1] = function()
+        s.stopped = true
+    end
+    s.stops = stops
+    dispatcher.start_worker(s.srv, starts, stops, function()
         ready = true
     end)
     if not turn_until(function() return ready end, opts.start_timeout or 10) then
@@ -119,15 +133,11 @@ function Server:close()
     end
     activate(self)
     self.srv:stop() -- pending timers run early, then the on_worker_stop hooks
-    for _ = 1, 20 do
-        if not core.run_once(0.05) then
-            break
-        end
-    end
+    turn_until(function() return self.stopped end, 5)
     self.srv:close()
     self.srv = nil
     active = nil
-    core.log_tap(false)
+    core.log_quiet(false)
 end
 
 return _M

@@ -147,7 +147,7 @@ describe("the test client", function()
 
     it("answers with the core's refusals: 413 past the body limit, one log line", function()
         local app = moonserve.app()
-        local ran = false
+        local ran
         app:post("/up", function(req, res)
             ran = true
             res:send(#req:body())

@@ -12,7 +12,7 @@ local json = require "moonserve.json"
 
 local concat, format, lower = table.concat, string.format, string.lower
 local type, tostring, tonumber, pairs, ipairs = type, tostring, tonumber, pairs, ipairs
-local error, setmetatable = error, setmetatable
+local error, setmetatable, unpack = error, setmetatable, unpack
 
 local _M = {}
 
@@ -348,6 +348,190 @@ for _, m in ipairs({ "get", "head", "post", "put", "patch", "delete", "options" 
     Client[m] = function(self, path, opts)
         return self:request(method, path, opts)
     end
+end
+
+-- -- WebSocket ---------------------------------------------------------------------------
+
+local bit = require "bit"
+local band, bor, bxor, rshift = bit.band, bit.bor, bit.bxor, bit.rshift
+local char, byte = string.char, string.byte
+
+local OPCODES = { continuation = 0, text = 1, binary = 2, close = 8, ping = 9, pong = 10 }
+local NAMES = { [0] = "continuation", "text", "binary", [8] = "close", [9] = "ping",
+    [10] = "pong" }
+
+-- A client's frame (RFC 6455 5.2): FIN set, masked (5.3: a client masks every frame).
+local function frame(opcode, payload)
+    local n = #payload
+    local head
+    if n < 126 then
+        head = char(bor(0x80, opcode), bor(0x80, n))
+    elseif n < 65536 then
+        head = char(bor(0x80, opcode), 0x80 + 126, rshift(n, 8), band(n, 255))
+    else
+        local b = {}
+        for i = 8, 1, -1 do
+            b[i] = n % 256
+            n = math.floor(n / 256)
+        end
+        head = char(bor(0x80, opcode), 0x80 + 127, unpack(b))
+    end
+    local key = crypto.random(4)
+    local k = { byte(key, 1, 4) }
+    local out = {}
+    for i = 1, #payload do
+        out[i] = char(bxor(byte(payload, i), k[(i - 1) % 4 + 1]))
+    end
+    return head .. key .. concat(out)
+end
+
+-- A server's frame at the front of `buf`: fin, opcode, payload, the rest; nil while not whole.
+local function unframe(buf)
+    if #buf < 2 then
+        return nil
+    end
+    local b1, b2 = byte(buf, 1, 2)
+    local n, at = band(b2, 127), 3
+    if n == 126 then
+        if #buf < 4 then
+            return nil
+        end
+        n, at = byte(buf, 3) * 256 + byte(buf, 4), 5
+    elseif n == 127 then
+        if #buf < 10 then
+            return nil
+        end
+        n = 0
+        for i = 3, 10 do
+            n = n * 256 + byte(buf, i)
+        end
+        at = 11
+    end
+    if band(b2, 0x80) ~= 0 then
+        error("moonserve.test: the server sent a masked frame (RFC 6455 5.1)", 0)
+    end
+    if #buf < at + n - 1 then
+        return nil
+    end
+    return band(b1, 0x80) ~= 0, band(b1, 15), buf:sub(at, at + n - 1), buf:sub(at + n)
+end
+
+local WebSocket = {}
+WebSocket.__index = WebSocket
+
+--- Sends a message: text (the default), or `kind` "binary", "ping", "pong".
+function WebSocket:send(data, kind)
+    local op = OPCODES[kind or "text"]
+    if type(data) ~= "string" or not op or op == 0 or op == 8 then
+        error("bad message (string, and kind text, binary, ping or pong expected)", 2)
+    end
+    self.conn:send(frame(op, data))
+    return true
+end
+
+--- The next message: data and its kind ("text", "binary", "pong", or "close" with the
+-- close code and reason as data: "1000 bye"), or nil and "timeout" or "closed". Pings are
+-- answered with pongs; fragments are joined.
+function WebSocket:receive(seconds)
+    local parts, kind = {}, nil
+    local msg, log = self.conn:wait(function(c)
+        while true do
+            local fin, op, payload, rest = unframe(c.buf)
+            if fin == nil then
+                return nil
+            end
+            c.buf = rest
+            if op == 9 then
+                c:send(frame(10, payload))
+            elseif op == 8 then
+                local code = #payload >= 2 and byte(payload, 1) * 256 + byte(payload, 2) or 1005
+                if not self.closing then
+                    c:send(frame(8, payload:sub(1, 2)))
+                end
+                self.closing = true
+                return { data = code .. (#payload > 2 and " " .. payload:sub(3) or ""),
+                    kind = "close" }
+            else
+                kind = kind or NAMES[op]
+                parts[#parts + 1] = payload
+                if fin then
+                    return { data = concat(parts), kind = kind }
+                end
+            end
+        end
+    end, seconds or self.timeout)
+    for _, line in ipairs(log) do
+        self.log[#self.log + 1] = line
+    end
+    if msg then
+        return msg.data, msg.kind
+    end
+    return nil, self.conn.closed and "closed" or "timeout"
+end
+
+--- Sends a close frame (`code`, 1000 by default) and waits for the server's.
+function WebSocket:close(code, reason)
+    if not self.conn.closed and not self.closing then
+        self.closing = true
+        code = code or 1000
+        self.conn:send(frame(8, char(rshift(code, 8), band(code, 255)) .. (reason or "")))
+        local data, kind = self:receive(self.timeout)
+        while data and kind ~= "close" do
+            data, kind = self:receive(self.timeout)
+        end
+    end
+    self.conn:close()
+end
+
+--- Opens a WebSocket on `path` (the HTTP/1.1 handshake, RFC 6455 4.1, with the jar's
+-- cookies and opts.headers; opts.protocols, a list for Sec-WebSocket-Protocol; opts.timeout).
+-- Returns the socket (`ws:send(data[, kind])`, `ws:receive([seconds])`, `ws:close([code])`,
+-- `ws.log`) and the handshake's reply, or nil and the reply when the server did not switch.
+function Client:websocket(path, opts)
+    opts = opts or {}
+    if type(path) ~= "string" or path:find("[%s%c]") then
+        error("bad path (a request target without spaces or control bytes expected)", 2)
+    end
+    local key = crypto.base64url_encode(crypto.random(16)):gsub("-", "+"):gsub("_", "/") .. "=="
+    local lines = { "GET " .. path .. " HTTP/1.1", "Host: " .. one_line("host", opts.host
+        or self.host), "Upgrade: websocket", "Connection: Upgrade",
+        "Sec-WebSocket-Key: " .. key, "Sec-WebSocket-Version: 13" }
+    if opts.protocols then
+        lines[#lines + 1] = "Sec-WebSocket-Protocol: " .. one_line("protocols",
+            concat(opts.protocols, ", "))
+    end
+    local c = cookie_field(self.cookies)
+    if c then
+        lines[#lines + 1] = "Cookie: " .. c
+    end
+    for name, value in pairs(opts.headers or {}) do
+        lines[#lines + 1] = one_line("field name", name) .. ": " .. one_line(name, value)
+    end
+    local timeout = opts.timeout or self.timeout
+    local conn = self.server:connect()
+    conn:send(concat(lines, "\r\n") .. "\r\n\r\n")
+    local reply, log = conn:wait(function(cn)
+        local r, whole = parse_reply(cn.buf, cn.closed, false)
+        if whole then
+            return r
+        end
+    end, timeout)
+    reply = reply or parse_reply(conn.buf, true, false)
+    if not reply then
+        conn:close()
+        error(format("moonserve.test: WebSocket %s: no reply within %g s", path, timeout), 2)
+    end
+    keep_cookies(self.cookies, reply.set_cookies)
+    reply.cookies, reply.set_cookies = reply.set_cookies, nil
+    reply.log, reply.request, reply.complete = log, "GET " .. path, true
+    setmetatable(reply, Response)
+    if reply.status ~= 101 then
+        conn:close()
+        return nil, reply
+    end
+    conn.buf = conn.buf:sub(reply.body_at)
+    reply.body_at = nil
+    return setmetatable({ conn = conn, timeout = timeout, log = {} }, WebSocket), reply
 end
 
 --- Sends `bytes` as they are over a new in-memory connection; returns what the server wrote

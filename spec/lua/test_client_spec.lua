@@ -287,6 +287,43 @@ describe("the test client", function()
         s:close()
     end)
 
+    it("opens a WebSocket: messages both ways, fragments joined, pings, close", function()
+        local app = moonserve.app()
+        app:websocket("/chat", function(ws, req)
+            ws:send("hello " .. (req.cookies.user or "?"))
+            while true do
+                local data, kind = ws:receive()
+                if not data or kind == "close" then
+                    return
+                end
+                if data == "bye" then
+                    return ws:close(4000, "asked")
+                end
+                ws:send("echo: " .. data, kind == "binary" and "binary" or nil)
+            end
+        end)
+        app:get("/login", function(_, res) res:cookie("user", "ada"); res:send("in") end)
+        local t = app:test()
+        t:get("/login")
+        local ws, r = t:websocket("/chat")
+        assert.equal(101, r.status)
+        assert.same({ "hello ada", "text" }, { ws:receive() })
+        ws:send("hi")
+        assert.same({ "echo: hi", "text" }, { ws:receive() })
+        local big = string.rep("x", 70000)
+        ws:send(big, "binary")
+        assert.same({ "echo: " .. big, "binary" }, { ws:receive() })
+        assert.same({ nil, "timeout" }, { ws:receive(0.1) })
+        ws:send("bye")
+        assert.same({ "4000 asked", "close" }, { ws:receive() })
+        ws:close()
+        -- the core's origin rule holds for it as for a browser
+        local none, refused = t:websocket("/chat", { headers = { origin = "https://evil.example" } })
+        assert.is_nil(none)
+        assert.equal(403, refused.status)
+        t:close()
+    end)
+
     it("refuses requests it cannot write", function()
         local t = echo_app():test()
         assert.has_error(function() t:get("/a b") end)

@@ -118,6 +118,52 @@ function Server:exchange(bytes, complete, seconds, grace)
     return parts[1], whole, closed, log
 end
 
+local Conn = {}
+Conn.__index = Conn
+
+--- A connection kept open (a WebSocket after its handshake): conn:send(bytes),
+-- conn:wait(done, seconds), conn:close(); conn.buf holds what the server wrote and no one
+-- took yet, conn.closed whether the server ended it.
+function Server:connect()
+    if self.srv == nil then
+        error("the test client is closed", 3)
+    end
+    activate(self)
+    return setmetatable({ server = self, conn = self.srv:memconn(), buf = "", closed = false },
+        Conn)
+end
+
+local function take(c, out, closed)
+    if out ~= "" then
+        c.buf = c.buf .. out
+    end
+    c.closed = c.closed or closed
+end
+
+--- Sends `bytes` to the server.
+function Conn:send(bytes)
+    activate(self.server)
+    take(self, self.conn:feed(bytes))
+end
+
+--- Turns the loop until `done(conn)` returns a value (returned), the server ends the
+-- connection (nil) or `seconds` go by (nil); with the log's lines of the while.
+function Conn:wait(done, seconds)
+    activate(self.server)
+    local v
+    turn_until(function()
+        take(self, self.conn:take())
+        v = done(self)
+        return v ~= nil or self.closed
+    end, seconds)
+    return v, core.log_taken()
+end
+
+function Conn:close()
+    self.conn:close()
+    self.closed = true
+end
+
 --- Turns the loop for `seconds`: timers, light threads and other background work of the
 -- app's run meanwhile.
 function Server:turn(seconds)

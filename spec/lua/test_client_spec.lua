@@ -193,6 +193,21 @@ describe("the test client", function()
         local r = t:get("/stream")
         assert.equal("chunked", r.headers["transfer-encoding"])
         assert.equal("ab", r.body)
+        -- a timer due later does not stretch a short turn of the loop (a bound under a
+        -- millisecond once fired before the poll, which then slept until that timer)
+        app:get("/later", function(_, res)
+            moonserve.timer.at(2, function() end)
+            res:send("armed")
+        end)
+        assert.equal("armed", t:get("/later").body)
+        for _, wait in ipairs({ 0.0001, 0.001, 0.01 }) do
+            t0 = core.now()
+            core.run_once(wait)
+            assert.is_true(core.now() - t0 < 0.5, "run_once(" .. wait .. ") slept")
+        end
+        t0 = core.now()
+        t:run(0.1)
+        assert.is_true(core.now() - t0 >= 0.09 and core.now() - t0 < 0.5)
         t:close()
     end)
 

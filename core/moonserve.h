@@ -524,6 +524,9 @@ enum { MS_LOG_ERR, MS_LOG_WARN, MS_LOG_INFO, MS_LOG_DEBUG };
 void ms_log_set(ms_log_fn fn, int level);
 /* The level ms_log_set set last: lines above it are dropped. */
 int ms_log_level(void);
+/* `fn` also sees every line the log keeps (after the level's filter), NULL none: an
+ * in-process test client hands a request's lines to its spec. Called on the loop's thread. */
+void ms_log_tap(ms_log_fn fn);
 void ms_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Logs `msg` as it is (no format: a NUL in it is a byte like any other), as ms_log's lines. */
 void ms_log_msg(int level, const char *msg, size_t len);

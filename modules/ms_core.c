@@ -1404,11 +1404,112 @@ static int core_cpus(lua_State *L)
     return 1;
 }
 
+static uv_timer_t run_bound; /* core.run_once(seconds)'s deadline */
+static int run_bound_made;
+
+static void run_bound_cb(uv_timer_t *t)
+{
+    /* Ends the loop's wait: fired among the timers an iteration runs before it polls, the
+     * stop makes that poll not wait (else it would sleep until the next timer after it). */
+    uv_stop(t->loop);
+}
+
+/* core.run_once([seconds]) -> whether anything is left to run. Runs due timers and events:
+ * without waiting, or waiting up to `seconds` for the next one (in-process tests drive the
+ * loop while a reply is under way, as a worker's loop would run). */
 static int core_run_once(lua_State *L)
 {
-    /* Runs due timers and events without waiting: in-process tests drive the loop. */
-    lua_pushboolean(L, uv_run(uv_default_loop(), UV_RUN_NOWAIT));
+    lua_Number wait = luaL_optnumber(L, 1, 0);
+    uv_loop_t *loop = uv_default_loop();
+    if (!(wait > 0)) {
+        lua_pushboolean(L, uv_run(loop, UV_RUN_NOWAIT));
+        return 1;
+    }
+    if (!run_bound_made) {
+        uv_timer_init(loop, &run_bound);
+        run_bound_made = 1;
+    }
+    /* The timer bounds the poll; stopped after, it keeps nothing alive. */
+    uv_update_time(loop);
+    uv_timer_start(&run_bound, run_bound_cb, wait > 3600 ? 3600000 : (uint64_t)(wait * 1000) + 1,
+                   0);
+    int more = uv_run(loop, UV_RUN_ONCE);
+    uv_timer_stop(&run_bound);
+    lua_pushboolean(L, more);
     return 1;
+}
+
+/* -- The log's lines for Lua (core.log_tap) ------------------------------------------------ */
+
+/* Records of [level byte][length, 4 bytes][message], up to TAP_MAX bytes; what comes past it
+ * is counted, not kept. */
+#define TAP_MAX (256 * 1024)
+static char *tap_buf;
+static size_t tap_len;
+static unsigned long tap_dropped;
+
+static void tap_line(int level, const char *msg, size_t len)
+{
+    if (tap_len + 5 + len > TAP_MAX) {
+        tap_dropped++;
+        return;
+    }
+    if (tap_buf == NULL)
+        tap_buf = malloc(TAP_MAX); /* once, for the process's life */
+    if (tap_buf == NULL)
+        return;
+    uint32_t n = (uint32_t)len;
+    tap_buf[tap_len] = (char)level;
+    memcpy(tap_buf + tap_len + 1, &n, 4);
+    memcpy(tap_buf + tap_len + 5, msg, len);
+    tap_len += 5 + len;
+}
+
+/* core.log_tap(on): from now on, every line the log keeps is also kept for core.log_taken
+ * (on), or no more (off: what was kept is dropped). */
+static int core_log_tap(lua_State *L)
+{
+    int on = lua_toboolean(L, 1);
+    ms_log_tap(on ? tap_line : NULL);
+    if (!on)
+        tap_len = 0;
+    return 0;
+}
+
+static void log_nowhere(int level, const char *msg, size_t len)
+{
+    (void)level, (void)msg, (void)len; /* core.log_quiet: only the tap sees the line */
+}
+
+/* core.log_quiet(on): lines go nowhere but to the tap (on), or to the log again (off). */
+static int core_log_quiet(lua_State *L)
+{
+    ms_log_set(lua_toboolean(L, 1) ? log_nowhere : NULL, ms_log_level());
+    return 0;
+}
+
+/* core.log_taken() -> { "error: message", ... } the lines kept since the last call, and how
+ * many did not fit. */
+static int core_log_taken(lua_State *L)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    lua_newtable(L);
+    int i = 0;
+    for (size_t o = 0; o + 5 <= tap_len;) {
+        uint32_t n;
+        int level = tap_buf[o];
+        memcpy(&n, tap_buf + o + 1, 4);
+        lua_pushstring(L, names[level < 0 || level > 3 ? 0 : level]);
+        lua_pushliteral(L, ": ");
+        lua_pushlstring(L, tap_buf + o + 5, n);
+        lua_concat(L, 3);
+        lua_rawseti(L, -2, ++i);
+        o += 5 + n;
+    }
+    lua_pushinteger(L, (lua_Integer)tap_dropped);
+    tap_len = 0;
+    tap_dropped = 0;
+    return 2;
 }
 
 static int core_now(lua_State *L)
@@ -1495,6 +1596,9 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"limits", core_limits},
                                      {"defaults", core_defaults},
                                      {"run_once", core_run_once},
+                                     {"log_tap", core_log_tap},
+                                     {"log_taken", core_log_taken},
+                                     {"log_quiet", core_log_quiet},
                                      {"now", core_now},
                                      {NULL, NULL}};
 

@@ -256,23 +256,13 @@ function helper.curl(args)
 end
 
 -- In-process: the app served through the real engine and dispatch, over a memory
--- connection instead of a socket. Returns a function(raw_request) -> raw_response.
+-- connection instead of a socket (the product's test client, moonserve.test, without the
+-- app's worker hooks). Returns a function(raw_request[, wait]) -> what the server wrote by
+-- then, the loop turned for `wait` seconds (0) for parked handlers (sleep).
 function helper.memory_server(app, limits)
-    local server = require "moonserve.server"
-    local core = require("moonserve.base").core
-    local srv = server.create(app, limits)
+    local t = require("moonserve.test").client(app, { limits = limits, start_hooks = false })
     return function(raw, wait)
-        local conn = srv:memconn()
-        local out = { (conn:feed(raw)) }
-        -- Parked handlers (sleep) finish when the loop runs their timers.
-        local deadline = core.now() + (wait or 0)
-        while core.now() < deadline do
-            core.run_once()
-            out[#out + 1] = (conn:take())
-            socket.sleep(0.005)
-        end
-        conn:close()
-        return table.concat(out)
+        return (t:raw(raw, wait or 0))
     end
 end
 
@@ -423,40 +413,17 @@ function helper.sh(cmd)
     return out
 end
 
--- Runs a request through `app` in-process; returns status, headers, body.
+-- Runs a request through `app` in-process (moonserve.test); returns status, headers (a
+-- repeated field's last value), body. opts: host, headers, body, wait (seconds the reply
+-- may take; what came by then is returned).
 function helper.simulate(app, method, path, opts)
     opts = opts or {}
-    local run = helper.memory_server(app)
-    local lines = { method .. " " .. path .. " HTTP/1.1", "Host: " .. (opts.host or "test") }
-    for k, v in pairs(opts.headers or {}) do
-        lines[#lines + 1] = k .. ": " .. v
-    end
-    if opts.body then
-        lines[#lines + 1] = "Content-Length: " .. #opts.body
-    end
-    local raw = table.concat(lines, "\r\n") .. "\r\n\r\n" .. (opts.body or "")
-    local out = run(raw, opts.wait)
-    local head, body = out:match("^(.-)\r\n\r\n(.*)$")
-    assert(head, "no response: " .. out)
-    local status = tonumber(head:match("^HTTP/1%.1 (%d+)"))
-    local headers = {}
-    for k, v in head:gmatch("\r\n([^:]+): ([^\r]*)") do
-        headers[k:lower()] = v
-    end
-    if headers["transfer-encoding"] == "chunked" then
-        local parts, pos = {}, 1
-        while true do
-            local size, next_pos = body:match("^(%x+)\r\n()", pos)
-            size = tonumber(size, 16)
-            if not size or size == 0 then
-                break
-            end
-            parts[#parts + 1] = body:sub(next_pos, next_pos + size - 1)
-            pos = next_pos + size + 2
-        end
-        body = table.concat(parts)
-    end
-    return status, headers, body
+    local t = require("moonserve.test").client(app, { start_hooks = false })
+    local r = t:request(method, path, { host = opts.host or "test", headers = opts.headers,
+        body = opts.body, timeout = opts.wait, partial = opts.wait ~= nil })
+    assert(r.status, "no response: " .. r.raw)
+    r.headers["set-cookie"] = r.cookies[#r.cookies]
+    return r.status, r.headers, r.body
 end
 
 -- A RESP command to the Redis at `port` from the spec itself (not through moonserve); the

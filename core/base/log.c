@@ -124,7 +124,13 @@ void ms__log_use_fd(int fd)
 }
 
 static ms_log_fn log_fn = log_stderr;
+static ms_log_fn log_tap; /* sees every line the log writes, as well (in-process tests) */
 static int log_level = MS_LOG_INFO;
+
+void ms_log_tap(ms_log_fn fn)
+{
+    log_tap = fn;
+}
 
 void ms_log_set(ms_log_fn fn, int level)
 {
@@ -151,7 +157,10 @@ void ms_log(int level, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return;
-    log_fn(level, buf, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1);
+    size_t len = (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf) - 1;
+    log_fn(level, buf, len);
+    if (log_tap != NULL)
+        log_tap(level, buf, len);
 }
 
 void ms_log_msg(int level, const char *msg, size_t len)
@@ -160,6 +169,9 @@ void ms_log_msg(int level, const char *msg, size_t len)
         level = MS_LOG_ERR;
     if (level > log_level)
         return;
-    log_fn(level, msg, len < 1023 ? len : 1023); /* as ms_log's lines */
+    len = len < 1023 ? len : 1023; /* as ms_log's lines */
+    log_fn(level, msg, len);
+    if (log_tap != NULL)
+        log_tap(level, msg, len);
 }
 

@@ -1338,4 +1338,13 @@ function App:run(opts)
     return the_host.run(self, opts)
 end
 
+--- A client for this app's own specs, served in this process with no socket (moonserve.test):
+-- `t:get(path[, opts])`, `post`, `put`, `patch`, `delete`, `head`, `options`,
+-- `request(method, path[, opts])`, with a cookie jar kept across calls.
+-- @tparam[opt] table opts host, timeout, limits, start_hooks
+-- @usage local t = app:test(); local r = t:get("/"); assert.equal(200, r.status)
+function App:test(opts)
+    return require("moonserve.test").client(self, opts)
+end
+
 return _M

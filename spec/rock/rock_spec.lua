@@ -111,6 +111,47 @@ describe("the rock", function()
             .. "LuaJIT 2%.1 %(its FFI%)%. Set MOONSERVE_LUAJIT to a LuaJIT", out)
     end)
 
+    it("serves an app to its own spec, under plain busted in its directory, with no socket",
+        function()
+            local dir = tmp .. "/app"
+            sh("mkdir -p " .. q(dir .. "/spec"))
+            helper.write_file(dir .. "/app.lua", [[
+local moonserve = require "moonserve"
+local app = moonserve.app()
+app:post("/login", function(req, res)
+    res:cookie("user", req:form().user)
+    res:redirect("/me", 303)
+end)
+app:get("/me", function(req, res) res:send("hello " .. (req.cookies.user or "nobody")) end)
+return app
+]])
+            helper.write_file(dir .. "/spec/app_spec.lua", [[
+local app = dofile("app.lua")
+describe("the app", function()
+    it("logs in", function()
+        local t = app:test()
+        assert.equal(303, t:post("/login", { form = { user = "ada" } }).status)
+        assert.equal("hello ada", t:get("/me").body)
+        t:close()
+    end)
+end)
+]])
+            helper.write_file(dir .. "/.busted", 'return { default = { lua = "luajit" } }\n')
+            -- The tree's modules and core, as `luarocks path` gives them to a user's shell.
+            local paths = sh(CLEAN .. helper.tool("luarocks") .. " path --lr-path --tree "
+                .. q(tree)):match("[^\n]+")
+            local cpaths = sh(CLEAN .. helper.tool("luarocks") .. " path --lr-cpath --tree "
+                .. q(tree)):match("[^\n]+")
+            local out = sh(CLEAN .. "cd " .. q(dir) .. " && LUA_PATH=" .. q(paths .. ";;")
+                .. " LUA_CPATH=" .. q(cpaths .. ";;") .. " " .. helper.tool("busted") .. " -o TAP")
+            assert.matches("ok 1 %- the app logs in", out)
+            -- (and the module it used is the tree's)
+            local where = sh(CLEAN .. "LUA_PATH=" .. q(paths .. ";;") .. " "
+                .. helper.tool("luajit") .. " -e "
+                .. q('io.write(package.searchpath("moonserve.test", package.path))'))
+            assert.equal(tree .. "/share/lua/5.1/moonserve/test.lua", where)
+        end)
+
     it("passes luarocks lint", function()
         local luarocks = CLEAN .. helper.tool("luarocks")
         for _, spec in ipairs { ROCKSPEC, "moonserve-scm-1.rockspec" } do

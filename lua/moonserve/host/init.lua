@@ -14,8 +14,9 @@
 --   run(app, opts)      serves `app` (app:run)
 --   module(name)        the host's "timer", "dispatcher" (spawn, wait, kill), "semaphore",
 --                       "socket" or "worker" module, behind moonserve.timer, moonserve.spawn...,
---                       and on the core's host its "websocket", "channel", "live" and
---                       "metrics" (app:websocket, app:channel, live reload, moonserve.metrics);
+--                       and on the core's host its "websocket", "channel", "live",
+--                       "metrics" and "inprocess" (app:websocket, app:channel, live reload,
+--                       moonserve.metrics, app:test)
 --                       "config" (inherited(): a worker's configuration from its master)
 -- Inside nginx (its Lua module's own `ngx`, not moonserve's ngx layer) the default host is
 -- OpenResty's (moonserve/host/openresty/init.lua), so that the core's shared object is never loaded there.

@@ -76,6 +76,7 @@ local function parse_limits(t, the_app)
     end
     return limits
 end
+_M.parse_limits = parse_limits -- (an app served in-process: moonserve/host/core/inprocess.lua)
 
 -- The command line that started this program, to start workers with: the interpreter
 -- and its options (arg's negative indexes), the script, its arguments.

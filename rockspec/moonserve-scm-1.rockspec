@@ -46,6 +46,7 @@ build = {
          ["moonserve.cors"] = "lua/moonserve/cors.lua",
          ["moonserve.events"] = "lua/moonserve/events.lua",
          ["moonserve.password"] = "lua/moonserve/password.lua",
+         ["moonserve.pg.auth"] = "lua/moonserve/pg/auth.lua",
          ["moonserve.argon2"] = "lua/moonserve/argon2.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",

@@ -1,4 +1,5 @@
---- moonserve/crypto.lua: random bytes, HMAC-SHA256, AES-256-GCM and base64url, over libcrypto.
+--- moonserve/crypto.lua: random bytes, digests (SHA-256, MD5, PBKDF2), HMAC-SHA256, AES-256-GCM
+-- and base64url, over libcrypto.
 -- @module moonserve.crypto
 local ffi = require "ffi"
 local bit = require "bit"
@@ -18,6 +19,11 @@ int RAND_bytes(unsigned char *buf, int num);
 int CRYPTO_memcmp(const void *a, const void *b, size_t len);
 
 const EVP_MD *EVP_sha256(void);
+const EVP_MD *EVP_md5(void);
+int EVP_Digest(const void *data, size_t count, unsigned char *md, unsigned int *size,
+               const EVP_MD *type, ENGINE *impl);
+int PKCS5_PBKDF2_HMAC(const char *pass, int passlen, const unsigned char *salt, int saltlen,
+                      int iter, const EVP_MD *digest, int keylen, unsigned char *out);
 unsigned char *HMAC(const EVP_MD *md, const void *key, int key_len,
                     const unsigned char *data, size_t data_len,
                     unsigned char *out, unsigned int *out_len);
@@ -49,6 +55,7 @@ local EVP_CTRL_GCM_SET_TAG = 0x11
 local NONCE_LEN, TAG_LEN, KEY_LEN = 12, 16, 32
 
 local sha256 = C.EVP_sha256()
+local md5 = C.EVP_md5()
 local aes256gcm = C.EVP_aes_256_gcm()
 local outl = ffi_new("int[1]")           -- reused: nothing here yields between set and read
 local mac_buf = ffi_new("unsigned char[32]")
@@ -85,6 +92,47 @@ function _M.hmac_sha256(key, data)
         return nil, "HMAC failed"
     end
     return ffi_str(mac_buf, 32)
+end
+
+--- The 32-byte SHA-256 digest of `data`, as raw bytes.
+function _M.sha256(data)
+    check_string(data, "data", 2)
+    if C.EVP_Digest(data, #data, mac_buf, nil, sha256, nil) ~= 1 then
+        return nil, "SHA-256 failed"
+    end
+    return ffi_str(mac_buf, 32)
+end
+
+--- The 16-byte MD5 digest of `data`, as raw bytes. Only for protocols that still ask for it
+-- (PostgreSQL's md5 authentication): MD5 is broken for anything new.
+function _M.md5(data)
+    check_string(data, "data", 2)
+    if C.EVP_Digest(data, #data, mac_buf, nil, md5, nil) ~= 1 then
+        return nil, "MD5 failed"
+    end
+    return ffi_str(mac_buf, 16)
+end
+
+--- PBKDF2-HMAC-SHA256 (RFC 8018 5.2): `len` bytes (32 by default) derived from `password`
+-- and `salt` in `iterations` rounds, as raw bytes. Its cost grows with `iterations`, and it
+-- runs where it is called: the caller bounds the count.
+function _M.pbkdf2_sha256(password, salt, iterations, len)
+    check_string(password, "password", 2)
+    check_string(salt, "salt", 2)
+    len = len or 32
+    if type(iterations) ~= "number" or iterations < 1 or iterations % 1 ~= 0
+        or iterations > 0x7fffffff then
+        error("bad iteration count (positive integer expected)", 2)
+    end
+    if type(len) ~= "number" or len < 1 or len % 1 ~= 0 or len > 1024 then
+        error("bad key length (integer from 1 to 1024 expected)", 2)
+    end
+    local out = ffi_new("unsigned char[?]", len)
+    if C.PKCS5_PBKDF2_HMAC(password, #password, salt, #salt, iterations, sha256, len, out) ~= 1
+    then
+        return nil, "PBKDF2 failed"
+    end
+    return ffi_str(out, len)
 end
 
 --- Whether two strings are equal, in a time that depends only on their length, so that an

@@ -64,6 +64,7 @@ build = {
          ["moonserve.events"] = "lua/moonserve/events.lua",
          ["moonserve.password"] = "lua/moonserve/password.lua",
          ["moonserve.pg.auth"] = "lua/moonserve/pg/auth.lua",
+         ["moonserve.pg.types"] = "lua/moonserve/pg/types.lua",
          ["moonserve.argon2"] = "lua/moonserve/argon2.lua",
          ["moonserve.csrf"] = "lua/moonserve/csrf.lua",
          ["moonserve.host"] = "lua/moonserve/host/init.lua",

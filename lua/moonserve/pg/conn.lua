@@ -4,6 +4,7 @@
 local bit = require "bit"
 local host = require "moonserve.host"
 local types = require "moonserve.pg.types"
+local json_array = require("moonserve.json").array
 
 local band, bor, rshift, lshift = bit.band, bit.bor, bit.rshift, bit.lshift
 local byte, char, sub, find = string.byte, string.char, string.sub, string.find
@@ -332,7 +333,7 @@ function Conn:release(idle_ms, pool_size)
         return
     end
     self.released = true
-    if self.status == "I" and not self.broken and not self.cancelled then
+    if self.status == "I" and not self.broken then
         local ok = self.sock:setkeepalive(idle_ms, pool_size)
         if ok then
             return
@@ -359,7 +360,6 @@ function Conn:cancel()
     -- the server closes it without an answer
     sock:receive(1)
     sock:close()
-    self.cancelled = true
     return ok, err
 end
 
@@ -398,13 +398,17 @@ local function decode_row(body, desc)
     return row
 end
 
+-- CommandComplete: a SELECT's rows are a plain list (marked as a JSON array, so that
+-- res:json(rows) writes one, [] when empty); other commands' results have .affected.
 local function complete(result, body)
     local tag = sub(body, 1, -2)
-    result.command = tag:match("^%a+")
     local n = tag:match("(%d+)$")
-    if n then
-        result.affected = tonumber(n)
+    if tag:match("^SELECT ") then
+        result.affected = nil
+        return json_array(result), tonumber(n)
     end
+    result.affected = tonumber(n)
+    return result, tonumber(n)
 end
 
 -- Reads replies until ReadyForQuery. For each result: on_row(row) when given (the rows are
@@ -452,12 +456,19 @@ function Conn:collect(desc, on_row)
             end
         elseif kind == "T" then
             result = { desc = describe(body, numeric) }
+            if on_row then
+                result = { desc = result.desc }
+            end
         elseif kind == "C" then
-            result = result or {}
-            complete(result, body)
-            local d = result.desc or desc
-            result.desc = nil
-            result.columns = d and d.names or nil
+            local d = result and result.desc or desc
+            if on_row then
+                result = { affected = tonumber(sub(body, 1, -2):match("(%d+)$")) }
+            else
+                result = result or {}
+                result.desc = nil
+                result = complete(result, body)
+            end
+            self.columns = d and d.names or nil
             results[#results + 1] = result
             result = nil
         elseif kind == "I" then
@@ -505,7 +516,7 @@ end
 
 --- The simple protocol: `sql` may hold several statements (no parameters). Returns the list
 -- of results, or nil and an error (and true when nothing was sent or read).
-function Conn:simple(sql, on_row)
+function Conn:simple(sql, _, _, on_row)
     if find(sql, "\0", 1, true) then
         return nil, client_error("22021", "pg: the SQL text holds a NUL byte")
     end

@@ -142,13 +142,14 @@ function _M.new(opts)
         error("pg.new: pool_size must be at least 1", 2)
     end
     o.connect_ms = o.connect_timeout * 1000
-    -- The host socket's pool by what makes a session: the same URL's clients share it. (The
+    -- The host socket's pool by what makes a session: the same URL's clients share it (with
+    -- the same pool_size and statement_cache, which the pool's sessions follow). (The
     -- password is in it too, hashed, so that a client with another one never gets a session
     -- that it could not have opened.)
     local crypto = require "moonserve.crypto"
     local pw = crypto.base64url_encode(crypto.hmac_sha256("moonserve.pg", o.password or ""))
     o.pool = concat({ "pg", o.user, pw:sub(1, 12), o.host, o.port, o.database, o.sslmode,
-        o.application_name or "" }, "\0")
+        o.application_name or "", o.pool_size, o.statement_cache }, "\0")
     return setmetatable({ opts = o }, Pg)
 end
 
@@ -178,6 +179,7 @@ local function run(self, how, sql, n, args, on_row)
         if results or not (unrun and c.reused > 0 and attempt == 1) then
             return results, err
         end
+        self.retried = (self.retried or 0) + 1
     end
 end
 
@@ -200,19 +202,13 @@ function Pg:query(sql, ...)
 end
 
 --- Runs `sql` through the simple protocol: several statements, no parameters (a migration's
--- text). Returns the last statement's result (with .results: every statement's), or nil and
--- an error table.
+-- text). Returns the list of the statements' results (each as query's), or nil and an
+-- error table.
 function Pg:exec(sql)
     if type(sql) ~= "string" then
         error("bad argument #1 to 'exec' (string expected)", 2)
     end
-    local results, err = run(self, "simple", sql, 0, nil)
-    if not results then
-        return nil, err
-    end
-    local r = last(results)
-    r.results = results
-    return r
+    return run(self, "simple", sql, 0, nil)
 end
 
 -- The arguments of each(sql, ..., fn): the parameters and the function.
@@ -226,7 +222,8 @@ local function split_fn(what, ...)
 end
 
 --- Streams a large result: fn(row) for each row as it arrives, none kept (fn returns false to
--- skip the rest). Returns the result (its .affected, no rows), or nil and an error.
+-- skip the rest). Returns the count of rows the statement gave (or changed), or nil and an
+-- error.
 -- @usage pg:each("select * from big where kind = $1", kind, function(row) ... end)
 function Pg:each(sql, ...)
     local n, args, fn = split_fn("each", ...)
@@ -234,7 +231,7 @@ function Pg:each(sql, ...)
     if not results then
         return nil, err
     end
-    return last(results)
+    return last(results).affected or 0
 end
 
 -- -- Transactions ------------------------------------------------------------------------
@@ -264,12 +261,26 @@ function Tx:query(sql, ...)
 end
 
 function Tx:exec(sql)
-    return tx_run(self, "simple", sql, 0, nil)
+    if self.done then
+        error("pg: the transaction has ended", 2)
+    end
+    local results, err = self.c:simple(sql)
+    if not results then
+        self.failed = self.failed or err
+        if self.c.broken then
+            self.lost = err
+        end
+    end
+    return results, err
 end
 
 function Tx:each(sql, ...)
     local n, args, fn = split_fn("each", ...)
-    return tx_run(self, "extended", sql, n, args, fn)
+    local r, err = tx_run(self, "extended", sql, n, args, fn)
+    if not r then
+        return nil, err
+    end
+    return r.affected or 0
 end
 
 -- fn(tx) between `begin` and `commit`, or `rollback` when fn raised, returned nil and an

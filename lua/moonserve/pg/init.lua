@@ -13,8 +13,9 @@ local _M = {}
 
 --- The SQL NULL in results and parameters (it is moonserve.json.null).
 _M.null = types.NULL
---- Parameter wrappers: pg.json(t) sends JSON, pg.bytea(s) binary data.
+--- A parameter sent as JSON text (jsonb): pg.json{ a = 1 }.
 _M.json = types.json
+--- A parameter sent as binary data (bytea): pg.bytea(s).
 _M.bytea = types.bytea
 --- The error tables' metatable (tostring: "ERROR 23505: duplicate key ...").
 _M.Error = conn.Error
@@ -155,11 +156,11 @@ end
 
 -- -- Connections -------------------------------------------------------------------------
 
-function Pg:connect()
+local function checkout(self)
     return conn.connect(self.opts)
 end
 
-function Pg:release(c)
+local function checkin(self, c)
     local o = self.opts
     c:release(o.idle_timeout, o.pool_size)
 end
@@ -169,13 +170,13 @@ end
 -- exchange tried once more on a new one.
 local function run(self, how, sql, n, args, on_row)
     for attempt = 1, 2 do
-        local c, err = self:connect()
+        local c, err = checkout(self)
         if not c then
             return nil, err
         end
         local results, unrun
         results, err, unrun = c[how](c, sql, n, args, on_row)
-        self:release(c)
+        checkin(self, c)
         if results or not (unrun and c.reused > 0 and attempt == 1) then
             return results, err
         end
@@ -254,12 +255,12 @@ local function tx_run(tx, how, sql, n, args, on_row)
     return last(results)
 end
 
---- tx:query(sql, ...), tx:exec(sql), tx:each(sql, ..., fn): as the client's, on the
--- transaction's connection.
+--- tx:query(sql, ...): as pg:query, on the transaction's connection.
 function Tx:query(sql, ...)
     return tx_run(self, "extended", sql, select("#", ...), { ... })
 end
 
+--- tx:exec(sql): as pg:exec, on the transaction's connection.
 function Tx:exec(sql)
     if self.done then
         error("pg: the transaction has ended", 2)
@@ -274,6 +275,7 @@ function Tx:exec(sql)
     return results, err
 end
 
+--- tx:each(sql, ..., fn): as pg:each, on the transaction's connection.
 function Tx:each(sql, ...)
     local n, args, fn = split_fn("each", ...)
     local r, err = tx_run(self, "extended", sql, n, args, fn)
@@ -348,14 +350,14 @@ function Pg:transaction(fn)
     if type(fn) ~= "function" then
         error("bad argument #1 to 'transaction' (function expected)", 2)
     end
-    local c, err = self:connect()
+    local c, err = checkout(self)
     if not c then
         return nil, err
     end
     local tx = setmetatable({ c = c, depth = 0 }, Tx)
     local r = { enclose(tx, fn, "BEGIN", "COMMIT", "ROLLBACK") }
     tx.done = true
-    self:release(c)
+    checkin(self, c)
     return unpack(r, 1, maxn(r))
 end
 

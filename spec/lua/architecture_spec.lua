@@ -170,7 +170,7 @@ describe("the Lua layers", function()
         return found, ffi and true or false
     end
 
-    -- The folder a module sits in: "framework" (lua/moonserve/*.lua), "alias" (a public name
+    -- The folder a module sits in: "framework" (lua/moonserve/*.lua, lua/moonserve/pg/), "alias" (a public name
     -- that is one `return require "..."` over the module it names), "host" (the interface),
     -- "core", "openresty", "ngx".
     local function folder(path, text)
@@ -180,6 +180,9 @@ describe("the Lua layers", function()
                 return "alias"
             end
             return "framework"
+        end
+        if path:match("^moonserve/pg/[%w_]+%.lua$") then
+            return "framework" -- (the PostgreSQL client: a package of the framework's)
         end
         return path:match("^moonserve/host/core/") and "core"
             or path:match("^moonserve/host/openresty/") and "openresty"

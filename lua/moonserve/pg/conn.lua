@@ -309,7 +309,10 @@ function _M.connect(o)
         return c
     end
     c.reused = 0
-    c.params, c.stmts = {}, { n = 0, tick = 0, by_sql = {}, next_name = 0 }
+    c.params = {}
+    if fd then
+        c.stmts = { n = 0, tick = 0, by_sql = {}, next_name = 0 }
+    end
     ok, err = startup(c, o)
     if not ok then
         sock:close()

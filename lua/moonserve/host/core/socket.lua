@@ -652,8 +652,8 @@ function Tcp:getreusedtimes()
     return tonumber(g.view.reused)
 end
 
---- The connection's file descriptor (as lua-nginx-module's tcpsock:getfd()): it stays the same
--- while a pooled connection lives, so a driver can keep what it knows of a session by it.
+--- A moonserve addition: the connection's file descriptor. It stays the same while a pooled
+-- connection lives, so a driver can keep what it knows of a session by it (moonserve.pg does).
 -- @return the descriptor, or nil and "closed"
 function Tcp:getfd()
     local g = check(self, Tcp, "getfd")

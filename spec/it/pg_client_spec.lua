@@ -4,6 +4,12 @@ local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
 local cjson = require "cjson"
+local ffi = require "ffi"
+
+pcall(ffi.cdef, [[
+int setenv(const char *name, const char *value, int overwrite);
+int unsetenv(const char *name);
+]])
 
 local function q(s)
     return "'" .. s:gsub("'", "'\\''") .. "'"
@@ -213,6 +219,17 @@ describe("moonserve.pg", function()
         assert.is_true(r.peak_kb < 8 * 1024, "peak " .. r.peak_kb .. " KB")
     end)
 
+    it("passes on an error raised for a row, the client usable after", function()
+        local code, r = get("/raise")
+        assert.equal(200, code, cjson.encode(r))
+        assert.is_false(r.ok)
+        assert.matches("stop here", r.err)
+        assert.equal(1, r.one)
+        assert.equal(cjson.null, r.tx_ok)
+        assert.matches("in tx", r.tx_err)
+        assert.is_false(r.table_made) -- the transaction's work did not stay
+    end)
+
     it("runs several statements through the simple protocol", function()
         local code, r = get("/exec")
         assert.equal(200, code)
@@ -275,3 +292,63 @@ describe("moonserve.pg", function()
         assert.is_true(per_lua < 16, per_lua)
     end)
 end)
+
+describe("moonserve.pg inside nginx (moonserve.openresty)", function()
+    local pg, srv, url
+
+    setup(function()
+        pg = postgres.start()
+        pg.psql("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        -- (read by the app file in nginx's master, from this process's environment)
+        ffi.C.setenv("PG_PORT", tostring(pg.port), 1)
+        srv = helper.nginx_app { app = "spec/fixtures/pg_client.lua" }
+        ffi.C.unsetenv("PG_PORT")
+        url = "http://127.0.0.1:" .. srv.port
+    end)
+
+    teardown(function()
+        if srv then
+            srv:stop()
+        end
+        if pg then
+            pg.stop()
+        end
+    end)
+
+    local function get(path)
+        local out = helper.curl("-w '\\n%{http_code}' " .. q(url .. path))
+        local body, code = out:match("^(.*)\n(%d+)$")
+        assert(body, out)
+        return tonumber(code), cjson.decode(body)
+    end
+
+    it("logs in, queries, decodes, commits and streams on the cosockets", function()
+        for _, who in ipairs({ "scram", "md5" }) do
+            local code, rows = get("/q?who=" .. who)
+            assert.equal(200, code, cjson.encode(rows))
+            assert.equal(42, rows[1].n)
+        end
+        local code, r = get("/types")
+        assert.equal(200, code, cjson.encode(r))
+        assert.equal("9007199254740993", r.big)
+        assert.same({ 1, 2, cjson.null }, r.ints)
+        code, r = get("/error")
+        assert.equal(200, code)
+        assert.equal("23505", r.uniq_code)
+        code, r = get("/tx?how=raise")
+        assert.equal(200, code)
+        assert.same({}, r.bodies)
+        code, r = get("/tx?how=commit")
+        assert.equal(200, code)
+        assert.same({ "committed" }, r.bodies)
+        code, r = get("/big?n=50000")
+        assert.equal(200, code, cjson.encode(r))
+        assert.equal(50000, r.count)
+        -- pooled across requests: the worker keeps one session of md5_user
+        for _ = 1, 3 do
+            get("/q?who=md5")
+        end
+        assert.equal(1, pg.connections(postgres.users.md5.user))
+    end)
+end)
+

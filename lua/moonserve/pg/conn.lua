@@ -118,8 +118,10 @@ function Conn:send(data)
     return true
 end
 
--- Messages that may arrive at any time (protocol-flow.html, "Asynchronous Operations").
--- true when `kind` was one of them.
+-- Messages that may arrive at any time (protocol-flow.html, "Asynchronous Operations"):
+-- ParameterStatus, NoticeResponse (to opts.on_notice), NotificationResponse (queued in
+-- self.notifications, for a listener that loops on read() and async()). true when `kind`
+-- was one of them.
 function Conn:async(kind, body)
     if kind == "S" then
         local stop = find(body, "\0", 1, true)
@@ -425,7 +427,10 @@ function Conn:collect(desc, on_row)
     while true do
         local kind, body = self:read()
         if not kind then
-            if body == "timeout" and not self.pid then
+            if body == "timeout" and timed_out then
+                self.broken = true
+                return nil, client_error("57014", "pg: timeout, and the cancel went unanswered")
+            elseif body == "timeout" and not self.pid then
                 self.broken = true
                 return nil, client_error("57014", "pg: timeout (the session was closed: no key "
                     .. "to cancel its query with)")
@@ -450,7 +455,14 @@ function Conn:collect(desc, on_row)
             if not stopped then
                 local row = decode_row(body, result.desc or desc)
                 if on_row then
-                    if on_row(row) == false then
+                    local ok, more = pcall(on_row, row)
+                    if not ok then
+                        -- the rest of the reply is unread: this session cannot go on
+                        self.broken = true
+                        self.sock:close()
+                        error(more, 0)
+                    end
+                    if more == false then
                         stopped = true
                     end
                 else

@@ -297,6 +297,12 @@ local function enclose(tx, fn, begin, commit, rollback)
     tx.failed = nil
     local res = { pcall(fn, tx) }
     local ok = res[1]
+    if c.broken then
+        -- the connection is gone (or out of step): nothing to roll back on; the server
+        -- rolls the transaction back as the session ends
+        tx.lost = tx.lost or (not ok and res[2]) or conn.client_error("08006",
+            "pg: connection lost in the transaction")
+    end
     local why
     if not ok then
         why = res[2]

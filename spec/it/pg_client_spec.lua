@@ -199,6 +199,23 @@ describe("moonserve.pg", function()
         assert.is_true(most >= 2 and most <= 5, "sessions: " .. most)
     end)
 
+    it("waits for a connection in a bounded backlog, and drops idle ones after idle_timeout",
+        function()
+        local code, r = get("/backlog")
+        assert.equal(200, code)
+        table.sort(r)
+        assert.same({ "ok", "ok" }, { r[2], r[3] }, cjson.encode(r))
+        assert.matches("too many waiting connect operations", r[1])
+        local function sessions(app)
+            return pg.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = '"
+                .. app .. "'")
+        end
+        assert.equal("1", sessions("narrow"))
+        assert.equal(200, (get("/idle")))
+        assert.equal("1", sessions("brief"))
+        assert.truthy(helper.wait_for(function() return sessions("brief") == "0" end, 3))
+    end)
+
     it("cancels a query that outlives its timeout (57014), the connection usable after", function()
         local code, r = get("/slow")
         assert.equal(200, code)
@@ -273,11 +290,40 @@ describe("moonserve.pg", function()
     end)
 
     it("retries once on a new connection when the pooled one's session ended unrun", function()
-        local code, r = get("/terminated")
-        assert.equal(200, code, cjson.encode(r))
-        assert.is_true(r.killed)
-        assert.are_not.equal(r.pid, r.pid_after)
+        local _, r = get("/lone")
+        local pid = r.pid
+        -- The server process of the pooled session is stopped and told to end: the query is
+        -- sent to it, and when it goes on it ends (57P01) without running it.
+        assert(os.execute("kill -STOP " .. pid) == 0)
+        assert.equal("t", pg.psql("SELECT pg_terminate_backend(" .. pid .. ")"))
+        local out = os.tmpname()
+        local curl = helper.background(helper.tool("curl") .. " -sS -o " .. out .. " "
+            .. q(url .. "/lone"))
+        socket.sleep(0.3)
+        assert(os.execute("kill -CONT " .. pid) == 0)
+        assert.truthy(helper.wait_for(function() return helper.read_file(out) ~= "" end, 5))
+        helper.stop_pid(curl)
+        r = cjson.decode(helper.read_file(out))
+        os.remove(out)
         assert.equal(1, r.retried, cjson.encode(r))
+        assert.are_not.equal(pid, r.pid)
+    end)
+
+    it("never retries a query whose session ended while it ran", function()
+        local _, r = get("/lone")
+        local out = os.tmpname()
+        local curl = helper.background(helper.tool("curl") .. " -sS -o " .. out .. " "
+            .. q(url .. "/lone_sleep"))
+        assert.truthy(helper.wait_for(function()
+            return pg.psql("SELECT count(*) FROM pg_stat_activity WHERE pid = " .. r.pid
+                .. " AND query LIKE '%pg_sleep(3)%'") == "1"
+        end, 5))
+        assert.equal("t", pg.psql("SELECT pg_terminate_backend(" .. r.pid .. ")"))
+        assert.truthy(helper.wait_for(function() return helper.read_file(out) ~= "" end, 5))
+        helper.stop_pid(curl)
+        r = cjson.decode(helper.read_file(out))
+        os.remove(out)
+        assert.same({ ok = false, code = "57P01", retried = 0 }, r)
     end)
 
     it("costs little memory per idle pooled connection", function()

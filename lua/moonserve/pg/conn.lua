@@ -493,8 +493,13 @@ function Conn:collect(desc, on_row)
             local e = server_error(body)
             if e.severity == "FATAL" or e.severity == "PANIC" then
                 self.broken = true
-                -- a session the server ended before it read anything of ours
-                return nil, e, not self.got_reply and (e.code or ""):sub(1, 3) == "57P"
+                -- The server ended the session (57P01 shutdown, 57P02 crash, 57P03 not yet
+                -- ready). Before any ParseComplete or BindComplete (which it would have
+                -- flushed ahead of this) of an extended query, it ended before it had
+                -- bound, let alone run, the statement: the caller may send it elsewhere. Not
+                -- so in the simple protocol, whose query has no such preamble.
+                return nil, e, self.in_extended and not self.got_reply
+                    and sub(e.code or "", 1, 3) == "57P"
             end
             first_err = first_err or e
             result = nil
@@ -535,7 +540,7 @@ function Conn:simple(sql, _, _, on_row)
     if find(sql, "\0", 1, true) then
         return nil, client_error("22021", "pg: the SQL text holds a NUL byte")
     end
-    self.sent, self.got, self.got_reply = false, false, false
+    self.sent, self.got, self.got_reply, self.in_extended = false, false, false, false
     local ok, err = self:send(msg("Q", sql .. "\0"))
     if not ok then
         return nil, client_error("08006", "pg: " .. tostring(err)), true
@@ -630,7 +635,7 @@ function Conn:extended(sql, n, args, on_row)
     parts[np] = msg("E", "\0" .. int32(0))
     np = np + 1
     parts[np] = SYNC
-    self.sent, self.got, self.got_reply = false, false, false
+    self.sent, self.got, self.got_reply, self.in_extended = false, false, false, true
     local ok, err = self:send(parts)
     if not ok then
         self.parsing = nil

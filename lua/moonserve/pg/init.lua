@@ -139,8 +139,9 @@ function _M.new(opts)
             error("pg.new: bad " .. k .. " (a non-negative number expected)", 2)
         end
     end
-    if o.pool_size < 1 then
-        error("pg.new: pool_size must be at least 1", 2)
+    if o.pool_size < 1 or o.backlog < 1 then
+        -- (a backlog is what makes the host's pool cap its busy connections too)
+        error("pg.new: pool_size and backlog must be at least 1", 2)
     end
     o.connect_ms = o.connect_timeout * 1000
     -- The host socket's pool by what makes a session: the same URL's clients share it (with

@@ -324,6 +324,7 @@ function _M.connect(o)
         return nil, client_error("08001", "pg: " .. tostring(err))
     end
     c.sent, c.got = false, false
+    fd = fd_of(sock) -- (the same one: TLS is set up on the connection it was made on)
     if fd then
         sessions[fd] = { pid = c.pid, secret = c.secret, params = c.params, stmts = c.stmts,
             tls = c.tls }

@@ -170,19 +170,19 @@ describe("the Lua layers", function()
         return found, ffi and true or false
     end
 
-    -- The folder a module sits in: "framework" (lua/moonserve/*.lua, lua/moonserve/pg/), "alias" (a public name
+    -- The folder a module sits in: "framework" (lua/moonserve/*.lua and pg/), "alias" (a public name
     -- that is one `return require "..."` over the module it names), "host" (the interface),
     -- "core", "openresty", "ngx".
     local function folder(path, text)
+        if path:match("^moonserve/pg/[%w_]+%.lua$") then
+            return "framework" -- the PostgreSQL client, host-free like its parent folder
+        end
         if path:match("^moonserve/[%w_]+%.lua$") then
             local code = code_and_strings(text)
             if code:match("^%s*return require \"moonserve%.host%.[%w_.]+\"%s*$") then
                 return "alias"
             end
             return "framework"
-        end
-        if path:match("^moonserve/pg/[%w_]+%.lua$") then
-            return "framework" -- (the PostgreSQL client: a package of the framework's)
         end
         return path:match("^moonserve/host/core/") and "core"
             or path:match("^moonserve/host/openresty/") and "openresty"

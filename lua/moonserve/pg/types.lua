@@ -149,10 +149,18 @@ end
 -- unquoted is the SQL NULL; "[1:2]={...}" when the lower bound is not 1.
 
 local B_OPEN, B_CLOSE, B_QUOTE, B_COMMA = 123, 125, 34, 44
+local SPACE = { [32] = true, [9] = true, [10] = true, [11] = true, [12] = true, [13] = true }
 
+-- The scanning is byte by byte (string.byte and string.sub): LuaJIT compiles those, while
+-- pattern matching would leave the loop to the interpreter.
 local function skip_space(s, pos)
-    return find(s, "[^ \t\r\n\f\v]", pos) or #s + 1
+    while SPACE[byte(s, pos)] do
+        pos = pos + 1
+    end
+    return pos
 end
+
+local MIXED = "pg: bad array literal (elements mixed with sub-arrays)"
 
 -- Parses the array at `pos` (a "{"): the marked Lua sequence and the position after its
 -- "}", or nil and an error.
@@ -171,7 +179,7 @@ local function parse_array(s, pos, depth, elem)
         local v, err
         if c == B_OPEN then
             if nested == false then
-                return nil, "pg: bad array literal (elements mixed with sub-arrays)"
+                return nil, MIXED
             end
             nested = true
             v, pos = parse_array(s, pos, depth + 1, elem)
@@ -180,48 +188,63 @@ local function parse_array(s, pos, depth, elem)
             end
         else
             if nested then
-                return nil, "pg: bad array literal (elements mixed with sub-arrays)"
+                return nil, MIXED
             end
             nested = false
             if c == B_QUOTE then
-                local parts, np, from = nil, 0, pos + 1
+                local parts, np, from, q = nil, 0, pos + 1, pos + 1
                 while true do
-                    local q = find(s, '["\\]', from)
-                    if not q then
-                        return nil, "pg: bad array literal (unterminated quote)"
-                    end
-                    if byte(s, q) == B_QUOTE then
-                        if parts then
-                            parts[np + 1] = sub(s, from, q - 1)
-                            v = concat(parts)
-                        else
-                            v = sub(s, pos + 1, q - 1)
-                        end
-                        pos = q + 1
+                    c = byte(s, q)
+                    if c == B_QUOTE then
                         break
+                    elseif c == B_BSLASH then
+                        -- a backslash quotes the next character, whatever it is
+                        if q == #s then
+                            return nil, "pg: bad array literal (backslash at the end)"
+                        end
+                        parts = parts or {}
+                        parts[np + 1] = sub(s, from, q - 1)
+                        parts[np + 2] = sub(s, q + 1, q + 1)
+                        np = np + 2
+                        from = q + 2
+                        q = q + 2
+                    elseif c == nil then
+                        return nil, "pg: bad array literal (unterminated quote)"
+                    else
+                        q = q + 1
                     end
-                    if q == #s then
-                        return nil, "pg: bad array literal (backslash at the end)"
-                    end
-                    -- a backslash quotes the next character, whatever it is
-                    parts = parts or {}
-                    parts[np + 1] = sub(s, from, q - 1)
-                    parts[np + 2] = sub(s, q + 1, q + 1)
-                    np = np + 2
-                    from = q + 2
                 end
+                if parts then
+                    parts[np + 1] = sub(s, from, q - 1)
+                    v = concat(parts)
+                else
+                    v = sub(s, from, q - 1)
+                end
+                pos = q + 1
                 v, err = elem(v)
                 if v == nil then
                     return nil, err or "pg: bad array element"
                 end
             else
-                local e = match(s, "^[^,{}\"\\]+", pos)
-                if not e then
-                    return nil, "pg: bad array literal (empty or bad element at " .. pos .. ")"
+                -- unquoted: up to "," or "}", without braces, quotes or backslashes;
+                -- spaces around it are not part of it
+                local start = pos
+                while c ~= B_COMMA and c ~= B_CLOSE do
+                    if c == nil or c == B_OPEN or c == B_QUOTE or c == B_BSLASH then
+                        return nil, "pg: bad array literal (bad element at " .. pos .. ")"
+                    end
+                    pos = pos + 1
+                    c = byte(s, pos)
                 end
-                pos = pos + #e
-                e = match(e, "^(.-)[ \t\r\n\f\v]*$")
-                if #e == 4 and upper(e) == "NULL" then
+                local last = pos - 1
+                while last >= start and SPACE[byte(s, last)] do
+                    last = last - 1
+                end
+                if last < start then
+                    return nil, "pg: bad array literal (empty element at " .. pos .. ")"
+                end
+                local e = sub(s, start, last)
+                if last - start == 3 and upper(e) == "NULL" then
                     v = NULL
                 else
                     v, err = elem(e)
@@ -270,6 +293,10 @@ local function parse_literal(s, elem)
     return v
 end
 
+--- Parses an array literal with `elem` (a function(text) -> value, or nil, err) for its
+-- elements: for arrays whose OID is not built in (of an enum, a domain), which decoder()
+-- gives as text. Returns the marked sequence, or nil and an error.
+-- @usage types.parse_array("{a,b}", function(s) return s end)
 _M.parse_array = parse_literal
 
 -- -- Decoders by OID ---------------------------------------------------------------------

@@ -179,6 +179,13 @@ MS_FFI int ms_ffi_sock_close(ms_ffi_sock_t *g)
     return g->s != NULL ? ms_sock_close(g->s) : ms_udp_close(g->u);
 }
 
+/* The connection's descriptor (a key that stays the same while a pooled connection lives),
+ * or UV_ENOTCONN. */
+MS_FFI int ms_ffi_sock_fd(ms_ffi_sock_t *g)
+{
+    return g->s != NULL ? ms_sock_fd(g->s) : UV_ENOTCONN;
+}
+
 /* setoption(name, value): 0, or a negative code (UV_ENOTCONN, UV_EINVAL, -errno). */
 MS_FFI int ms_ffi_sock_setoption(ms_ffi_sock_t *g, const char *name, int value)
 {

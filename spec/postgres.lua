@@ -25,8 +25,10 @@ local function sh(cmd)
     assert(helper.run(cmd), cmd)
 end
 
--- Starts a cluster; returns { port, stop = function }.
-function M.start()
+-- Starts a cluster; returns { port, stop = function, restart = function }. opts.ssl: { cert =
+-- PEM file, key = PEM file } for a server that also speaks TLS (ssl=on).
+function M.start(opts)
+    opts = opts or {}
     local dir = helper.run(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
     local as_postgres = helper.tool("setpriv")
         .. " --reuid=postgres --regid=postgres --init-groups "
@@ -40,14 +42,27 @@ function M.start()
         "host all all 127.0.0.1/32 scram-sha-256",
         "",
     }, "\n"))
+    local extra = ""
+    if opts.ssl then
+        -- (the server reads its key only when the postgres user alone can)
+        sh(helper.tool("install") .. " -o postgres -m 600 " .. opts.ssl.cert .. " " .. dir
+            .. "/data/server.crt")
+        sh(helper.tool("install") .. " -o postgres -m 600 " .. opts.ssl.key .. " " .. dir
+            .. "/data/server.key")
+        extra = " -c ssl=on"
+    end
     local probe = socket.bind("127.0.0.1", 0)
     local _, port = probe:getsockname()
     probe:close()
-    local p = io.popen(as_postgres .. helper.tool("postgres") .. " -D " .. dir .. "/data -p "
-        .. port .. " -k " .. dir .. " -c listen_addresses=127.0.0.1 -c fsync=off >"
-        .. dir .. "/server.log 2>&1 & echo $!")
-    local pid = p:read("*l")
-    p:close()
+    local pid
+    local function launch()
+        local p = io.popen(as_postgres .. helper.tool("postgres") .. " -D " .. dir .. "/data -p "
+            .. port .. " -k " .. dir .. " -c listen_addresses=127.0.0.1 -c fsync=off" .. extra
+            .. " >>" .. dir .. "/server.log 2>&1 & echo $!")
+        pid = p:read("*l")
+        p:close()
+    end
+    launch()
     local psql = helper.tool("psql") .. " -X -q -h " .. dir .. " -p " .. port .. " -U postgres"
     local up = helper.wait_for(function()
         return os.execute(psql .. " -c 'select 1' >/dev/null 2>&1") == 0
@@ -57,17 +72,33 @@ function M.start()
         .. M.users.scram.password .. "'\" -c \"SET password_encryption = 'md5'\" -c \"CREATE USER "
         .. M.users.md5.user .. " PASSWORD '" .. M.users.md5.password .. "'\" >/dev/null")
     local pg = { port = tonumber(port), pid = pid, dir = dir }
+    -- Runs `sql` as the superuser; returns psql's unaligned output.
+    function pg.psql(sql)
+        return (helper.run(psql .. " -At -c \"" .. sql .. "\" 2>&1"):gsub("%s+$", ""))
+    end
     -- Active connections of `user`, as the server counts them.
     function pg.connections(user)
         local out = helper.run(psql .. " -At -c \"SELECT count(*) FROM pg_stat_activity WHERE "
             .. "usename = '" .. user .. "'\"")
         return tonumber(out:match("%d+"))
     end
-    function pg.stop()
+    local function halt()
         os.execute("kill -INT " .. pid .. " 2>/dev/null") -- fast shutdown
         helper.wait_for(function() return os.execute("kill -0 " .. pid .. " 2>/dev/null") ~= 0 end)
         os.execute("kill -9 " .. pid .. " 2>/dev/null")
+    end
+    function pg.stop()
+        halt()
         os.execute("rm -rf " .. dir)
+    end
+    -- Stops the server (its sessions end) and starts it again on the same port and data.
+    function pg.restart()
+        halt()
+        launch()
+        pg.pid = pid
+        assert(helper.wait_for(function()
+            return os.execute(psql .. " -c 'select 1' >/dev/null 2>&1") == 0
+        end, 20), "postgres did not start again")
     end
     return pg
 end

@@ -84,6 +84,13 @@ _M.password = setmetatable({}, { __index = function(t, k)
     setmetatable(t, { __index = m })
     return m[k]
 end })
+--- The PostgreSQL client (moonserve/pg/init.lua), loaded when first used.
+-- @table pg
+_M.pg = setmetatable({}, { __index = function(t, k)
+    local m = require "moonserve.pg"
+    setmetatable(t, { __index = m })
+    return m[k]
+end })
 --- A semaphore with `n` resources (as ngx.semaphore.new): see moonserve.semaphore.
 -- @tparam[opt=0] number n
 -- @treturn Semaphore

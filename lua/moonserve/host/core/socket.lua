@@ -55,6 +55,7 @@ int ms_ffi_sock_receiveuntil(ms_ffi_sock_t *g, ms_sock_until_t *u, double size);
 int ms_ffi_sock_setkeepalive(ms_ffi_sock_t *g, double idle_ms, int pool_size);
 int ms_ffi_sock_close(ms_ffi_sock_t *g);
 int ms_ffi_sock_setoption(ms_ffi_sock_t *g, const char *name, int value);
+int ms_ffi_sock_fd(ms_ffi_sock_t *g);
 int ms_ffi_sock_errmsg(ms_ffi_sock_t *g, int err, char *buf, size_t len);
 ms_sock_until_t *ms_ffi_until_new(const char *p, size_t len, int inclusive);
 void ms_ffi_until_free(ms_sock_until_t *u);
@@ -649,6 +650,21 @@ function Tcp:getreusedtimes()
         return nil, "closed"
     end
     return tonumber(g.view.reused)
+end
+
+--- A moonserve addition: the connection's file descriptor. It stays the same while a pooled
+-- connection lives, so a driver can keep what it knows of a session by it (moonserve.pg does).
+-- @return the descriptor, or nil and "closed"
+function Tcp:getfd()
+    local g = check(self, Tcp, "getfd")
+    if g == nil then
+        return nil, "closed"
+    end
+    local fd = C.ms_ffi_sock_fd(g)
+    if fd < 0 then
+        return nil, "closed"
+    end
+    return fd
 end
 
 local OPTIONS = { keepalive = true, ["tcp-nodelay"] = true, sndbuf = true, rcvbuf = true }

@@ -2,6 +2,7 @@
  * its own; jobs go in as bytes, results come back as bytes (lua/moonserve/host/core/threads.lua
  * encodes them) and the loop is told through a uv_async_t, then wakes the parked caller. */
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 
 #include <lauxlib.h>
@@ -164,6 +165,10 @@ static void finish(ms_thread_job_t *j)
 static void thread_main(void *arg)
 {
     ms_thread_pool_t *p = arg;
+    /* The loop answers requests; a pool's thread only computes. Ten steps below the loop,
+     * a busy pool takes the CPU the loop leaves, and the loop's wake-ups preempt it (on
+     * Linux a nice value is a thread's: 0 names the calling one). */
+    (void)setpriority(PRIO_PROCESS, 0, 10);
     int ref = LUA_NOREF;
     lua_State *L = state_new(p, &ref);
     uv_mutex_lock(&p->lock);

@@ -15,6 +15,12 @@ local security = require "moonserve.security"
 local find, format, lower, sub, type, select = string.find, string.format, string.lower,
     string.sub, type, select
 local rawget, tostring, pcall = rawget, tostring, pcall
+local concat = table.concat
+
+local ESCAPES = { ["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;", ["'"] = "&#39;" }
+local function html_escape(s)
+    return (s:gsub("[&<>\"']", ESCAPES))
+end
 
 local App = {}
 App.__index = App
@@ -358,12 +364,31 @@ function App:error(req, res, info)
             return res:status(info.status):header("content-type", ctype):send(body)
         end
     end
-    local text = info.status .. " " .. (REASONS[info.status] or "Error") .. "\n"
+    local reason = REASONS[info.status] or "Error"
+    local trace = inherited(self, "dev") and info.trace or nil
+    -- The client's kind of page (RFC 9110 12.5.1): a browser's Accept ranks HTML first, an API
+    -- client's JSON, curl's */* takes the first offered, text.
+    local kind = req.accepts and req:accepts("text", "json", "html") -- (a bare host: text)
+    if kind == "json" and info.status >= 400 and info.status <= 599 then
+        return res:error_json(info.status, reason, { ref = info.ref, trace = trace })
+    elseif kind == "html" then
+        local title = info.status .. " " .. reason
+        local parts = { "<!doctype html>\n<title>", title, "</title>\n<h1>", title, "</h1>\n" }
+        if info.ref then
+            parts[#parts + 1] = "<p>reference: " .. html_escape(info.ref) .. "</p>\n"
+        end
+        if trace then
+            parts[#parts + 1] = "<pre>" .. html_escape(trace) .. "</pre>\n"
+        end
+        return res:status(info.status):header("content-type", REFUSAL_TYPES.html)
+            :send(concat(parts))
+    end
+    local text = info.status .. " " .. reason .. "\n"
     if info.ref then
         text = text .. "reference: " .. info.ref .. "\n"
     end
-    if info.trace and inherited(self, "dev") then
-        text = text .. "\n" .. info.trace .. "\n"
+    if trace then
+        text = text .. "\n" .. trace .. "\n"
     end
     return res:status(info.status):send(text)
 end

@@ -146,9 +146,10 @@ end)
                 .. " LUA_CPATH=" .. q(cpaths .. ";;") .. " " .. helper.tool("busted") .. " -o TAP")
             assert.matches("ok 1 %- the app logs in", out)
             -- (and the module it used is the tree's)
+            helper.write_file(dir .. "/where.lua",
+                'io.write(package.searchpath("moonserve.test", package.path))')
             local where = sh(CLEAN .. "LUA_PATH=" .. q(paths .. ";;") .. " "
-                .. helper.tool("luajit") .. " -e "
-                .. q('io.write(package.searchpath("moonserve.test", package.path))'))
+                .. helper.tool("luajit") .. " " .. q(dir .. "/where.lua"))
             assert.equal(tree .. "/share/lua/5.1/moonserve/test.lua", where)
         end)
 

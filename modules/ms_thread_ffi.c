@@ -33,7 +33,9 @@ struct ms_thread_hub_s {
 struct ms_thread_job_s {
     ms_thread_hub_t *hub;
     int32_t slot;
-    int state; /* 0 queued, 1 running, 2 done */
+    /* Both are the loop's thread's alone (written and read there, never by a pool's thread):
+     * done is set in hub_async, abandoned by ms_ffi_thread_free. */
+    int done;
     int abandoned;
     int ok;
     char *in, *out;
@@ -44,7 +46,9 @@ struct ms_thread_job_s {
 struct ms_thread_pool_s {
     uv_mutex_t lock;
     uv_cond_t cond;
-    int max_threads, nthreads, idle;
+    int max_threads, nthreads;
+    int idle;     /* threads waiting for a job */
+    int starting; /* threads made that have not yet come to take a job */
     int max_queue, queued, running;
     int stopping;
     ms_thread_job_t *head, **tail;
@@ -69,7 +73,7 @@ static void hub_async(uv_async_t *a)
             free(j->out);
             free(j);
         } else {
-            j->state = 2;
+            j->done = 1;
             ms_wake(h->srv, j->slot, 0);
         }
         j = next;
@@ -167,6 +171,7 @@ static void thread_main(void *arg)
     int ref = LUA_NOREF;
     lua_State *L = state_new(p, &ref);
     uv_mutex_lock(&p->lock);
+    p->starting--;
     for (;;) {
         while (p->head == NULL && !p->stopping) {
             p->idle++;
@@ -182,7 +187,6 @@ static void thread_main(void *arg)
         j->next = NULL;
         p->queued--;
         p->running++;
-        j->state = 1;
         uv_mutex_unlock(&p->lock);
         if (L == NULL) {
             static const char msg[] = "thread pool: cannot make the thread's Lua state";
@@ -204,13 +208,22 @@ static void thread_main(void *arg)
         lua_close(L);
 }
 
-static char *dup(const char *s)
+static char *str_dup(const char *s)
 {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d != NULL)
         memcpy(d, s, n);
     return d;
+}
+
+/* Whether the pool, with its queue as it is now, should start a thread: one for each queued
+ * job, up to the cap. An idle thread or one starting takes one job each, so a new one is
+ * needed when the jobs outnumber them. (An idle thread woken for an earlier job may not have
+ * taken it yet: that is the scheduler's choice, and `idle` counts it until it has.) */
+static int needs_thread(const ms_thread_pool_t *p)
+{
+    return p->queued > p->idle + p->starting && p->nthreads < p->max_threads;
 }
 
 /* A pool of at most `threads` threads, each with a state whose package.path / cpath are these,
@@ -223,9 +236,9 @@ MS_FFI ms_thread_pool_t *ms_ffi_thread_pool_new(int threads, int max_queue, cons
     if (p == NULL)
         return NULL;
     p->threads = calloc((size_t)(threads > 0 ? threads : 1), sizeof(uv_thread_t));
-    p->path = dup(path);
-    p->cpath = dup(cpath);
-    p->runner = dup(runner);
+    p->path = str_dup(path);
+    p->cpath = str_dup(cpath);
+    p->runner = str_dup(runner);
     if (p->threads == NULL || p->path == NULL || p->cpath == NULL || p->runner == NULL ||
         uv_mutex_init(&p->lock) != 0) {
         free(p->threads), free(p->path), free(p->cpath), free(p->runner), free(p);
@@ -278,12 +291,14 @@ MS_FFI ms_thread_job_t *ms_ffi_thread_submit(ms_thread_pool_t *p, ms_server_t *s
     *p->tail = j;
     p->tail = &j->next;
     p->queued++;
-    if (p->idle == 0 && p->nthreads < p->max_threads) {
-        if (uv_thread_create(&p->threads[p->nthreads], thread_main, p) == 0)
+    if (needs_thread(p)) {
+        if (uv_thread_create(&p->threads[p->nthreads], thread_main, p) == 0) {
             p->nthreads++;
-    } else {
-        uv_cond_signal(&p->cond);
+            p->starting++;
+        }
     }
+    if (p->idle > 0)
+        uv_cond_signal(&p->cond);
     if (p->nthreads == 0) { /* no thread could start: take the job back */
         p->head = NULL;
         p->tail = &p->head;
@@ -301,7 +316,7 @@ MS_FFI ms_thread_job_t *ms_ffi_thread_submit(ms_thread_pool_t *p, ms_server_t *s
 /* Whether the job is done (its result is there). */
 MS_FFI int ms_ffi_thread_done(ms_thread_job_t *j)
 {
-    return j->state == 2;
+    return j->done;
 }
 
 /* The done job's result: ok (1 or 0) and its bytes (valid until ms_ffi_thread_free). */
@@ -316,13 +331,13 @@ MS_FFI int ms_ffi_thread_result(ms_thread_job_t *j, const char **out, size_t *le
  * running when its thread hands it back (its result unread). */
 MS_FFI void ms_ffi_thread_free(ms_thread_job_t *j)
 {
-    if (j->state == 2) {
+    if (j->done) {
         free(j->in);
         free(j->out);
         free(j);
         return;
     }
-    j->abandoned = 1; /* read by the loop's thread only (hub_async), as state 2 is set there */
+    j->abandoned = 1; /* the loop's thread only: hub_async reads it there */
 }
 
 /* Stops and frees the pool: jobs still queued are dropped (their callers are woken with no

@@ -3,6 +3,7 @@
 -- ngx.run_worker_thread on the thread pools of nginx.conf (docs/guide/threads.md, "Inside
 -- nginx"). The app is the one spec/it/threads_spec.lua runs on the moonserve server.
 local helper = require "helper"
+local ngx_sleep = require("socket").sleep
 
 local function esc(s)
     return (s:gsub("[^%w]", function(c) return string.format("%%%02X", c:byte()) end))
@@ -69,6 +70,16 @@ describe("thread pools and passwords inside nginx through moonserve.openresty", 
             get(nginx.port, "/full"))
         assert.equal("true 5", get(nginx.port, "/add"))
         assert.falsy(nginx.log():find("free()", 1, true), nginx.log())
+    end)
+
+    it("gives back the place of a job whose caller nginx never resumes", function()
+        for _ = 1, 2 do -- more than "small" holds: threads 1 + max_queue 1
+            assert.equal("ended\n", get(nginx.port, "/abandon"))
+        end
+        ngx_sleep(0.5) -- the jobs end in nginx's thread
+        assert.equal("collected", get(nginx.port, "/gc"))
+        assert.equal("false queue full (thread pool 'small')|true true|true true",
+            get(nginx.port, "/full"))
     end)
 
     it("hashes and verifies passwords on the default pool", function()

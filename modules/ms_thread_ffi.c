@@ -1,6 +1,7 @@
 /* ms_thread_ffi.c: thread pools for CPU work off the loop: each thread has a LuaJIT state of
  * its own; jobs go in as bytes, results come back as bytes (lua/moonserve/host/core/threads.lua
  * encodes them) and the loop is told through a uv_async_t, then wakes the parked caller. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +28,8 @@ struct ms_thread_hub_s {
     uv_mutex_t lock;
     ms_thread_job_t *done; /* finished, not yet handed to the loop */
     ms_thread_hub_t *next;
-    int closing;
+    int jobs;    /* the loop's thread's: submitted and not yet taken back from `done` */
+    int closing; /* its server is gone: no wakes; freed when `jobs` is back to 0 */
 };
 
 struct ms_thread_job_s {
@@ -58,9 +60,19 @@ struct ms_thread_pool_s {
 
 static ms_thread_hub_t *hubs;
 
-static void hub_async(uv_async_t *a)
+static void hub_closed(uv_handle_t *a)
 {
     ms_thread_hub_t *h = a->data;
+    uv_mutex_destroy(&h->lock);
+    free(h);
+}
+
+/* Takes the finished jobs back on the loop's thread: each caller still there is woken (unless
+ * its server is gone: then the job is left, done, to the caller that holds it); a job whose
+ * caller is gone is freed. A closing hub goes once its last job is back: a job in a thread
+ * still points at it. */
+static void hand_over(ms_thread_hub_t *h)
+{
     uv_mutex_lock(&h->lock);
     ms_thread_job_t *j = h->done;
     h->done = NULL;
@@ -68,16 +80,26 @@ static void hub_async(uv_async_t *a)
     while (j != NULL) {
         ms_thread_job_t *next = j->next;
         j->next = NULL;
+        h->jobs--;
         if (j->abandoned) { /* its caller is gone: nobody reads the result */
             free(j->in);
             free(j->out);
             free(j);
         } else {
             j->done = 1;
-            ms_wake(h->srv, j->slot, 0);
+            if (!h->closing)
+                ms_wake(h->srv, j->slot, 0);
         }
         j = next;
     }
+    assert(h->jobs >= 0);
+    if (h->closing && h->jobs == 0 && !uv_is_closing((uv_handle_t *)&h->async))
+        uv_close((uv_handle_t *)&h->async, hub_closed);
+}
+
+static void hub_async(uv_async_t *a)
+{
+    hand_over(a->data);
 }
 
 static ms_thread_hub_t *hub_for(ms_server_t *srv)
@@ -287,6 +309,7 @@ MS_FFI ms_thread_job_t *ms_ffi_thread_submit(ms_thread_pool_t *p, ms_server_t *s
     memcpy(j->in, in, len);
     j->in_len = len;
     j->hub = h;
+    h->jobs++;
     j->slot = slot;
     *p->tail = j;
     p->tail = &j->next;
@@ -371,15 +394,10 @@ MS_FFI void ms_ffi_thread_pool_stop(ms_thread_pool_t *p)
     free(p->threads), free(p->path), free(p->cpath), free(p->runner), free(p);
 }
 
-static void hub_closed(uv_handle_t *a)
-{
-    ms_thread_hub_t *h = a->data;
-    uv_mutex_destroy(&h->lock);
-    free(h);
-}
-
-/* The server stops (its pools stopped first): jobs finished and not yet handed over are
- * freed (their callers are gone), the hub's handle closed. */
+/* The server goes (before ms_server_free): nobody is woken for it any more. Jobs finished
+ * and not yet handed over whose callers are gone are freed, the others left, done, to their
+ * callers; the hub's handle is closed now if no job of it is in a pool, else when the last
+ * one comes back (a worker's pools are stopped first; an in-process server's go on). */
 MS_FFI void ms_ffi_thread_hub_close(ms_server_t *srv)
 {
     for (ms_thread_hub_t **hp = &hubs; *hp != NULL;) {
@@ -390,13 +408,7 @@ MS_FFI void ms_ffi_thread_hub_close(ms_server_t *srv)
         }
         *hp = h->next;
         h->closing = 1;
-        for (ms_thread_job_t *j = h->done, *next; j != NULL; j = next) {
-            next = j->next;
-            free(j->in);
-            free(j->out);
-            free(j);
-        }
-        h->done = NULL;
-        uv_close((uv_handle_t *)&h->async, hub_closed);
+        h->srv = NULL;
+        hand_over(h);
     }
 }

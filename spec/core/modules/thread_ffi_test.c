@@ -191,10 +191,12 @@ static int was_woken(int32_t slot)
 /* The hub closed, every handle gone, the loop closes (ASan then finds any job not freed). */
 static int teardown(void)
 {
-    ms_ffi_thread_hub_close(srv);
+    if (srv != NULL)
+        ms_ffi_thread_hub_close(srv);
     uv_close((uv_handle_t *)&tick, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
-    ms_server_free(srv);
+    if (srv != NULL)
+        ms_server_free(srv);
     uv_run(&loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&loop) != 0) {
         uv_print_all_handles(&loop, stderr);
@@ -511,22 +513,54 @@ TEST(thread_pool_stop_waits_for_running_jobs_and_drops_queued_ones)
     ASSERT(teardown());
 }
 
-TEST(thread_hub_close_frees_jobs_done_but_not_handed_to_the_loop)
+TEST(thread_hub_close_frees_jobs_done_whose_callers_are_gone_and_leaves_the_others)
 {
     setup();
     ms_thread_pool_t *p = pool_new(2, 8);
     int err = 0;
-    ms_thread_job_t *a = submit(p, 1, "echo:a", &err);
-    ms_thread_job_t *b = submit(p, 2, "gate:2", &err);
-    ASSERT(a != NULL && b != NULL);
-    ms_ffi_thread_free(b); /* abandoned, still running */
+    ms_thread_job_t *held = submit(p, 1, "gate:1", &err);
+    ms_thread_job_t *gone = submit(p, 2, "gate:2", &err);
+    ASSERT(held != NULL && gone != NULL);
+    ASSERT_EQ(2, wait_running(2));
+    ms_ffi_thread_free(gone); /* abandoned, still running */
+    gate_let(1);
     gate_let(2);
     ms_ffi_thread_pool_stop(p); /* both ended in their threads; the loop never ran */
     ASSERT_EQ(0, nwoken);
     ASSERT(hubs != NULL && hubs->done != NULL);
-    ASSERT(teardown()); /* the server stops: its hub frees what it still holds (ASan: no leak) */
+    ASSERT(teardown()); /* the server stops: its hub frees `gone` (ASan: no leak) and goes */
     ASSERT_EQ(0, nwoken);
-    (void)a; /* its caller is gone with the server: freed by the hub */
+    ASSERT_EQ(1, ms_ffi_thread_done(held)); /* left to its caller, done, unwoken */
+    char buf[16];
+    ASSERT_EQ(1, result(held, buf, sizeof(buf)));
+    ASSERT_STR_EQ("gate 1", buf);
+    ms_ffi_thread_free(held);
+}
+
+/* An in-process server (moonserve.test) ends while the pools, the process's, go on: its hub
+ * must outlive the jobs still in a thread, and wake no one (the server is gone). */
+TEST(thread_hub_closed_while_its_jobs_run_waits_for_them_and_wakes_no_one)
+{
+    setup();
+    ms_thread_pool_t *p = pool_new(2, 8);
+    int err = 0;
+    ms_thread_job_t *gone = submit(p, 1, "gate:1", &err);
+    ms_thread_job_t *held = submit(p, 2, "gate:2", &err);
+    ASSERT(gone != NULL && held != NULL);
+    ASSERT_EQ(2, wait_running(2));
+    ms_ffi_thread_free(gone); /* its caller ended with the server */
+    ms_ffi_thread_hub_close(srv);
+    ms_server_free(srv); /* the pool goes on; the loop too */
+    srv = NULL;
+    ASSERT(hubs == NULL); /* a new server gets a hub of its own */
+    gate_let(1);
+    gate_let(2);
+    pump_for(50);
+    ASSERT_EQ(0, nwoken);
+    ASSERT_EQ(1, ms_ffi_thread_done(held)); /* left to the caller that still holds it */
+    ms_ffi_thread_free(held);
+    ms_ffi_thread_pool_stop(p);
+    ASSERT(teardown());
 }
 
 TEST(thread_jobs_finishing_together_each_wake_once)

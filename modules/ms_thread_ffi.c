@@ -1,6 +1,7 @@
 /* ms_thread_ffi.c: thread pools for CPU work off the loop: each thread has a LuaJIT state of
  * its own; jobs go in as bytes, results come back as bytes (lua/moonserve/host/core/threads.lua
  * encodes them) and the loop is told through a uv_async_t, then wakes the parked caller. */
+#include <assert.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <string.h>
@@ -28,13 +29,16 @@ struct ms_thread_hub_s {
     uv_mutex_t lock;
     ms_thread_job_t *done; /* finished, not yet handed to the loop */
     ms_thread_hub_t *next;
-    int closing;
+    int jobs;    /* the loop's thread's: submitted and not yet taken back from `done` */
+    int closing; /* its server is gone: no wakes; freed when `jobs` is back to 0 */
 };
 
 struct ms_thread_job_s {
     ms_thread_hub_t *hub;
     int32_t slot;
-    int state; /* 0 queued, 1 running, 2 done */
+    /* Both are the loop's thread's alone (written and read there, never by a pool's thread):
+     * done is set in hub_async, abandoned by ms_ffi_thread_free. */
+    int done;
     int abandoned;
     int ok;
     char *in, *out;
@@ -45,7 +49,9 @@ struct ms_thread_job_s {
 struct ms_thread_pool_s {
     uv_mutex_t lock;
     uv_cond_t cond;
-    int max_threads, nthreads, idle;
+    int max_threads, nthreads;
+    int idle;     /* threads waiting for a job */
+    int starting; /* threads made that have not yet come to take a job */
     int max_queue, queued, running;
     int stopping;
     ms_thread_job_t *head, **tail;
@@ -55,9 +61,19 @@ struct ms_thread_pool_s {
 
 static ms_thread_hub_t *hubs;
 
-static void hub_async(uv_async_t *a)
+static void hub_closed(uv_handle_t *a)
 {
     ms_thread_hub_t *h = a->data;
+    uv_mutex_destroy(&h->lock);
+    free(h);
+}
+
+/* Takes the finished jobs back on the loop's thread: each caller still there is woken (unless
+ * its server is gone: then the job is left, done, to the caller that holds it); a job whose
+ * caller is gone is freed. A closing hub goes once its last job is back: a job in a thread
+ * still points at it. */
+static void hand_over(ms_thread_hub_t *h)
+{
     uv_mutex_lock(&h->lock);
     ms_thread_job_t *j = h->done;
     h->done = NULL;
@@ -65,16 +81,26 @@ static void hub_async(uv_async_t *a)
     while (j != NULL) {
         ms_thread_job_t *next = j->next;
         j->next = NULL;
+        h->jobs--;
         if (j->abandoned) { /* its caller is gone: nobody reads the result */
             free(j->in);
             free(j->out);
             free(j);
         } else {
-            j->state = 2;
-            ms_wake(h->srv, j->slot, 0);
+            j->done = 1;
+            if (!h->closing)
+                ms_wake(h->srv, j->slot, 0);
         }
         j = next;
     }
+    assert(h->jobs >= 0);
+    if (h->closing && h->jobs == 0 && !uv_is_closing((uv_handle_t *)&h->async))
+        uv_close((uv_handle_t *)&h->async, hub_closed);
+}
+
+static void hub_async(uv_async_t *a)
+{
+    hand_over(a->data);
 }
 
 static ms_thread_hub_t *hub_for(ms_server_t *srv)
@@ -172,6 +198,7 @@ static void thread_main(void *arg)
     int ref = LUA_NOREF;
     lua_State *L = state_new(p, &ref);
     uv_mutex_lock(&p->lock);
+    p->starting--;
     for (;;) {
         while (p->head == NULL && !p->stopping) {
             p->idle++;
@@ -187,7 +214,6 @@ static void thread_main(void *arg)
         j->next = NULL;
         p->queued--;
         p->running++;
-        j->state = 1;
         uv_mutex_unlock(&p->lock);
         if (L == NULL) {
             static const char msg[] = "thread pool: cannot make the thread's Lua state";
@@ -209,13 +235,22 @@ static void thread_main(void *arg)
         lua_close(L);
 }
 
-static char *dup(const char *s)
+static char *str_dup(const char *s)
 {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
     if (d != NULL)
         memcpy(d, s, n);
     return d;
+}
+
+/* Whether the pool, with its queue as it is now, should start a thread: one for each queued
+ * job, up to the cap. An idle thread or one starting takes one job each, so a new one is
+ * needed when the jobs outnumber them. (An idle thread woken for an earlier job may not have
+ * taken it yet: that is the scheduler's choice, and `idle` counts it until it has.) */
+static int needs_thread(const ms_thread_pool_t *p)
+{
+    return p->queued > p->idle + p->starting && p->nthreads < p->max_threads;
 }
 
 /* A pool of at most `threads` threads, each with a state whose package.path / cpath are these,
@@ -228,9 +263,9 @@ MS_FFI ms_thread_pool_t *ms_ffi_thread_pool_new(int threads, int max_queue, cons
     if (p == NULL)
         return NULL;
     p->threads = calloc((size_t)(threads > 0 ? threads : 1), sizeof(uv_thread_t));
-    p->path = dup(path);
-    p->cpath = dup(cpath);
-    p->runner = dup(runner);
+    p->path = str_dup(path);
+    p->cpath = str_dup(cpath);
+    p->runner = str_dup(runner);
     if (p->threads == NULL || p->path == NULL || p->cpath == NULL || p->runner == NULL ||
         uv_mutex_init(&p->lock) != 0) {
         free(p->threads), free(p->path), free(p->cpath), free(p->runner), free(p);
@@ -279,16 +314,19 @@ MS_FFI ms_thread_job_t *ms_ffi_thread_submit(ms_thread_pool_t *p, ms_server_t *s
     memcpy(j->in, in, len);
     j->in_len = len;
     j->hub = h;
+    h->jobs++;
     j->slot = slot;
     *p->tail = j;
     p->tail = &j->next;
     p->queued++;
-    if (p->idle == 0 && p->nthreads < p->max_threads) {
-        if (uv_thread_create(&p->threads[p->nthreads], thread_main, p) == 0)
+    if (needs_thread(p)) {
+        if (uv_thread_create(&p->threads[p->nthreads], thread_main, p) == 0) {
             p->nthreads++;
-    } else {
-        uv_cond_signal(&p->cond);
+            p->starting++;
+        }
     }
+    if (p->idle > 0)
+        uv_cond_signal(&p->cond);
     if (p->nthreads == 0) { /* no thread could start: take the job back */
         p->head = NULL;
         p->tail = &p->head;
@@ -306,7 +344,7 @@ MS_FFI ms_thread_job_t *ms_ffi_thread_submit(ms_thread_pool_t *p, ms_server_t *s
 /* Whether the job is done (its result is there). */
 MS_FFI int ms_ffi_thread_done(ms_thread_job_t *j)
 {
-    return j->state == 2;
+    return j->done;
 }
 
 /* The done job's result: ok (1 or 0) and its bytes (valid until ms_ffi_thread_free). */
@@ -321,13 +359,13 @@ MS_FFI int ms_ffi_thread_result(ms_thread_job_t *j, const char **out, size_t *le
  * running when its thread hands it back (its result unread). */
 MS_FFI void ms_ffi_thread_free(ms_thread_job_t *j)
 {
-    if (j->state == 2) {
+    if (j->done) {
         free(j->in);
         free(j->out);
         free(j);
         return;
     }
-    j->abandoned = 1; /* read by the loop's thread only (hub_async), as state 2 is set there */
+    j->abandoned = 1; /* the loop's thread only: hub_async reads it there */
 }
 
 /* Stops and frees the pool: jobs still queued are dropped (their callers are woken with no
@@ -361,15 +399,10 @@ MS_FFI void ms_ffi_thread_pool_stop(ms_thread_pool_t *p)
     free(p->threads), free(p->path), free(p->cpath), free(p->runner), free(p);
 }
 
-static void hub_closed(uv_handle_t *a)
-{
-    ms_thread_hub_t *h = a->data;
-    uv_mutex_destroy(&h->lock);
-    free(h);
-}
-
-/* The server stops (its pools stopped first): jobs finished and not yet handed over are
- * freed (their callers are gone), the hub's handle closed. */
+/* The server goes (before ms_server_free): nobody is woken for it any more. Jobs finished
+ * and not yet handed over whose callers are gone are freed, the others left, done, to their
+ * callers; the hub's handle is closed now if no job of it is in a pool, else when the last
+ * one comes back (a worker's pools are stopped first; an in-process server's go on). */
 MS_FFI void ms_ffi_thread_hub_close(ms_server_t *srv)
 {
     for (ms_thread_hub_t **hp = &hubs; *hp != NULL;) {
@@ -380,13 +413,7 @@ MS_FFI void ms_ffi_thread_hub_close(ms_server_t *srv)
         }
         *hp = h->next;
         h->closing = 1;
-        for (ms_thread_job_t *j = h->done, *next; j != NULL; j = next) {
-            next = j->next;
-            free(j->in);
-            free(j->out);
-            free(j);
-        }
-        h->done = NULL;
-        uv_close((uv_handle_t *)&h->async, hub_closed);
+        h->srv = NULL;
+        hand_over(h);
     }
 }

@@ -363,7 +363,8 @@ end
 -- Debian's nginx with its Lua module, through moonserve.openresty, as the guide shows:
 -- opts.http for more of the http block (lua_shared_dict ...), opts.locations for more of the
 -- server block, opts.init for init_worker's options (Lua source), opts.http2 to listen for
--- HTTP/2 with prior knowledge (and nothing else). Returns what
+-- HTTP/2 with prior knowledge (and nothing else), opts.main for nginx.conf's main context
+-- (thread_pool ...). Returns what
 -- helper.nginx_lua does, with .port and :stop() as helper.spawn_server's server.
 function helper.nginx_app(opts)
     local app = opts.app:sub(1, 1) == "/" and opts.app or ROOT .. "/" .. opts.app
@@ -381,7 +382,8 @@ function helper.nginx_app(opts)
             content_by_lua_block { require("moonserve.openresty").run(moonserve_app) }
         }
     }]], app, opts.init or "nil", opts.http2 and " http2" or "", opts.locations or "")
-    local n = helper.nginx_lua((conf:gsub("%%", "%%%%"):gsub("@PORT@", "%%d")))
+    local n = helper.nginx_lua { main = opts.main,
+        http = (conf:gsub("%%", "%%%%"):gsub("@PORT@", "%%d")) }
     -- (log and stop take no argument: srv:stop() and srv.stop() both do)
     return { port = n.port, pid = n.pid, work = n.work, log = n.log, stop = n.stop }
 end

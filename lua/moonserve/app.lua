@@ -912,7 +912,9 @@ end
 --- Declares a thread pool for moonserve.run_worker_thread (moonserve/host/core/threads.lua):
 -- opts.threads (4) threads at most, each with a LuaJIT state of its own, started as jobs come;
 -- opts.max_queue (1024) jobs waiting for a thread, past which a run returns false, "queue
--- full". A pool named "default" always exists; declaring it again sets its sizes.
+-- full". A pool named "default" always exists; declaring it again sets its sizes. Inside nginx
+-- the pools are nginx.conf's thread_pool directives, and these sizes bound the jobs each
+-- worker gives the pool of that name (docs/guide/threads.md, "Inside nginx").
 -- @tparam string name
 -- @tparam[opt] table opts
 -- @return the app

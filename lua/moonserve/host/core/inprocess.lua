@@ -180,6 +180,11 @@ function Server:close()
     activate(self)
     self.srv:stop() -- pending timers run early, then the on_worker_stop hooks
     turn_until(function() return self.stopped end, 5)
+    -- The thread pools are the process's and go on; a job still in one wakes no one now.
+    local threads = package.loaded["moonserve.host.core.threads"]
+    if threads then
+        threads.server_gone(self.srv:pointer())
+    end
     self.srv:close()
     self.srv = nil
     active = nil

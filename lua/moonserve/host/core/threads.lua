@@ -199,4 +199,10 @@ function _M.stop_all(srv)
     end
 end
 
+--- A server goes while the process's pools go on (an in-process one, moonserve.test): a job of
+-- its still in a thread wakes no one when it ends (its caller, if still there, finds it done).
+function _M.server_gone(srv)
+    C.ms_ffi_thread_hub_close(ffi.cast("ms_server_t *", srv))
+end
+
 return _M

@@ -9,7 +9,8 @@ local buffer = require "string.buffer"
 local bit = require "bit"
 
 local ngx = ngx
-local type, error, select, unpack = type, error, select, unpack
+local type, error, select, unpack, pairs, tostring = type, error, select, unpack, pairs, tostring
+local newproxy, getmetatable = newproxy, getmetatable
 local band, bor = bit.band, bit.bor
 
 local _M = {}
@@ -184,6 +185,88 @@ end
 
 require("moonserve.shared").provide(shared_dict)
 
+-- -- Thread pools: nginx's, through OpenResty's ngx.run_worker_thread ---------------------
+
+-- The threads are those of nginx.conf's thread_pool directives (main context), one set per
+-- worker process; a job runs through ngx.run_worker_thread. app:thread_pool's sizes (and
+-- "default"'s: 4 threads, 1024 queued) bound the jobs this worker has given a pool at once,
+-- threads + max_queue, so that a burst is answered "queue full" here: lua-nginx-module
+-- 0.10.23 (Debian 12's) frees a job nginx refused for a full queue wrongly, and the worker
+-- dies ("free(): invalid size"). nginx.conf must declare each pool with at least these sizes.
+local pool_sizes = { default = { threads = 4, max_queue = 1024 } }
+local in_flight = {} -- pool name -> jobs of this worker given to nginx and not yet back
+local MAX_THREADS = 256
+
+local function pool_count(v, what, min)
+    if v ~= nil and (type(v) ~= "number" or v % 1 ~= 0 or v < min) then
+        error("bad " .. what .. " (an integer >= " .. min .. " expected)", 4)
+    end
+    return v
+end
+
+local threads = {}
+
+-- app:thread_pool(name, opts) inside nginx: the bound above (the pool itself is nginx.conf's).
+function threads.declare(name, opts)
+    if type(name) ~= "string" or name == "" then
+        error("bad thread pool name (a non-empty string expected)", 3)
+    end
+    opts = opts or {}
+    if type(opts) ~= "table" then
+        error("bad thread pool options (a table expected)", 3)
+    end
+    for k in pairs(opts) do
+        if k ~= "threads" and k ~= "max_queue" then
+            error("unknown thread pool option '" .. tostring(k) .. "'", 3)
+        end
+    end
+    local n = pool_count(opts.threads, "threads", 1)
+    if n and n > MAX_THREADS then
+        error("bad threads (at most " .. MAX_THREADS .. ")", 3)
+    end
+    pool_sizes[name] = { threads = n or 4, max_queue = pool_count(opts.max_queue, "max_queue", 0)
+        or 1024 }
+end
+
+-- A job's place in its pool's count: given back when the job's results come, or, if the
+-- caller never resumes (its request was ended under it), when the guard is collected.
+local function job_done(job)
+    if not job.done then
+        job.done = true
+        in_flight[job.pool] = in_flight[job.pool] - 1
+    end
+end
+
+-- (_guard is only held: an argument, it stays on the caller's stack through the wait)
+local function job_back(_guard, job, ok, ...)
+    job_done(job)
+    if not ok then
+        local err = ...
+        if type(err) == "string" and err:find("^thread[ _]pool.* not found$") then
+            return false, "no thread pool named '" .. job.pool .. "' in nginx.conf (declare it "
+                .. "in its main context: thread_pool " .. job.pool .. " threads=4 "
+                .. "max_queue=1024;)"
+        end
+    end
+    return ok, ...
+end
+
+function threads.run(pool, ...)
+    local size = pool_sizes[pool]
+    if not size then
+        return job_back(nil, { pool = pool, done = true }, ngx.run_worker_thread(pool, ...))
+    end
+    local n = in_flight[pool] or 0
+    if n >= size.threads + size.max_queue then
+        return false, "queue full (thread pool '" .. pool .. "')"
+    end
+    in_flight[pool] = n + 1
+    local job = { pool = pool }
+    local guard = newproxy(true)
+    getmetatable(guard).__gc = function() job_done(job) end
+    return job_back(guard, job, ngx.run_worker_thread(pool, ...))
+end
+
 local MODULES = {
     timer = timer,
     -- The configuration is read where the app is loaded: init_by_lua runs in nginx's master
@@ -197,12 +280,7 @@ local MODULES = {
     },
     semaphore = { new = function(n) return require("ngx.semaphore").new(n) end },
     socket = { tcp = tcp, udp = function() return ngx.socket.udp() end },
-    -- Thread pools are nginx's (its thread_pool directive): app:thread_pool declares nothing
-    -- here, and a job runs through OpenResty's own ngx.run_worker_thread.
-    threads = {
-        declare = function() end,
-        run = function(...) return ngx.run_worker_thread(...) end,
-    },
+    threads = threads,
     worker = {
         id = function() return ngx.worker.id() end,
         count = function() return ngx.worker.count() end,

@@ -119,15 +119,21 @@ end
 -- message as one transaction, which CREATE INDEX CONCURRENTLY refuses.
 function _M.statements(sql)
     local out, start, i, n = {}, 1, 1, #sql
+    local code = false -- (a piece of comments alone is no statement)
     local function add(stop)
-        local s = sub(sql, start, stop)
-        if find(s, "%S") then
-            out[#out + 1] = s
+        if code then
+            out[#out + 1] = sub(sql, start, stop)
         end
+        code = false
     end
     while i <= n do
         local ch = sub(sql, i, i)
         local prev = i > 1 and sub(sql, i - 1, i - 1) or ""
+        local comment = (ch == "-" and sub(sql, i + 1, i + 1) == "-")
+            or (ch == "/" and sub(sql, i + 1, i + 1) == "*")
+        if not comment and ch ~= ";" and find(ch, "%S") then
+            code = true
+        end
         if ch == "'" then
             -- E'...' takes backslash escapes; '' is a quote in any string
             local escapes = (prev == "E" or prev == "e")

@@ -178,6 +178,15 @@ describe("moonserve.pg", function()
             "SELECT statement FROM pg_prepared_statements ORDER BY name" }, r.after)
     end)
 
+    it("parses a cached statement anew when its table changed", function()
+        local code, r = get("/altered")
+        assert.equal(200, code, cjson.encode(r))
+        assert.same({ { a = 1 } }, r.first)
+        assert.same({ { a = 1, b = "x" } }, r.second)
+        assert.matches("0A000", r.tx_err)
+        assert.same({ { a = 1, b = "x", c = 3 } }, r.third)
+    end)
+
     it("reuses pooled connections across requests, and caps them at pool_size", function()
         for _ = 1, 5 do
             assert.equal(200, (get("/q?who=md5")))

@@ -471,10 +471,12 @@ function Conn:collect(desc, on_row)
                 end
             end
         elseif kind == "T" then
-            result = { desc = describe(body, numeric) }
-            if on_row then
-                result = { desc = result.desc }
+            local d = describe(body, numeric)
+            local parsing = self.parsing
+            if parsing and parsing.desc == nil then
+                parsing.desc = d -- (the statement's: later runs send no Describe)
             end
+            result = { desc = d }
         elseif kind == "C" then
             local d = result and result.desc or desc
             if on_row then
@@ -523,7 +525,8 @@ function Conn:collect(desc, on_row)
             -- PortalSuspended
             if kind == "1" and self.parsing then
                 self:cached(self.parsing)
-                self.parsing = nil
+            elseif kind == "n" and self.parsing and self.parsing.desc == nil then
+                self.parsing.desc = false -- a statement without rows
             end
         elseif not self:async(kind, body) then
             self.broken = true
@@ -568,10 +571,12 @@ local function oldest(st)
     return victim
 end
 
---- The extended protocol: Parse (unless cached), Bind, Describe, Execute, Sync. args: the
+--- The extended protocol: Parse and Describe (of the statement, unless cached: its columns are
+-- kept with it), Bind, Execute, Sync; or for an unnamed statement Parse, Bind, Describe (of
+-- the portal), Execute, Sync. args: the
 -- parameters, n of them. Returns the list of results (one), or nil and an error (and true
 -- when the server cannot have run it).
-function Conn:extended(sql, n, args, on_row)
+function Conn:extended(sql, n, args, on_row, again)
     if find(sql, "\0", 1, true) then
         return nil, client_error("22021", "pg: the SQL text holds a NUL byte")
     end
@@ -590,10 +595,20 @@ function Conn:extended(sql, n, args, on_row)
     -- (a statement is parsed for its parameters' types too)
     local key = typed and sql .. "\0" .. concat(oids, ",") or sql
     local entry = cap > 0 and st.by_sql[key] or nil
+    local desc
+    if cap > 0 and st.closing then
+        -- statements the cache let go of after an error, closed now
+        for i = 1, #st.closing do
+            np = np + 1
+            parts[np] = msg("C", "S" .. st.closing[i] .. "\0")
+        end
+        st.closing = nil
+    end
     if entry then
         st.tick = st.tick + 1
         entry.used = st.tick
         name = entry.name
+        desc = entry.desc or nil
         self.parsing = nil
     else
         if cap > 0 then
@@ -616,6 +631,10 @@ function Conn:extended(sql, n, args, on_row)
         end
         np = np + 1
         parts[np] = msg("P", concat(p))
+        if name ~= "" then
+            np = np + 1
+            parts[np] = msg("D", "S" .. name .. "\0")
+        end
     end
     local b = { "\0", name, "\0", int16(0), int16(n) }
     for i = 1, n do
@@ -630,8 +649,10 @@ function Conn:extended(sql, n, args, on_row)
     b[#b + 1] = int16(0)
     np = np + 1
     parts[np] = msg("B", concat(b))
-    np = np + 1
-    parts[np] = msg("D", "P\0") -- the portal's RowDescription (its columns' types)
+    if name == "" then
+        np = np + 1
+        parts[np] = msg("D", "P\0") -- the portal's RowDescription (its columns' types)
+    end
     np = np + 1
     parts[np] = msg("E", "\0" .. int32(0))
     np = np + 1
@@ -643,8 +664,23 @@ function Conn:extended(sql, n, args, on_row)
         return nil, client_error("08006", "pg: " .. tostring(err)), true
     end
     local results
-    results, err, ok = self:collect(nil, on_row)
+    results, err, ok = self:collect(desc, on_row)
     self.parsing = nil
+    if not results and entry and entry.name == name and st.by_sql[key] == entry and err
+        and (err.code == "0A000" or err.code == "26000") then
+        -- "cached plan must not change result type" (its table changed), or a statement
+        -- gone (DEALLOCATE ALL): parsed anew next time
+        st.by_sql[key] = nil
+        st.n = st.n - 1
+        if err.code == "0A000" then
+            st.closing = st.closing or {}
+            st.closing[#st.closing + 1] = name
+        end
+        if not again and self.status == "I" and not self.broken then
+            -- it failed before it ran, outside a transaction: once more, parsed anew
+            return self:extended(sql, n, args, on_row, true)
+        end
+    end
     return results, err, ok
 end
 

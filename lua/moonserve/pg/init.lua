@@ -145,13 +145,14 @@ function _M.new(opts)
     end
     o.connect_ms = o.connect_timeout * 1000
     -- The host socket's pool by what makes a session: the same URL's clients share it (with
-    -- the same pool_size and statement_cache, which the pool's sessions follow). (The
+    -- the same pool_size, statement_cache and numeric, which the pool's sessions and their
+    -- statements follow). (The
     -- password is in it too, hashed, so that a client with another one never gets a session
     -- that it could not have opened.)
     local crypto = require "moonserve.crypto"
     local pw = crypto.base64url_encode(crypto.hmac_sha256("moonserve.pg", o.password or ""))
     o.pool = concat({ "pg", o.user, pw:sub(1, 12), o.host, o.port, o.database, o.sslmode,
-        o.application_name or "", o.pool_size, o.statement_cache }, "\0")
+        o.application_name or "", o.pool_size, o.statement_cache, o.numeric }, "\0")
     return setmetatable({ opts = o }, Pg)
 end
 

@@ -12,7 +12,7 @@ describe("the board", function()
     local app, drop, url
 
     setup(function()
-        url, drop = support.database("migrations")
+        url, drop = support.database("app.lua")
         -- (the test environment: database_url from DATABASE_URL, the secret from its variable)
         ffi.C.setenv("DATABASE_URL", url, 1)
         ffi.C.setenv("MOONSERVE_SECRET_SESSION", string.rep("s", 40), 1)

@@ -84,9 +84,10 @@ local function with_database(url, name)
     return head .. "/" .. name .. query
 end
 
--- Makes a fresh database with the migrations applied (by psql, in order, each in one
--- transaction) and returns its URL, and a function that drops it (and the cluster).
-function M.database(migrations_dir)
+-- Makes a fresh database with the board's migrations applied by `moonserve migrate` (the
+-- command on PATH, or MOONSERVE_BIN) and returns its URL, and a function that drops it (and
+-- stops the cluster).
+function M.database(app_file)
     local given = os.getenv("DATABASE_URL")
     local server = given and { url = given, stop = function() end } or cluster()
     local name = ("board_spec_%d_%d"):format(os.time(), math.random(1e6))
@@ -96,10 +97,11 @@ function M.database(migrations_dir)
         error("cannot make a database on DATABASE_URL's server: " .. out)
     end
     local url = with_database(server.url, name)
-    local files = must("ls " .. q(migrations_dir) .. " | grep -E '^[0-9]+_.*\\.sql$' | sort")
-    for file in files:gmatch("[^\n]+") do
-        must("psql -X -q -v ON_ERROR_STOP=1 --single-transaction " .. q(url) .. " -f "
-            .. q(migrations_dir .. "/" .. file))
+    ok, out = run("DATABASE_URL=" .. q(url) .. " " .. q(os.getenv("MOONSERVE_BIN") or "moonserve")
+        .. " migrate " .. q(app_file) .. " --env test")
+    if not ok then
+        server.stop()
+        error("moonserve migrate failed: " .. out)
     end
     return url, function()
         run("psql -X -q " .. q(server.url) .. " -c 'DROP DATABASE IF EXISTS " .. name

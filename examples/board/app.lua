@@ -294,6 +294,7 @@ end)
 app:get("/events", function(req, res)
     local ev = res:events { channel = live, replay = true, retry = 2000,
         last_event_id = req:header("last-event-id") or req.query.since }
+    ev:comment("worker " .. moonserve.worker.id()) -- (clients ignore comments)
     ev:follow()
 end)
 

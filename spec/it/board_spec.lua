@@ -106,6 +106,56 @@ describe("the board example", function()
             assert.matches("access%-control%-allow%-origin: https://app%.example", out)
         end)
 
+        it("sends a note posted through the API to the event streams of both workers",
+            function()
+                -- streams on connections of their own, spread over the workers by the kernel
+                local streams = {}
+                for i = 1, 6 do
+                    streams[i] = dir .. "/stream" .. i
+                    os.execute(helper.tool("curl") .. " -sSk --http2 -N --max-time 4 "
+                        .. q(url .. "/events") .. " >" .. q(streams[i]) .. " 2>&1 &")
+                end
+                assert.truthy(helper.wait_for(function()
+                    for _, f in ipairs(streams) do
+                        if not helper.read_file(f):find("worker %d") then
+                            return false
+                        end
+                    end
+                    return true
+                end, 5))
+                -- a member of the API: the session cookie and its token, as a script keeps them
+                local jar = q(dir .. "/jar")
+                local token = cjson.decode(helper.curl("-k -c " .. jar .. " " .. q(url
+                    .. "/api/csrf"))).csrf_token
+                helper.curl("-k -b " .. jar .. " -c " .. jar .. " -H " .. q("x-csrf-token: "
+                    .. token) .. " --data 'name=grace_hopper&password=correct+horse' "
+                    .. q(url .. "/signup"))
+                token = cjson.decode(helper.curl("-k -b " .. jar .. " " .. q(url
+                    .. "/api/csrf"))).csrf_token
+                local out = helper.curl("-k -b " .. jar .. " -H " .. q("x-csrf-token: " .. token)
+                    .. " -H 'content-type: application/json' -w '\\n%{http_code}' --data "
+                    .. q('{"body":"to every worker"}') .. " " .. q(url .. "/api/notes"))
+                assert.matches("\n201$", out)
+                local workers = {}
+                assert.truthy(helper.wait_for(function()
+                    for _, f in ipairs(streams) do
+                        if not helper.read_file(f):find("to every worker", 1, true) then
+                            return false
+                        end
+                    end
+                    return true
+                end, 5), helper.read_file(streams[1]))
+                for _, f in ipairs(streams) do
+                    local text = helper.read_file(f)
+                    workers[text:match(": worker (%d)")] = true
+                    assert.matches('id: %d+\ndata: {"note":{.-"body":"to every worker"', text)
+                end
+                assert.truthy(workers["0"] and workers["1"], "one worker had every stream")
+                os.execute(helper.tool("curl") .. " -sSk -b " .. jar .. " -X DELETE -H " .. q(
+                    "x-csrf-token: " .. token) .. " " .. q(url .. "/api/notes/"
+                    .. cjson.decode(out:match("^(.*)\n")).note.id) .. " >/dev/null")
+            end)
+
         it("signs up, logs in, and shows a note live on a second page in Chromium", function()
             assert.truthy(srv, "the server of the spec before")
             local out = helper.run(q(helper.tool("websockets")) .. " "

@@ -63,6 +63,7 @@ app:static("/static", here .. "static", { cache_control = "public, max-age=300" 
 local live = app:channel("notes", { history = 512, size = "1m" })
 
 -- -- Errors: JSON under /api (or for a client that asks for JSON), a page elsewhere ---------
+-- (403 includes the cross-site refusal and moonserve.csrf's, whose info.reason says why.)
 
 local function wants_json(req)
     return req.path:sub(1, 5) == "/api/"
@@ -72,7 +73,7 @@ end
 for _, status in ipairs { 403, 404, 405, 500 } do
     app:error_page(status, function(req, res, info)
         if wants_json(req) then
-            return res:error_json(status, nil, info.ref and { ref = info.ref } or nil)
+            return res:error_json(status, info.reason, info.ref and { ref = info.ref } or nil)
         end
         return res:status(status):render("error.html", { title = tostring(status),
             status = status, ref = info.ref, user = false })

@@ -9,6 +9,7 @@ local cjson = require "cjson"
 
 local q = helper.sh_quote
 local BOARD = helper.root .. "/examples/board"
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
 
 describe("the board example", function()
     local pg, server_url, dir
@@ -36,7 +37,7 @@ describe("the board example", function()
         -- (busted from PATH, as a user runs it; LUA_PATH and MOONSERVE_CORE make this tree
         -- the installed moonserve, MOONSERVE_BIN its command)
         local out = helper.run("cd " .. q(BOARD) .. " && DATABASE_URL=" .. q(server_url
-            .. "postgres") .. " MOONSERVE_BIN=" .. q(helper.bin) .. " " .. helper.tool("busted")
+            .. "postgres") .. " MOONSERVE_BIN=" .. q(BIN) .. " " .. helper.tool("busted")
             .. " -o TAP 2>&1")
         assert(out:find("\n1%.%.%d+"), out)
         assert(not out:find("not ok", 1, true), out)
@@ -50,8 +51,8 @@ describe("the board example", function()
         local srv, url, db_url
 
         local function migrate(args)
-            return helper.run("DATABASE_URL=" .. q(db_url) .. " " .. q(helper.bin)
-                .. " migrate " .. q(BOARD .. "/app.lua") .. " --env production " .. (args or "")
+            return helper.run("DATABASE_URL=" .. q(db_url) .. " " .. BIN .. " migrate "
+                .. q(BOARD .. "/app.lua") .. " --env production " .. (args or "")
                 .. " 2>&1; echo \"exit $?\"")
         end
 

@@ -16,7 +16,12 @@ local config = moonserve.config
 local secret = moonserve.secret("session")
 
 -- No I/O here: each worker's pool connects at its first query. (DATABASE_URL, when set,
--- is database_url: the configuration reads it.)
+-- is database_url: the configuration reads it.) Production declares it empty: say so at
+-- the start (and in --check) rather than at the first request.
+if (config.database_url or "") == "" then
+    error("database_url is not set in the " .. moonserve.env .. " environment: set "
+        .. "DATABASE_URL (or database_url in config.lua)", 0)
+end
 local db = moonserve.pg.new { url = config.database_url,
     pool_size = config.pool_size, application_name = "board" }
 

@@ -47,6 +47,26 @@ describe("the board example", function()
             .. "'board%'"))
     end)
 
+    it("passes --check in production only with its database URL and session secret",
+        function()
+            local function check(env)
+                return helper.run("unset DATABASE_URL MOONSERVE_SECRET_SESSION; " .. env .. " "
+                    .. BIN .. " " .. q(BOARD .. "/app.lua") .. " --env production --check 2>&1; "
+                    .. "echo \"exit $?\"")
+            end
+            local secret = "MOONSERVE_SECRET_SESSION=" .. string.rep("k", 40)
+            local out = check("DATABASE_URL=" .. q(server_url .. "board"))
+            assert.matches('secret "session" not found in the production environment', out)
+            assert.matches("exit 2\n$", out)
+            out = check(secret)
+            assert.matches("database_url is not set in the production environment", out)
+            assert.matches("exit 2\n$", out)
+            out = check(secret .. " DATABASE_URL=" .. q(server_url .. "board"))
+            assert.matches("settings from the environment: DATABASE_URL", out)
+            assert.not_matches("kkkk", out) -- (never the secret)
+            assert.matches("exit 0\n$", out)
+        end)
+
     describe("served over TLS and HTTP/2", function()
         local srv, url, db_url
 

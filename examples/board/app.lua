@@ -87,6 +87,13 @@ end
 
 -- -- Members -------------------------------------------------------------------------------
 
+-- A route's :id as a row id: digits only (at most 15, within a double's exact integers), or
+-- 0, which no row has ("1e9", "-1", "0x10" and "inf" are no ids).
+local function id_param(req)
+    local s = req.params.id
+    return s:match("^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$") and tonumber(s) or 0
+end
+
 local function current_user(req)
     return req.session:get("user")
 end
@@ -283,8 +290,7 @@ app:post("/notes", member, function(req, res)
 end)
 
 app:post("/notes/:id/delete", member, function(req, res)
-    local id = tonumber(req.params.id)
-    local ok, status = delete_note(req.ctx.user, id and math.floor(id) == id and id or 0)
+    local ok, status = delete_note(req.ctx.user, id_param(req))
     if not ok then
         return res:status(status):send(status == 403 and "not your note\n" or "no such note\n")
     end
@@ -367,9 +373,8 @@ app:post("/avatar", member, function(req, res)
 end, { body_bytes = config.avatar_max_bytes })
 
 app:get("/avatars/:id", function(req, res)
-    local id = tonumber(req.params.id)
     local rows = assert(db:query("SELECT avatar, avatar_type FROM users WHERE id = $1 AND "
-        .. "avatar IS NOT NULL", id and math.floor(id) == id and id or 0))
+        .. "avatar IS NOT NULL", id_param(req)))
     if not rows[1] then
         return res:status(404):send("no avatar\n")
     end
@@ -421,9 +426,8 @@ app:post("/api/notes", member, function(req, res)
 end)
 
 app:get("/api/notes/:id", function(req, res)
-    local id = tonumber(req.params.id)
     local rows = assert(db:query("SELECT " .. NOTE_COLUMNS .. " FROM notes n JOIN users u ON "
-        .. "u.id = n.author WHERE n.id = $1", id and math.floor(id) == id and id or 0))
+        .. "u.id = n.author WHERE n.id = $1", id_param(req)))
     if not rows[1] then
         return res:error_json(404, "no such note")
     end
@@ -431,8 +435,7 @@ app:get("/api/notes/:id", function(req, res)
 end)
 
 app:delete("/api/notes/:id", member, function(req, res)
-    local id = tonumber(req.params.id)
-    local ok, status = delete_note(req.ctx.user, id and math.floor(id) == id and id or 0)
+    local ok, status = delete_note(req.ctx.user, id_param(req))
     if not ok then
         return res:error_json(status, status == 403 and "not your note" or "no such note")
     end

@@ -213,6 +213,12 @@ describe("the board", function()
             r = t:post("/api/notes", { json = { body = "x" } }) -- no token
             assert.equal(403, r.status)
             assert.equal("missing or bad CSRF token", r:json().error.message)
+            for _, id in ipairs { "1e400", "-1", "0x10", "inf", "1234567890123456789" } do
+                r = t:get("/api/notes/" .. id)
+                assert.equal(404, r.status, id .. ": " .. r.body)
+                assert.equal("no such note", r:json().error.message)
+                assert.equal(404, t:get("/avatars/" .. id).status)
+            end
             r = t:get("/api/nothing")
             assert.equal(404, r.status)
             assert.equal("Not Found", r:json().error.message)

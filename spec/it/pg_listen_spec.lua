@@ -165,4 +165,16 @@ describe("moonserve.pg notifications", function()
             .. "channel", log)
         close_all(all)
     end)
+
+    it("ends the subscriptions and the listener's task when the worker stops: a stop is quick",
+        function()
+        local _, all = on_every_worker("/sse?ch=last")
+        local t0 = socket.gettime()
+        local logfile = srv.logfile
+        local stopped = srv:stop()
+        assert.is_true(stopped, helper.read_file(logfile))
+        srv = nil
+        assert.is_true(socket.gettime() - t0 < 4)
+        close_all(all)
+    end)
 end)

@@ -52,7 +52,7 @@ Sub.__index = Sub
 -- `timeout` seconds (default: wait until one comes); nil, "lost", n once when messages were
 -- lost before the ones still queued: n (a number) the oldest the bounded queue dropped, or
 -- nil when the connection to the server was lost (and has been made again); nil and
--- "closed" after sub:close().
+-- "closed" after sub:close(), or once the worker stops.
 function Sub:next(timeout)
     while true do
         if self.closed then
@@ -328,6 +328,17 @@ local function run(premature, L)
         backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
     end
     L.running = false
+    if stopping() then
+        -- The worker stops: its streams end now rather than at the stop timeout (their
+        -- clients reconnect to the workers that serve on).
+        for _, set in pairs(L.subs) do
+            for s in pairs(set) do
+                s.closed = true
+                wake(s)
+            end
+        end
+        L.subs = {}
+    end
 end
 
 local function start(L)

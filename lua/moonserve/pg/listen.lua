@@ -324,6 +324,9 @@ local function run(premature, L)
                 end
             end
         end
+        if next(L.subs) == nil then
+            break -- (no one to listen for: the next listen starts the task again)
+        end
         host.sleep(backoff)
         backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
     end

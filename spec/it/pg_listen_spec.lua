@@ -3,6 +3,12 @@
 local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
+local ffi = require "ffi"
+
+pcall(ffi.cdef, [[
+int setenv(const char *name, const char *value, int overwrite);
+int unsetenv(const char *name);
+]])
 
 describe("moonserve.pg notifications", function()
     local pg, srv
@@ -28,10 +34,10 @@ describe("moonserve.pg notifications", function()
 
     -- An event stream from GET `path`: st:expect(pattern, seconds) -> the captures of the
     -- first match in what came (consumed up to it), or nil.
-    local function stream(path)
+    local function stream(path, port)
         local s = socket.tcp()
         s:settimeout(5)
-        assert(s:connect("127.0.0.1", srv.port))
+        assert(s:connect("127.0.0.1", port or srv.port))
         assert(s:send("GET " .. path .. " HTTP/1.1\r\nHost: t\r\n\r\n"))
         local st = { sock = s, buf = "" }
         open[st] = true
@@ -164,6 +170,29 @@ describe("moonserve.pg notifications", function()
         assert.matches("pg: notifications: connected again after [%d.]+ s; LISTEN again on 1 "
             .. "channel", log)
         close_all(all)
+    end)
+
+    it("works inside nginx (moonserve.openresty): the listener is a timer's", function()
+        ffi.C.setenv("PG_PORT", tostring(pg.port), 1)
+        local ngx_srv = helper.nginx_app { app = "spec/fixtures/pg_listen.lua" }
+        ffi.C.unsetenv("PG_PORT")
+        local ok, err = pcall(function()
+            local a = stream("/sse?ch=inngx", ngx_srv.port)
+            local b = stream("/sse?ch=inngx", ngx_srv.port)
+            assert(a:expect("event: ready"), "not ready: " .. a.buf)
+            assert.truthy(b:expect("event: ready"), b.buf)
+            pg.psql("NOTIFY inngx, 'from psql'")
+            assert.equal("from psql", a:expect("data: %d inngx ([^\n]*)\n"), a.buf)
+            assert.equal("from psql", b:expect("data: %d inngx ([^\n]*)\n"), b.buf)
+            assert.equal("7", helper.curl("http://127.0.0.1:" .. ngx_srv.port .. "/query"))
+            a:close()
+            b:close()
+            socket.sleep(1.5) -- (idle: the listener's waits go on without a word)
+        end)
+        local log = ngx_srv.log()
+        ngx_srv.stop()
+        assert(ok, tostring(err) .. "\n" .. log)
+        assert.not_matches("%[error%]", log) -- (an idle listener logs nothing)
     end)
 
     it("ends the subscriptions and the listener's task when the worker stops: a stop is quick",

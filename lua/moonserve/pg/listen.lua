@@ -14,8 +14,11 @@ local remove = table.remove
 
 local _M = {}
 
--- The longest idle read, in ms: the reader looks whether the worker stops this often.
-local TICK_MS = 1000
+-- How often the writer looks whether the worker stops (it then closes the connection, which
+-- ends the reader's wait), in seconds; and the reader's longest wait, in ms: an idle read
+-- that times out is not an error (a day: inside nginx each timeout is a line of its log).
+local TICK = 1
+local READ_MS = 86400000
 -- Reconnection backoff, in seconds: the first wait, doubling up to the last.
 local BACKOFF_MIN, BACKOFF_MAX = 0.1, 5
 
@@ -178,11 +181,11 @@ local function read_loop(L, c)
     while true do
         local head, err, partial = sock:receive(5)
         if not head then
+            if L.closing then
+                return nil
+            end
             if err ~= "timeout" or (partial and partial ~= "") then
                 return err
-            end
-            if stopping() or L.closing then
-                return nil
             end
         else
             local len = get32(head, 2) - 4
@@ -193,7 +196,7 @@ local function read_loop(L, c)
                 end
                 body, err = sock:receive(len)
                 if not body then
-                    return err
+                    return not L.closing and err or nil
                 end
             end
             local kind = sub(head, 1, 1)
@@ -247,7 +250,7 @@ local function session(L)
     if not c then
         return tostring(err)
     end
-    c.sock:settimeouts(o.connect_ms, o.timeout, TICK_MS)
+    c.sock:settimeouts(o.connect_ms, o.timeout, READ_MS)
     L.listening, L.asked, L.sent, L.failed = {}, {}, {}, nil
     local d = host.module("dispatcher")
     local result
@@ -267,25 +270,29 @@ local function session(L)
             .. "%d channel(s)", host.now() - L.down_since, n))
         L.down_since = nil
     end
+    local failed
     while not L.dead do
         local ok
         ok, err = sync(L, c)
         if not ok then
-            result = err
+            failed = err
             break
         end
-        L.cmd:wait(TICK_MS / 1000)
+        L.cmd:wait(TICK)
         if stopping() then
             L.closing = true
+            break
         end
     end
     L.up = false
-    if not L.dead then
-        c.sock:close()
-    end
-    d.wait(reader)
+    -- (a close from this thread ends the reader's wait)
     c.sock:close()
-    return result
+    d.wait(reader)
+    L.closing = false
+    if stopping() then
+        return nil
+    end
+    return failed or result or "closed"
 end
 
 -- The background task: sessions one after another, with backoff between failures, until

@@ -51,6 +51,7 @@ build = {
          ["moonserve.pg"] = "lua/moonserve/pg/init.lua",
          ["moonserve.pg.auth"] = "lua/moonserve/pg/auth.lua",
          ["moonserve.pg.conn"] = "lua/moonserve/pg/conn.lua",
+         ["moonserve.pg.listen"] = "lua/moonserve/pg/listen.lua",
          ["moonserve.pg.migrate"] = "lua/moonserve/pg/migrate.lua",
          ["moonserve.pg.types"] = "lua/moonserve/pg/types.lua",
          ["moonserve.argon2"] = "lua/moonserve/argon2.lua",

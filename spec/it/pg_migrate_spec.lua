@@ -104,12 +104,15 @@ describe("moonserve migrate", function()
         for i = 1, 2 do
             outs[i] = os.tmpname()
         end
-        local cmd = {}
+        -- (both started by one shell, at once, and waited for)
+        local script = { "export DATABASE_URL=" .. q(url) }
         for i = 1, 2 do
-            cmd[i] = "(DATABASE_URL=" .. q(url) .. " " .. BIN .. " migrate " .. q(app) .. " >"
-                .. outs[i] .. " 2>&1; echo $? >>" .. outs[i] .. ") &"
+            script[#script + 1] = "(" .. q(BIN) .. " migrate " .. q(app) .. " >" .. outs[i]
+                .. " 2>&1; echo $? >>" .. outs[i] .. ") &"
         end
-        helper.run(cmd[1] .. " " .. cmd[2] .. " wait")
+        script[#script + 1] = "wait\n"
+        helper.write_file(dir .. "/both.sh", table.concat(script, "\n"))
+        helper.run("sh " .. q(dir .. "/both.sh"))
         local both = {}
         for i = 1, 2 do
             both[i] = helper.read_file(outs[i])

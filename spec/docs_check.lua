@@ -244,10 +244,11 @@ function _M.check_links(root, files)
     return problems
 end
 
--- The pages whose links are checked: the top-level ones and everything under docs/.
+-- The pages whose links are checked: the top-level ones, the example app's, and everything
+-- under docs/.
 function _M.pages(root)
     local files = { "README.md", "ARCHITECTURE.md", "PERFORMANCE.md", "CHANGELOG.md",
-        "bench/README.md" }
+        "bench/README.md", "examples/board/README.md" }
     local lfs = require "lfs"
     local function walk(dir)
         local names = {}

@@ -72,9 +72,11 @@ function M.start(opts)
         .. M.users.scram.password .. "'\" -c \"SET password_encryption = 'md5'\" -c \"CREATE USER "
         .. M.users.md5.user .. " PASSWORD '" .. M.users.md5.password .. "'\" >/dev/null")
     local pg = { port = tonumber(port), pid = pid, dir = dir }
-    -- Runs `sql` as the superuser; returns psql's unaligned output.
-    function pg.psql(sql)
-        return (helper.run(psql .. " -At -c \"" .. sql .. "\" 2>&1"):gsub("%s+$", ""))
+    -- Runs `sql` as the superuser (in `database`, or postgres); returns psql's unaligned
+    -- output.
+    function pg.psql(sql, database)
+        return (helper.run(psql .. (database and " -d " .. database or "") .. " -At -c \""
+            .. sql .. "\" 2>&1"):gsub("%s+$", ""))
     end
     -- Active connections of `user`, as the server counts them.
     function pg.connections(user)

@@ -218,6 +218,13 @@ function App:error_page(status, fn)
     return self
 end
 
+--- Whether this app (or the app it belongs to) has an error page for `status`: middleware
+-- that refuses (moonserve.csrf) answers through it then, in the app's shape.
+-- @local
+function App:has_error_page(status)
+    return inherited(self, "error_pages", status) ~= nil
+end
+
 local REASONS = { [400] = "Bad Request", [401] = "Unauthorized", [403] = "Forbidden",
     [404] = "Not Found", [405] = "Method Not Allowed", [406] = "Not Acceptable",
     [408] = "Request Timeout", [409] = "Conflict", [410] = "Gone", [413] = "Content Too Large",

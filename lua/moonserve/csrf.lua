@@ -194,9 +194,20 @@ local function token_of(req)
     return form and form._csrf
 end
 
+-- A refusal: the app's error page for 403 when it has one (a JSON API's envelope, the
+-- site's HTML), with info.reason saying why; else a line of text.
+local function refuse(req, res, why)
+    local app = rawget(req, "_app")
+    if type(app) == "table" and app.has_error_page and app:has_error_page(403) then
+        return app:error(req, res, { status = 403, reason = why })
+    end
+    return res:status(403):send("Forbidden: " .. why .. "\n")
+end
+
 --- Middleware (moonserve.csrf) against cross-site requests: unsafe methods from another
 -- origin get 403 (check above: opts.trusted_origins, opts.allow_same_site,
--- opts.require_origin). With opts.secret, forms must also carry a token: the field _csrf
+-- opts.require_origin), through the app's error page for 403 when it has one. With
+-- opts.secret, forms must also carry a token: the field _csrf
 -- (urlencoded or multipart), or the header X-CSRF-Token; templates get it as csrf_token().
 -- An HTTP/2 WebSocket's CONNECT passes as the HTTP/1.1 upgrade's GET does (app:websocket
 -- checks its origin). A token is bound to the session (with
@@ -218,7 +229,7 @@ function _M.middleware(opts)
                 scheme = scheme, trusted_origins = opts.trusted_origins,
                 allow_same_site = opts.allow_same_site, require_origin = opts.require_origin })
             if not ok then
-                return res:status(403):send("Forbidden: " .. tostring(why) .. "\n")
+                return refuse(req, res, tostring(why))
             end
         end
         if not secret then
@@ -250,7 +261,7 @@ function _M.middleware(opts)
         if not safe then
             local token = token_of(req)
             if not id or type(token) ~= "string" or not _M.verify(secret, id, token) then
-                return res:status(403):send("Forbidden: missing or bad CSRF token\n")
+                return refuse(req, res, "missing or bad CSRF token")
             end
         end
         return next()

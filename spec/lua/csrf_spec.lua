@@ -311,6 +311,27 @@ describe("moonserve.csrf", function()
             end
         end)
 
+        it("refuses through the app's error page for 403 when it has one", function()
+            local app = moonserve.app()
+            app:use(moonserve.sessions { secret = SECRET })
+            app:use(moonserve.csrf { secret = SECRET })
+            app:post("/api/notes", function(_, res) res:send("stored") end)
+            local status, _, body = helper.simulate(app, "POST", "/api/notes",
+                { headers = { ["content-type"] = "application/json" }, body = "{}" })
+            assert.equal(403, status)
+            assert.equal("Forbidden: missing or bad CSRF token\n", body) -- (no page: text)
+            app:error_page(403, function(_, res, info)
+                res:error_json(403, info.reason)
+            end)
+            local headers
+            status, headers, body = helper.simulate(app, "POST", "/api/notes",
+                { headers = { ["content-type"] = "application/json" }, body = "{}" })
+            assert.equal(403, status)
+            assert.equal("application/json", headers["content-type"])
+            assert.same({ error = { status = 403, message = "missing or bad CSRF token" } },
+                require("cjson").decode(body))
+        end)
+
         it("checks a multipart token through the real dispatch, with sessions", function()
             local app = moonserve.app()
             app:use(moonserve.sessions { secret = SECRET })

@@ -369,4 +369,19 @@ function Pg:transaction(fn)
     return unpack(r, 1, maxn(r))
 end
 
+-- -- Notifications (moonserve/pg/listen.lua) ---------------------------------------------
+
+--- A subscription to LISTEN/NOTIFY's `channel`: sub:next(timeout) -> payload, channel (or
+-- nil, "timeout"; nil, "lost", n), sub:close(). One connection of its own per client and
+-- worker carries every subscription; no pooled connection is held. opts.queue: how many
+-- notifications a slow reader may fall behind (default listen_queue, 1000).
+function Pg:listen(channel, opts)
+    return require("moonserve.pg.listen").listen(self, channel, opts)
+end
+
+--- NOTIFY `channel` with `payload` (a string, default ""): true, or nil and an error.
+function Pg:notify(channel, payload)
+    return require("moonserve.pg.listen").notify(self, channel, payload)
+end
+
 return _M

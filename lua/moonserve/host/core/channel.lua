@@ -170,9 +170,15 @@ local function listen(self)
         local timer = require "moonserve.host.core.timer"
         local h
         h, err = timer.every(self.poll, function(premature)
-            if not premature then
-                poll(self)
+            if premature then
+                -- The loop that ran it stops (a worker, or a test client that closes): the
+                -- next subscriber, on another loop of this process, must start a poller anew.
+                if self.timer == h then
+                    self.timer = nil
+                end
+                return
             end
+            poll(self)
         end)
         if not h then
             return nil, err

@@ -4,6 +4,7 @@ local _M = {}
 local USAGE = [[
 usage: moonserve [APP.lua] [options]
        moonserve --static DIR [options]
+       moonserve migrate APP.lua [--check] [--env NAME] [--config FILE]
 
 Serves APP.lua (a file that returns an app), or the files of DIR, or the bundled demo site.
 
@@ -98,6 +99,16 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
                        moonserve.secret("name"), after a file in the secrets_dir setting
                        or in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=)
 
+migrate: applies the app's migrations, migrations/NNN_name.sql (or .lua returning
+function(db) ... end) beside APP.lua, in order, each once (recorded in the table
+moonserve_migrations), each in a transaction of its own unless its first line is
+"-- moonserve: no transaction"; under an advisory lock, so two at once apply each once. The
+database: the configuration's database_url, else DATABASE_URL. Exit status 0: all applied;
+1: a migration failed (rolled back; it and the ones after it are not applied); 2: cannot
+run (bad file names, no database URL, cannot connect).
+  --check              list the pending migrations, change nothing. Exit status 0: none is
+                       pending; 1: some are; 2: cannot tell
+
 signals: TERM or INT stop gracefully; HUP starts workers with the app's code as it is
 now, which take over while the old ones finish; USR1 reopens the log files.
   -h, --help           this text
@@ -135,7 +146,129 @@ local function die(msg)
     return 2
 end
 
+-- `moonserve migrate APP.lua [--check] [--env NAME] [--config FILE]`.
+local function migrate(args)
+    local app_file, check, env, config_file
+    local i = 2
+    while i <= #args do
+        local a = args[i]
+        if a == "-h" or a == "--help" then
+            io.stdout:write(usage())
+            return 0
+        elseif a == "--check" then
+            check = true
+        elseif a == "--env" or a == "--config" then
+            i = i + 1
+            if args[i] == nil then
+                return die(a .. " needs a value")
+            end
+            if a == "--env" then
+                env = args[i]
+            else
+                config_file = args[i]
+            end
+        elseif a:sub(1, 1) == "-" then
+            return die("unknown option " .. a .. " for migrate (see --help)")
+        elseif app_file then
+            return die("one app file at most")
+        else
+            app_file = a
+        end
+        i = i + 1
+    end
+    if not app_file then
+        return die("migrate needs the app's file: moonserve migrate app.lua")
+    end
+    local config = require "moonserve.config"
+    config.setup { file = config_file, env = env, app = app_file }
+    local ok, settings = pcall(config.get)
+    if not ok then
+        return die(tostring(settings))
+    end
+    local url = settings.database_url
+    if url == nil or url == "" then
+        url = os.getenv("DATABASE_URL")
+    end
+    if url == nil or url == "" then
+        return die("migrate: no database: set database_url in the configuration, or DATABASE_URL")
+    end
+    local pg = require "moonserve.pg"
+    local m = require "moonserve.pg.migrate"
+    local dir = (app_file:match("^(.*)/[^/]*$") or ".") .. "/migrations"
+    local list, err = m.scan(dir)
+    if not list then
+        return die("migrate: " .. err)
+    end
+    local u
+    u, err = pg.parse_url(url)
+    if not u then
+        return die("migrate: " .. err)
+    end
+    -- (A migration may run long, and a second run waits for the first: a day, unless the
+    -- URL says otherwise.)
+    ok, err = pcall(function()
+        u = pg.new { url = url, timeout = u.timeout or 86400000, pool_size = 1 }
+    end)
+    if not ok then
+        return die("migrate: " .. tostring(err))
+    end
+    local out = io.stdout
+    local function line(s)
+        out:write("moonserve: ", s, "\n")
+        out:flush()
+    end
+    local function report(what, mig, info)
+        if what == "applied" then
+            line(string.format("applied %s (%.0f ms)", mig.file, info))
+        elseif what == "changed" then
+            line("warning: " .. mig.file .. " changed since it was applied (it is not run again)")
+        elseif what == "missing" then
+            line("warning: " .. mig.name .. " was applied but has no file now")
+        elseif what == "waiting" then
+            line("waiting for another migrate to finish")
+        end
+    end
+    local runner = require "moonserve.host.core.runner"
+    if check then
+        local st
+        ok, st, err = pcall(runner.once, function() return m.status(u, list) end)
+        if not ok or not st then
+            return die("migrate: " .. m.say(ok and err or st))
+        end
+        for _, c in ipairs(st.changed) do
+            report("changed", c)
+        end
+        for _, r in ipairs(st.missing) do
+            report("missing", r)
+        end
+        for _, p in ipairs(st.pending) do
+            line("pending " .. p.file)
+        end
+        line(#st.pending .. " pending, " .. (#list - #st.pending) .. " applied")
+        return #st.pending > 0 and 1 or 0
+    end
+    local n, failed
+    ok, n, err, failed = pcall(runner.once, function() return m.apply(u, list,
+        { report = report }) end)
+    if not ok then
+        return die("migrate: " .. tostring(n))
+    end
+    if not n then
+        if failed then
+            io.stderr:write("moonserve: migrate: ", failed.path, failed.transaction
+                and " failed, rolled back: " or " failed: ", m.say(err), "\n")
+            return 1
+        end
+        return die("migrate: " .. m.say(err))
+    end
+    line(n == 0 and "nothing to migrate" or (n .. " applied"))
+    return 0
+end
+
 function _M.main(args)
+    if args[1] == "migrate" then
+        return migrate(args)
+    end
     local opts = {}
     local app_file, static_dir, check, env, config_file
     local static_flags = {}

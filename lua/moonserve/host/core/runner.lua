@@ -840,6 +840,28 @@ function _M.config_line()
     return table.concat(parts, "; ")
 end
 
+--- Runs fn() on this process's loop with nothing listening and no worker (the command line's
+-- `moonserve migrate`): in a task of its own, as an on_worker_start hook runs, so that its
+-- sockets and timers wait without blocking. Returns what fn returned, or raises its error.
+function _M.once(fn)
+    local the_app = require("moonserve.app").new()
+    local srv = _M.create(the_app, parse_limits(nil, the_app))
+    local result, done = nil, false
+    dispatcher.start_worker(srv, { function()
+        result = { xpcall(fn, debug.traceback) }
+    end }, nil, function()
+        done = true
+    end)
+    while not done do
+        core.run_once(1)
+    end
+    srv:close()
+    if not result[1] then
+        error(result[2], 0)
+    end
+    return unpack(result, 2, table.maxn(result))
+end
+
 -- Checks everything `run` would, as `moonserve --check` does: the options, the limits, the
 -- listeners' addresses, the log and access log files, the static mounts' directories, the
 -- trusted proxies; nothing listens and no worker starts. Returns true or raises.

@@ -277,6 +277,7 @@ local MODULES = {
         spawn = function(...) return ngx.thread.spawn(...) end,
         wait = function(...) return ngx.thread.wait(...) end,
         kill = function(...) return ngx.thread.kill(...) end,
+        stopping = function() return ngx.worker.exiting() end,
     },
     semaphore = { new = function(n) return require("ngx.semaphore").new(n) end },
     socket = { tcp = tcp, udp = function() return ngx.socket.udp() end },

@@ -975,9 +975,9 @@ function _M.run(the_app, opts)
     -- reads them again on a reload (HUP), as nginx does its configuration.
     local config = require "moonserve.config"
     local config_bytes = config.snapshot()
-    base.log(base.LOG_INFO, _M.config_line())
     local workers = opts.workers or core.cpus()
-    local uid, gid = user_ids(opts)
+    local uid, gid = user_ids(opts) -- (a bad user is the start's one line, before any other)
+    base.log(base.LOG_INFO, _M.config_line())
     if uid and workers == 0 then
         error(label(opts, "user") .. " needs workers under a master (a single process runs as "
             .. "the user that starts it)", 2)

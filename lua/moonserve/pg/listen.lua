@@ -75,8 +75,10 @@ function Sub:next(timeout)
             self.head = h + 1
             return m[1], m[2]
         end
-        local ok = self.sema:wait(timeout or 31536000)
-        if not ok then
+        -- (no timeout: an hour at a time, as a semaphore's wait inside nginx takes a C int
+        -- of ms)
+        local ok = self.sema:wait(timeout or 3600)
+        if not ok and timeout then
             return nil, "timeout"
         end
     end

@@ -136,6 +136,23 @@ describe("moonserve.pg notifications", function()
         end, 5))
     end)
 
+    it("lets go of a subscription its handler dropped unclosed: collected, then UNLISTEN",
+        function()
+        -- (one process, so that every request reaches the worker that leaked)
+        local one = helper.spawn_server { app = "spec/fixtures/pg_listen.lua",
+            env = { PG_PORT = pg.port } }
+        local base = "http://127.0.0.1:" .. one.port
+        local ok, err = pcall(function()
+            assert.equal("500", helper.curl("-o /dev/null -w '%{http_code}' " .. base .. "/leak"))
+            assert.equal("true", helper.curl(base .. "/listening?ch=leaky"))
+            assert.truthy(helper.wait_for(function()
+                return helper.curl(base .. "/listening?ch=leaky") == "false"
+            end, 5))
+        end)
+        one:stop()
+        assert(ok, err)
+    end)
+
     it("drops a slow reader's oldest notifications past its queue, and says how many", function()
         local st = stream("/sse?ch=slow&queue=3&slow=1.5")
         assert.truthy(st:expect("event: ready"))

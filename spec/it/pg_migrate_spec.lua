@@ -208,6 +208,26 @@ end
         assert.equal("", db("SELECT to_regclass('ok')"))
     end)
 
+    it("names a mistake on its command line, and says what migrate does in --help", function()
+        for _, case in ipairs({
+            { "migrate", "migrate needs the app's file: moonserve migrate app.lua" },
+            { "migrate " .. q(app) .. " --bogus", "unknown option %-%-bogus for migrate" },
+            { "migrate " .. q(app) .. " --env", "%-%-env needs a value" },
+            { "migrate " .. q(app) .. " other.lua", "one app file at most" },
+        }) do
+            local out, status = helper.run(BIN .. " " .. case[1] .. " 2>&1")
+            assert.equal(2, status, out)
+            assert.matches("^moonserve: " .. case[2], out)
+        end
+        local out, status = helper.run(BIN .. " migrate --help")
+        assert.equal(0, status)
+        assert.matches("moonserve migrate APP.lua %[%-%-check%]", out)
+        assert.matches("%-%-check +list the pending migrations", out)
+        for line in out:gmatch("[^\n]+") do
+            assert.is_true(#line <= 100, line)
+        end
+    end)
+
     it("takes the URL from the configuration's database_url, and says when there is none",
         function()
         file("001_c.sql", "CREATE TABLE c (id int);\n")

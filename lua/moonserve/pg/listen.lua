@@ -51,6 +51,8 @@ end
 local Sub = {}
 Sub.__index = Sub
 
+local WEAK = { __mode = "k" }
+
 --- The next notification: payload, channel; or nil and "timeout" when none came within
 -- `timeout` seconds (default: wait until one comes); nil, "lost", n once when messages were
 -- lost before the ones still queued: n (a number) the oldest the bounded queue dropped, or
@@ -73,8 +75,10 @@ function Sub:next(timeout)
             self.head = h + 1
             return m[1], m[2]
         end
-        local ok = self.sema:wait(timeout or 31536000)
-        if not ok then
+        -- (no timeout: an hour at a time, as a semaphore's wait inside nginx takes a C int
+        -- of ms)
+        local ok = self.sema:wait(timeout or 3600)
+        if not ok and timeout then
             return nil, "timeout"
         end
     end
@@ -124,17 +128,36 @@ end
 
 -- -- The listener: one connection and its task -------------------------------------------
 
+-- Whether `channel` has a subscriber. (A channel's set holds its subscriptions weakly: one
+-- that a handler dropped without closing it, as when the handler raised, is collected with
+-- its queue, and its channel's UNLISTEN follows.)
+local function wanted(L, channel)
+    local set = L.subs[channel]
+    return set ~= nil and next(set) ~= nil
+end
+
+local function any_wanted(L)
+    for channel in pairs(L.subs) do
+        if wanted(L, channel) then
+            return true
+        end
+    end
+    return false
+end
+
 -- What the server has been asked: LISTEN for each channel with subscribers, UNLISTEN for
 -- each it listens to with none. Returns the commands sent (a list), or nil and an error.
 local function sync(L, c)
     local cmds = {}
     for channel in pairs(L.subs) do
-        if not L.listening[channel] and not L.asked[channel] then
+        if not wanted(L, channel) then
+            L.subs[channel] = nil
+        elseif not L.listening[channel] and not L.asked[channel] then
             cmds[#cmds + 1] = { "LISTEN", channel }
         end
     end
     for channel in pairs(L.listening) do
-        if not L.subs[channel] then
+        if not wanted(L, channel) and not L.asked[channel] then
             cmds[#cmds + 1] = { "UNLISTEN", channel }
         end
     end
@@ -158,7 +181,7 @@ local function acked(L, cmd, err)
         if not err then
             L.listening[channel] = nil
         end
-        if L.subs[channel] then
+        if wanted(L, channel) then
             L.cmd:post(1) -- subscribed again meanwhile: LISTEN again
         end
         return
@@ -263,8 +286,8 @@ local function session(L)
     L.up = true
     if L.down_since then
         local n = 0
-        for _ in pairs(L.subs) do
-            n = n + 1
+        for channel in pairs(L.subs) do
+            n = n + (wanted(L, channel) and 1 or 0)
         end
         log("warn", format("pg: notifications: connected again after %.1f s; LISTEN again on "
             .. "%d channel(s)", host.now() - L.down_since, n))
@@ -331,7 +354,7 @@ local function run(premature, L)
                 end
             end
         end
-        if next(L.subs) == nil then
+        if not any_wanted(L) then
             break -- (no one to listen for: the next listen starts the task again)
         end
         host.sleep(backoff)
@@ -396,7 +419,7 @@ function _M.listen(pg, channel, opts)
         max = max, sema = sem.new(0), ready = sem.new(0) }, Sub)
     local set = L.subs[channel]
     if not set then
-        set = {}
+        set = setmetatable({}, WEAK)
         L.subs[channel] = set
     end
     set[s] = true

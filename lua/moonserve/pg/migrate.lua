@@ -79,9 +79,11 @@ end
 function _M.scan(dir)
     local names, err = list_dir(dir)
     if not names then
-        if not io.open(dir, "rb") then
+        local f = io.open(dir, "rb")
+        if not f then
             return {} -- no migrations directory: nothing to run
         end
+        f:close()
         return nil, err
     end
     local list, by_version = {}, {}

@@ -2,15 +2,15 @@
 -- wire protocol. The cluster is made by initdb in a temporary directory, runs as the
 -- postgres user (PostgreSQL refuses to run as root) on a loopback port, and has two users:
 -- one that authenticates with SCRAM-SHA-256 (PostgreSQL 15's default) and one with md5.
--- The client (startup, both authentications, simple query) works over any socket with
--- OpenResty's methods: moonserve.socket.tcp() in a handler, LuaSocket in a spec.
-local ffi = require "ffi"
+-- The client (startup, both authentications through moonserve.pg.auth, simple query) works
+-- over any socket with OpenResty's methods: moonserve.socket.tcp() in a handler, LuaSocket in
+-- a spec.
 local bit = require "bit"
 local helper = require "helper"
 local socket = require "socket"
-local crypto = require "moonserve.crypto"
+local auth = require "moonserve.pg.auth"
 
-local byte, char, sub, concat = string.byte, string.char, string.sub, table.concat
+local byte, char, sub = string.byte, string.char, string.sub
 
 local M = {}
 
@@ -105,50 +105,6 @@ function M.start(opts)
     return pg
 end
 
--- -- Digests (libcrypto) ------------------------------------------------------------------
-
-pcall(ffi.cdef, [[
-typedef struct evp_md_st EVP_MD;
-const EVP_MD *EVP_md5(void);
-const EVP_MD *EVP_sha256(void);
-int EVP_Digest(const void *data, size_t count, unsigned char *md, unsigned int *size,
-               const EVP_MD *type, void *impl);
-int PKCS5_PBKDF2_HMAC(const char *pass, int passlen, const unsigned char *salt, int saltlen,
-                      int iter, const EVP_MD *digest, int keylen, unsigned char *out);
-]])
-local ok, C = pcall(ffi.load, "libcrypto.so.3")
-if not ok then
-    C = ffi.load("crypto")
-end
-local md = ffi.new("unsigned char[64]")
-
-local function digest(kind, s)
-    local n = kind == "md5" and 16 or 32
-    assert(C.EVP_Digest(s, #s, md, nil, kind == "md5" and C.EVP_md5() or C.EVP_sha256(), nil) == 1)
-    return ffi.string(md, n)
-end
-
-local function hex(s)
-    return (s:gsub(".", function(c) return string.format("%02x", byte(c)) end))
-end
-
-local function xor(a, b)
-    local out = {}
-    for i = 1, #a do
-        out[i] = char(bit.bxor(byte(a, i), byte(b, i)))
-    end
-    return concat(out)
-end
-
-local function b64(s)
-    local e = crypto.base64url_encode(s):gsub("-", "+"):gsub("_", "/")
-    return e .. ("="):rep((4 - #e % 4) % 4)
-end
-
-local function unb64(s)
-    return crypto.base64url_decode((s:gsub("=", ""):gsub("+", "-"):gsub("/", "_")))
-end
-
 -- -- The wire protocol --------------------------------------------------------------------
 
 local function int32(n)
@@ -195,46 +151,14 @@ local function server_error(body)
     return (fields.S or "ERROR") .. ": " .. (fields.M or "?")
 end
 
--- SCRAM-SHA-256 (RFC 7677) on a connection whose server asked for SASL.
-local function scram(sock, password)
-    local nonce = b64(crypto.random(18))
-    local first_bare = "n=,r=" .. nonce
-    local first = "n,," .. first_bare
-    sock:send(message("p", "SCRAM-SHA-256\0" .. int32(#first) .. first))
-    local kind, body = receive(sock)
-    if kind ~= "R" or get32(body, 1) ~= 11 then
-        return nil, kind == "E" and server_error(body) or "no SASL continue"
-    end
-    local server_first = sub(body, 5)
-    local r, s, i = server_first:match("r=([^,]+),s=([^,]+),i=(%d+)")
-    if not r or sub(r, 1, #nonce) ~= nonce then
-        return nil, "bad server-first message"
-    end
-    local salted = ffi.new("unsigned char[32]")
-    local salt = unb64(s)
-    assert(C.PKCS5_PBKDF2_HMAC(password, #password, salt, #salt, tonumber(i), C.EVP_sha256(), 32,
-        salted) == 1)
-    salted = ffi.string(salted, 32)
-    local client_key = crypto.hmac_sha256(salted, "Client Key")
-    local final_bare = "c=biws,r=" .. r
-    local auth = first_bare .. "," .. server_first .. "," .. final_bare
-    local proof = xor(client_key, crypto.hmac_sha256(digest("sha256", client_key), auth))
-    sock:send(message("p", final_bare .. ",p=" .. b64(proof)))
-    kind, body = receive(sock)
-    if kind ~= "R" or get32(body, 1) ~= 12 then
-        return nil, kind == "E" and server_error(body) or "no SASL final"
-    end
-    local want = b64(crypto.hmac_sha256(crypto.hmac_sha256(salted, "Server Key"), auth))
-    if sub(body, 5):match("v=([^,]+)") ~= want then
-        return nil, "the server's signature does not match"
-    end
-    return true
-end
-
--- Starts a session as `user` on `sock` (connected): true, or nil, err.
-function M.login(sock, user, password, database)
-    sock:send(int32(8 + #user + 1 + 9 + #(database or "postgres") + 2 + 5) .. int32(196608)
-        .. "user\0" .. user .. "\0database\0" .. (database or "postgres") .. "\0\0")
+-- Starts a session as `user` on `sock` (connected), its answers made by moonserve.pg.auth:
+-- true and the authentication the server asked for ("md5", "scram"), or nil, err. `tamper`
+-- may change the server-final-message before it is verified.
+function M.login(sock, user, password, database, tamper)
+    local startup = int32(196608) .. "user\0" .. user .. "\0database\0"
+        .. (database or "postgres") .. "\0\0"
+    sock:send(int32(#startup + 4) .. startup)
+    local sc, how
     while true do
         local kind, body = receive(sock)
         if not kind then
@@ -244,18 +168,33 @@ function M.login(sock, user, password, database)
         elseif kind == "R" then
             local code = get32(body, 1)
             if code == 5 then
-                local inner = hex(digest("md5", password .. user))
-                sock:send(message("p", "md5" .. hex(digest("md5", inner .. sub(body, 5, 8))) .. "\0"))
-            elseif code == 10 then
-                local done, err = scram(sock, password)
-                if not done then
+                how = "md5"
+                sock:send(message("p", auth.md5(user, password, sub(body, 5, 8)) .. "\0"))
+            elseif code == 10 then -- SASL: SCRAM-SHA-256 (RFC 7677)
+                how = "scram"
+                if not body:find("SCRAM-SHA-256\0", 5, true) then
+                    return nil, "the server offers no SCRAM-SHA-256"
+                end
+                sc = auth.scram(password)
+                local first = sc:first()
+                sock:send(message("p", "SCRAM-SHA-256\0" .. int32(#first) .. first))
+            elseif code == 11 then
+                local final, err = sc:final(sub(body, 5))
+                if not final then
+                    return nil, err
+                end
+                sock:send(message("p", final))
+            elseif code == 12 then
+                local server_final = sub(body, 5)
+                local ok, err = sc:verify(tamper and tamper(server_final) or server_final)
+                if not ok then
                     return nil, err
                 end
             elseif code ~= 0 then
                 return nil, "authentication " .. code .. " is not spoken here"
             end
         elseif kind == "Z" then
-            return true
+            return true, how
         end
     end
 end

@@ -1,89 +1,19 @@
 -- spec/it/pg_types_spec.lua: moonserve.pg.auth logs in to a real PostgreSQL (a throwaway
 -- cluster, spec/postgres.lua) with SCRAM-SHA-256 and md5, and moonserve.pg.types reads the
 -- server's text of each type and writes parameters the server reads back equal.
-local bit = require "bit"
 local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
-local auth = require "moonserve.pg.auth"
 local types = require "moonserve.pg.types"
 local json = require "moonserve.json"
 
-local byte, char, sub = string.byte, string.char, string.sub
 local O, NULL = types.oids, types.NULL
 
--- -- A login through moonserve.pg.auth (the wire framing is the spec's, the answers ours) --
-
-local function int32(n)
-    return char(bit.band(bit.rshift(n, 24), 255), bit.band(bit.rshift(n, 16), 255),
-        bit.band(bit.rshift(n, 8), 255), bit.band(n, 255))
-end
-
-local function get32(s, at)
-    local a, b, c, d = byte(s, at, at + 3)
-    return bit.bor(bit.lshift(a, 24), bit.lshift(b, 16), bit.lshift(c, 8), d)
-end
-
-local function message(kind, body)
-    return kind .. int32(#body + 4) .. body
-end
-
-local function receive(sock)
-    local head, err = sock:receive(5)
-    if not head then
-        return nil, err
-    end
-    local len = get32(head, 2) - 4
-    local body = len > 0 and assert(sock:receive(len)) or ""
-    return sub(head, 1, 1), body
-end
-
-local function server_error(body)
-    return "ERROR: " .. (body:match("M([^%z]*)%z") or "?")
-end
-
--- Logs in as `user`: true and the authentication kind the server asked for ("md5",
--- "scram"), or nil, err. `tamper` may change the server-final-message before verify.
+-- Logs in as `user` through spec/postgres.lua, whose answers are moonserve.pg.auth's: true
+-- and the authentication kind ("md5", "scram"), or nil, err; `tamper` may change the
+-- server-final-message before verify.
 local function login(sock, user, password, tamper)
-    local startup = int32(196608) .. "user\0" .. user .. "\0database\0postgres\0\0"
-    sock:send(int32(#startup + 4) .. startup)
-    local sc, how
-    while true do
-        local kind, body = receive(sock)
-        if not kind then
-            return nil, body
-        elseif kind == "E" then
-            return nil, server_error(body)
-        elseif kind == "R" then
-            local code = get32(body, 1)
-            if code == 5 then
-                how = "md5"
-                sock:send(message("p", auth.md5(user, password, sub(body, 5, 8)) .. "\0"))
-            elseif code == 10 then
-                how = "scram"
-                assert(body:find("SCRAM-SHA-256\0", 5, true), "the server offers SCRAM-SHA-256")
-                sc = auth.scram(password)
-                local first = sc:first()
-                sock:send(message("p", "SCRAM-SHA-256\0" .. int32(#first) .. first))
-            elseif code == 11 then
-                local final, err = sc:final(sub(body, 5))
-                if not final then
-                    return nil, err
-                end
-                sock:send(message("p", final))
-            elseif code == 12 then
-                local server_final = sub(body, 5)
-                local ok, err = sc:verify(tamper and tamper(server_final) or server_final)
-                if not ok then
-                    return nil, err
-                end
-            elseif code ~= 0 then
-                return nil, "authentication " .. code
-            end
-        elseif kind == "Z" then
-            return true, how
-        end
-    end
+    return postgres.login(sock, user, password, nil, tamper)
 end
 
 describe("moonserve.pg.auth and moonserve.pg.types against PostgreSQL", function()

@@ -210,7 +210,8 @@ describe("a broadcast with no Redis", function()
         post(srv.port, "/invalidate?mlcache=1", "local2")
         assert(helper.wait_for(function()
             local s = seen(srv.port)
-            return s["0"].got == "local1" and s["1"].got == "local1" and s["0"].ml == "local2"
+            return s["0"].got == "local1,local2" and s["1"].got == "local1,local2"
+                and s["0"].ml == "local2"
                 and s["1"].ml == "local2"
         end, 5), get(srv.port, "/seen"))
         assert.is_nil(get(srv.port, "/metrics"):find("moonserve_fanout_up 1"))

@@ -8,6 +8,8 @@
 -- instance's ring once, through the first of its workers to claim it in the shared
 -- dictionary, and every worker then delivers it from the ring to its own subscribers, as it
 -- does the instance's own messages (which never come back from Redis to the same instance).
+-- The numbers are each worker's (a sender: the instance's id and one of the process's), as
+-- each worker's writer sends in its own order.
 --
 -- `Broadcast`: what moonserve.broadcast(name, opts) returns; it is also the `ipc` option
 -- lua-resty-mlcache takes (register_listeners, broadcast(channel, data), poll(timeout)).
@@ -107,7 +109,7 @@ local function new_bus(opt, level)
             or type(opt.pipeline) ~= "function" then
         error("bad redis (a URL or a moonserve.redis client expected)", level + 1)
     end
-    return { client = client, topics = {}, subscribed = {}, seen = {}, q = {}, qh = 1,
+    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, q = {}, qh = 1,
         qt = 0, reading = false, writing = false, sema = nil, waiting = false,
         down_since = nil, up = false }
 end
@@ -128,7 +130,7 @@ local function receive(b, channel, payload)
     if not t or type(payload) ~= "string" then
         return
     end
-    local inst, seq, kind, at = match(payload, "^(%x+) (%d+) ([tb])()")
+    local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tb])()")
     if not inst then
         count("malformed", 1)
         return
@@ -136,6 +138,7 @@ local function receive(b, channel, payload)
     if inst == instance_id then
         return -- (this instance's own: its workers had it from the ring)
     end
+    inst = inst .. "." .. proc
     seq = tonumber(seq)
     local per = b.seen[channel]
     if not per then
@@ -367,25 +370,31 @@ local function start(b)
     end
 end
 
+-- The sender of this process's publishes: the instance's id and one of the process's own.
+-- Each worker numbers what it sends in the order its writer sends it (a number taken from
+-- the instance would let two workers' messages reach Redis out of their order), and a
+-- process of its own never takes up a number a worker it replaced (a reload) has used.
+local sender
+
 -- Queues `data` for the other instances on the Redis channel `topic`. Never waits.
 local function publish(b, topic, kind, data)
     local id = _M.instance()
-    local d = dict()
-    if not id or not d then
+    if not id then
         return
     end
-    local seq = d:incr("s:" .. topic, 1, 0)
-    if not seq then
-        count("publish_failed", 1)
-        return
+    if not sender then
+        local bytes = assert(require("moonserve.crypto").random(4))
+        sender = id .. "." .. bytes:gsub(".", function(c) return format("%02x", byte(c)) end)
     end
+    local seq = (b.seq[topic] or 0) + 1
+    b.seq[topic] = seq
     if b.qt - b.qh + 1 >= QUEUE_MAX then
         b.q[b.qh] = nil -- (the oldest fails: Redis has not taken QUEUE_MAX publishes)
         b.qh = b.qh + 1
         count("publish_failed", 1)
     end
     b.qt = b.qt + 1
-    b.q[b.qt] = { topic, format("%s %d %s", id, seq, kind == "binary" and "b" or "t") .. data }
+    b.q[b.qt] = { topic, format("%s %d %s", sender, seq, kind == "binary" and "b" or "t") .. data }
     start(b)
     if b.waiting then
         b.sema:post(1)

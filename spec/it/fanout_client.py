@@ -139,7 +139,29 @@ async def slow(ports):
         await ws[2].close()
 
 
-if CASE == "exact":
+async def demo(ports):
+    """The demo's /live on two instances: a count and a chat line reach both."""
+    import json
+    a = await websockets.connect("ws://127.0.0.1:%s/live" % ports[0],
+                                 origin="http://127.0.0.1:%s" % ports[0])
+    b = await websockets.connect("ws://127.0.0.1:%s/live" % ports[1],
+                                 origin="http://127.0.0.1:%s" % ports[1])
+    ha, hb = json.loads(await recv(a)), json.loads(await recv(b))
+    say("hello_counts", "%s,%s" % (ha["count"], hb["count"]))
+    await asyncio.sleep(0.3)
+    await a.send(json.dumps({"op": "inc"}))
+    say("a_count", json.loads(await recv(a))["count"])
+    say("b_count", json.loads(await recv(b))["count"])
+    await b.send(json.dumps({"op": "say", "text": "hello fleet"}))
+    say("a_say", json.loads(await recv(a))["say"])
+    say("b_say", json.loads(await recv(b))["say"])
+    await a.close()
+    await b.close()
+
+
+if CASE == "demo":
+    asyncio.run(demo(ARGS))
+elif CASE == "exact":
     asyncio.run(exact(ARGS))
 elif CASE == "listen":
     asyncio.run(listen(ARGS[1:], ARGS[0]))

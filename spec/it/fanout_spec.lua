@@ -144,7 +144,16 @@ describe("fan-out across three instances over Redis", function()
         for i = 1, 3 do
             assert(helper.wait_for(function() return stats(ports[i]).up == 0 end, 5))
         end
-        post(ports[1], "/publish?n=3", "during")
+        -- (one keep-alive connection for both publishes: one worker, one sender, whose
+        -- next message after the outage shows the gap)
+        local keep = helper.connect(ports[1])
+        local function keep_post(path, body)
+            assert(keep:send("POST " .. path .. " HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                .. #body .. "\r\n\r\n" .. body))
+            local r = helper.read_response(keep)
+            assert.equal(200, r.status)
+        end
+        keep_post("/publish?n=3", "during")
         assert(helper.wait_for(function()
             return metric(ports[1], "moonserve_fanout_publish_failed_total") == 3
         end, 5), get(ports[1], "/metrics"))
@@ -154,7 +163,8 @@ describe("fan-out across three instances over Redis", function()
             assert(helper.wait_for(function() return stats(ports[i]).up == 2 end, 10),
                 "instance " .. i .. " did not subscribe again")
         end
-        post(ports[1], "/publish", "after")
+        keep_post("/publish", "after")
+        keep:close()
 
         -- the client's sockets: the publishing instance's got everything; the others got
         -- what was published once Redis was back
@@ -215,5 +225,37 @@ describe("a broadcast with no Redis", function()
                 and s["1"].ml == "local2"
         end, 5), get(srv.port, "/seen"))
         assert.is_nil(get(srv.port, "/metrics"):find("moonserve_fanout_up 1"))
+    end)
+end)
+
+describe("the demo site on two instances and a Redis", function()
+    local rport, redis_pid
+    local servers = {}
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        for i = 1, 2 do
+            servers[i] = helper.spawn_server { bare = true,
+                env = { REDIS_URL = "redis://127.0.0.1:" .. rport },
+                args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 2" }
+        end
+    end)
+
+    teardown(function()
+        for _, s in ipairs(servers) do
+            s:stop()
+        end
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("shares its counter and its chat between the instances", function()
+        local f = client("demo", { servers[1].port, servers[2].port })
+        assert.equal("0,0", f.hello_counts, f._out)
+        assert.equal("1", f.a_count, f._out)
+        assert.equal("1", f.b_count, f._out)
+        assert.equal("hello fleet", f.a_say, f._out)
+        assert.equal("hello fleet", f.b_say, f._out)
+        assert.equal("1", helper.redis_cmd(rport, "GET moonserve:demo:count"):gsub("\r\n$", ""))
     end)
 end)

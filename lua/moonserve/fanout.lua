@@ -42,9 +42,14 @@ local CLAIM_TTL = 30
 -- claim (and so deliver) what this one did not get. A gap longer than GAP_EACH is counted as
 -- a whole, once, rather than message by message.
 local GAP_WAIT, GAP_EACH = 1, 10000
--- Publishes a worker keeps while Redis is slow or away; past it the oldest fail (counted).
--- BATCH: publishes in one pipeline.
-local QUEUE_MAX, BATCH = 10000, 128
+-- Publishes in one pipeline. How many a worker keeps while Redis is slow or away is the
+-- fanout_queue limit (past it the oldest fail, counted; 0: no cap).
+local BATCH = 128
+
+local function queue_max()
+    local lims = host.module("dispatcher").limits
+    return lims and lims.fanout_queue or 10000
+end
 
 local function dict()
     return shared.dicts[_M.DICT]
@@ -388,8 +393,9 @@ local function publish(b, topic, kind, data)
     end
     local seq = (b.seq[topic] or 0) + 1
     b.seq[topic] = seq
-    if b.qt - b.qh + 1 >= QUEUE_MAX then
-        b.q[b.qh] = nil -- (the oldest fails: Redis has not taken QUEUE_MAX publishes)
+    local max = queue_max()
+    if max > 0 and b.qt - b.qh + 1 >= max then
+        b.q[b.qh] = nil -- (the oldest fails: Redis has not taken `max` publishes)
         b.qh = b.qh + 1
         count("publish_failed", 1)
     end

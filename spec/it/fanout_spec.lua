@@ -259,3 +259,31 @@ describe("the demo site on two instances and a Redis", function()
         assert.equal("1", helper.redis_cmd(rport, "GET moonserve:demo:count"):gsub("\r\n$", ""))
     end)
 end)
+
+describe("the fanout_queue limit", function()
+    local rport, redis_pid, srv
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+            env = { FANOUT_REDIS = "redis://127.0.0.1:" .. rport },
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1 "
+                .. "--limit fanout_queue=5" }
+        assert(helper.wait_for(function() return stats(srv.port).up == 1 end))
+    end)
+
+    teardown(function()
+        srv:stop()
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("fails the oldest publishes past it, counted, and sends the rest", function()
+        -- (twenty publishes in one handler, which never waits: the writer runs after it)
+        post(srv.port, "/publish?n=20", "q")
+        assert(helper.wait_for(function()
+            local s = stats(srv.port)
+            return s.published == 5 and s.publish_failed == 15
+        end, 5), get(srv.port, "/fanout"))
+    end)
+end)

@@ -114,7 +114,8 @@ local function new_bus(opt, level)
             or type(opt.pipeline) ~= "function" then
         error("bad redis (a URL or a moonserve.redis client expected)", level + 1)
     end
-    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, q = {}, qh = 1,
+    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, told = {},
+        q = {}, qh = 1,
         qt = 0, reading = false, writing = false, sema = nil, waiting = false,
         down_since = nil, up = false }
 end
@@ -135,7 +136,7 @@ local function receive(b, channel, payload)
     if not t or type(payload) ~= "string" then
         return
     end
-    local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tb])()")
+    local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tbh])()")
     if not inst then
         count("malformed", 1)
         return
@@ -155,11 +156,16 @@ local function receive(b, channel, payload)
         if seq <= last then
             return -- (old, or sent twice)
         end
-        if seq > last + 1 then
-            host.module("timer").at(GAP_WAIT, _M._count_gap, channel, inst, last + 1, seq - 1)
+        -- (a heartbeat's number was sent too; a message's is this one)
+        local upto = kind == "h" and seq or seq - 1
+        if upto > last then
+            host.module("timer").at(GAP_WAIT, _M._count_gap, channel, inst, last + 1, upto)
         end
     end
     per[inst] = seq
+    if kind == "h" then
+        return -- (a heartbeat: the sender's last number, no message)
+    end
     local d = dict()
     if d and d:add(format("r:%s:%s:%d", channel, inst, seq), 1, CLAIM_TTL) then
         count("received", 1)
@@ -322,6 +328,29 @@ local function reader(premature, b)
     end
 end
 
+-- The sender of this process's publishes: the instance's id and one of the process's own.
+-- Each worker numbers what it sends in the order its writer sends it (a number taken from
+-- the instance would let two workers' messages reach Redis out of their order), and a
+-- process of its own never takes up a number a worker it replaced (a reload) has used.
+local sender
+
+-- After a second with nothing to send, a worker tells each topic it published on how far
+-- its numbers went (a heartbeat, kind "h", carrying its last number and no message), until
+-- Redis has taken one: so a gap shows soon after an outage even when the sender publishes
+-- nothing more.
+local function heartbeats(b)
+    if not sender then
+        return
+    end
+    for topic, seq in pairs(b.seq) do
+        if b.told[topic] ~= seq then
+            b.told[topic] = seq
+            b.qt = b.qt + 1
+            b.q[b.qt] = { topic, format("%s %d h", sender, seq), true }
+        end
+    end
+end
+
 -- The writer task: sends what is queued, BATCH publishes to a pipeline.
 local function writer(premature, b)
     if premature then
@@ -332,27 +361,37 @@ local function writer(premature, b)
     while not stopping() do
         if b.qh > b.qt then
             b.waiting = true
-            b.sema:wait(1) -- (a second at most: it then looks whether the worker stops)
-            b.waiting = false
+            local woken = b.sema:wait(1) -- (a second at most: then it looks whether the
+            b.waiting = false            -- worker stops)
+            if not woken then
+                heartbeats(b)
+            end
         else
-            local cmds, n = {}, 0
+            local cmds, beats, n = {}, {}, 0
             while b.qh <= b.qt and n < BATCH do
                 local m = b.q[b.qh]
                 b.q[b.qh] = nil
                 b.qh = b.qh + 1
                 n = n + 1
-                cmds[n] = { "PUBLISH", m[1], m[2] }
+                cmds[n], beats[n] = { "PUBLISH", m[1], m[2] }, m[3] and m[1]
             end
             local replies = b.client:pipeline(cmds)
-            local sent = 0
-            for i = 1, replies and n or 0 do
-                local r = replies[i]
-                if r ~= nil and not redis.is_error(r) then
+            local sent, failed = 0, 0
+            for i = 1, n do
+                local r = replies and replies[i]
+                local ok = r ~= nil and not redis.is_error(r)
+                if beats[i] then
+                    if not ok then
+                        b.told[beats[i]] = nil -- (told again at the next idle second)
+                    end
+                elseif ok then
                     sent = sent + 1
+                else
+                    failed = failed + 1
                 end
             end
             count("published", sent)
-            count("publish_failed", n - sent)
+            count("publish_failed", failed)
         end
     end
     b.writing = false
@@ -374,12 +413,6 @@ local function start(b)
         end
     end
 end
-
--- The sender of this process's publishes: the instance's id and one of the process's own.
--- Each worker numbers what it sends in the order its writer sends it (a number taken from
--- the instance would let two workers' messages reach Redis out of their order), and a
--- process of its own never takes up a number a worker it replaced (a reload) has used.
-local sender
 
 -- Queues `data` for the other instances on the Redis channel `topic`. Never waits.
 local function publish(b, topic, kind, data)

@@ -2,14 +2,13 @@
 -- with `redis` and for moonserve.broadcast. Per worker and Redis server, one dedicated
 -- subscriber connection carries every topic; a background task owns it and subscribes again,
 -- with backoff, after Redis comes back. Publishes are queued and sent by a second task, in
--- pipelines, so that a publisher never waits for Redis. Each message is numbered by its
--- instance (a random id the instance's workers share) and a sequence per topic, so that a
--- worker sees what it missed as a gap; a message from another instance enters this
--- instance's ring once, through the first of its workers to claim it in the shared
+-- pipelines, so that a publisher never waits for Redis. Each message carries its sender (the
+-- instance's id, which its workers share, and one of the sending process's) and the sender's
+-- sequence number on the topic, so that a worker sees what it missed as a gap (heartbeats
+-- carry the last number when a sender falls quiet); a message from another instance enters
+-- this instance's ring once, through the first of its workers to claim it in the shared
 -- dictionary, and every worker then delivers it from the ring to its own subscribers, as it
 -- does the instance's own messages (which never come back from Redis to the same instance).
--- The numbers are each worker's (a sender: the instance's id and one of the process's), as
--- each worker's writer sends in its own order.
 --
 -- `Broadcast`: what moonserve.broadcast(name, opts) returns; it is also the `ipc` option
 -- lua-resty-mlcache takes (register_listeners, broadcast(channel, data), poll(timeout)).

@@ -100,6 +100,17 @@ describe("fan-out across three instances over Redis", function()
             assert.equal(0, stats(p).publish_failed)
         end
         assert.equal(2 * m, received) -- (each message entered the two other instances once)
+        -- and every instance's ring holds every message once, for replay there
+        for _, p in ipairs(ports) do
+            local held = cjson.decode((get(p, "/since?id=0")))
+            assert.equal(m, #held, get(p, "/since?id=0"))
+            local once = {}
+            for _, data in ipairs(held) do
+                assert.is_nil(once[data])
+                once[data] = true
+                assert.matches("^m%d+%-%d+$", data)
+            end
+        end
     end)
 
     it("broadcasts to every worker of every instance, as b:broadcast(data) and as "

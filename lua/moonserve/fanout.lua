@@ -716,6 +716,9 @@ function Broadcast:register_listeners(events)
             self.listeners[ev.channel] = list
         end
     end
+    if dict() then
+        start_poller(self) -- (mlcache polls too, in its update(): both are harmless)
+    end
     return true
 end
 

@@ -8,8 +8,11 @@ local fleet = {}
 
 local sh_quote, read_file = helper.sh_quote, helper.read_file
 
+-- Whether `pid` runs: a zombie does not (a process started in the background is the child
+-- of a shell that has exited, and waits to be reaped by whoever adopted it, not always at once).
 local function alive(pid)
-    return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+    local stat = read_file("/proc/" .. pid .. "/stat")
+    return stat ~= "" and not stat:match("^%d+ %b() Z")
 end
 fleet.alive = alive
 

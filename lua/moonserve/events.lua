@@ -144,6 +144,12 @@ function EventStream:gone()
         self.closed = true
         return true
     end
+    -- The server drains (a host that can tell): the stream ends, its reply whole, and the
+    -- client reconnects elsewhere (with Last-Event-ID, so nothing is missed).
+    if res._server_stopping and res:_server_stopping() then
+        self.closed = true
+        return true
+    end
     return false
 end
 

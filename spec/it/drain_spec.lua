@@ -88,8 +88,9 @@ describe("the drain", function()
         assert.matches("drain: the listening sockets are closed; 2 workers finishing", log)
     end)
 
-    it("on QUIT as on TERM, and in a single process too", function()
-        local srv = helper.spawn_server { app = APP, args = "--readyz /readyz --drain-delay 1" }
+    it("on QUIT as on TERM, and in a single process too (MOONSERVE_DRAIN_DELAY)", function()
+        local srv = helper.spawn_server { app = APP, args = "--readyz /readyz",
+            env = { MOONSERVE_DRAIN_DELAY = "1" } }
         finally(function() srv:stop() end)
         os.execute("kill -QUIT " .. srv.pid)
         socket.sleep(0.2)

@@ -190,8 +190,8 @@ end
 
 --- Streams the channel's messages (the stream's `channel` option) as events (`id` the
 -- message's sequence number, `event` the stream's `event` option, `data` the message) with a
--- heartbeat comment every `heartbeat` seconds, until the client leaves; without a channel,
--- only heartbeats. With `replay`, a client that reconnects with Last-Event-ID first gets the
+-- heartbeat comment every `heartbeat` seconds, until the client leaves or the server drains;
+-- without a channel, only heartbeats. With `replay`, a client that reconnects with Last-Event-ID first gets the
 -- messages after that id still in the channel's ring; if some are no longer there, an event
 -- named `reset` (data: how many were lost, or "unknown") comes first. Returns nil, "gone".
 function EventStream:follow()

@@ -191,9 +191,10 @@ end
 --- Streams the channel's messages (the stream's `channel` option) as events (`id` the
 -- message's sequence number, `event` the stream's `event` option, `data` the message) with a
 -- heartbeat comment every `heartbeat` seconds, until the client leaves or the server drains;
--- without a channel, only heartbeats. With `replay`, a client that reconnects with Last-Event-ID first gets the
--- messages after that id still in the channel's ring; if some are no longer there, an event
--- named `reset` (data: how many were lost, or "unknown") comes first. Returns nil, "gone".
+-- without a channel, only heartbeats. With `replay`, a client that reconnects with
+-- Last-Event-ID first gets the messages after that id still in the channel's ring; if some
+-- are no longer there, an event named `reset` (data: how many were lost, or "unknown") comes
+-- first. Returns nil, "gone".
 function EventStream:follow()
     local ch = self.channel
     local seq0

@@ -6,6 +6,8 @@ local helper = require "helper"
 
 local fleet = {}
 
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+
 local sh_quote, read_file = helper.sh_quote, helper.read_file
 
 -- Whether `pid` runs: a zombie does not (a process started in the background is the child
@@ -92,9 +94,9 @@ function fleet.instance(opts)
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
-        local cmd = string.format("FLEET_INSTANCE=%s %s %s --listen-proxy 127.0.0.1:%d "
+        local cmd = string.format("FLEET_INSTANCE=%s " .. BIN .. " %s --listen-proxy 127.0.0.1:%d "
             .. "--listen 127.0.0.1:%d --workers %d --agent-check 127.0.0.1:%d %s",
-            sh_quote(self.name), sh_quote(helper.bin), sh_quote(helper.root .. "/" .. app),
+            sh_quote(self.name), sh_quote(helper.root .. "/" .. app),
             ports.proxy, ports.plain, opts.workers or 2, ports.agent,
             opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")
         self.pid = background(cmd, self.logfile)
@@ -148,7 +150,8 @@ end
 -- Debian's HAProxy (2.6) in front of `instances`: PROXY v2 to their proxy listeners, checks
 -- GET /readyz every 100 ms (down after 1 failure, up after 2), the agent-check on each
 -- instance's agent port, HTTP/1.1 and HTTP/2 with prior knowledge on its frontend, a stats
--- page. opts.dir: where its files go; opts.extra: more lines for the backend. Returns
+-- page. opts.dir: where its files go; opts.extra: more lines for the backend; opts.retries:
+-- the defaults' lines on retries (default "retries 3" and "option redispatch 1"). Returns
 -- { port, stats_port, pid, log(), stop(), status() } where status() maps server names to
 -- their state ("UP", "DOWN", "DRAIN", "MAINT", ...).
 function fleet.haproxy(instances, opts)
@@ -171,8 +174,7 @@ defaults
     timeout server 30s
     timeout tunnel 60s
     timeout http-keep-alive 10s
-    retries 3
-    option redispatch 1
+%s
 frontend web
     bind 127.0.0.1:%d
     default_backend app
@@ -186,7 +188,8 @@ listen stats
     bind 127.0.0.1:%d
     stats enable
     stats uri /stats
-]], port, opts.extra or "", table.concat(servers, "\n"), stats))
+]], opts.retries or "    retries 3\n    option redispatch 1", port, opts.extra or "",
+        table.concat(servers, "\n"), stats))
     local pid = background(string.format("%s -db -f %s", helper.tool("haproxy"),
         sh_quote(dir .. "/haproxy.cfg")), dir .. "/haproxy.log")
     local hap = { port = port, stats_port = stats, pid = pid, dir = dir }

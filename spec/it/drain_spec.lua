@@ -7,6 +7,7 @@ local socket = require "socket"
 local fleet = require "fleet_helper"
 
 local APP = "spec/fixtures/fleet.lua"
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
 
 local function ask(s, path)
     assert(s:send("GET " .. path .. " HTTP/1.1\r\nHost: t\r\n\r\n"))
@@ -193,10 +194,10 @@ describe("the agent-check", function()
     end)
 
     it("refuses a bad address", function()
-        local out = helper.run(helper.sh_quote(helper.bin) .. " --check " .. helper.root .. "/"
+        local out = helper.run(BIN .. " --check " .. helper.root .. "/"
             .. APP .. " --agent-check nowhere 2>&1")
         assert.matches("%-%-agent%-check needs ADDR:PORT", out)
-        out = helper.run(helper.sh_quote(helper.bin) .. " --check " .. helper.root .. "/"
+        out = helper.run(BIN .. " --check " .. helper.root .. "/"
             .. APP .. " --drain-delay -1 2>&1")
         assert.matches("%-%-drain%-delay needs a number of seconds", out)
     end)

@@ -94,8 +94,9 @@ function fleet.instance(opts)
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
-        local cmd = string.format("FLEET_INSTANCE=%s " .. BIN .. " %s --listen-proxy 127.0.0.1:%d "
-            .. "--listen 127.0.0.1:%d --workers %d --agent-check 127.0.0.1:%d %s",
+        local cmd = string.format("FLEET_INSTANCE=%s " .. BIN .. " %s "
+            .. "--listen-proxy 127.0.0.1:%d --listen 127.0.0.1:%d --workers %d "
+            .. "--agent-check 127.0.0.1:%d %s",
             sh_quote(self.name), sh_quote(helper.root .. "/" .. app),
             ports.proxy, ports.plain, opts.workers or 2, ports.agent,
             opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")

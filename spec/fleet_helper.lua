@@ -83,8 +83,9 @@ end
 -- { proxy =, plain =, agent = } (free ones when missing; `proxy` is a --listen-proxy listener
 -- for HAProxy's PROXY v2, `plain` a plain one for nginx), opts.args: more arguments (default
 -- FLEET_ARGS from the environment, else "--readyz /readyz --drain-delay 1": a run with
--- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.dir: where its log goes. Returns an instance
--- with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its ports).
+-- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.dir: where its log
+-- goes. Returns an instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace()
+-- (a new one on its ports).
 function fleet.instance(opts)
     local ports = opts.ports or {}
     ports.proxy = ports.proxy or helper.free_port()

@@ -126,6 +126,19 @@ describe("the drain", function()
         assert.matches("eof=1\n", out, 1, true)
     end)
 
+    it("sends a GOAWAY to an HTTP/2 connection made during the delay, after its stream", function()
+        local srv = helper.spawn_server { app = APP, args = "--readyz /readyz --drain-delay 3" }
+        finally(function() srv:stop() end)
+        os.execute("kill -TERM " .. srv.pid)
+        socket.sleep(0.2)
+        local _, finish = client("goaway", srv.port)
+        local out = finish()
+        -- At once, before the reply of the stream it took (not when the listeners close).
+        assert.matches("goaway=1\n", out, 1, true)
+        assert.is_true(out:find("goaway=1\n", 1, true) < out:find("status=200\n", 1, true), out)
+        assert.matches("eof=1\n", out, 1, true)
+    end)
+
     it("closes WebSockets with 1001", function()
         local srv = helper.spawn_server { app = APP, args = "--readyz /readyz --drain-delay 1" }
         finally(function() srv:stop() end)

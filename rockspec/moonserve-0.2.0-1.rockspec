@@ -126,6 +126,7 @@ build = {
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.ratelimit"] = "lua/moonserve/ratelimit.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.socket"] = "lua/moonserve/socket.lua",

@@ -1228,6 +1228,9 @@ function App:handle(req, res)
     end
     local method = req.method
     local handler, params, allow, route = app.router:match(method, path)
+    if route then
+        rawset(req, "_route", route) -- (for middleware keyed by route: moonserve.ratelimit)
+    end
     if tags and route then
         req:_access(nil, route.name or route.path)
     end

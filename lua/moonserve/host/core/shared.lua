@@ -236,7 +236,7 @@ function Dict:window_take(key, limit, window)
     if type(limit) ~= "number" or limit < 1 or limit > 65536 or limit % 1 ~= 0 then
         error("bad limit (a whole number from 1 to 65536 expected)", 2)
     end
-    if type(window) ~= "number" or not (window >= 0.001) then
+    if type(window) ~= "number" or window ~= window or window < 0.001 then
         error("bad window (seconds, at least 0.001, expected)", 2)
     end
     local rc = C.ms_shdict_window_take(self.d, key, #key, limit, window * 1000, left_out, wait_out)

@@ -142,9 +142,14 @@ function _M.new(opts)
     elseif o.fleet then
         self.redis = o.fleet
     else
-        -- The host declares the dictionary when the app did not (1 MiB: some 8,000 keys at a
-        -- limit of 10); a size of the app's own wins.
-        shared.want(o.dict, DICT_BYTES)
+        -- The host declares the dictionary when the app did not: 1 MiB (some 8,000 keys at
+        -- a limit of 10), or room for four logs of this limit (a log takes a block of the
+        -- next power of two above 8 bytes an admission); a size of the app's own wins.
+        local block = 128
+        while block < 8 * o.limit + 128 do
+            block = block * 2
+        end
+        shared.want(o.dict, block * 4 > DICT_BYTES and block * 4 or DICT_BYTES)
     end
     if self.redis then
         self.script = require("moonserve.redis").script(SCRIPT)
@@ -206,8 +211,9 @@ function Limiter:take(key)
         end
         ok, remaining, wait = dict:window_take(k, self.limit, self.window)
         if ok == nil then
-            -- (no memory: the dictionary is full of live logs; a bigger dict is the cure)
-            error("ratelimit " .. self.name .. ": " .. tostring(remaining), 2)
+            -- (no memory: the dictionary is full of live logs; a bigger one is the cure)
+            error("ratelimit " .. self.name .. ": " .. tostring(remaining) .. " in shared "
+                .. "dictionary " .. self.dict .. " (declare it larger: app:shared_dict)", 2)
         end
     end
     local secs = ceil(wait)

@@ -205,9 +205,10 @@ function Limiter:take(key)
         ok, remaining, wait = r[1] == 1, tonumber(r[2]), tonumber(r[3]) / 1e6
     else
         local dict = shared.dicts[self.dict]
-        if not dict then
-            error("ratelimit " .. self.name .. ": no shared dictionary " .. self.dict
-                .. " in this host (inside nginx, declare lua_shared_dict " .. self.dict .. ")", 2)
+        if not dict or not dict.window_take then
+            -- (inside nginx, lua_shared_dict zones have no sliding log: count in Redis there)
+            error("ratelimit " .. self.name .. ": the local mode needs moonserve's shared "
+                .. "dictionary " .. self.dict .. " (inside nginx, give fleet = REDIS_URL)", 2)
         end
         ok, remaining, wait = dict:window_take(k, self.limit, self.window)
         if ok == nil then

@@ -1,8 +1,8 @@
 -- spec/it/ratelimit_fleet_spec.lua: moonserve.ratelimit's fleet mode with a real redis-server
 -- and three instances of two workers: the fleet admits exactly its limit where the local mode
 -- admits it per instance; with Redis killed, on_error "open" admits (one log line an outage)
--- and "closed" answers 503, both within the client's timeout; Redis back, limits are counted
--- again without a restart.
+-- and "closed" answers 503, both at once, and within the client's timeout when Redis hangs;
+-- Redis back, limits are counted again without a restart.
 local helper = require "spec.helper"
 local socket = require "socket"
 
@@ -88,6 +88,22 @@ describe("moonserve.ratelimit, fleet", function()
 
             start_redis()
             assert.equal(LIMIT, admitted("/fleet", 2 * LIMIT))
+            assert.matches("ratelimit fleet: redis answers again", servers[1]:log())
+
+            -- A Redis that takes the connection and never answers (stopped): the answer comes
+            -- when the client's timeout (one second) runs out, not later.
+            os.execute("kill -STOP " .. redis_pid)
+            local ok, err = pcall(function()
+                for _, i in ipairs { 1, 3 } do
+                    local t0 = socket.gettime()
+                    local r = get(servers[i], "/fleet")
+                    local took = socket.gettime() - t0
+                    assert.equal(i == 1 and 200 or 503, r.status)
+                    assert.is_true(took >= 0.9 and took < 2, "answered after " .. took .. " s")
+                end
+            end)
+            os.execute("kill -CONT " .. redis_pid)
+            assert(ok, err)
             assert.matches("ratelimit fleet: redis answers again", servers[1]:log())
             for _, srv in ipairs(servers) do
                 assert.is_true(srv:alive())

@@ -172,6 +172,11 @@ describe("moonserve.ratelimit's options", function()
                 "ratelimit: limit 100000 is more than a local limit keeps" },
             { "app:use(moonserve.ratelimit{ limit = 5, window = 1, fleet = 42 })",
                 "ratelimit: bad fleet" },
+            { "app:use(moonserve.ratelimit{ limit = 5, window = 1, fleet = 'http://127.0.0.1' })",
+                "ratelimit: bad fleet: redis: " },
+            { "app:use(moonserve.sessions{ secret = string.rep('s', 32), store = "
+                .. "require('moonserve.session').redis_store('redis://127.0.0.1:notaport') })",
+                "bad session store: redis: " },
         }
         for _, c in ipairs(cases) do
             local out, status = check(c[1])

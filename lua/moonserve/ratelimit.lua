@@ -156,6 +156,9 @@ function _M.new(opts)
     end
     self.down = false -- Redis failed last time: logged once until it answers again
     self.policy = format("\"%s\";q=%d;w=%d", o.name, o.limit, ceil(o.window))
+    self.field_head = format("\"%s\";r=", o.name)
+    self.key_prefix = o.prefix .. o.name .. ":"
+    self.args = { o.limit, floor(o.window * 1e6) } -- the script's, the same every call
     return self
 end
 
@@ -164,10 +167,10 @@ local function stored_key(self, key)
         key = require("moonserve.crypto").sha256(key)
         key = key:gsub(".", function(c) return format("%02x", c:byte()) end)
     end
-    return self.prefix .. self.name .. ":" .. key
+    return self.key_prefix .. key
 end
 
--- Redis failed: the answer on_error chooses, logged once an outage (per worker).
+-- Redis failed: logged once an outage (per worker).
 local function redis_failed(self, err)
     if not self.down then
         self.down = true
@@ -175,9 +178,45 @@ local function redis_failed(self, err)
             self.on_error == "open" and "admitting requests" or "refusing requests with 503",
             " until it answers (on_error = \"", self.on_error, "\")")
     end
-    return self.on_error == "open", { limit = self.limit, remaining = self.limit,
-        reset = ceil(self.window), error = tostring(err), policy = self.policy,
-        name = self.name }
+end
+
+-- The count of one request under `key`, without a table (the middleware's path): admitted,
+-- remaining, whole seconds until one more is open; or nil and Redis's error.
+local function count(self, key)
+    local k = stored_key(self, key)
+    local ok, remaining, wait
+    if self.redis then
+        local r, err = self.redis:eval(self.script, { k }, self.args)
+        if type(r) ~= "table" then
+            err = tostring(err or "bad reply")
+            redis_failed(self, err)
+            return nil, err
+        end
+        if self.down then
+            self.down = false
+            log.info("ratelimit ", self.name, ": redis answers again")
+        end
+        ok, remaining, wait = r[1] == 1, tonumber(r[2]), tonumber(r[3]) / 1e6
+    else
+        local dict = self.dict_obj or shared.dicts[self.dict]
+        if not dict or not dict.window_take then
+            -- (inside nginx, lua_shared_dict zones have no sliding log: count in Redis there)
+            error("ratelimit " .. self.name .. ": the local mode needs moonserve's shared "
+                .. "dictionary " .. self.dict .. " (inside nginx, give fleet = REDIS_URL)", 3)
+        end
+        self.dict_obj = dict
+        ok, remaining, wait = dict:window_take(k, self.limit, self.window)
+        if ok == nil then
+            -- (no memory: the dictionary is full of live logs; a bigger one is the cure)
+            error("ratelimit " .. self.name .. ": " .. tostring(remaining) .. " in shared "
+                .. "dictionary " .. self.dict .. " (declare it larger: app:shared_dict)", 3)
+        end
+    end
+    local secs = ceil(wait)
+    if secs < 1 and not ok then
+        secs = 1 -- Retry-After is whole seconds (RFC 9110 10.2.3); 0 would invite a storm
+    end
+    return ok, remaining, secs
 end
 
 --- Counts a request under `key` (a string). Returns true when it may pass, or false; and a
@@ -190,45 +229,24 @@ function Limiter:take(key)
     if type(key) ~= "string" then
         error("bad rate limit key (string expected, got " .. type(key) .. ")", 2)
     end
-    local k = stored_key(self, key)
-    local ok, remaining, wait
-    if self.redis then
-        local r, err = self.redis:eval(self.script, { k }, { self.limit,
-            floor(self.window * 1e6) })
-        if type(r) ~= "table" then
-            return redis_failed(self, err or "bad reply")
-        end
-        if self.down then
-            self.down = false
-            log.info("ratelimit ", self.name, ": redis answers again")
-        end
-        ok, remaining, wait = r[1] == 1, tonumber(r[2]), tonumber(r[3]) / 1e6
-    else
-        local dict = shared.dicts[self.dict]
-        if not dict or not dict.window_take then
-            -- (inside nginx, lua_shared_dict zones have no sliding log: count in Redis there)
-            error("ratelimit " .. self.name .. ": the local mode needs moonserve's shared "
-                .. "dictionary " .. self.dict .. " (inside nginx, give fleet = REDIS_URL)", 2)
-        end
-        ok, remaining, wait = dict:window_take(k, self.limit, self.window)
-        if ok == nil then
-            -- (no memory: the dictionary is full of live logs; a bigger one is the cure)
-            error("ratelimit " .. self.name .. ": " .. tostring(remaining) .. " in shared "
-                .. "dictionary " .. self.dict .. " (declare it larger: app:shared_dict)", 2)
-        end
-    end
-    local secs = ceil(wait)
-    if secs < 1 and not ok then
-        secs = 1 -- Retry-After is whole seconds (RFC 9110 10.2.3); 0 would invite a storm
+    local ok, remaining, secs = count(self, key)
+    if ok == nil then
+        return self.on_error == "open", { limit = self.limit, remaining = self.limit,
+            reset = ceil(self.window), error = remaining }
     end
     return ok, { limit = self.limit, remaining = remaining, reset = secs,
-        retry_after = (not ok) and secs or nil, policy = self.policy, name = self.name }
+        retry_after = (not ok) and secs or nil }
 end
 
---- Adds the draft's fields to `res` for what take() returned.
-function Limiter:fields(res, info)
+local function add_fields(self, res, remaining, reset)
     res:header("ratelimit-policy", self.policy)
-    res:header("ratelimit", format("\"%s\";r=%d;t=%d", self.name, info.remaining, info.reset))
+    res:header("ratelimit", self.field_head .. remaining .. ";t=" .. reset)
+end
+
+--- Adds the draft's fields to `res` for what take() returned: RateLimit-Policy and
+-- RateLimit.
+function Limiter:fields(res, info)
+    add_fields(self, res, info.remaining, info.reset)
 end
 
 -- -- The middleware ----------------------------------------------------------------------------
@@ -300,22 +318,21 @@ function _M.middleware(opts)
         if key == nil then
             return next()
         end
-        local ok, info = self:take(key)
-        if info.error then
-            if ok then
+        local ok, remaining, secs = count(self, key)
+        if ok then
+            if self.headers then
+                add_fields(self, res, remaining, secs)
+            end
+            return next()
+        elseif ok == nil then -- Redis failed
+            if self.on_error == "open" then
                 return next()
             end
             res:header("retry-after", "1")
             return refuse(req, res, 503)
         end
-        if ok then
-            if self.headers then
-                self:fields(res, info)
-            end
-            return next()
-        end
-        self:fields(res, info)
-        res:header("retry-after", tostring(info.retry_after))
+        add_fields(self, res, remaining, secs)
+        res:header("retry-after", tostring(secs))
         return refuse(req, res, 429)
     end
 end

@@ -72,6 +72,7 @@ build = {
          ["moonserve.pg.migrate"] = "lua/moonserve/pg/migrate.lua",
          ["moonserve.pg.types"] = "lua/moonserve/pg/types.lua",
          ["moonserve.redis"] = "lua/moonserve/redis/init.lua",
+         ["moonserve.redis.dict"] = "lua/moonserve/redis/dict.lua",
          ["moonserve.redis.resp"] = "lua/moonserve/redis/resp.lua",
          ["moonserve.redis.url"] = "lua/moonserve/redis/url.lua",
          ["moonserve.argon2"] = "lua/moonserve/argon2.lua",

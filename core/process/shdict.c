@@ -952,8 +952,8 @@ int ms_shdict_window_take(ms_shdict_t *d, const char *key, size_t klen, uint32_t
     int64_t now = now_ms();
     size_t vlen = sizeof(window_head_t) + (size_t)limit * sizeof(int64_t);
     node_t *e = lookup(d, h, key, klen);
-    if (e == NULL || is_expired(e, now) || e->type != MS_SHDICT_STRING
-        || e->flags != WINDOW_FLAGS || e->value_len != vlen) {
+    if (e == NULL || is_expired(e, now) || e->type != MS_SHDICT_STRING ||
+        e->flags != WINDOW_FLAGS || e->value_len != vlen) {
         /* A new log: its expiry is set below, with the admission it records. */
         e = entry_put(d, e, h, key, klen, MS_SHDICT_STRING, NULL, vlen, WINDOW_FLAGS, 0, 0, NULL,
                       now);
@@ -961,7 +961,7 @@ int ms_shdict_window_take(ms_shdict_t *d, const char *key, size_t klen, uint32_t
             rc = MS_SHDICT_ENOMEM;
             goto out;
         }
-        window_head_t zero = { 0, 0 };
+        window_head_t zero = {0, 0};
         memcpy(node_val(e), &zero, sizeof(zero));
     }
     char *v = node_val(e);

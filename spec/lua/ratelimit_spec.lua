@@ -164,4 +164,23 @@ describe("moonserve.ratelimit", function()
         end
         assert.has_no_error(function() ratelimit.new { limit = 1, window = 1 } end)
     end)
+
+    it("counts locally in an app served in-process (app:test), its dictionary declared", function()
+        local moonserve = require "moonserve"
+        local app = moonserve.app()
+        app:get("/", moonserve.ratelimit { limit = 2, window = 60, name = "inproc" },
+            function() return "ok" end)
+        local t = require("moonserve.test").client(app, { start_hooks = false })
+        local function get()
+            return t:request("GET", "/", { host = "test", headers = { accept = "application/json" } })
+        end
+        assert.equal(200, get().status)
+        local r = get()
+        assert.equal(200, r.status)
+        assert.equal('"inproc";r=0;t=60', r.headers["ratelimit"])
+        r = get()
+        assert.equal(429, r.status)
+        assert.equal("60", r.headers["retry-after"])
+        assert.matches('"status":429', r.body)
+    end)
 end)

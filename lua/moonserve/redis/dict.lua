@@ -3,9 +3,11 @@
 -- trip (a command, or a script where one command is not enough) and atomic across every
 -- worker of every instance; expiry is Redis' own.
 --
--- A value is stored as one Redis string: a tag byte (s string, n number, b boolean, t table
--- in LuaJIT's string.buffer encoding, as the local dictionaries keep tables), upper case
--- with "<flags>:" after it when the value has flags. List items carry the same tags.
+-- A value is stored as one Redis string: a finite number as its decimal text ("%.17g", so
+-- that INCRBY works on it and other clients read it), anything else behind a tag byte (s
+-- string, b boolean, t table in LuaJIT's string.buffer encoding, as the local dictionaries
+-- keep tables, n a number that is not finite), upper case with "<flags>:" after it when the
+-- value has flags (a number with flags too: "N7:42"). List items are encoded the same way.
 -- @module moonserve.redis.dict
 local buffer = require "string.buffer"
 local redis = require "moonserve.redis"
@@ -82,6 +84,9 @@ local function pack(value, flags)
         body = value
     elseif t == "number" then
         body = format("%.17g", value)
+        if not (flags and flags ~= 0) and find(body, "^%-?%d") then
+            return body -- a finite number, bare
+        end
     elseif t == "boolean" then
         body = value and "1" or "0"
     else
@@ -99,6 +104,9 @@ local function unpack(s)
         return nil
     end
     local tag = byte(s)
+    if (tag >= 48 and tag <= 57) or tag == 45 then -- a digit or '-': a bare number
+        return tonumber(s), nil
+    end
     local flags, at = nil, 2
     if tag >= 65 and tag <= 90 then -- upper case: flags follow
         local colon = find(s, ":", 2, true)
@@ -278,26 +286,34 @@ function Dict:replace(key, value, exptime, flags)
     return store(self, "XX", key, value, exptime, flags)
 end
 
--- incr: one script, so that reading the number, adding and writing it back (keeping its TTL
--- and flags, or making it from init with init_ttl) is one step for every instance.
--- Returns { 1, text }, { 0 } (not found), { 3 } (not a number) or { 2 } (a list).
+-- incr, where INCRBY is not enough: one script, so that reading the number, adding and
+-- writing it back (keeping its TTL and flags, or making it from init with init_ttl) is one
+-- step for every instance. Returns { 1, text }, { 0 } (not found), { 3 } (not a number) or
+-- { 2 } (a list).
 local INCR = redis.script([[
+local function text(x, head)
+  local s = string.format('%.17g', x)
+  if head == '' and not string.find(s, '^%-?%d') then head = 'n' end
+  return head .. s, s
+end
 local ok, v = pcall(redis.call, 'GET', KEYS[1])
 if not ok then return { 2 } end
 if not v then
   if ARGV[2] == '0' then return { 0 } end
-  local s = string.format('%.17g', tonumber(ARGV[3]) + tonumber(ARGV[1]))
+  local stored, s = text(tonumber(ARGV[3]) + tonumber(ARGV[1]), '')
   if ARGV[4] ~= '0' then
-    redis.call('SET', KEYS[1], 'n' .. s, 'PX', ARGV[4])
+    redis.call('SET', KEYS[1], stored, 'PX', ARGV[4])
   else
-    redis.call('SET', KEYS[1], 'n' .. s)
+    redis.call('SET', KEYS[1], stored)
   end
   return { 1, s }
 end
 local head, body
 local t = string.sub(v, 1, 1)
-if t == 'n' then
-  head, body = 'n', string.sub(v, 2)
+if string.find(t, '[%d%-]') then
+  head, body = '', v
+elseif t == 'n' then
+  head, body = '', string.sub(v, 2)
 elseif t == 'N' then
   local c = string.find(v, ':', 2, true)
   if not c then return { 3 } end
@@ -307,13 +323,14 @@ else
 end
 local x = tonumber(body)
 if not x then return { 3 } end
-local s = string.format('%.17g', x + tonumber(ARGV[1]))
-redis.call('SET', KEYS[1], head .. s, 'KEEPTTL')
+local stored, s = text(x + tonumber(ARGV[1]), head)
+redis.call('SET', KEYS[1], stored, 'KEEPTTL')
 return { 1, s }
 ]])
 
 --- newval, err, forcible: `init` makes a missing key (with `init_ttl`), else "not found".
--- One script (EVALSHA), atomic across every instance.
+-- One INCRBY when that is all it takes (an integer step, init 0 and no init_ttl, a stored
+-- integer without flags), else one script (EVALSHA); atomic across every instance either way.
 function Dict:incr(key, n, init, init_ttl)
     if type(n) ~= "number" or n ~= n then
         error("bad increment (number expected)", 2)
@@ -327,6 +344,17 @@ function Dict:incr(key, n, init, init_ttl)
         return nil, err
     end
     local v, is_reply
+    if init == 0 and ms == 0 and n % 1 == 0 and n > -2 ^ 53 and n < 2 ^ 53 then
+        v, err, is_reply = self.redis:call("INCRBY", k, n)
+        if v ~= nil then
+            return v, nil, false
+        elseif not is_reply then
+            return nil, err
+        elseif find(err, "^WRONGTYPE") then
+            return nil, "not a number"
+        end
+        -- (not an integer: a fraction, a tagged value, flags; the script tells)
+    end
     v, err, is_reply = self.redis:eval(INCR, { k }, { format("%.17g", n),
         init ~= nil and "1" or "0", format("%.17g", init or 0), ms })
     if v == nil then

@@ -5,6 +5,8 @@ local helper = require "spec.helper"
 local socket = require "socket"
 local cjson = require "cjson"
 
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+
 local function get(port, path, headers, host)
     local raw = { "GET ", path, " HTTP/1.1\r\nHost: ", host or "rl.test", "\r\n" }
     for k, v in pairs(headers or {}) do
@@ -152,8 +154,7 @@ describe("moonserve.ratelimit's options", function()
         local file = os.tmpname() .. ".lua"
         helper.write_file(file, "local moonserve = require 'moonserve'\nlocal app = moonserve.app()\n"
             .. src .. "\nreturn app\n")
-        local out, status = helper.run(helper.sh_quote(helper.bin) .. " --check "
-            .. helper.sh_quote(file) .. " 2>&1")
+        local out, status = helper.run(BIN .. " --check " .. helper.sh_quote(file) .. " 2>&1")
         os.remove(file)
         return out, status
     end

@@ -171,7 +171,9 @@ local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secur
 -- is accepted); name ("session"); encrypt (true); max_age (86400 seconds); cookie
 -- (attributes for cookie.serialize: path "/", http_only, same_site "Lax", and secure when
 -- the request came over https, unless `secure` is given); store
--- ({ get, set, delete }, for server-side data); now (the clock, os.time).
+-- ({ get, set, delete }, for server-side data: set(id, json, ttl, data, old_id) may end
+-- old_id, the id regenerate() replaced, in the same step and then return "rotated"; else
+-- delete(old_id) follows); now (the clock, os.time).
 function _M.new(opts)
     if type(opts) ~= "table" then
         error("bad session options (table expected)", 2)
@@ -371,9 +373,12 @@ function Manager:save(s, req)
 
     local key, token = self.keys[1]
     if store then
-        local sok, err = store.set(s.id, json, self.max_age, s._data)
+        local sok, err = store.set(s.id, json, self.max_age, s._data, s._old_id)
         if not sok then
             return nil, err or "session store failed"
+        end
+        if sok == "rotated" then -- (the store ended the old id in the same step)
+            s._old_id = nil
         end
         token = s.id
     elseif self.encrypt then
@@ -464,10 +469,21 @@ end
 -- loaded it before and saves after cannot bring it back.
 
 -- KEYS[1] the session, KEYS[2] its user's set (when it has a user); ARGV: json, ttl (s), id,
--- uid (or ""), the prefix. Returns 1, or 0 for a tombstone (nothing written).
+-- uid (or ""), the prefix, the id this one replaces (or ""), ended here: a rotation is one
+-- step. Returns 1, or 0 for a tombstone (nothing written).
 local REDIS_SET = [[
 local key, set = KEYS[1], KEYS[2]
 local json, ttl, id, uid, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local old_id = ARGV[6]
+if old_id ~= '' then
+  local old_key = prefix .. old_id
+  if redis.call('HEXISTS', old_key, 'd') == 1 then
+    local u = redis.call('HGET', old_key, 'u')
+    if u then redis.call('SREM', prefix .. 'user:' .. u, old_id) end
+    redis.call('HDEL', old_key, 'd', 'u')
+    redis.call('HSET', old_key, 'r', 1)
+  end
+end
 if redis.call('HEXISTS', key, 'r') == 1 then return 0 end
 local old = redis.call('HGET', key, 'u')
 if old and old ~= uid then redis.call('SREM', prefix .. 'user:' .. old, id) end
@@ -534,8 +550,8 @@ end
 -- client; opts: prefix ("moonserve:session:"), user (the session key holding the user: a
 -- value, or a table whose id is used; default "user"; or function(data) returning the user's
 -- id or nil). Expiry is Redis's TTL (the manager's max_age, renewed at each save). One round
--- trip reads a session; a save is one script (and a second for the old id after
--- regenerate(), which is dead from then on). store:revoke_user(uid) ends every session of a
+-- trip reads a session; a save is one script, which after regenerate() also ends the old
+-- id (dead from then on, on every instance). store:revoke_user(uid) ends every session of a
 -- user at once (on every instance) and returns how many there were. When Redis fails, get,
 -- set and delete return nil and the error: moonserve.sessions then answers 503.
 -- @usage local store = require("moonserve.session").redis_store(os.getenv("REDIS_URL"))
@@ -588,18 +604,20 @@ function _M.redis_store(redis_or_url, opts)
         return v
     end
 
-    function store.set(id, json, ttl, data)
+    function store.set(id, json, ttl, data, old_id)
         local uid = data and user_of(data)
         local keys = { prefix .. id }
         if uid ~= nil then
             uid = tostring(uid)
             keys[2] = prefix .. "user:" .. uid
         end
-        local v, err = r:eval(set_script, keys, { json, ttl, id, uid or "", prefix })
+        local v, err = r:eval(set_script, keys, { json, ttl, id, uid or "", prefix,
+            old_id or "" })
         if v == nil then
             return nil, err
         end
-        return true -- (0: a tombstone, revoked meanwhile: nothing written, the id stays dead)
+        -- (0: a tombstone, revoked meanwhile: nothing written, the id stays dead)
+        return old_id and "rotated" or true
     end
 
     function store.delete(id)

@@ -46,6 +46,7 @@ build = {
          ["moonserve.config"] = "lua/moonserve/config.lua",
          ["moonserve.cors"] = "lua/moonserve/cors.lua",
          ["moonserve.events"] = "lua/moonserve/events.lua",
+         ["moonserve.fanout"] = "lua/moonserve/fanout.lua",
          ["moonserve.test"] = "lua/moonserve/test.lua",
          ["moonserve.password"] = "lua/moonserve/password.lua",
          ["moonserve.pg"] = "lua/moonserve/pg/init.lua",

@@ -938,6 +938,12 @@ function _M.run(the_app, opts)
     -- (dictionaries the framework's parts asked for: a local rate limit's)
     rawset(the_app, "shared_decl",
         require("moonserve.shared").declare_wanted(rawget(the_app, "shared_decl") or {}))
+    -- Fan-out across instances (channels with redis, moonserve.broadcast): its dictionary and
+    -- its subscriptions at each worker's start.
+    local fanout = package.loaded["moonserve.fanout"]
+    if fanout then
+        fanout.prepare(the_app)
+    end
 
     if os.getenv("MOONSERVE_WORKER") then
         -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.

@@ -101,7 +101,13 @@
     X(discard_bytes, discard_bytes, uint64_t, 8388608, BYTES, 0,                                   \
       "HTTP/2 body dropped after an early reply; then RST_STREAM")                                 \
     X(discard_timeout, discard_timeout_ms, uint32_t, 10, SECONDS, 0,                               \
-      "HTTP/2 body dropped after its handler ends; then RST_STREAM")
+      "HTTP/2 body dropped after its handler ends; then RST_STREAM")                               \
+    /* Shared dictionaries on Redis (moonserve/redis/dict.lua): checked in Lua before anything     \
+     * is sent, so an oversized key or value never reaches the server every instance shares. */    \
+    X(redis_key_bytes, redis_key_bytes, uint32_t, 65535, BYTES, 0,                                 \
+      "a key of a Redis shared dictionary; past it, an error")                                     \
+    X(redis_value_bytes, redis_value_bytes, uint32_t, 1048576, BYTES, 0,                           \
+      "a Redis shared dictionary's stored value; past it, an error")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -608,7 +608,7 @@ static void node_write(node_t *n, int type, const void *val, size_t vlen, uint32
     n->value_len = (uint32_t)vlen;
     n->flags = flags;
     n->expires = expires;
-    if (vlen != 0)
+    if (vlen != 0 && val != NULL) /* NULL: the caller writes the value in place */
         memcpy(node_val(n), val, vlen);
 }
 
@@ -922,6 +922,72 @@ int ms_shdict_incr(ms_shdict_t *d, const char *key, size_t klen, double n, int h
         else
             *out = v;
     }
+    change_end(d->z);
+    zone_unlock(d);
+    return rc;
+}
+
+/* -- Sliding logs for rate limits ------------------------------------------------------------
+ * The log is a ring of the last `limit` admission times: { uint32 head, uint32 count, int64
+ * t[limit] }, oldest at head. Times are the zone's clock (CLOCK_MONOTONIC in ms, one for all
+ * processes), so every worker reads the others' entries rightly. The flags mark the value as a
+ * log, so a key reused for something else is never read as one. */
+
+#define WINDOW_FLAGS 0x6d73726cu /* "msrl" */
+
+typedef struct window_head_s {
+    uint32_t head, count;
+} window_head_t;
+
+int ms_shdict_window_take(ms_shdict_t *d, const char *key, size_t klen, uint32_t limit,
+                          int64_t window_ms, uint32_t *left, int64_t *wait_ms)
+{
+    if (limit == 0 || limit > MS_SHDICT_WINDOW_MAX || window_ms <= 0)
+        return MS_SHDICT_EBADARG;
+    uint32_t h;
+    int rc = lock_key(d, key, klen, &h);
+    if (rc < 0)
+        return rc;
+    change_begin(d->z);
+    int64_t now = now_ms();
+    size_t vlen = sizeof(window_head_t) + (size_t)limit * sizeof(int64_t);
+    node_t *e = lookup(d, h, key, klen);
+    if (e == NULL || is_expired(e, now) || e->type != MS_SHDICT_STRING ||
+        e->flags != WINDOW_FLAGS || e->value_len != vlen) {
+        /* A new log: its expiry is set below, with the admission it records. */
+        e = entry_put(d, e, h, key, klen, MS_SHDICT_STRING, NULL, vlen, WINDOW_FLAGS, 0, 0, NULL,
+                      now);
+        if (e == NULL) {
+            rc = MS_SHDICT_ENOMEM;
+            goto out;
+        }
+        window_head_t zero = {0, 0};
+        memcpy(node_val(e), &zero, sizeof(zero));
+    }
+    char *v = node_val(e);
+    window_head_t wh;
+    memcpy(&wh, v, sizeof(wh));
+    int64_t *ring = (int64_t *)(void *)(v + sizeof(wh)); /* node_val is 8-aligned */
+    /* An admission at time s counts while now - window < s: drop those older. */
+    while (wh.count > 0 && ring[wh.head] <= now - window_ms) {
+        wh.head = (wh.head + 1) % limit;
+        wh.count--;
+    }
+    if (wh.count < limit) {
+        ring[(wh.head + wh.count) % limit] = now;
+        wh.count++;
+        /* The log is worth nothing once its newest entry left: at now + window (is_expired
+         * counts a time past `expires`). */
+        e->expires = now + window_ms - 1;
+        rc = 1;
+    } else {
+        rc = 0;
+    }
+    memcpy(v, &wh, sizeof(wh));
+    lru_touch(d, e);
+    *left = limit - wh.count;
+    *wait_ms = ring[wh.head] + window_ms - now;
+out:
     change_end(d->z);
     zone_unlock(d);
     return rc;

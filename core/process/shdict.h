@@ -132,6 +132,20 @@ MS_SHDICT_API int ms_shdict_incr(ms_shdict_t *d, const char *key, size_t klen, d
                                  int has_init, double init, double init_ttl, double *out,
                                  int *forcible);
 
+/* A sliding log of admissions under `key`, for rate limits: admits (returns 1) when fewer
+ * than `limit` admissions happened in the last `window_ms` milliseconds, recording this one,
+ * else refuses (returns 0) and records nothing. Check and record happen under the zone's lock,
+ * so the workers of an instance together never admit more than `limit` in any window. *left
+ * is the admissions still open now; *wait_ms the time until the oldest admission counted
+ * leaves the window (on a refusal: when the next request may pass). The value is a STRING of
+ * 8 + 8 * limit bytes that only this call reads; a key holding anything else (another limit, a
+ * value set by hand) starts a new log. Returns a negative code for a bad key or argument
+ * (limit 1 to MS_SHDICT_WINDOW_MAX, window_ms above 0), or MS_SHDICT_ENOMEM. */
+#define MS_SHDICT_WINDOW_MAX 65536
+MS_SHDICT_API int ms_shdict_window_take(ms_shdict_t *d, const char *key, size_t klen,
+                                        uint32_t limit, int64_t window_ms, uint32_t *left,
+                                        int64_t *wait_ms);
+
 /* Removes the key, if there is one. Returns 0. */
 MS_SHDICT_API int ms_shdict_delete(ms_shdict_t *d, const char *key, size_t klen);
 /* Sets *ttl to the seconds left (0: no expiry; negative: expired but not yet freed). Returns

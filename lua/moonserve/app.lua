@@ -889,8 +889,12 @@ end
 --- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
 -- ("10m", "512k" or bytes). Declared before the server starts; it lives as long as the server
 -- (a reload keeps it and its values), so its size can change only with a restart.
+-- With a table instead of a size, `{ redis = URL or table, prefix = "NAME:", timeout = ...}`,
+-- the dictionary lives in Redis, shared by every instance (moonserve/redis/dict.lua,
+-- docs/guide/fleet.md): the same methods, each atomic across instances. A bad URL or option
+-- raises at once, so `--check` and the start say what is wrong.
 -- @tparam string name
--- @tparam string|number size
+-- @tparam string|number|table size
 -- @return the app
 function App:shared_dict(name, size)
     local shared = require "moonserve.shared"
@@ -898,14 +902,32 @@ function App:shared_dict(name, size)
     if not ok then
         error(err, 2)
     end
+    local root = self
+    while root.parent do
+        root = root.parent
+    end
+    if type(size) == "table" then
+        local d
+        d, err = require("moonserve.redis.dict").new(name, size)
+        if not d then
+            error(err, 2)
+        end
+        if root.shared_decl and root.shared_decl[name] then
+            error("shared dictionary '" .. name .. "' is declared twice, in memory and on Redis",
+                2)
+        end
+        root.shared_redis = root.shared_redis or {}
+        root.shared_redis[name] = d
+        shared.register(name, d)
+        return self
+    end
     local bytes
     bytes, err = shared.parse_size(size)
     if not bytes then
         error(err, 2)
     end
-    local root = self
-    while root.parent do
-        root = root.parent
+    if root.shared_redis and root.shared_redis[name] then
+        error("shared dictionary '" .. name .. "' is declared twice, in memory and on Redis", 2)
     end
     root.shared_decl = root.shared_decl or {}
     local had = root.shared_decl[name]
@@ -1228,6 +1250,9 @@ function App:handle(req, res)
     end
     local method = req.method
     local handler, params, allow, route = app.router:match(method, path)
+    if route then
+        rawset(req, "_route", route) -- (for middleware keyed by route: moonserve.ratelimit)
+    end
     if tags and route then
         req:_access(nil, route.name or route.path)
     end

@@ -19,6 +19,21 @@ function _M.sessions(opts)
     return require("moonserve.session").middleware(opts)
 end
 
+--- Rate limits (moonserve/ratelimit.lua): moonserve.ratelimit{ key =, limit =, window =,
+-- fleet =, on_error = } is middleware; moonserve.ratelimit.new{...} a limiter for handlers
+-- (limiter:take(key)). Loaded at the first use.
+-- @table ratelimit
+_M.ratelimit = setmetatable({}, {
+    __index = function(t, k)
+        local m = require "moonserve.ratelimit"
+        setmetatable(t, { __index = m, __call = function(_, opts) return m.middleware(opts) end })
+        return m[k]
+    end,
+    __call = function(_, opts)
+        return require("moonserve.ratelimit").middleware(opts)
+    end,
+})
+
 --- Middleware against cross-site requests, by origin and, with opts.secret, by form token
 -- (moonserve/csrf.lua, middleware).
 function _M.csrf(opts)

@@ -17,7 +17,11 @@ local b64enc, b64dec = crypto.base64url_encode, crypto.base64url_decode
 local hmac, equal = crypto.hmac_sha256, crypto.equal
 local find, sub, format = string.find, string.sub, string.format
 local type, pairs, ipairs, next, pcall = type, pairs, ipairs, next, pcall
-local getmetatable, setmetatable = getmetatable, setmetatable
+local getmetatable, setmetatable, rawget, tostring = getmetatable, setmetatable, rawget, tostring
+
+local function host_log(msg)
+    require("moonserve.log").warn(msg)
+end
 
 local MAX_COOKIE = 4096   -- what browsers keep at least, attributes included (RFC 6265 6.1)
 local MIN_SECRET = 32     -- bytes: a shorter secret can be guessed offline from one cookie
@@ -167,7 +171,9 @@ local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secur
 -- is accepted); name ("session"); encrypt (true); max_age (86400 seconds); cookie
 -- (attributes for cookie.serialize: path "/", http_only, same_site "Lax", and secure when
 -- the request came over https, unless `secure` is given); store
--- ({ get, set, delete }, for server-side data); now (the clock, os.time).
+-- ({ get, set, delete }, for server-side data: set(id, json, ttl, data, old_id) may end
+-- old_id, the id regenerate() replaced, in the same step and then return "rotated"; else
+-- delete(old_id) follows); now (the clock, os.time).
 function _M.new(opts)
     if type(opts) ~= "table" then
         error("bad session options (table expected)", 2)
@@ -265,12 +271,13 @@ local function decode(json)
     return p
 end
 
--- The payload inside a verified token, or nil and why not.
+-- The payload inside a verified token, or nil and why not (and true when the store failed,
+-- rather than not knowing the session).
 local function open(self, token, key)
     if self.store then
         local raw, err = self.store.get(token)
         if not raw then
-            return nil, err or "unknown session"
+            return nil, err or "unknown session", err ~= nil
         end
         local p, perr = decode(raw)
         if p then
@@ -298,7 +305,7 @@ end
 --- The session of a request: `from` is the request, or the Cookie field's value, or nil.
 -- Returns the session, and when a cookie came but was refused, why (it never raises on a bad
 -- cookie: tampered, truncated, expired or signed with an unknown key, the session is new
--- and empty).
+-- and empty), and true when that was the store failing (its get returned nil and an error).
 -- @local
 function Manager:load(from)
     local header = from
@@ -312,9 +319,9 @@ function Manager:load(from)
         return new_session(new_id(), {}, true)
     end
     local token, key, rotated = verify(self, value)
-    local p, why
+    local p, why, failed
     if token then
-        p, why = open(self, token, key)
+        p, why, failed = open(self, token, key)
     else
         why = key
     end
@@ -322,7 +329,7 @@ function Manager:load(from)
         p, why = nil, "expired"
     end
     if not p then
-        return new_session(new_id(), {}, true), why
+        return new_session(new_id(), {}, true), why, failed
     end
     local s = new_session(p.i, p.d, false)
     -- Signed with an older secret: saving it again moves it to the newest one.
@@ -366,9 +373,12 @@ function Manager:save(s, req)
 
     local key, token = self.keys[1]
     if store then
-        local sok, err = store.set(s.id, json, self.max_age)
+        local sok, err = store.set(s.id, json, self.max_age, s._data, s._old_id)
         if not sok then
             return nil, err or "session store failed"
+        end
+        if sok == "rotated" then -- (the store ended the old id in the same step)
+            s._old_id = nil
         end
         token = s.id
     elseif self.encrypt then
@@ -451,6 +461,187 @@ function _M.memory_store(opts)
     return store
 end
 
+-- -- A store in Redis ---------------------------------------------------------------------
+-- A session is a hash under PREFIX..id: d (the JSON) and u (its user, if any), with Redis's
+-- TTL as its expiry. A user's sessions are a set under PREFIX.."user:"..uid, changed in the
+-- same script as the session, so revoke_user finds every one. A deleted or revoked session
+-- leaves a tombstone (the hash with r = 1 and no d) until its TTL runs out: a request that
+-- loaded it before and saves after cannot bring it back.
+
+-- KEYS[1] the session, KEYS[2] its user's set (when it has a user); ARGV: json, ttl (s), id,
+-- uid (or ""), the prefix, the id this one replaces (or ""), ended here: a rotation is one
+-- step. Returns 1, or 0 for a tombstone (nothing written).
+local REDIS_SET = [[
+local key, set = KEYS[1], KEYS[2]
+local json, ttl, id, uid, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local old_id = ARGV[6]
+if old_id ~= '' then
+  local old_key = prefix .. old_id
+  if redis.call('HEXISTS', old_key, 'd') == 1 then
+    local u = redis.call('HGET', old_key, 'u')
+    if u then redis.call('SREM', prefix .. 'user:' .. u, old_id) end
+    redis.call('HDEL', old_key, 'd', 'u')
+    redis.call('HSET', old_key, 'r', 1)
+  end
+end
+if redis.call('HEXISTS', key, 'r') == 1 then return 0 end
+local old = redis.call('HGET', key, 'u')
+if old and old ~= uid then redis.call('SREM', prefix .. 'user:' .. old, id) end
+redis.call('DEL', key)
+if uid ~= '' then
+  redis.call('HSET', key, 'd', json, 'u', uid)
+else
+  redis.call('HSET', key, 'd', json)
+end
+redis.call('EXPIRE', key, ttl)
+if set then
+  if redis.call('SADD', set, id) == 1 then
+    for _, m in ipairs(redis.call('SMEMBERS', set)) do
+      if redis.call('HEXISTS', prefix .. m, 'd') == 0 then redis.call('SREM', set, m) end
+    end
+  end
+  if redis.call('TTL', set) < ttl then redis.call('EXPIRE', set, ttl) end
+end
+return 1
+]]
+
+-- KEYS[1] the session; ARGV: id, the prefix. A tombstone for the rest of its TTL.
+local REDIS_DELETE = [[
+local key = KEYS[1]
+if redis.call('HEXISTS', key, 'd') == 0 then return 0 end
+local u = redis.call('HGET', key, 'u')
+if u then redis.call('SREM', ARGV[2] .. 'user:' .. u, ARGV[1]) end
+redis.call('HDEL', key, 'd', 'u')
+redis.call('HSET', key, 'r', 1)
+return 1
+]]
+
+-- KEYS[1] the user's set; ARGV: the prefix. Tombstones every session of the user; returns
+-- how many were live.
+local REDIS_REVOKE = [[
+local n = 0
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local key = ARGV[1] .. id
+  if redis.call('HEXISTS', key, 'd') == 1 then
+    redis.call('HDEL', key, 'd', 'u')
+    redis.call('HSET', key, 'r', 1)
+    n = n + 1
+  end
+end
+redis.call('DEL', KEYS[1])
+return n
+]]
+
+local function user_key_of(user)
+    if type(user) == "function" then
+        return user
+    end
+    return function(data)
+        local u = data[user]
+        if type(u) == "table" then
+            u = u.id
+        end
+        return u
+    end
+end
+
+--- Keeps sessions in Redis (moonserve.redis), for every worker of every instance: a store for
+-- new{ store = } and moonserve.sessions. `redis` is a redis:// URL or a moonserve.redis
+-- client; opts: prefix ("moonserve:session:"), user (the session key holding the user: a
+-- value, or a table whose id is used; default "user"; or function(data) returning the user's
+-- id or nil). Expiry is Redis's TTL (the manager's max_age, renewed at each save). One round
+-- trip reads a session; a save is one script, which after regenerate() also ends the old
+-- id (dead from then on, on every instance). store:revoke_user(uid) ends every session of a
+-- user at once (on every instance) and returns how many there were. When Redis fails, get,
+-- set and delete return nil and the error: moonserve.sessions then answers 503.
+-- @usage local store = require("moonserve.session").redis_store(os.getenv("REDIS_URL"))
+-- app:use(moonserve.sessions{ secret = moonserve.secret("session"), store = store })
+-- store:revoke_user(7)   -- "log out everywhere"
+function _M.redis_store(redis_or_url, opts)
+    opts = opts or {}
+    if type(opts) ~= "table" then
+        error("bad redis store options (table expected)", 2)
+    end
+    for k in pairs(opts) do
+        if k ~= "prefix" and k ~= "user" then
+            error("bad redis store option " .. tostring(k) .. " (prefix or user)", 2)
+        end
+    end
+    local redis = require "moonserve.redis"
+    local r = redis_or_url
+    if type(r) == "string" then
+        local err
+        r, err = redis.new(r)
+        if not r then
+            error("bad session store: " .. tostring(err), 2)
+        end
+    elseif type(r) ~= "table" or type(r.eval) ~= "function" then
+        error("bad session store (a redis:// URL or a moonserve.redis client expected)", 2)
+    end
+    local prefix = opts.prefix or "moonserve:session:"
+    if type(prefix) ~= "string" then
+        error("bad redis store prefix (string expected)", 2)
+    end
+    local user = opts.user or "user"
+    if type(user) ~= "string" and type(user) ~= "function" then
+        error("bad redis store user (a session key or function(data) expected)", 2)
+    end
+    local user_of = user_key_of(user)
+    local set_script = redis.script(REDIS_SET)
+    local delete_script = redis.script(REDIS_DELETE)
+    local revoke_script = redis.script(REDIS_REVOKE)
+
+    local store = { redis = r, prefix = prefix }
+
+    function store.get(id)
+        local v, err = r:call("HGET", prefix .. id, "d")
+        if v == nil then
+            return nil, err
+        end
+        if type(v) ~= "string" then -- (redis.null: unknown, expired or revoked)
+            return nil
+        end
+        return v
+    end
+
+    function store.set(id, json, ttl, data, old_id)
+        local uid = data and user_of(data)
+        local keys = { prefix .. id }
+        if uid ~= nil then
+            uid = tostring(uid)
+            keys[2] = prefix .. "user:" .. uid
+        end
+        local v, err = r:eval(set_script, keys, { json, ttl, id, uid or "", prefix,
+            old_id or "" })
+        if v == nil then
+            return nil, err
+        end
+        -- (0: a tombstone, revoked meanwhile: nothing written, the id stays dead)
+        return old_id and "rotated" or true
+    end
+
+    function store.delete(id)
+        local v, err = r:eval(delete_script, { prefix .. id }, { id, prefix })
+        if v == nil then
+            return nil, err
+        end
+        return true
+    end
+
+    --- Ends every session of user `uid` (as the `user` option finds it in the data).
+    function store.revoke_user(self, uid)
+        if self ~= store then -- (called as store.revoke_user(uid))
+            uid = self
+        end
+        if uid == nil then
+            error("bad user id (nil)", 2)
+        end
+        return r:eval(revoke_script, { prefix .. "user:" .. tostring(uid) }, { prefix })
+    end
+
+    return store
+end
+
 -- -- The middleware ---------------------------------------------------------------------
 
 --- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
@@ -459,7 +650,18 @@ end
 function _M.middleware(opts)
     local manager = _M.new(opts)
     return function(req, res, pass)
-        local s = manager:load(req)
+        local s, why, failed = manager:load(req)
+        if failed then
+            -- The store failed (Redis down): a signed-in visitor is not shown as signed out,
+            -- and nothing is saved over the session; one line for each failure.
+            host_log("session store failed: " .. tostring(why))
+            local app = rawget(req, "_app")
+            res:header("retry-after", "1")
+            if type(app) == "table" and app.error then
+                return app:error(req, res, { status = 503 })
+            end
+            return res:status(503):send("503 Service Unavailable\n")
+        end
         req.session = s
         res:before_send(function(r)
             local cookie_line, err = manager:save(s, req)

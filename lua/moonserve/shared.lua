@@ -4,7 +4,7 @@
 -- moonserve/host/core/shared.lua) or provides (OpenResty's lua_shared_dict zones:
 -- moonserve/host/openresty/services.lua). No part of the core is loaded here.
 -- @module moonserve.shared
-local type, tonumber, error, setmetatable = type, tonumber, error, setmetatable
+local type, tonumber, error, setmetatable, pairs = type, tonumber, error, setmetatable, pairs
 
 local NAME_MAX, MIN_SIZE = 63, 16 * 1024 -- core/process/shdict.h's limits
 
@@ -61,6 +61,30 @@ _M.dicts = setmetatable({}, {
 -- @local
 function _M.provide(fn)
     provider = fn
+end
+
+-- Dictionaries parts of the framework need (moonserve.ratelimit's): name -> bytes.
+local wanted = {}
+
+--- Asks for dictionary `name` of `bytes` for a part of the framework: the host declares it
+-- at start when the app did not (a size the app declared wins).
+-- @local
+function _M.want(name, bytes)
+    if not wanted[name] or wanted[name] < bytes then
+        wanted[name] = bytes
+    end
+end
+
+--- Adds the dictionaries asked for with want() to `decl` (name -> bytes: the app's
+-- declarations) where the app declared none of that name. Returns decl.
+-- @local
+function _M.declare_wanted(decl)
+    for name, bytes in pairs(wanted) do
+        if decl[name] == nil then
+            decl[name] = bytes
+        end
+    end
+    return decl
 end
 
 --- Records `d` as dictionary `name` of this process (the core's host, once it mapped it).

@@ -103,11 +103,11 @@ describe("moonserve.redis", function()
         "[basic:s,arg,1]", "[basic:s,arg,2]", "nil|NOPE here|true" }, "\n")
 
     it("calls, pipelines and runs scripts on a plain server", function()
-        helper.twice(function()
+        for _ = 1, 2 do -- (twice: what the first run leaves must not change the second)
             local code, body = get("basic", "redis://127.0.0.1:" .. ports.plain)
             assert.equal(200, code, body)
             assert.equal(BASIC, body)
-        end)
+        end
     end)
 
     it("keeps its connections in the pool: no connect per call", function()

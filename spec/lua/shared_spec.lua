@@ -122,4 +122,35 @@ describe("moonserve.shared", function()
         assert.is_nil(d)
         assert.matches("was made with another size", err)
     end)
+
+    it("keeps a sliding log: window_take admits limit in a window, for both mappings", function()
+        local a, b = zone()
+        assert.same({ true, 1, 60 }, { a:window_take("k", 2, 60) })
+        local ok, left, wait = b:window_take("k", 2, 60)
+        assert.is_true(ok)
+        assert.equal(0, left)
+        assert.is_true(wait > 59 and wait <= 60)
+        assert.is_false((a:window_take("k", 2, 60)))
+        assert.is_true((a:window_take("other", 2, 60)))
+        assert.has_error(function() a:window_take("k", 0, 60) end,
+            "bad limit (a whole number from 1 to 65536 expected)")
+        assert.has_error(function() a:window_take("k", 2, 0) end,
+            "bad window (seconds, at least 0.001, expected)")
+        -- A log larger than the zone can hold: "no memory", not an error raised.
+        local got, err = a:window_take("big", 65536, 1)
+        assert.is_nil(got)
+        assert.equal("no memory", err)
+    end)
+
+    it("keeps window_take on trace", function()
+        local helper = require "helper"
+        local a = zone(1024 * 1024)
+        local log = helper.jit_log(function()
+            for _ = 1, 300 do
+                a:window_take("hot", 65536, 60)
+            end
+        end)
+        assert.matches("TRACE +%d+ ", log)
+        assert.not_matches("NYI", log)
+    end)
 end)

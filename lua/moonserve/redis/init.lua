@@ -68,8 +68,13 @@ end
 
 -- -- Connections ---------------------------------------------------------------------------
 
+local sockets -- the host's socket module, once asked for
+
 local function tcp(self)
-    local sock, err = host.module("socket").tcp()
+    if not sockets then
+        sockets = host.module("socket")
+    end
+    local sock, err = sockets.tcp()
     if not sock then
         return nil, err
     end
@@ -159,29 +164,33 @@ local function connect(self)
         if not sock then
             return nil, err
         end
-        local h, p, pool
-        if o.path then
-            h, pool = "unix:" .. o.path, "redis unix:" .. o.path .. self.key_tail
-        else
-            if self.sentinels then
-                local primary = self.primary
+        -- where to, and the connect's options: made once a target (a table and a string
+        -- per call would be most of a call's garbage)
+        local target = self.target
+        if not target then
+            local h, p
+            if o.path then
+                h = "unix:" .. o.path
+            elseif self.sentinels then
+                local primary
+                primary, err = ask_sentinels(self)
                 if not primary then
-                    primary, err = ask_sentinels(self)
-                    if not primary then
-                        return nil, err
-                    end
+                    return nil, err
                 end
                 h, p = primary.host, primary.port
             else
                 h, p = o.host, o.port
             end
-            pool = format("redis %s:%d%s", h, p, self.key_tail)
+            target = { host = h, port = p, opts = { pool = o.path and ("redis " .. h
+                .. self.key_tail) or format("redis %s:%d%s", h, p, self.key_tail),
+                pool_size = o.pool_size, backlog = o.backlog } }
+            self.target = target
         end
+        local h, p = target.host, target.port
         local ok
-        ok, err = sock:connect(h, p, { pool = pool, pool_size = o.pool_size,
-            backlog = o.backlog })
+        ok, err = sock:connect(h, p, target.opts)
         if not ok then
-            self.primary = nil
+            self.primary, self.target = nil, nil
             return nil, err
         end
         if sock:getreusedtimes() > 0 then
@@ -191,7 +200,7 @@ local function connect(self)
             ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil),
                 not o.insecure)
             if not ok then
-                self.primary = nil
+                self.primary, self.target = nil, nil
                 return nil, "TLS: " .. tostring(err)
             end
         end
@@ -212,7 +221,7 @@ local function connect(self)
         out, err = exchange(sock, cmds)
         if not out then
             sock:close()
-            self.primary = nil
+            self.primary, self.target = nil, nil
             return nil, err
         end
         for i = 1, #cmds do
@@ -227,7 +236,7 @@ local function connect(self)
         end
         -- a sentinel's answer from before a failover: ask again, once
         sock:close()
-        self.primary = nil
+        self.primary, self.target = nil, nil
         if attempt == 2 then
             return nil, format("redis: %s:%d is a %s, not the primary", h, p,
                 type(role) == "table" and tostring(role[1]) or "?")
@@ -248,36 +257,47 @@ end
 -- Runs `cmds` in one round trip on a pooled connection: the list of replies, or nil and an
 -- error. A pooled connection found dead before any byte of a reply came is replaced; a
 -- READONLY reply (a primary turned replica under a sentinel) makes the client ask anew once.
-local function run(self, cmds)
+local function run(self, cmds, single)
     local tries, asked = self.o.pool_size + 1, false
+    local count = single and 1 or #cmds
     while true do
         local sock, err, reused = connect(self)
         if not sock then
             return nil, err
         end
-        local parts, n = {}, 0
-        for i = 1, #cmds do
-            n = encode(cmds[i], parts, n)
+        local parts = {}
+        if single then
+            encode(single, parts, 0)
+        else
+            local n = 0
+            for i = 1, count do
+                n = encode(cmds[i], parts, n)
+            end
         end
         local ok, partial
         ok, err = sock:send(parts)
-        local out = {}
+        local out
         if ok then
-            for i = 1, #cmds do
-                local v
-                v, err, partial = read(sock)
-                if v == nil then
-                    partial = partial or i > 1
-                    break
+            if single then
+                out, err, partial = read(sock)
+            else
+                out = {}
+                for i = 1, count do
+                    local v
+                    v, err, partial = read(sock)
+                    if v == nil then
+                        partial = partial or i > 1
+                        break
+                    end
+                    out[i] = v
                 end
-                out[i] = v
             end
         end
         if err then
             sock:close()
             tries = tries - 1
             if not (reused and not partial and stale(err) and tries > 0) then
-                self.primary = nil
+                self.primary, self.target = nil, nil
                 return nil, err
             end
         else
@@ -288,17 +308,21 @@ local function run(self, cmds)
                 return out
             end
             local ro = false
-            for i = 1, #out do
-                if readonly(out[i]) then
-                    ro = true
-                    break
+            if single then
+                ro = readonly(out)
+            else
+                for i = 1, count do
+                    if readonly(out[i]) then
+                        ro = true
+                        break
+                    end
                 end
             end
             if not ro then
                 return out
             end
             -- (the writes were refused: nothing happened, so going again is safe)
-            self.primary, asked = nil, true
+            self.primary, self.target, asked = nil, nil, true
         end
     end
 end
@@ -309,11 +333,10 @@ end
 -- for an error reply; nil and an error ("timeout", "closed", ...) for a failure.
 -- @usage local v, err = r:call("SET", "k", "v", "EX", 10)
 function Client:call(...)
-    local out, err = run(self, { { ... } })
-    if not out then
+    local v, err = run(self, nil, { ... })
+    if v == nil then
         return nil, err
     end
-    local v = out[1]
     if is_error(v) then
         return nil, v.error, true
     end
@@ -360,17 +383,15 @@ function Client:eval(script, keys, args)
         error("bad argument #1 to 'eval' (a redis.script expected)", 2)
     end
     keys, args = keys or {}, args or {}
-    local out, err = run(self, { eval_cmd("EVALSHA", script.sha, keys, args) })
-    if not out then
+    local v, err = run(self, nil, eval_cmd("EVALSHA", script.sha, keys, args))
+    if v == nil then
         return nil, err
     end
-    local v = out[1]
     if is_error(v) and sub(v.error, 1, 8) == "NOSCRIPT" then
-        out, err = run(self, { eval_cmd("EVAL", script.src, keys, args) })
-        if not out then
+        v, err = run(self, nil, eval_cmd("EVAL", script.src, keys, args))
+        if v == nil then
             return nil, err
         end
-        v = out[1]
     end
     if is_error(v) then
         return nil, v.error, true
@@ -412,7 +433,7 @@ function Client:subscriber()
     local ok
     ok, err = sock:connect(h, p)
     if not ok then
-        self.primary = nil
+        self.primary, self.target = nil, nil
         return nil, err
     end
     if o.tls then

@@ -47,16 +47,30 @@ end
 
 --- Appends one command (a list of strings and numbers) to `parts` from index n + 1, as an
 -- array of bulk strings; returns the new count.
+-- The heads of arrays and bulk strings up to these sizes, made once: most commands and
+-- their arguments are short, and a head made per argument was most of a call's strings.
+local ARRAY_HEADS, BULK_HEADS = {}, {}
+for i = 0, 64 do
+    ARRAY_HEADS[i] = "*" .. i .. "\r\n"
+end
+for i = 0, 1024 do
+    BULK_HEADS[i] = "$" .. i .. "\r\n"
+end
+
 function _M.encode(cmd, parts, n)
     if type(cmd) ~= "table" or cmd[1] == nil then
         error("bad command (a list of strings expected)", 3)
     end
     local count = #cmd
     n = n + 1
-    parts[n] = "*" .. count .. "\r\n"
+    parts[n] = ARRAY_HEADS[count] or ("*" .. count .. "\r\n")
     for i = 1, count do
-        local s = arg_text(cmd[i], i)
-        parts[n + 1] = "$" .. #s .. "\r\n"
+        local s = cmd[i]
+        if type(s) ~= "string" then
+            s = arg_text(s, i)
+        end
+        local len = #s
+        parts[n + 1] = BULK_HEADS[len] or ("$" .. len .. "\r\n")
         parts[n + 2] = s
         parts[n + 3] = "\r\n"
         n = n + 3

@@ -801,6 +801,105 @@ TEST(shdict_four_processes_incr_one_key_exactly)
     incr_from(4);
 }
 
+/* -- Sliding logs for rate limits -------------------------------------------------------- */
+
+TEST(shdict_window_take_admits_limit_in_any_window)
+{
+    int fd;
+    ms_shdict_t *d = dict("limits", 1 << 20, &fd);
+    ASSERT(d != NULL);
+    now_ms = fake_now;
+    uint32_t left = 0;
+    int64_t wait = 0;
+    /* 3 in any 1000 ms: at 0, 400 and 800, then nothing until the first leaves at 1000. */
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(2, (int)left);
+    ASSERT_EQ(1000, (int)wait);
+    fake_ms += 400;
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    fake_ms += 400;
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(0, (int)left);
+    ASSERT_EQ(0, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(200, (int)wait);
+    fake_ms += 199;
+    ASSERT_EQ(0, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(1, (int)wait);
+    /* The window slides: the admission at 0 leaves at 1000 (not at a fixed boundary), and the
+     * one taking its place waits for the one at 400. */
+    fake_ms += 1;
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(0, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(400, (int)wait);
+    /* Another key has its own log; refusals recorded nothing. */
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("other"), 3, 1000, &left, &wait));
+    ASSERT_EQ(2, (int)left);
+    /* Once the newest admission left the window, the whole log has expired. */
+    fake_ms += 1000;
+    ASSERT_EQ(MS_SHDICT_ENOTFOUND, (int)ms_shdict_get(d, K("ip"), NULL, 0, 0, &gotv));
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 3, 1000, &left, &wait));
+    ASSERT_EQ(2, (int)left);
+    /* Another limit, or a value set by hand, starts a new log. */
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 1, 1000, &left, &wait));
+    ASSERT_EQ(0, ms_shdict_window_take(d, K("ip"), 1, 1000, &left, &wait));
+    ASSERT_EQ(0, set(d, MS_SHDICT_SET, "ip", "hand", 0));
+    ASSERT_EQ(1, ms_shdict_window_take(d, K("ip"), 1, 1000, &left, &wait));
+    ASSERT_EQ(MS_SHDICT_EBADARG, ms_shdict_window_take(d, K("ip"), 0, 1000, &left, &wait));
+    ASSERT_EQ(MS_SHDICT_EBADARG,
+              ms_shdict_window_take(d, K("ip"), MS_SHDICT_WINDOW_MAX + 1, 1000, &left, &wait));
+    ASSERT_EQ(MS_SHDICT_EBADARG, ms_shdict_window_take(d, K("ip"), 3, 0, &left, &wait));
+    ASSERT_EQ(MS_SHDICT_EEMPTYKEY, ms_shdict_window_take(d, "", 0, 3, 1000, &left, &wait));
+    ASSERT_SOUND(d);
+    now_ms = clock_ms;
+    dict_close(d, fd);
+}
+
+static void child_take(int fd, int times)
+{
+    ms_shdict_t *d = NULL;
+    if (ms_shdict_attach(fd, "limits", 1 << 20, &d) < 0)
+        _exit(2);
+    int admitted = 0;
+    for (int i = 0; i < times; i++) {
+        uint32_t left;
+        int64_t wait;
+        int rc = ms_shdict_window_take(d, K("k"), 500, 600000, &left, &wait);
+        if (rc < 0)
+            _exit(3);
+        admitted += rc;
+    }
+    char key[32];
+    snprintf(key, sizeof(key), "admitted%d", (int)getpid());
+    ms_shdict_store(d, MS_SHDICT_SET, key, strlen(key), MS_SHDICT_NUMBER, NULL, 0, admitted, 0, 0,
+                    NULL);
+    _exit(0);
+}
+
+TEST(shdict_window_take_from_four_processes_admits_exactly_the_limit)
+{
+    int fd;
+    ms_shdict_t *d = dict("limits", 1 << 20, &fd);
+    ASSERT(d != NULL);
+    pid_t pids[4];
+    for (int i = 0; i < 4; i++) {
+        pids[i] = fork();
+        ASSERT(pids[i] >= 0);
+        if (pids[i] == 0)
+            child_take(fd, 2000);
+    }
+    long total = 0;
+    for (int i = 0; i < 4; i++) {
+        ASSERT(wait_ok(pids[i]));
+        char key[32];
+        snprintf(key, sizeof(key), "admitted%d", (int)pids[i]);
+        ASSERT_EQ(0, ms_shdict_get(d, key, strlen(key), NULL, 0, 0, &gotv));
+        total += (long)gotv.num;
+    }
+    ASSERT_EQ(500L, total);
+    ASSERT_SOUND(d);
+    dict_close(d, fd);
+}
+
 /* A child that takes the lock, and dies (`dirty`: in the middle of a change). */
 static pid_t die_holding_lock(int fd, int dirty)
 {

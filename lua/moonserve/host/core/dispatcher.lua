@@ -987,6 +987,11 @@ function _M.attach(srv, lims)
     limits.timers_running = lims and lims.timers_running or defaults.timers_running
     limits.thread_job_bytes = lims and lims.thread_job_bytes or defaults.thread_job_bytes
     limits.fanout_queue = lims and lims.fanout_queue or defaults.fanout_queue
+    -- (the Redis shared dictionaries hold their keys and values to these)
+    local redis_limits = require("moonserve.redis.dict").limits
+    for _, k in ipairs({ "redis_key_bytes", "redis_value_bytes" }) do
+        redis_limits[k] = lims and lims[k] or defaults[k]
+    end
     stopping = false
 end
 

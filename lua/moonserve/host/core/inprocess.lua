@@ -48,7 +48,9 @@ end
 -- the log). Returns the server.
 function _M.open(app, opts)
     opts = opts or {}
-    local opened, why = require("moonserve.host.core.shared").open(app.shared_decl or {})
+    rawset(app, "shared_decl",
+        require("moonserve.shared").declare_wanted(rawget(app, "shared_decl") or {}))
+    local opened, why = require("moonserve.host.core.shared").open(app.shared_decl)
     if not opened then
         error(why, 3)
     end

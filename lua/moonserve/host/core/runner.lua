@@ -978,6 +978,9 @@ function _M.run(the_app, opts)
     local limits = parse_limits(opts.limits, the_app)
     local listen = listen_list(opts.listen)
     local route_names = metrics_setup(the_app, opts, listen)
+    -- (dictionaries the framework's parts asked for: a local rate limit's)
+    rawset(the_app, "shared_decl",
+        require("moonserve.shared").declare_wanted(rawget(the_app, "shared_decl") or {}))
     -- Fan-out across instances (channels with redis, moonserve.broadcast): its dictionary and
     -- its subscriptions at each worker's start.
     local fanout = package.loaded["moonserve.fanout"]

@@ -43,6 +43,8 @@ long ms_shdict_push(ms_shdict_t *d, const char *key, size_t klen, int left, int 
 long ms_shdict_pop(ms_shdict_t *d, const char *key, size_t klen, int left, char *buf,
                    size_t cap, ms_shdict_val_t *v);
 long ms_shdict_llen(ms_shdict_t *d, const char *key, size_t klen);
+int ms_shdict_window_take(ms_shdict_t *d, const char *key, size_t klen, uint32_t limit,
+                          int64_t window_ms, uint32_t *left, int64_t *wait_ms);
 ]]
 
 -- core/process/shdict.h's value types, store flavours and the codes Lua turns into nil.
@@ -54,6 +56,7 @@ local C -- the core's library, loaded when the first dictionary is opened
 local val = ffi_new("ms_shdict_val_t")
 local num_out, forcible_out = ffi_new("double[1]"), ffi_new("int[1]")
 local needed_out = ffi_new("size_t[1]")
+local left_out, wait_out = ffi_new("uint32_t[1]"), ffi_new("int64_t[1]")
 local buf_cap = 4096
 local buf = ffi_new("char[?]", buf_cap)
 
@@ -220,6 +223,27 @@ function Dict:incr(key, n, init, init_ttl)
         return nil, strerror(rc)
     end
     return num_out[0], nil, forcible_out[0] ~= 0
+end
+
+--- A sliding log for rate limits (not one of OpenResty's methods): admits when fewer than
+-- `limit` (1 to 65536) admissions were recorded under `key` in the last `window` seconds
+-- (to the millisecond), recording this one; check and record are one step for all the
+-- workers. The key holds 8 + 8 * limit bytes; anything else under it is replaced.
+-- @return true or false, the admissions left, and the seconds until the oldest one counted
+-- leaves the window; or nil and an error
+function Dict:window_take(key, limit, window)
+    key = check_key(key)
+    if type(limit) ~= "number" or limit < 1 or limit > 65536 or limit % 1 ~= 0 then
+        error("bad limit (a whole number from 1 to 65536 expected)", 2)
+    end
+    if type(window) ~= "number" or window ~= window or window < 0.001 then
+        error("bad window (seconds, at least 0.001, expected)", 2)
+    end
+    local rc = C.ms_shdict_window_take(self.d, key, #key, limit, window * 1000, left_out, wait_out)
+    if rc < 0 then
+        return nil, strerror(rc)
+    end
+    return rc == 1, tonumber(left_out[0]), tonumber(wait_out[0]) / 1000
 end
 
 --- Removes `key`.

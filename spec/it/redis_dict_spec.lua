@@ -1,0 +1,258 @@
+-- spec/it/redis_dict_spec.lua: shared dictionaries on Redis (spec/fixtures/redis_dict.lua)
+-- served by two moonserve instances and by nginx through the adapter, against a real
+-- redis-server with an ACL user; a second Redis with a replica and a Sentinel for a failover.
+local helper = require "helper"
+local socket = require "socket"
+local ffi = require "ffi"
+
+pcall(ffi.cdef, [[
+int setenv(const char *name, const char *value, int overwrite);
+int unsetenv(const char *name);
+]])
+
+local function q(s)
+    return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+describe("a shared dictionary on Redis", function()
+    local redis_server = helper.tool("redis-server")
+    local plain = "--bind 127.0.0.1 --save '' --appendonly no --daemonize no"
+    local rport, url
+    local pids = {}
+    local a, b, dir
+
+    local function start_redis(port, args)
+        return helper.background(string.format("%s --port %d %s %s", redis_server, port, plain,
+            args or ""))
+    end
+
+    -- The primary: the spec's own connections log in as the default user (no password); the
+    -- instances as "fleet", an ACL user with a password.
+    local function start_primary()
+        pids.primary = start_redis(rport, "--user fleet on " .. q(">fleet-pw") .. " '~spec:*' "
+            .. "'+@all'")
+        helper.wait_port(rport)
+    end
+
+    local function spawn(args, env)
+        env = env or {}
+        env.REDIS_URL = env.REDIS_URL or url
+        return helper.spawn_server { app = "spec/fixtures/redis_dict.lua", env = env,
+            args = args }
+    end
+
+    setup(function()
+        dir = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
+        rport = helper.free_port()
+        url = "redis://fleet:fleet-pw@127.0.0.1:" .. rport
+        start_primary()
+        a = spawn()
+        b = spawn("--limit redis_value_bytes=100")
+    end)
+
+    teardown(function()
+        for _, s in ipairs { a, b } do
+            s:stop()
+        end
+        for _, pid in pairs(pids) do
+            helper.stop_pid(pid)
+        end
+        os.execute(helper.tool("rm") .. " -rf " .. q(dir))
+    end)
+
+    local function get(srv, path)
+        local out = helper.curl("-w '\\n%{http_code}' " .. q("http://127.0.0.1:" .. srv.port
+            .. path))
+        local body, code = out:match("^(.*)\n(%d+)$")
+        assert(body, out)
+        return tonumber(code), body
+    end
+
+    local function redis(line, port)
+        return helper.redis_cmd(port or rport, line)
+    end
+
+    local function calls(cmd)
+        return tonumber(redis("INFO commandstats"):match("cmdstat_" .. cmd .. ":calls=(%d+)"))
+            or 0
+    end
+
+    it("answers every method as a local dictionary does", function()
+        for _ = 1, 2 do -- (twice: what the first run leaves must not change the second)
+            local code, near = get(a, "/all?d=near")
+            assert.equal(200, code, near)
+            local fleet
+            code, fleet = get(a, "/all?d=fleet")
+            assert.equal(200, code, fleet)
+            -- The one documented difference: Redis frees a value when it expires, so there is
+            -- never a stale one to give.
+            assert.matches("\nget_stale expired: soon nil true\n", near, 1, true)
+            assert.matches("\nget_stale expired: nil nil\n", fleet, 1, true)
+            assert.equal((near:gsub("\nget_stale expired: [^\n]*", "")),
+                (fleet:gsub("\nget_stale expired: [^\n]*", "")))
+            assert.matches("get table: {n=3,name=ada,roles={1=admin,2=ops}} nil\n", fleet, 1,
+                true)
+        end
+        -- logged in as the ACL user, and kept its connections
+        assert.matches("user=fleet", redis("CLIENT LIST"))
+    end)
+
+    it("is one dictionary for both instances, ngx.shared included", function()
+        assert.equal("true nil", select(2, get(a, "/set?k=shared&v=from%20a")))
+        assert.equal("from a", select(2, get(b, "/get?k=shared")))
+        assert.equal("true via ngx.shared", select(2, get(b, "/ngx")))
+        assert.equal("via ngx.shared", select(2, get(a, "/get?k=from_ngx")))
+        -- (the values live in Redis under the prefix, tagged)
+        assert.equal("sfrom a\r\n", redis("GET spec:fleet:shared"))
+    end)
+
+    it("counts exactly under concurrent incr from both instances", function()
+        redis("DEL spec:fleet:load")
+        local h2load = helper.tool("h2load")
+        local runs = {}
+        for i, srv in ipairs { a, b } do
+            runs[i] = io.popen(string.format("%s --h1 -n 3000 -c 16 -t 1 %s 2>&1", h2load,
+                q("http://127.0.0.1:" .. srv.port .. "/incr?k=load")))
+        end
+        local done = 0
+        for _, p in ipairs(runs) do
+            local out = p:read("*a")
+            p:close()
+            local ok = tonumber(out:match("status codes: (%d+) 2xx"))
+            assert.equal(3000, ok, out)
+            done = done + ok
+        end
+        assert.equal(done .. "\r\n", redis("GET spec:fleet:load"))
+    end)
+
+    it("refuses keys and values beyond the limits before sending anything", function()
+        local sets = calls("set")
+        assert.equal("false key too long (65536 bytes; redis_key_bytes is 65535)",
+            select(2, get(a, "/set?kn=65536&v=x")))
+        assert.equal("false value too large (1048577 bytes stored; redis_value_bytes is 1048576)",
+            select(2, get(a, "/set?k=big&n=1048576")))
+        -- --limit redis_value_bytes=100 on b
+        assert.equal("false value too large (201 bytes stored; redis_value_bytes is 100)",
+            select(2, get(b, "/set?k=big&n=200")))
+        assert.equal(sets, calls("set"))
+        assert.equal("true nil", select(2, get(a, "/set?k=big&n=200")))
+        assert.equal(sets + 1, calls("set"))
+    end)
+
+    it("fails within its timeout while Redis is down, and recovers when it returns", function()
+        local c = spawn(nil, { REDIS_TIMEOUT = "0.5" })
+        assert.equal(200, (get(c, "/incr?k=down")))
+        -- load while Redis dies and comes back
+        local load = io.popen(string.format("%s -t1 -c4 -d3s %s 2>&1", helper.tool("wrk"),
+            q("http://127.0.0.1:" .. c.port .. "/incr?k=down")))
+        socket.sleep(0.5)
+        helper.stop_pid(pids.primary)
+        local t0 = socket.gettime()
+        local code, body = get(c, "/incr?k=down")
+        local took = socket.gettime() - t0
+        assert.equal(503, code, body)
+        assert.is_true(took < 1.5, "took " .. took)
+        socket.sleep(0.5)
+        start_primary()
+        local back
+        helper.wait_for(function()
+            code, body = get(c, "/incr?k=down")
+            back = code == 200
+            return back
+        end, 3)
+        assert.is_true(back, body)
+        local out = load:read("*a")
+        load:close()
+        assert.matches("requests in", out)
+        assert.is_true(c:alive())
+        assert.is_nil(c:log():find("traceback", 1, true))
+        c:stop()
+        -- a and b find it again too (the pooled connections died with the old Redis)
+        assert.equal(200, (get(a, "/incr?k=after")))
+        assert.equal(200, (get(b, "/incr?k=after")))
+    end)
+
+    it("follows a Sentinel failover to the new primary", function()
+        local p1, p2, sp = helper.free_port(), helper.free_port(), helper.free_port()
+        pids.p1 = start_redis(p1)
+        pids.p2 = start_redis(p2, "--replicaof 127.0.0.1 " .. p1)
+        helper.write_file(dir .. "/sentinel.conf", string.format("port %d\nbind 127.0.0.1\n"
+            .. "sentinel monitor mm 127.0.0.1 %d 1\nsentinel down-after-milliseconds mm 1000\n"
+            .. "sentinel failover-timeout mm 5000\n", sp, p1))
+        pids.sentinel = helper.background(string.format("%s %s --sentinel", redis_server,
+            q(dir .. "/sentinel.conf")))
+        helper.wait_port(sp)
+        helper.wait_port(p2)
+        -- (Sentinel knows of the replica once it has asked the primary)
+        assert.is_true(helper.wait_for(function()
+            return redis("SENTINEL REPLICAS mm", sp):find("^%*1") ~= nil
+        end, 10))
+        local c = spawn(nil, { REDIS_URL = "redis+sentinel://127.0.0.1:" .. sp .. "/mm",
+            REDIS_TIMEOUT = "0.5" })
+        for _ = 1, 5 do
+            assert.equal(200, (get(c, "/incr?k=fo")))
+        end
+        assert.matches("^%+OK", redis("SENTINEL FAILOVER mm", sp))
+        local t0 = socket.gettime()
+        local followed
+        helper.wait_for(function()
+            local code = get(c, "/incr?k=fo")
+            if code == 200 and redis("INFO replication", p2):find("role:master", 1, true) then
+                -- the write landed on the new primary
+                local n = tonumber(redis("GET spec:fleet:fo", p2):match("^(%d+)"))
+                followed = n and n > 5
+            end
+            return followed
+        end, 10)
+        local took = socket.gettime() - t0
+        assert.is_true(followed, c:log():sub(-600))
+        assert.is_true(took < 5, "took " .. took)
+        assert.is_true(c:alive())
+        c:stop()
+    end)
+
+    it("fails --check and the start with one line for a bad Redis URL or option", function()
+        local app = helper.root .. "/spec/fixtures/redis_dict.lua"
+        local cases = {
+            { "REDIS_URL=" .. q("redis://u:hunter2@127.0.0.1/x"),
+                "shared dictionary 'fleet': redis: bad URL \"redis://u:***@127.0.0.1/x\": db "
+                .. "must be a non%-negative integer" },
+            { "REDIS_URL=" .. q("redis+sentinel://127.0.0.1:1"), "MASTER expected" },
+            { "REDIS_URL=" .. q("redis://127.0.0.1?timeout=soon"), "timeout must be a number" },
+            { "REDIS_TIMEOUT=-1 REDIS_URL=redis://127.0.0.1", "timeout must be more than 0" },
+            { "", "shared dictionary 'fleet': redis is nil" },
+        }
+        for _, c in ipairs(cases) do
+            for _, mode in ipairs { "--check", "--listen 127.0.0.1:0 --workers 0" } do
+                local out = helper.run(string.format("env -u REDIS_URL %s %s %s %s 2>&1; "
+                    .. "echo \"exit=$?\"", c[1], q(helper.bin), q(app), mode))
+                assert.matches(c[2], out)
+                assert.matches("exit=[1-9]", out)
+                assert.not_matches("hunter2", out)
+                assert.not_matches("traceback", out)
+                -- one line, then the exit status
+                local _, lines = out:gsub("\n", "")
+                assert.equal(2, lines, out)
+            end
+        end
+    end)
+
+    it("is the same dictionary inside nginx, through the adapter", function()
+        ffi.C.setenv("REDIS_URL", url, 1)
+        local ok, nginx = pcall(helper.nginx_app, { app = "spec/fixtures/redis_dict.lua",
+            main = "env REDIS_URL;\n", http = "lua_shared_dict near 1m;\n" })
+        ffi.C.unsetenv("REDIS_URL")
+        assert(ok, nginx)
+        local finally = function() nginx.stop() end
+        local pass, err = pcall(function()
+            local code, body = get(nginx, "/all?d=fleet")
+            assert.equal(200, code, body .. nginx.log())
+            local _, here = get(a, "/all?d=fleet")
+            assert.equal(here, body)
+            assert.equal("true nil", select(2, get(nginx, "/set?k=nginx&v=from%20nginx")))
+            assert.equal("from nginx", select(2, get(a, "/get?k=nginx")))
+        end)
+        finally()
+        assert(pass, err)
+    end)
+end)

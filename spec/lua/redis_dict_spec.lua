@@ -1,0 +1,76 @@
+-- moonserve.redis.dict without a server: how values are stored (the methods against a real
+-- Redis are in spec/it/redis_dict_spec.lua), and the refusals made before anything is sent.
+describe("moonserve.redis.dict", function()
+    local dict = require "moonserve.redis.dict"
+    local pack, unpack = dict.pack, dict.unpack
+
+    it("stores finite numbers bare, so that INCRBY and other clients read them", function()
+        assert.equal("42", pack(42))
+        assert.equal("-1.5", pack(-1.5))
+        assert.equal("0.10000000000000001", pack(0.1))
+        assert.equal(0.1, unpack(pack(0.1)))
+        assert.equal("ninf", pack(math.huge))
+        assert.equal(math.huge, unpack("ninf"))
+        assert.equal(-math.huge, unpack(pack(-math.huge)))
+    end)
+
+    it("tags strings, booleans and tables, and carries flags", function()
+        assert.equal("s42", pack("42"))
+        assert.equal("42", unpack("s42"))
+        assert.equal("s", pack(""))
+        assert.equal("", unpack("s"))
+        assert.equal("b1", pack(true))
+        assert.is_false(unpack(pack(false)))
+        assert.same({ a = { 1, 2 }, b = "x" }, unpack(pack({ a = { 1, 2 }, b = "x" })))
+        assert.equal("S7:hi", pack("hi", 7))
+        assert.same({ "hi", 7 }, { unpack("S7:hi") })
+        assert.equal("N3:42", pack(42, 3))
+        assert.same({ 42, 3 }, { unpack("N3:42") })
+        assert.same({ "x" }, { unpack(pack("x", 0)) })
+    end)
+
+    it("reads what moonserve did not write as no value", function()
+        for _, raw in ipairs({ "", "value", "Sno-colon", "t\255garbage", "?" }) do
+            assert.is_nil(unpack(raw), raw)
+        end
+    end)
+
+    it("refuses bad values and flags as a local dictionary does", function()
+        assert.has_error(function() pack(function() end) end)
+        local d = assert(dict.new("x", { redis = "redis://127.0.0.1:1" }))
+        assert.has_error(function() d:set("k", "v", -1) end)
+        assert.has_error(function() d:set("k", "v", 0, 1.5) end)
+        assert.has_error(function() d:incr("k", "1") end)
+        assert.has_error(function() d:get({}) end)
+    end)
+
+    it("refuses keys and values beyond the limits without a connection", function()
+        -- (nothing listens on port 1: a send would fail with another error)
+        local d = assert(dict.new("x", { redis = "redis://127.0.0.1:1", prefix = "p:" }))
+        local saved = dict.limits.redis_value_bytes
+        dict.limits.redis_value_bytes = 10
+        local ok, err = d:set("k", "0123456789")
+        dict.limits.redis_value_bytes = saved
+        assert.is_false(ok)
+        assert.equal("value too large (11 bytes stored; redis_value_bytes is 10)", err)
+        local v
+        v, err = d:get(string.rep("k", 65536))
+        assert.is_nil(v)
+        assert.equal("key too long (65536 bytes; redis_key_bytes is 65535)", err)
+        assert.same({ nil, "empty key" }, { d:get("") })
+    end)
+
+    it("says what is wrong with its options in one line", function()
+        local d, err = dict.new("sessions", {})
+        assert.is_nil(d)
+        assert.matches("^shared dictionary 'sessions': redis is nil", err)
+        d, err = dict.new("sessions", { redis = "redis://h", prefix = 3 })
+        assert.is_nil(d)
+        assert.equal("shared dictionary 'sessions': prefix must be a string", err)
+        d, err = dict.new("sessions", { redis = "redis://h", colour = "blue" })
+        assert.is_nil(d)
+        assert.equal("shared dictionary 'sessions': redis: bad URL \"redis://h\": unknown "
+            .. "option \"colour\"", err)
+        assert.equal("sessions:", assert(dict.new("sessions", { redis = "redis://h" })).prefix)
+    end)
+end)

@@ -1459,6 +1459,23 @@ static void master_started(void)
     }
 }
 
+/* QUIT once the new master of an upgrade is ready: this master's workers stop as an old
+ * worker of a reload does (SIGUSR2: readyz stays 200, as the service is still up, served by
+ * the new master from the same sockets), and this master with them. Returns 1, or 0 when no
+ * upgrade's new master is ready (QUIT then stops as TERM does). */
+static int upgrade_finish(void)
+{
+    if (M.stopping || U.pid == 0 || !U.ready)
+        return 0;
+    ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) serves: stopping %d workers", U.pid,
+           M.live);
+    M.stopping = 1;
+    kill_all(SIGUSR2);
+    uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
+    maybe_done();
+    return 1;
+}
+
 /* -- Signals -------------------------------------------------------------------------------- */
 
 static void kill_all(int sig)
@@ -1481,9 +1498,12 @@ static void kill_timer_cb(uv_timer_t *t)
 static void on_signal(uv_signal_t *h, int signum)
 {
     switch (signum) {
+    case SIGQUIT:
+        if (upgrade_finish())
+            break;
+        __attribute__((fallthrough)); /* otherwise nginx's graceful stop, as TERM here */
     case SIGTERM:
     case SIGINT:
-    case SIGQUIT: /* (nginx's graceful stop: how an upgrade's old master is told to finish) */
         if (M.stopping)
             return;
         ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);

@@ -507,8 +507,15 @@ int ms_server_refusal_body(ms_server_t *s, int status, int kind, const char *bod
 /* Marks the coming stop as a handover to a new worker (readyz stays 200). */
 void ms_server_handing_over(ms_server_t *s);
 /* Stops accepting, closes idle connections, lets in-flight requests finish. `done` runs when
- * no connection is left. */
+ * no connection is left. The same as ms_server_drain with no delay. */
 void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s));
+/* Drains: from now on readyz answers 503, replies say "connection: close", HTTP/2 connections
+ * get GOAWAY, WebSockets close 1001, event streams end (ms_server_stopping); the listeners
+ * still accept for `delay_ms`, then close (`accept_closed` runs, may be NULL); a connection
+ * waiting for its next request gets its grace from then. `done` runs when no connection is
+ * left. A second call, or one after ms_server_stop, does nothing. */
+void ms_server_drain(ms_server_t *s, uint32_t delay_ms, void (*accept_closed)(ms_server_t *s),
+                     void (*done)(ms_server_t *s));
 /* Frees the server; the loop must have run until `done` was called. */
 void ms_server_free(ms_server_t *s);
 uv_loop_t *ms_server_loop(ms_server_t *s);

@@ -20,6 +20,7 @@
 #include <openssl/ssl.h>
 
 #include "http/accesslog.h"
+#include "process/agent.h"
 #include "process/channel.h"
 #include "process/master.h"
 #include "process/proctitle.h"
@@ -44,9 +45,11 @@ typedef struct binding_s {
     int on_request_ref; /* the Lua dispatcher: function(), the request in ms_ffi_current */
     int on_resume_ref;  /* function(), likewise */
     int on_event_ref;   /* function(slot, status): a wake that is no request's (wake.c) */
-    uv_signal_t sigint, sigterm, sigusr1, sigusr2;
+    uv_signal_t sigint, sigterm, sigquit, sigusr1, sigusr2;
     int signals; /* the signal handles are initialised */
     int stopped;
+    uint32_t drain_ms; /* TERM and QUIT drain for this long first (server:drain_delay) */
+    ms_agent_t *agent; /* single-process mode's agent-check responder (server:agent_check) */
     ms_tls_t *tls[64]; /* server:tls() settings by id - 1; the server's, freed with it */
     int ntls;
 } binding_t;
@@ -397,18 +400,18 @@ static int server_tls_staple(lua_State *L)
     return tls_result(L, ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)), err);
 }
 
-static void stopped(ms_server_t *s)
-{
-    (void)s;
-    /* The loop ends by itself once nothing is left on it. */
-}
+/* The binding whose server:run() took the signals (they are the process's). */
+static binding_t *signalled;
 
 static void close_signals(binding_t *b)
 {
     if (!b->signals)
         return;
+    if (signalled == b)
+        signalled = NULL;
     uv_close((uv_handle_t *)&b->sigint, NULL);
     uv_close((uv_handle_t *)&b->sigterm, NULL);
+    uv_close((uv_handle_t *)&b->sigquit, NULL);
     uv_close((uv_handle_t *)&b->sigusr1, NULL);
     uv_close((uv_handle_t *)&b->sigusr2, NULL);
     b->signals = 0;
@@ -423,23 +426,44 @@ static void on_usr1(uv_signal_t *sig, int signum)
         ms_server_access_reopen(b->server);
 }
 
-/* Stops accepting, then tells the Lua side (pending timers run with premature = true,
- * the on_worker_stop hooks run); the loop ends once they and the requests are done. */
-static void stop(binding_t *b)
+static void stopped(ms_server_t *s)
 {
-    close_signals(b);
+    (void)s;
+    /* The loop ends by itself once nothing is left on it; the signals' handles go now (not
+     * at the stop: a second TERM during the drain must not kill the worker). */
+    if (signalled != NULL) {
+        ms_agent_close(signalled->agent);
+        signalled->agent = NULL;
+        close_signals(signalled);
+    }
+}
+
+/* The listeners have closed: the Lua side hears of the stop (pending timers run with
+ * premature = true, the on_worker_stop hooks run). */
+static void accept_closed(ms_server_t *s)
+{
+    ms_wake(s, MS_WAKE_STOP, 0);
+}
+
+/* Drains for `delay_ms` (ms_server_drain), then stops accepting and tells the Lua side; the
+ * loop ends once the hooks and the requests are done. */
+static void stop(binding_t *b, uint32_t delay_ms)
+{
     if (b->stopped)
         return;
     b->stopped = 1;
-    ms_server_stop(b->server, stopped);
-    ms_wake(b->server, MS_WAKE_STOP, 0);
+    ms_agent_drain(b->agent);
+    ms_server_drain(b->server, delay_ms, accept_closed, stopped);
 }
 
+/* TERM and QUIT drain (the drain delay, then the stop); INT, a developer's ^C, stops now. */
 static void on_signal(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
+    if (b->stopped)
+        return; /* (a second signal: the stop under way goes on) */
     ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
-    stop(b);
+    stop(b, signum == SIGINT ? 0 : b->drain_ms);
 }
 
 /* USR2: the master's word that a new worker has taken over this one's sockets (a reload):
@@ -448,8 +472,10 @@ static void on_handover(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
     ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
+    if (b->stopped)
+        return;
     ms_server_handing_over(b->server);
-    stop(b);
+    stop(b, 0);
 }
 
 /* server:run(): serves until stopped (server:stop(), SIGINT or SIGTERM). */
@@ -460,7 +486,8 @@ static int server_run(lua_State *L)
     if (!b->signals) {
         uv_signal_init(b->loop, &b->sigint);
         uv_signal_init(b->loop, &b->sigterm);
-        b->sigint.data = b->sigterm.data = b;
+        uv_signal_init(b->loop, &b->sigquit);
+        b->sigint.data = b->sigterm.data = b->sigquit.data = b;
         b->sigusr1.data = b->sigusr2.data = b;
         uv_signal_init(b->loop, &b->sigusr1);
         uv_signal_init(b->loop, &b->sigusr2);
@@ -468,12 +495,15 @@ static int server_run(lua_State *L)
         uv_unref((uv_handle_t *)&b->sigusr2);
         uv_signal_start(&b->sigint, on_signal, SIGINT);
         uv_signal_start(&b->sigterm, on_signal, SIGTERM);
+        uv_signal_start(&b->sigquit, on_signal, SIGQUIT);
         uv_signal_start(&b->sigusr1, on_usr1, SIGUSR1);
         /* Signals alone do not keep the loop running once the server has stopped. */
         uv_unref((uv_handle_t *)&b->sigint);
         uv_unref((uv_handle_t *)&b->sigterm);
+        uv_unref((uv_handle_t *)&b->sigquit);
         uv_unref((uv_handle_t *)&b->sigusr1);
         b->signals = 1;
+        signalled = b;
         signal(SIGPIPE, SIG_IGN);
         signal(SIGHUP, SIG_IGN); /* reloading is the master's; a worker keeps serving */
     }
@@ -481,12 +511,42 @@ static int server_run(lua_State *L)
     return 0;
 }
 
-/* server:stop(): stops accepting; the loop ends when in-flight requests are done. */
+/* server:stop([delay_s]): stops accepting (after draining for delay_s, default none); the
+ * loop ends when in-flight requests are done. */
 static int server_stop(lua_State *L)
 {
     binding_t *b = check_server(L);
+    double delay = luaL_optnumber(L, 2, 0);
+    luaL_argcheck(L, delay >= 0 && delay <= 86400, 2, "seconds, 0 to 86400");
     b->L = L;
-    stop(b);
+    stop(b, (uint32_t)(delay * 1000));
+    return 0;
+}
+
+/* server:agent_check(addr[, maint_file]) -> true | nil, err: answers HAProxy's agent-check
+ * on `addr` (single-process mode; under a master, the master answers). */
+static int server_agent_check(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    const char *addr = luaL_checkstring(L, 2);
+    const char *maint = luaL_optstring(L, 3, NULL);
+    if (b->agent != NULL)
+        return luaL_error(L, "the agent-check answers already");
+    int rc = ms_agent_start(b->loop, addr, maint, &b->agent);
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* server:drain_delay(s): how long TERM and QUIT keep accepting, ready no more, before the
+ * listeners close (ms_server_drain). */
+static int server_drain_delay(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    double delay = luaL_checknumber(L, 2);
+    luaL_argcheck(L, delay >= 0 && delay <= 86400, 2, "seconds, 0 to 86400");
+    b->drain_ms = (uint32_t)(delay * 1000);
     return 0;
 }
 
@@ -736,6 +796,9 @@ static int server_gc(lua_State *L)
         /* Still serving: the loop is running or will be; leave it be. */
         return 0;
     }
+    close_signals(b); /* (their handles are in `b`: closed by the free's last run) */
+    ms_agent_close(b->agent);
+    b->agent = NULL;
     ms_server_free(b->server);
     b->server = NULL;
     luaL_unref(L, LUA_REGISTRYINDEX, b->on_request_ref);
@@ -975,6 +1038,12 @@ static int core_master(lua_State *L)
     o.stop_timeout = luaL_optnumber(L, -1, MS_STOP_TIMEOUT);
     lua_getfield(L, 1, "start_timeout");
     o.start_timeout = luaL_optnumber(L, -1, MS_START_TIMEOUT);
+    lua_getfield(L, 1, "drain_delay");
+    o.drain_delay = luaL_optnumber(L, -1, 0);
+    lua_getfield(L, 1, "agent_check");
+    o.agent_check = luaL_optstring(L, -1, NULL);
+    lua_getfield(L, 1, "agent_maint");
+    o.agent_maint = luaL_optstring(L, -1, NULL);
     lua_getfield(L, 1, "ticket_rotate");
     o.ticket_rotate = luaL_optnumber(L, -1, MS_TLS_TICKET_ROTATE);
     lua_getfield(L, 1, "backlog");
@@ -1562,6 +1631,8 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"access_dropped", server_access_dropped},
                                               {"request_id_header", server_request_id_header},
                                               {"health", server_health},
+                                              {"drain_delay", server_drain_delay},
+                                              {"agent_check", server_agent_check},
                                               {"refusal_body", server_refusal_body},
                                               {"stats", server_stats},
                                               {"static", server_static},

@@ -593,8 +593,10 @@ void ms__conn_arm_idle(ms_conn_t *c)
 {
     ms_server_t *s = c->server;
     uint32_t ms = s->limits.idle_timeout_ms;
-    if (s->stopping && ms > MS_STOP_GRACE_MS)
-        ms = MS_STOP_GRACE_MS;
+    /* Draining, a balancer may still send a request on it until the delay is over: the
+     * grace runs from then. */
+    if (s->stopping && ms > MS_STOP_GRACE_MS + ms__drain_left(s))
+        ms = (uint32_t)(MS_STOP_GRACE_MS + ms__drain_left(s));
     if (c->phase != MS_PHASE_IDLE || s->stopping)
         ms__conn_arm(c, MS_PHASE_IDLE, ms);
 }

@@ -271,6 +271,12 @@ struct ms_server_s {
     int stopping;
     int handing_over; /* the stop hands over to a new worker: still ready (ms_server_health) */
     void (*stopped)(ms_server_t *s);
+    /* The drain (ms_server_drain): until `drain_until` (loop time, 0 when not draining) the
+     * listeners still accept; then `drain_done` becomes `stopped`. */
+    uint64_t drain_until;
+    ms_timer_t drain_timer;
+    void (*drain_done)(ms_server_t *s);
+    void (*accept_closed)(ms_server_t *s);
     char *livez, *readyz; /* the health paths (ms_server_health), owned; NULL: none */
     int depth; /* calls into the handler under way, or the socket engine at work (enter/leave) */
     struct ms_sources_s *sources; /* open connections per source address */
@@ -320,6 +326,8 @@ void ms__out_clear(ms_server_t *s, ms_out_t *o);
 void ms__out_hold(ms_server_t *s, ms_out_t *o, int32_t anchor);
 void ms__conn_arm(ms_conn_t *c, int phase, uint32_t ms);
 void ms__conn_arm_idle(ms_conn_t *c);
+/* What is left of the drain delay, in ms (0 when not draining). */
+uint64_t ms__drain_left(ms_server_t *s);
 void ms__conn_start(ms_conn_t *c);
 void ms__out_destroy(void *p);
 ms_out_t *ms__conn_out(ms_conn_t *c);
@@ -342,7 +350,8 @@ void ms__server_defer(ms_server_t *s, ms_conn_t *c);
 typedef struct ms_part_s {
     const char *name;
     void (*worker_init)(ms_server_t *s); /* ms_server_new */
-    void (*stop)(ms_server_t *s);        /* ms_server_stop, once each connection was told */
+    void (*stop)(ms_server_t *s);        /* ms_server_drain, once each connection was told */
+    void (*accept_end)(ms_server_t *s);  /* the drain delay is over: accept no more */
     void (*worker_free)(ms_server_t *s); /* ms_server_free */
 } ms_part_t;
 /* Every part, NULL-ended, in the order they start, stop and are freed (core/parts.c). */

@@ -126,21 +126,90 @@ void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
     ms__timers_stop(&s->timers, t);
 }
 
-void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
+/* -- The drain ------------------------------------------------------------------------------
+ * A stop in two steps, so that a load balancer that polls /readyz loses nothing: first the
+ * server says it is going (readyz 503, "connection: close" on every reply, GOAWAY, WebSocket
+ * close 1001, event streams end) while its listeners still accept for the drain delay, long
+ * enough for the balancer to see the 503 and send elsewhere; then the listeners close and the
+ * connections left finish. A connection waiting for its next request is not closed while the
+ * balancer may still send one on it: its grace runs from the end of the delay
+ * (ms__conn_arm_idle). */
+
+static void tell_connections(ms_server_t *s)
 {
-    s->stopping = 1;
-    s->stopped = done;
     /* Every reply from now on says "connection: close". A connection waiting for its next
-     * request gets a short grace to send it (a busy keep-alive client always has one on the
-     * way, and closing under it would be an error on its side); then it closes. */
+     * request gets a grace to send it (a busy keep-alive client always has one on the way,
+     * and closing under it would be an error on its side); then it closes. */
     for (ms_conn_t *c = s->conns.next; c != &s->conns; c = c->next)
         c->proto->stop(c);
-    /* Then the parts: listeners close, WebSockets send close 1001 (each handler sees its
-     * socket end). */
+}
+
+/* The listeners close. */
+static void accept_end(ms_server_t *s)
+{
+    int draining = s->drain_until != 0;
+    s->drain_until = 0;
+    for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
+        if ((*p)->accept_end != NULL)
+            (*p)->accept_end(s);
+    if (draining) {
+        ms_log(MS_LOG_INFO, "drain: listeners closed; %u connection%s finishing",
+               (unsigned)s->stats->conns, s->stats->conns == 1 ? "" : "s");
+        /* Again: those accepted during the delay, and the idle ones' grace starts now. */
+        tell_connections(s);
+    }
+}
+
+/* The server is stopped once its last connection has gone. */
+static void finish(ms_server_t *s)
+{
+    if (s->accept_closed != NULL)
+        s->accept_closed(s);
+    s->stopped = s->drain_done;
+    ms__server_conn_gone(s, NULL);
+}
+
+static void drain_expired(ms_timer_t *t)
+{
+    ms_server_t *s = container_of(t, ms_server_t, drain_timer);
+    accept_end(s);
+    finish(s);
+}
+
+uint64_t ms__drain_left(ms_server_t *s)
+{
+    uint64_t now = uv_now(s->loop);
+    return s->drain_until > now ? s->drain_until - now : 0;
+}
+
+void ms_server_drain(ms_server_t *s, uint32_t delay_ms, void (*accept_closed)(ms_server_t *s),
+                     void (*done)(ms_server_t *s))
+{
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    s->drain_done = done;
+    s->accept_closed = accept_closed;
+    if (delay_ms > 0) {
+        s->drain_until = uv_now(s->loop) + delay_ms;
+        ms_timer_start(s, &s->drain_timer, delay_ms, drain_expired);
+        ms_log(MS_LOG_INFO, "drain: not ready; accepting for %.3g s more, replies say close",
+               delay_ms / 1000.0);
+    }
+    tell_connections(s);
+    if (delay_ms == 0)
+        accept_end(s); /* (the listeners before the parts below, as a stop always did) */
+    /* The parts: WebSockets send close 1001 (each handler sees its socket end). */
     for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
         if ((*p)->stop != NULL)
             (*p)->stop(s);
-    ms__server_conn_gone(s, NULL);
+    if (delay_ms == 0)
+        finish(s);
+}
+
+void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s))
+{
+    ms_server_drain(s, 0, NULL, done);
 }
 
 void ms_server_free(ms_server_t *s)

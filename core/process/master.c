@@ -19,6 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "process/agent.h"
 #include "process/channel.h"
 #include "base/util.h"
 #include "process/log_file.h"
@@ -104,6 +105,8 @@ typedef struct master_s {
     named_log_t *logs;         /* o->nlogs of them */
     int started;               /* every slot has had a ready worker: the start is over */
     int config_fd;             /* the configuration's sealed memfd (MS_CHAN_CONFIG), or -1 */
+    uv_timer_t drain_timer;    /* the drain delay of a TERM or QUIT (drain_begin) */
+    ms_agent_t *agent;         /* HAProxy's agent-check responder, or NULL */
 } master_t;
 
 static master_t M;
@@ -300,6 +303,8 @@ static void respawn_cb(uv_timer_t *t)
         spawn(s);
 }
 
+static void drain_end(void);
+
 static void maybe_done(void)
 {
     if (M.stopping && M.live == 0) {
@@ -308,6 +313,7 @@ static void maybe_done(void)
         upgrade_release();
         uv_close((uv_handle_t *)&M.kill_timer, NULL);
         uv_close((uv_handle_t *)&M.tickets_timer, NULL);
+        drain_end();
         for (int i = 0; i < M.o->workers; i++)
             uv_close((uv_handle_t *)&M.slots[i].respawn, NULL);
     }
@@ -1476,6 +1482,66 @@ static int upgrade_finish(void)
     return 1;
 }
 
+/* -- The drain -------------------------------------------------------------------------------
+ * TERM or QUIT: the workers drain (ms_server_drain: readyz 503 at once, still accepting for
+ * the drain delay, then their listeners close), and the agent-check says "drain". The
+ * master holds a copy of every listening socket: it closes its copies when the delay is over,
+ * so that the sockets really close then and a new connection is refused at once, rather than
+ * queued on a socket that nobody accepts from any more. */
+
+static void close_listening(void)
+{
+    for (int i = 0; i < M.o->workers; i++)
+        for (int j = 0; j < M.o->nlisten; j++) {
+            int fd = M.slots[i].fds[j];
+            if (fd < 0)
+                continue;
+            close(fd);
+            /* (activated: every slot has the same sockets) */
+            for (int k = i; k < M.o->workers; k++)
+                if (M.slots[k].fds[j] == fd)
+                    M.slots[k].fds[j] = -1;
+        }
+}
+
+static void drain_timer_cb(uv_timer_t *t)
+{
+    close_listening();
+    ms_log(MS_LOG_INFO, "drain: the listening sockets are closed; %d worker%s finishing", M.live,
+           M.live == 1 ? "" : "s");
+}
+
+/* Returns the delay in ms; the kill timer starts after it. */
+static uint64_t drain_begin(int signum)
+{
+    uint64_t ms = (uint64_t)(M.o->drain_delay * 1000);
+    ms_agent_drain(M.agent);
+    ms_log(MS_LOG_INFO, "signal %d: draining %d workers: not ready, accepting for %.3g s more, "
+           "then stopping", signum, M.live, M.o->drain_delay);
+    if (ms > 0)
+        uv_timer_start(&M.drain_timer, drain_timer_cb, ms, 0);
+    return ms;
+}
+
+static void drain_end(void)
+{
+    uv_close((uv_handle_t *)&M.drain_timer, NULL);
+    ms_agent_close(M.agent);
+    M.agent = NULL;
+}
+
+static int drain_init(void)
+{
+    uv_timer_init(M.loop, &M.drain_timer);
+    if (M.o->agent_check == NULL)
+        return 0;
+    int rc = ms_agent_start(M.loop, M.o->agent_check, M.o->agent_maint, &M.agent);
+    if (rc < 0)
+        ms_log(MS_LOG_ERR, "cannot listen on %s for the agent-check: %s", M.o->agent_check,
+               uv_strerror(rc));
+    return rc;
+}
+
 /* -- Signals -------------------------------------------------------------------------------- */
 
 static void kill_all(int sig)
@@ -1497,20 +1563,26 @@ static void kill_timer_cb(uv_timer_t *t)
 
 static void on_signal(uv_signal_t *h, int signum)
 {
+    uint64_t drain_ms = 0;
     switch (signum) {
-    case SIGQUIT:
-        if (upgrade_finish())
-            break;
-        __attribute__((fallthrough)); /* otherwise nginx's graceful stop, as TERM here */
     case SIGTERM:
+    case SIGQUIT:
+        if (M.stopping)
+            return;
+        if (signum == SIGQUIT && upgrade_finish())
+            break; /* (the new master of an upgrade serves: a handover, no drain) */
+        drain_ms = drain_begin(signum);
+        /* fall through - INT stops without the delay (the workers hear INT) */
     case SIGINT:
         if (M.stopping)
             return;
-        ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
+        if (signum == SIGINT)
+            ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
         M.stopping = 1;
         notify("STOPPING=1");
-        kill_all(SIGTERM);
-        uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
+        kill_all(signum);
+        uv_timer_start(&M.kill_timer, kill_timer_cb,
+                       drain_ms + (uint64_t)(M.o->stop_timeout * 1000), 0);
         maybe_done();
         break;
     case SIGHUP:
@@ -1609,6 +1681,9 @@ int ms_master_run(const ms_master_opts_t *o)
                 o->ports[j] = ms_fd_port(fd);
         }
     }
+    rc = drain_init();
+    if (rc < 0)
+        return rc;
     int sigs[MS_MASTER_NSIG] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD, SIGUSR2, SIGQUIT};
     for (int i = 0; i < MS_MASTER_NSIG; i++) {
         uv_signal_init(M.loop, &M.sig[i]);
@@ -1624,7 +1699,8 @@ int ms_master_run(const ms_master_opts_t *o)
     uv_run(M.loop, UV_RUN_DEFAULT);
     for (int i = 0; i < o->workers; i++) {
         for (int j = 0; j < o->nlisten && (i == 0 || !M.activated); j++)
-            close(M.slots[i].fds[j]); /* (activated: every slot has the same sockets) */
+            if (M.slots[i].fds[j] >= 0) /* (-1: closed at the drain's end) */
+                close(M.slots[i].fds[j]); /* (activated: every slot has the same sockets) */
         free(M.slots[i].fds);
     }
     if (M.notify_fd >= 0)

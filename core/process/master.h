@@ -13,6 +13,12 @@ struct ms_master_opts_s {
     int workers;
     int backlog;
     double stop_timeout; /* seconds a stopping worker gets before SIGKILL */
+    /* TERM and QUIT: seconds the listening sockets stay open, the workers draining (not
+     * ready, still accepting), before the master closes its copies of them. */
+    double drain_delay;
+    /* HAProxy's agent-check responder (agent.h): "HOST:PORT" or NULL; the file whose
+     * presence says "maint", or NULL. */
+    const char *agent_check, *agent_maint;
     double start_timeout; /* seconds a starting worker gets to be ready before SIGKILL */
     double ticket_rotate; /* seconds between new TLS ticket keys (0: MS_TLS_TICKET_ROTATE) */
     /* The user and group the workers run as (ms_user_ids), or -1 and -1: the master's. Each

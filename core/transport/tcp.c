@@ -246,7 +246,7 @@ static void on_connection(uv_stream_t *ls, int status)
         ms_log(MS_LOG_WARN, "accept: %s", uv_strerror(status));
         return;
     }
-    for (int i = 0; i < MS_ACCEPT_BURST && !s->stopping; i++) {
+    for (int i = 0; i < MS_ACCEPT_BURST && s->listeners != NULL; i++) {
         ms_conn_t *c = tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
         if (c == NULL)
             return; /* nothing more to accept now */
@@ -351,7 +351,7 @@ int ms_server_port(ms_server_t *s)
     return (int)s->listen_port;
 }
 
-/* The server stops: its listeners close (ms_server_stop). */
+/* The drain delay is over (ms_server_drain): the listeners close. */
 static void listeners_close(ms_server_t *s)
 {
     for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
@@ -361,4 +361,4 @@ static void listeners_close(ms_server_t *s)
     s->listeners = NULL;
 }
 
-const ms_part_t ms__tcp_part = {.name = "tcp", .stop = listeners_close};
+const ms_part_t ms__tcp_part = {.name = "tcp", .accept_end = listeners_close};

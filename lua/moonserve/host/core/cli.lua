@@ -66,6 +66,15 @@ $limits
   --readyz PATH        answer GET PATH with 200, or 503 once the server stops (a reload
                        stays ready); off by default
   --stop-timeout S     seconds a stopping worker may take to finish (default $stop_timeout)
+  --drain-delay S      on TERM or QUIT, seconds the instance keeps accepting and serving,
+                       not ready (readyz 503, replies say close), before its listeners
+                       close: a balancer that polls must see the 503 first. Default 5 with
+                       --readyz or --agent-check, else 0
+  --agent-check ADDR:PORT
+                       answer HAProxy's agent-check there (the master's, so reloads do not
+                       touch it): "ready", "drain" once draining, "maint" while the
+                       --agent-maint file exists; off by default
+  --agent-maint FILE   with --agent-check: say "maint" while FILE exists
   --start-timeout S    seconds a starting worker may take to be ready, its on_worker_start
                        hooks returned (default $start_timeout); past it the start or
                        reload fails and the old workers keep serving
@@ -91,6 +100,8 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
                        as --access-log and --access-log-format
   MOONSERVE_LIVEZ, MOONSERVE_READYZ, MOONSERVE_STOP_TIMEOUT, MOONSERVE_START_TIMEOUT
                        as --livez, --readyz, --stop-timeout and --start-timeout
+  MOONSERVE_DRAIN_DELAY, MOONSERVE_AGENT_CHECK
+                       as --drain-delay and --agent-check
   MOONSERVE_USER, MOONSERVE_GROUP
                        as --user and --group
   MOONSERVE_PID_FILE   as --pid-file
@@ -112,13 +123,15 @@ run (bad file names, no database URL, cannot connect).
   --check              list the pending migrations, change nothing. Exit status 0: none is
                        pending; 1: some are; 2: cannot tell
 
-signals (to the master): TERM, INT or QUIT stop gracefully; HUP starts workers with the
-app's code as it is now, which take over while the old ones finish; USR1 reopens the log
-files; USR2 upgrades: a new master (moonserve and the app as installed now, the same
-command line) takes over the listening sockets and serves beside this one. Once it is
-ready (its pid in --pid-file, this one's moved to FILE.oldbin; the log says "upgrade: the
-new master (pid N) is ready"), QUIT the old master to finish, or TERM the new one to undo
-it; a new master that fails to start leaves the old one serving.
+signals (to the master): TERM or QUIT drain (readyz 503 at once, the listeners close
+after --drain-delay) and stop gracefully; INT stops gracefully with no delay; HUP starts
+workers with the app's code as it is now, which take over while the old ones finish (the
+service stays ready); USR1 reopens the log files; USR2 upgrades: a new master (moonserve
+and the app as installed now, the same command line) takes over the listening sockets and
+serves beside this one. Once it is ready (its pid in --pid-file, this one's moved to
+FILE.oldbin; the log says "upgrade: the new master (pid N) is ready"), QUIT the old master
+to finish (its workers hand over, with no drain delay), or TERM the new one to undo it; a
+new master that fails to start leaves the old one serving.
   -h, --help           this text
   -v, --version        the version, the LuaJIT it runs on and where its modules are
 ]]
@@ -401,6 +414,19 @@ function _M.main(args)
                 return die(a .. " needs a path starting with /")
             end
             opts[a:sub(3)] = path
+        elseif a == "--drain-delay" then
+            opts.drain_delay = tonumber(value())
+            if not opts.drain_delay or opts.drain_delay < 0 then
+                return die("--drain-delay needs a number of seconds (0 or more)")
+            end
+        elseif a == "--agent-check" then
+            local v = value()
+            if not v:match("^%[?[%w%.:]*%]?:%d+$") then
+                return die("--agent-check needs ADDR:PORT")
+            end
+            opts.agent_check = v
+        elseif a == "--agent-maint" then
+            opts.agent_maint = value()
         elseif a == "--stop-timeout" then
             opts.stop_timeout = tonumber(value())
             if not opts.stop_timeout then

@@ -370,6 +370,14 @@ local function env_seconds(v)
     return n
 end
 
+local function env_delay(v)
+    local n = tonumber(v)
+    if not n or n < 0 then
+        return nil, "seconds, 0 or more, expected"
+    end
+    return n
+end
+
 local function env_one_of(...)
     local set, names = {}, { ... }
     for _, s in ipairs(names) do
@@ -408,6 +416,8 @@ local ENV = {
     { "MOONSERVE_LIVEZ", "livez", env_path },
     { "MOONSERVE_READYZ", "readyz", env_path },
     { "MOONSERVE_STOP_TIMEOUT", "stop_timeout", env_seconds },
+    { "MOONSERVE_DRAIN_DELAY", "drain_delay", env_delay },
+    { "MOONSERVE_AGENT_CHECK", "agent_check", env_string },
     { "MOONSERVE_START_TIMEOUT", "start_timeout", env_seconds },
     { "MOONSERVE_USER", "user", env_string },
     { "MOONSERVE_GROUP", "group", env_string },
@@ -519,6 +529,7 @@ local function access_logs(srv, the_app, opts)
     if opts.livez or opts.readyz then
         srv:health(opts.livez, opts.readyz)
     end
+    srv:drain_delay(_M.drain_delay(opts))
     if opts.request_id_header then
         srv:request_id_header(true)
     end
@@ -542,6 +553,16 @@ local function log_options(opts)
         end
         core.log_format(fmt)
     end
+end
+
+-- The drain delay (TERM and QUIT keep accepting, not ready, this long before the listeners
+-- close): opts.drain_delay, else 5 s when a balancer has something to poll (readyz or the
+-- agent-check), else none, as nothing would see it.
+function _M.drain_delay(opts)
+    if opts.drain_delay then
+        return opts.drain_delay
+    end
+    return (opts.readyz or opts.agent_check) and 5 or 0
 end
 
 -- Makes the core server with the options every mode shares.
@@ -714,7 +735,8 @@ end
 
 -- What app:run{} takes (the command line's flags set the same keys): any other key is a
 -- mistake, named at start with the accepted ones.
-local OPTIONS = { "access_log", "access_log_format", "group", "limits", "listen", "livez",
+local OPTIONS = { "access_log", "access_log_format", "agent_check", "agent_maint",
+    "drain_delay", "group", "limits", "listen", "livez",
     "log", "log_format", "log_level", "metrics", "on_listen", "pid_file", "quiet", "readyz",
     "request_id_header", "ssl_trusted_certificate", "start_timeout", "static_cache",
     "stop_timeout", "tls_ticket_rotate", "trusted_proxies", "user", "workers" }
@@ -742,6 +764,17 @@ local function check_options(opts)
         if v ~= nil and (type(v) ~= "number" or v <= 0) then
             error("bad " .. key .. " (seconds, above 0, expected)", 3)
         end
+    end
+    local delay = opts.drain_delay
+    if delay ~= nil and (type(delay) ~= "number" or delay < 0 or delay > 86400) then
+        error("bad " .. label(opts, "drain_delay") .. " (seconds, 0 to 86400, expected)", 3)
+    end
+    local agent = opts.agent_check
+    if agent ~= nil and (type(agent) ~= "string" or not agent:match("^%[?[%w%.:]*%]?:%d+$")) then
+        error("bad " .. label(opts, "agent_check") .. " (ADDR:PORT expected)", 3)
+    end
+    if opts.agent_maint ~= nil and (type(opts.agent_maint) ~= "string" or not agent) then
+        error("bad agent_maint (a file name, with agent_check)", 3)
     end
     for _, key in ipairs({ "user", "group", "pid_file" }) do
         local v = opts[key]
@@ -903,6 +936,9 @@ end
 -- the format of a path given alone); opts.request_id_header: replies carry x-request-id;
 -- opts.log_level: "debug", "info", "warn" or "error"; opts.log_format: "text" or "json";
 -- opts.livez, opts.readyz: health paths answered by the core (readyz 503 once stopping);
+-- opts.drain_delay: seconds TERM and QUIT keep accepting, not ready, before the listeners
+-- close (_M.drain_delay); opts.agent_check: "ADDR:PORT" of HAProxy's agent-check responder,
+-- opts.agent_maint: a file whose presence makes it say "maint";
 -- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
 -- besides the system's store;
 -- opts.metrics: "HOST:PORT", true or { listen =, app_bytes = } (metrics_spec);
@@ -1010,6 +1046,8 @@ function _M.run(the_app, opts)
         local ok, err, whole = core.master { argv = argv, listen = addresses(listen),
             https = https, metrics = metrics_at, workers = workers,
             stop_timeout = opts.stop_timeout, start_timeout = opts.start_timeout,
+            drain_delay = _M.drain_delay(opts), agent_check = opts.agent_check,
+            agent_maint = opts.agent_maint,
             ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,
             logs = logs, zones = the_app.shared_decl, config = config_bytes,
             pid_file = opts.pid_file,
@@ -1042,6 +1080,12 @@ function _M.run(the_app, opts)
         metrics_attach(srv, fd, 0, route_names)
     end
     local tls = tls_ids(srv, the_app, listen, opts)
+    if opts.agent_check then
+        local ok, err = srv:agent_check(opts.agent_check, opts.agent_maint)
+        if not ok then
+            error("cannot listen on " .. opts.agent_check .. " for the agent-check: " .. err, 2)
+        end
+    end
     for i, l in ipairs(listen) do
         local addr = l.addr
         local port, err = srv:listen(addr, nil, l.proxy_protocol, tls[i], l.redirect_https,

@@ -1,0 +1,98 @@
+/* agent.c: HAProxy's agent-check responder: one line a connection, the instance's state. */
+#include "process/agent.h"
+
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/util.h"
+
+/* HAProxy's agent-check connects, reads one line and closes (configuration manual, 5.2,
+ * "agent-check"): "ready" puts a server that was drained or in maintenance back, "drain"
+ * sends it no new connections (only persistent ones), "maint" takes it out. The state lives
+ * here, in the process that outlives its workers (the master), so that a reload, whose old
+ * and new workers both serve, never shows as a drain. */
+struct ms_agent_s {
+    uv_tcp_t tcp; /* first: the handle's close frees the agent */
+    char *maint;  /* owned; NULL: never in maintenance */
+    int draining;
+};
+
+typedef struct peer_s {
+    uv_tcp_t tcp;
+} peer_t;
+
+const char *ms_agent_word(ms_agent_t *a)
+{
+    struct stat st;
+    if (a->maint != NULL && stat(a->maint, &st) == 0)
+        return "maint";
+    return a->draining ? "drain" : "ready";
+}
+
+static void peer_closed(uv_handle_t *h)
+{
+    ms_mem_free(h->data);
+}
+
+static void on_agent(uv_stream_t *ls, int status)
+{
+    ms_agent_t *a = ls->data;
+    if (status < 0)
+        return;
+    peer_t *p = ms_mem_alloc(sizeof(*p));
+    uv_tcp_init(ls->loop, &p->tcp);
+    p->tcp.data = p;
+    if (uv_accept(ls, (uv_stream_t *)&p->tcp) == 0) {
+        char line[16];
+        const char *w = ms_agent_word(a);
+        size_t n = strlen(w);
+        memcpy(line, w, n);
+        line[n++] = '\n';
+        /* A few bytes into an empty socket buffer: they go at once, or the check fails
+         * and HAProxy keeps the state it had (a failed agent changes nothing). */
+        uv_buf_t b = uv_buf_init(line, (unsigned)n);
+        (void)uv_try_write((uv_stream_t *)&p->tcp, &b, 1);
+    }
+    uv_close((uv_handle_t *)&p->tcp, peer_closed);
+}
+
+int ms_agent_start(uv_loop_t *loop, const char *addr, const char *maint_file, ms_agent_t **out)
+{
+    int fd = ms_listen_fd(addr, 64, -1);
+    if (fd < 0)
+        return fd;
+    ms_agent_t *a = ms_mem_alloc(sizeof(*a));
+    memset(a, 0, sizeof(*a));
+    a->maint = ms_mem_strdup(maint_file);
+    uv_tcp_init(loop, &a->tcp);
+    a->tcp.data = a;
+    int rc = uv_tcp_open(&a->tcp, fd);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&a->tcp, 64, on_agent);
+    if (rc < 0) {
+        ms_agent_close(a);
+        return rc;
+    }
+    uv_unref((uv_handle_t *)&a->tcp);
+    *out = a;
+    return 0;
+}
+
+void ms_agent_drain(ms_agent_t *a)
+{
+    if (a != NULL)
+        a->draining = 1;
+}
+
+static void agent_closed(uv_handle_t *h)
+{
+    ms_agent_t *a = h->data;
+    ms_mem_free(a->maint);
+    ms_mem_free(a);
+}
+
+void ms_agent_close(ms_agent_t *a)
+{
+    if (a != NULL && !uv_is_closing((uv_handle_t *)&a->tcp))
+        uv_close((uv_handle_t *)&a->tcp, agent_closed);
+}

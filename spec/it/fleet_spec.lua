@@ -1,0 +1,74 @@
+-- The rolling restart under load: three instances of two workers each behind HAProxy (PROXY
+-- v2, checks on /readyz, the agent-check) and behind nginx (an upstream with keep-alive),
+-- each instance in turn stopped (TERM), replaced and brought back once ready, while clients
+-- hold keep-alive HTTP/1.1, HTTP/2 and WebSocket connections: not one request may fail.
+local helper = require "helper"
+local fleet = require "fleet_helper"
+
+-- Prints what the load saw (the spec's output is the report of the run) and checks it.
+local function report(name, counts)
+    print(string.format("%s: %d requests and echoes, %d failed (h1 %d/%d, h2 %d/%d, ws %d/%d, "
+        .. "WebSockets closed 1001 and reopened %d)", name, counts.ok + counts.failed,
+        counts.failed, counts.h1_ok or 0, counts.h1_failed or 0, counts.h2_ok or 0,
+        counts.h2_failed or 0, counts.ws_ok or 0, counts.ws_failed or 0,
+        counts.ws_going_away_ok or 0))
+    for _, f in ipairs(counts.failures) do
+        print("  failure: " .. f)
+    end
+    assert.is_true(counts.done, counts.text)
+    assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
+    assert.equal(0, counts.failed)
+end
+
+describe("a rolling restart", function()
+    local dir, instances, balancer, load
+
+    before_each(function()
+        dir = fleet.tempdir()
+    end)
+
+    after_each(function()
+        if load then
+            load.finish()
+        end
+        if balancer then
+            balancer.stop()
+        end
+        for _, inst in ipairs(instances or {}) do
+            inst:stop("KILL", 1)
+        end
+        load, balancer, instances = nil, nil, nil
+        fleet.cleanup(dir)
+    end)
+
+    it("behind HAProxy loses no request", function()
+        instances = fleet.instances(3, { dir = dir })
+        balancer = fleet.haproxy(instances, { dir = dir })
+        assert.is_true(balancer.all_up(), balancer.log())
+        load = fleet.load({ h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
+            ws = { balancer.port, 3 } }, { dir = dir })
+        helper.wait_for(function() return false end, 1) -- (the load under way)
+        local unclean = fleet.roll(instances, function()
+            assert.is_true(balancer.all_up(), balancer.log())
+        end)
+        helper.wait_for(function() return false end, 1)
+        local counts = load.finish()
+        load = nil
+        report("haproxy", counts)
+        assert.equal(0, unclean)
+    end)
+
+    it("behind nginx loses no request", function()
+        instances = fleet.instances(3, { dir = dir })
+        balancer = fleet.nginx(instances, { dir = dir })
+        load = fleet.load({ h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } },
+            { dir = dir })
+        helper.wait_for(function() return false end, 1)
+        local unclean = fleet.roll(instances, nil, 1)
+        helper.wait_for(function() return false end, 1)
+        local counts = load.finish()
+        load = nil
+        report("nginx", counts)
+        assert.equal(0, unclean)
+    end)
+end)

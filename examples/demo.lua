@@ -2,7 +2,8 @@
 -- does. Its stylesheet and script are static files the core serves (demo/static), the page
 -- is a template with a layout (demo/views), a session remembers the visitor, the guestbook
 -- is a form with a CSRF token, /api/status is JSON with live numbers from the metrics, and
--- a WebSocket carries a shared counter and a chat to every tab on every worker (a channel).
+-- a WebSocket carries a shared counter and a chat to every tab on every worker (a channel),
+-- and with a Redis (redis_url, or REDIS_URL) on every instance.
 local cjson = require "cjson.safe"
 local moonserve = require "moonserve"
 
@@ -35,8 +36,37 @@ local started = os.time()
 app:shared_dict("demo", "1m")
 local KEEP = 8 -- posts shown, newest first
 
--- The live page's channel: what one tab sends reaches every tab, whichever worker holds it.
-local live = app:channel("live", { history = 256, size = "512k" })
+-- Across instances: given a Redis (the setting redis_url of the configuration, or REDIS_URL),
+-- the counter lives in Redis and the live channel goes through it, so that the tabs of every
+-- instance see one counter and one chat. Without one, all of it stays in this instance.
+local redis_url = moonserve.config.redis_url or os.getenv("REDIS_URL")
+local redis = redis_url and assert(require("moonserve.redis").new(redis_url, { timeout = 0.5 }))
+
+-- The live page's channel: what one tab sends reaches every tab, whichever worker (and with
+-- Redis, whichever instance) holds it.
+local live = app:channel("live", { history = 256, size = "512k", redis = redis or nil })
+
+-- The counter: one INCR in Redis, or the dictionary's incr; should Redis be away, the
+-- instance counts on by itself until it comes back.
+local function count()
+    if redis then
+        local n = redis:call("GET", "moonserve:demo:count")
+        if n then
+            return tonumber(n) or 0
+        end
+    end
+    return moonserve.shared.demo:get("count") or 0
+end
+
+local function count_up()
+    if redis then
+        local n = redis:call("INCR", "moonserve:demo:count")
+        if n then
+            return n
+        end
+    end
+    return moonserve.shared.demo:incr("count", 1, 0)
+end
 
 -- `s` cut to at most `n` bytes, never inside a UTF-8 sequence.
 local function cut(s, n)
@@ -73,7 +103,7 @@ app:get("home", "/", function(req, res)
         name = s:get("name"),
         posts = posts,
         signatures = signatures,
-        count = moonserve.shared.demo:get("count") or 0,
+        count = count(),
         error = req.query.error,
     })
 end)
@@ -95,7 +125,8 @@ app:get("status", "/api/status", function(req, res)
         bytes_out = totals.bytes_out,
         live = { published = ch.published, lost = ch.lost, here = ch.subscribers },
         signatures = select(2, guestbook()),
-        count = moonserve.shared.demo:get("count") or 0,
+        count = count(),
+        fleet = redis ~= nil,
     }
 end)
 
@@ -123,8 +154,7 @@ end)
 app:websocket("/live", function(ws, req)
     local worker = moonserve.worker.id()
     local who = req.session:get("name") or "guest"
-    ws:send(cjson.encode { hello = true, worker = worker,
-        count = moonserve.shared.demo:get("count") or 0 })
+    ws:send(cjson.encode { hello = true, worker = worker, count = count() })
     live:subscribe(ws)
     while true do
         local data, kind = ws:receive()
@@ -133,7 +163,7 @@ app:websocket("/live", function(ws, req)
         end
         local m = cjson.decode(data)
         if type(m) == "table" and m.op == "inc" then
-            local n = moonserve.shared.demo:incr("count", 1, 0)
+            local n = count_up()
             live:publish(cjson.encode { count = n, worker = worker })
         elseif type(m) == "table" and m.op == "say" and type(m.text) == "string" then
             local text = cut((m.text:gsub("%s+", " ")), 200)

@@ -61,6 +61,8 @@
       "timer runs under way per worker; past it, a run is skipped")                                \
     X(thread_job_bytes, thread_job_bytes, uint32_t, 16777216, BYTES, 0,                            \
       "a thread job's encoded arguments or results; past it, an error")                            \
+    X(fanout_queue, fanout_queue, uint32_t, 10000, COUNT, 0,                                       \
+      "publishes a worker keeps for Redis; past it, the oldest fail")                              \
     /* Outbound sockets (moonserve.socket): a new socket's timeouts, as OpenResty's                \
      * lua_socket_* directives, and its pools' size when connect and setkeepalive name none. */    \
     X(socket_connect_timeout, socket_connect_timeout_ms, uint32_t, 60, SECONDS, 0,                 \

@@ -1,4 +1,4 @@
---- moonserve/crypto.lua: random bytes, digests (SHA-256, MD5, PBKDF2), HMAC-SHA256, AES-256-GCM
+--- moonserve/crypto.lua: random bytes, digests (SHA-256, SHA-1, MD5, PBKDF2), HMAC-SHA256, AES-256-GCM
 -- and base64url, over libcrypto.
 -- @module moonserve.crypto
 local ffi = require "ffi"
@@ -19,6 +19,7 @@ int RAND_bytes(unsigned char *buf, int num);
 int CRYPTO_memcmp(const void *a, const void *b, size_t len);
 
 const EVP_MD *EVP_sha256(void);
+const EVP_MD *EVP_sha1(void);
 const EVP_MD *EVP_md5(void);
 int EVP_Digest(const void *data, size_t count, unsigned char *md, unsigned int *size,
                const EVP_MD *type, ENGINE *impl);
@@ -55,6 +56,7 @@ local EVP_CTRL_GCM_SET_TAG = 0x11
 local NONCE_LEN, TAG_LEN, KEY_LEN = 12, 16, 32
 
 local sha256 = C.EVP_sha256()
+local sha1 = C.EVP_sha1()
 local md5 = C.EVP_md5()
 local aes256gcm = C.EVP_aes_256_gcm()
 local outl = ffi_new("int[1]")           -- reused: nothing here yields between set and read
@@ -101,6 +103,16 @@ function _M.sha256(data)
         return nil, "SHA-256 failed"
     end
     return ffi_str(mac_buf, 32)
+end
+
+--- The 20-byte SHA-1 digest of `data`, as raw bytes. Only for names that protocols still
+-- make with it (a Redis script's SHA for EVALSHA): SHA-1 is broken for anything new.
+function _M.sha1(data)
+    check_string(data, "data", 2)
+    if C.EVP_Digest(data, #data, mac_buf, nil, sha1, nil) ~= 1 then
+        return nil, "SHA-1 failed"
+    end
+    return ffi_str(mac_buf, 20)
 end
 
 --- The 16-byte MD5 digest of `data`, as raw bytes. Only for protocols that still ask for it

@@ -109,6 +109,10 @@ _M.websocket = {
     -- The channel app:channel(name) declared (moonserve/host/core/channel.lua), or nil.
     channel = function(name) return host.module("channel").get(name) end,
 }
+--- A broadcast to every worker (and with opts.redis every instance) for state each worker
+-- keeps, as caches (moonserve/fanout.lua): b:broadcast(data), b:subscribe(fn), b:poll(t),
+-- b:on_reset(fn); the shape lua-resty-mlcache takes as its ipc.
+function _M.broadcast(name, opts) return require("moonserve.fanout").broadcast(name, opts) end
 --- Which worker this is: id() and count() (moonserve/host/core/worker.lua).
 -- @table worker
 _M.worker = {

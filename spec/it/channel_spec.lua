@@ -91,7 +91,13 @@ describe("app:channel", function()
             "bad channel name a b (1 to 45 letters, digits, '_' or '-')")
         assert.has_error(function() app:channel("c", { ring = 3 }) end,
             "unknown channel option ring for c (accepted: history, size, poll, hole_wait, "
-            .. "max_message_bytes)")
+            .. "max_message_bytes, redis)")
+        assert.has_error(function() app:channel("c", { redis = 5 }) end,
+            "bad redis for channel c (a URL or a moonserve.redis client expected)")
+        -- (a URL moonserve.redis refuses: its one line, at the declaration)
+        local ok, err = pcall(app.channel, app, "c", { redis = "http://127.0.0.1:6379" })
+        assert.is_false(ok)
+        assert.matches("^.-bad redis for fan%-out: redis: ", err)
         assert.has_error(function() app:channel("c", { poll = 0 }) end,
             "bad poll for channel c (positive number expected)")
         assert.has_error(function() app:channel("c", { size = "1x" }) end)

@@ -170,12 +170,13 @@ describe("the Lua layers", function()
         return found, ffi and true or false
     end
 
-    -- The folder a module sits in: "framework" (lua/moonserve/*.lua and pg/), "alias" (a public name
-    -- that is one `return require "..."` over the module it names), "host" (the interface),
-    -- "core", "openresty", "ngx".
+    -- The folder a module sits in: "framework" (lua/moonserve/*.lua, pg/ and redis/), "alias"
+    -- (a public name that is one `return require "..."` over the module it names), "host" (the
+    -- interface), "core", "openresty", "ngx".
     local function folder(path, text)
-        if path:match("^moonserve/pg/[%w_]+%.lua$") then
-            return "framework" -- the PostgreSQL client, host-free like its parent folder
+        if path:match("^moonserve/pg/[%w_]+%.lua$") or path:match("^moonserve/redis/[%w_]+%.lua$")
+            then
+            return "framework" -- the PostgreSQL and Redis clients, host-free like their parent
         end
         if path:match("^moonserve/[%w_]+%.lua$") then
             local code = code_and_strings(text)

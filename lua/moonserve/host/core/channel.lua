@@ -6,7 +6,9 @@
 -- message. The ring never grows: a worker that falls more than `history` messages behind
 -- skips what was overwritten, and a slot still empty after `hole_wait` seconds (a publisher
 -- that died between its incr and its write, or an entry the dictionary evicted) is skipped;
--- both are counted as lost.
+-- both are counted as lost. With `redis` (a URL or a moonserve.redis client) a channel reaches
+-- every instance: moonserve/fanout.lua sends what is published here through Redis pub/sub and
+-- enters what other instances publish into this instance's ring.
 --
 -- `Channel`: what app:channel(name, opts) returns.
 -- @module moonserve.channel
@@ -62,6 +64,16 @@ function Channel:publish(data, kind)
     if k == "t" and not ws.utf8_ok(data) then
         return nil, "not UTF-8"
     end
+    local seq, err = self:_enter(data, k)
+    if seq and self.fanout then
+        require("moonserve.fanout").publish(self.fanout, data, kind)
+    end
+    return seq, err
+end
+
+-- Writes a message into the ring: `k` is "t" (text) or "b" (binary). Returns its sequence
+-- number, or nil, err. What another instance published enters here too (moonserve/fanout.lua).
+function Channel:_enter(data, k)
     local d, err = dict(self)
     if not d then
         return nil, err
@@ -315,11 +327,16 @@ local function check(name, opts, level)
     end
     local o = {}
     for k, v in pairs(opts) do
-        if DEFAULTS[k] == nil then
+        if DEFAULTS[k] == nil and k ~= "redis" then
             error("unknown channel option " .. tostring(k) .. " for " .. name
-                .. " (accepted: history, size, poll, hole_wait, max_message_bytes)", level)
+                .. " (accepted: history, size, poll, hole_wait, max_message_bytes, redis)",
+                level)
         end
         o[k] = v
+    end
+    if o.redis ~= nil and type(o.redis) ~= "string" and type(o.redis) ~= "table" then
+        error("bad redis for channel " .. name .. " (a URL or a moonserve.redis client "
+            .. "expected)", level)
     end
     for k, v in pairs(DEFAULTS) do
         if o[k] == nil then
@@ -356,6 +373,13 @@ function _M.declare(app, name, opts, level)
     ch.history, ch.poll, ch.max_message_bytes = o.history, o.poll, o.max_message_bytes
     ch.hole_limit = ceil(o.hole_wait / o.poll)
     app:shared_dict(ch.dict_name, o.bytes)
+    if o.redis then
+        -- Across instances: published here, also sent through Redis; published elsewhere,
+        -- entered into this instance's ring by the first of its workers to get it.
+        ch.fanout = require("moonserve.fanout").channel(name, o.redis, function(data, kind)
+            ch:_enter(data, kind == "binary" and "b" or "t")
+        end, level)
+    end
     return ch
 end
 

@@ -47,7 +47,8 @@ local roots = {}   -- by a handler's slot: what its light threads are, once it s
 local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local home_obj     -- the same, as the core's server object (its in-process connections)
-local limits = { timers_pending = 1024, timers_running = 256, thread_job_bytes = 16777216 }
+local limits = { timers_pending = 1024, timers_running = 256, thread_job_bytes = 16777216,
+    fanout_queue = 10000 }
 _M.limits = limits
 local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
 -- By handler coroutine: its frame, { req, res } of the request it runs now, where a layer
@@ -985,6 +986,7 @@ function _M.attach(srv, lims)
     limits.timers_pending = lims and lims.timers_pending or defaults.timers_pending
     limits.timers_running = lims and lims.timers_running or defaults.timers_running
     limits.thread_job_bytes = lims and lims.thread_job_bytes or defaults.thread_job_bytes
+    limits.fanout_queue = lims and lims.fanout_queue or defaults.fanout_queue
     stopping = false
 end
 

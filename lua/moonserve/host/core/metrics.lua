@@ -745,11 +745,28 @@ function _M.totals()
     return t
 end
 
+local sections = {} -- the framework's own families: fn(out, family, sample)
+
+--- Adds fn(out, family, sample) to the scrape, once: a part of the framework with counters of
+-- its own (moonserve/fanout.lua) writes its families with the two writers.
+-- @local
+function _M.section(fn)
+    for _, f in ipairs(sections) do
+        if f == fn then
+            return
+        end
+    end
+    sections[#sections + 1] = fn
+end
+
 --- The whole scrape, as text.
 function _M.text()
     local out = {}
     if zone_of then
         core_text(out)
+    end
+    for _, fn in ipairs(sections) do
+        fn(out, family, sample)
     end
     app_text(out)
     return concat(out)

@@ -974,6 +974,12 @@ function _M.run(the_app, opts)
     local limits = parse_limits(opts.limits, the_app)
     local listen = listen_list(opts.listen)
     local route_names = metrics_setup(the_app, opts, listen)
+    -- Fan-out across instances (channels with redis, moonserve.broadcast): its dictionary and
+    -- its subscriptions at each worker's start.
+    local fanout = package.loaded["moonserve.fanout"]
+    if fanout then
+        fanout.prepare(the_app)
+    end
 
     if os.getenv("MOONSERVE_WORKER") then
         -- A worker: the master bound the sockets, in the order of `listen`, from fd 4 on.

@@ -1,0 +1,541 @@
+--- moonserve/redis/init.lua: `moonserve.redis`, a Redis client over the host's pooled sockets:
+-- RESP2, one round trip a call (a command, a pipeline or a script), AUTH and SELECT once per
+-- new connection, TLS, unix sockets, Sentinel, and pub/sub on a connection of its own.
+-- @module moonserve.redis
+local host = require "moonserve.host"
+local resp = require "moonserve.redis.resp"
+local url = require "moonserve.redis.url"
+local crypto = require "moonserve.crypto"
+local bit = require "bit"
+
+local byte, format, find, sub = string.byte, string.format, string.find, string.sub
+local type, tostring, tonumber, setmetatable, error, ipairs = type, tostring, tonumber,
+    setmetatable, error, ipairs
+local floor = math.floor
+local bxor, tobit, tohex = bit.bxor, bit.tobit, bit.tohex
+local encode, read, is_error, Err = resp.encode, resp.read, resp.is_error, resp.Err
+
+local _M = {}
+
+--- A nil bulk or multi-bulk reply (the same value as moonserve.json.null).
+_M.null = resp.null
+
+--- Whether a pipeline's reply is an error reply (its text in .error).
+_M.is_error = is_error
+
+--- Parses and checks options without making a client: the options, or nil and the error line
+-- (what `moonserve --check` and `app:shared_dict` use).
+_M.options = url.options
+
+local Client = {}
+Client.__index = Client
+_M.Client = Client
+
+-- FNV-1a over a string, as hex: a pool's name tells credentials apart without holding them.
+local function fnv(s)
+    local h = tobit(2166136261)
+    for i = 1, #s do
+        h = tobit(bxor(h, byte(s, i)) * 16777619)
+    end
+    return tohex(h)
+end
+
+--- A client: its options checked at once, no I/O until the first call. spec: a URL
+-- (redis://, rediss://, redis+unix://, redis+sentinel://) or a table; opts: options over it.
+-- Returns the client, or nil and one line ("redis: ...").
+function _M.new(spec, opts)
+    local o, err = url.options(spec, opts)
+    if not o then
+        return nil, err
+    end
+    local ms = floor(o.timeout * 1000)
+    local self = setmetatable({ o = o, ms = ms, idle_ms = floor(o.idle_timeout * 1000),
+        primary = nil, sentinel_at = 1 }, Client)
+    -- What tells this client's connections from others' in a pool: the address comes first,
+    -- then the database and whose credentials (hashed, never in a name).
+    self.key_tail = format("/%d/%s/%s/%s", o.db, o.user or "", fnv((o.user or "") .. "\0"
+        .. (o.password or "")), o.tls and ("tls:" .. (o.sni or "") .. (o.insecure and ":i" or ""))
+        or "")
+    if o.sentinels then
+        self.sentinels = {}
+        for i, s in ipairs(o.sentinels) do
+            local h, p = url.host_port(s, url.DEFAULTS.sentinel_port)
+            self.sentinels[i] = { host = h, port = p }
+        end
+    end
+    return self
+end
+
+-- -- Connections ---------------------------------------------------------------------------
+
+local function tcp(self)
+    local sock, err = host.module("socket").tcp()
+    if not sock then
+        return nil, err
+    end
+    sock:settimeouts(self.ms, self.ms, self.ms)
+    return sock
+end
+
+-- Sends commands and reads as many replies on `sock`: a list, or nil and an error.
+local function exchange(sock, cmds)
+    local parts, n = {}, 0
+    for i = 1, #cmds do
+        n = encode(cmds[i], parts, n)
+    end
+    local ok, err = sock:send(parts)
+    if not ok then
+        return nil, err
+    end
+    local out = {}
+    for i = 1, #cmds do
+        local v
+        v, err = read(sock)
+        if v == nil then
+            return nil, err
+        end
+        out[i] = v
+    end
+    return out
+end
+
+-- Asks the sentinels, in turn from the last that answered, for the primary's address.
+local function ask_sentinels(self)
+    local o = self.o
+    local list = self.sentinels
+    local last = "no answer"
+    for k = 0, #list - 1 do
+        local i = (self.sentinel_at - 1 + k) % #list + 1
+        local s = list[i]
+        local sock, err = tcp(self)
+        if sock then
+            local ok
+            ok, err = sock:connect(s.host, s.port, { pool = format("redis-sentinel %s:%d",
+                s.host, s.port), pool_size = 4 })
+            if ok then
+                local cmds = {}
+                if sock:getreusedtimes() == 0 and o.sentinel_password then
+                    cmds[1] = o.sentinel_user
+                        and { "AUTH", o.sentinel_user, o.sentinel_password }
+                        or { "AUTH", o.sentinel_password }
+                end
+                cmds[#cmds + 1] = { "SENTINEL", "get-master-addr-by-name", o.master }
+                local out
+                out, err = exchange(sock, cmds)
+                if out then
+                    local addr = out[#out]
+                    if #cmds == 2 and is_error(out[1]) then
+                        err = "AUTH: " .. out[1].error
+                        sock:close()
+                    elseif is_error(addr) then
+                        err = addr.error
+                        sock:setkeepalive(self.idle_ms, 4)
+                    elseif type(addr) == "table" and addr[1] and tonumber(addr[2]) then
+                        sock:setkeepalive(self.idle_ms, 4)
+                        self.sentinel_at = i
+                        self.primary = { host = addr[1], port = tonumber(addr[2]) }
+                        return self.primary
+                    else
+                        err = "it knows no master " .. format("%q", o.master)
+                        sock:setkeepalive(self.idle_ms, 4)
+                    end
+                else
+                    sock:close()
+                end
+            end
+        end
+        last = format("%s:%d: %s", s.host, s.port, tostring(err))
+    end
+    return nil, "redis: no sentinel gave the primary of " .. format("%q", o.master) .. " ("
+        .. last .. ")"
+end
+
+-- A connection ready for commands: the socket, or nil and an error. A new one is set up
+-- first (TLS, AUTH, SELECT, and ROLE behind a sentinel) in one round trip.
+local function connect(self)
+    local o = self.o
+    for attempt = 1, 2 do
+        local sock, err = tcp(self)
+        if not sock then
+            return nil, err
+        end
+        local h, p, pool
+        if o.path then
+            h, pool = "unix:" .. o.path, "redis unix:" .. o.path .. self.key_tail
+        else
+            if self.sentinels then
+                local primary = self.primary
+                if not primary then
+                    primary, err = ask_sentinels(self)
+                    if not primary then
+                        return nil, err
+                    end
+                end
+                h, p = primary.host, primary.port
+            else
+                h, p = o.host, o.port
+            end
+            pool = format("redis %s:%d%s", h, p, self.key_tail)
+        end
+        local ok
+        ok, err = sock:connect(h, p, { pool = pool, pool_size = o.pool_size,
+            backlog = o.backlog })
+        if not ok then
+            self.primary = nil
+            return nil, err
+        end
+        if sock:getreusedtimes() > 0 then
+            return sock, nil, true
+        end
+        if o.tls then
+            ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil),
+                not o.insecure)
+            if not ok then
+                self.primary = nil
+                return nil, "TLS: " .. tostring(err)
+            end
+        end
+        local cmds = {}
+        if o.password then
+            cmds[1] = o.user and { "AUTH", o.user, o.password } or { "AUTH", o.password }
+        end
+        if o.db ~= 0 then
+            cmds[#cmds + 1] = { "SELECT", o.db }
+        end
+        if self.sentinels then
+            cmds[#cmds + 1] = { "ROLE" }
+        end
+        if #cmds == 0 then
+            return sock, nil, false
+        end
+        local out
+        out, err = exchange(sock, cmds)
+        if not out then
+            sock:close()
+            self.primary = nil
+            return nil, err
+        end
+        for i = 1, #cmds do
+            if is_error(out[i]) then
+                sock:close()
+                return nil, format("redis: %s: %s", cmds[i][1], out[i].error)
+            end
+        end
+        local role = self.sentinels and out[#out]
+        if not role or (type(role) == "table" and role[1] == "master") then
+            return sock, nil, false
+        end
+        -- a sentinel's answer from before a failover: ask again, once
+        sock:close()
+        self.primary = nil
+        if attempt == 2 then
+            return nil, format("redis: %s:%d is a %s, not the primary", h, p,
+                type(role) == "table" and tostring(role[1]) or "?")
+        end
+    end
+end
+
+-- Whether an error from the stream means a pooled connection had died before this call
+-- used it (the server restarted or dropped idle ones): the call may go again on another.
+local function stale(err)
+    return err == "closed" or err == "connection reset by peer" or err == "broken pipe"
+end
+
+local function readonly(v)
+    return is_error(v) and find(v.error, "READONLY", 1, true) ~= nil
+end
+
+-- Runs `cmds` in one round trip on a pooled connection: the list of replies, or nil and an
+-- error. A pooled connection found dead before any byte of a reply came is replaced; a
+-- READONLY reply (a primary turned replica under a sentinel) makes the client ask anew once.
+local function run(self, cmds)
+    local tries, asked = self.o.pool_size + 1, false
+    while true do
+        local sock, err, reused = connect(self)
+        if not sock then
+            return nil, err
+        end
+        local parts, n = {}, 0
+        for i = 1, #cmds do
+            n = encode(cmds[i], parts, n)
+        end
+        local ok, partial
+        ok, err = sock:send(parts)
+        local out = {}
+        if ok then
+            for i = 1, #cmds do
+                local v
+                v, err, partial = read(sock)
+                if v == nil then
+                    partial = partial or i > 1
+                    break
+                end
+                out[i] = v
+            end
+        end
+        if err then
+            sock:close()
+            tries = tries - 1
+            if not (reused and not partial and stale(err) and tries > 0) then
+                self.primary = nil
+                return nil, err
+            end
+        else
+            if not sock:setkeepalive(self.idle_ms, self.o.pool_size) then
+                sock:close()
+            end
+            if not self.sentinels or asked then
+                return out
+            end
+            local ro = false
+            for i = 1, #out do
+                if readonly(out[i]) then
+                    ro = true
+                    break
+                end
+            end
+            if not ro then
+                return out
+            end
+            -- (the writes were refused: nothing happened, so going again is safe)
+            self.primary, asked = nil, true
+        end
+    end
+end
+
+-- -- Calls ---------------------------------------------------------------------------------
+
+--- One command: its reply (a string, a number, a table, redis.null); nil, "ERR ...", true
+-- for an error reply; nil and an error ("timeout", "closed", ...) for a failure.
+-- @usage local v, err = r:call("SET", "k", "v", "EX", 10)
+function Client:call(...)
+    local out, err = run(self, { { ... } })
+    if not out then
+        return nil, err
+    end
+    local v = out[1]
+    if is_error(v) then
+        return nil, v.error, true
+    end
+    return v
+end
+
+--- Several commands, one round trip: a list of replies (an error reply as a value for which
+-- redis.is_error is true), or nil and an error.
+function Client:pipeline(cmds)
+    if type(cmds) ~= "table" then
+        error("bad argument #1 to 'pipeline' (a list of commands expected)", 2)
+    end
+    if #cmds == 0 then
+        return {}
+    end
+    return run(self, cmds)
+end
+
+--- A server-side script: its source and SHA-1 for EVALSHA.
+function _M.script(src)
+    if type(src) ~= "string" then
+        error("bad argument #1 to 'script' (string expected)", 2)
+    end
+    local sha = crypto.sha1(src):gsub(".", function(c) return format("%02x", byte(c)) end)
+    return { src = src, sha = sha }
+end
+
+-- The arguments of EVALSHA or EVAL: what, numkeys, keys..., args...
+local function eval_cmd(verb, body, keys, args)
+    local cmd = { verb, body, #keys }
+    for i = 1, #keys do
+        cmd[#cmd + 1] = keys[i]
+    end
+    for i = 1, #args do
+        cmd[#cmd + 1] = args[i]
+    end
+    return cmd
+end
+
+--- Runs a script (redis.script) with keys and args: EVALSHA, and EVAL once when the server
+-- has not seen it (NOSCRIPT). Returns as call does.
+function Client:eval(script, keys, args)
+    if type(script) ~= "table" or not script.sha then
+        error("bad argument #1 to 'eval' (a redis.script expected)", 2)
+    end
+    keys, args = keys or {}, args or {}
+    local out, err = run(self, { eval_cmd("EVALSHA", script.sha, keys, args) })
+    if not out then
+        return nil, err
+    end
+    local v = out[1]
+    if is_error(v) and sub(v.error, 1, 8) == "NOSCRIPT" then
+        out, err = run(self, { eval_cmd("EVAL", script.src, keys, args) })
+        if not out then
+            return nil, err
+        end
+        v = out[1]
+    end
+    if is_error(v) then
+        return nil, v.error, true
+    end
+    return v
+end
+
+-- -- Pub/sub -------------------------------------------------------------------------------
+
+local Sub = {}
+Sub.__index = Sub
+
+-- A day: a wait with no timeout given (inside nginx each timeout is a line of its log).
+local FOREVER_MS = 86400000
+
+--- A subscriber on a connection of its own (never from the pool): nil and an error if the
+-- connection cannot be made.
+function Client:subscriber()
+    local o = self.o
+    local sock, err = tcp(self)
+    if not sock then
+        return nil, err
+    end
+    local h, p
+    if o.path then
+        h = "unix:" .. o.path
+    elseif self.sentinels then
+        local primary = self.primary
+        if not primary then
+            primary, err = ask_sentinels(self)
+            if not primary then
+                return nil, err
+            end
+        end
+        h, p = primary.host, primary.port
+    else
+        h, p = o.host, o.port
+    end
+    local ok
+    ok, err = sock:connect(h, p)
+    if not ok then
+        self.primary = nil
+        return nil, err
+    end
+    if o.tls then
+        ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil), not o.insecure)
+        if not ok then
+            return nil, "TLS: " .. tostring(err)
+        end
+    end
+    if o.password then
+        local out
+        out, err = exchange(sock, { o.user and { "AUTH", o.user, o.password }
+            or { "AUTH", o.password } })
+        if not out or is_error(out[1]) then
+            sock:close()
+            return nil, out and ("redis: AUTH: " .. out[1].error) or err
+        end
+    end
+    return setmetatable({ sock = sock, ms = self.ms, closed = false }, Sub)
+end
+
+local function sub_send(self, verb, ...)
+    if self.closed then
+        return nil, "closed"
+    end
+    local cmd = { verb, ... }
+    local parts = {}
+    encode(cmd, parts, 0)
+    local ok, err = self.sock:send(parts)
+    if not ok then
+        self:close()
+        return nil, err
+    end
+    return true
+end
+
+--- Subscribes to channels; their confirmations are read (and skipped) by next().
+function Sub:subscribe(...)
+    return sub_send(self, "SUBSCRIBE", ...)
+end
+
+function Sub:psubscribe(...)
+    return sub_send(self, "PSUBSCRIBE", ...)
+end
+
+--- Unsubscribes from the channels given (from all without any).
+function Sub:unsubscribe(...)
+    return sub_send(self, "UNSUBSCRIBE", ...)
+end
+
+function Sub:punsubscribe(...)
+    return sub_send(self, "PUNSUBSCRIBE", ...)
+end
+
+--- The next message within `timeout` seconds (default: until one comes): { kind =
+-- "message" | "pmessage", channel =, pattern =, data = }; nil and "timeout"; nil and "closed"
+-- when the connection is gone (or an error from it).
+function Sub:next(timeout)
+    if self.closed then
+        return nil, "closed"
+    end
+    local sock = self.sock
+    local wait = timeout and floor(timeout * 1000) or FOREVER_MS
+    while true do
+        -- The wait for a message's first line may end in a timeout with the connection kept;
+        -- the rest of a message then comes within the client's timeout, or the link is lost.
+        sock:settimeouts(self.ms, self.ms, wait > 0 and wait or 1)
+        local first, err, partial = sock:receive(1)
+        if not first then
+            if err == "timeout" and (partial == nil or partial == "") then
+                return nil, "timeout"
+            end
+            self:close()
+            return nil, err == "timeout" and "closed" or err
+        end
+        sock:settimeouts(self.ms, self.ms, self.ms)
+        local v
+        if first == "*" then
+            -- (the array's head, then its elements, read as resp.read would)
+            local line
+            line, err = sock:receive()
+            local n = line and tonumber(line)
+            if not n then
+                self:close()
+                return nil, err or "closed"
+            end
+            v = {}
+            for i = 1, n do
+                local e
+                e, err = read(sock)
+                if e == nil then
+                    self:close()
+                    return nil, err
+                end
+                v[i] = e
+            end
+        else
+            -- anything but an array here is an error reply or a broken stream
+            local line = sock:receive()
+            self:close()
+            if first == "-" and line then
+                return nil, line
+            end
+            return nil, "closed"
+        end
+        local kind = v[1]
+        if kind == "message" then
+            return { kind = "message", channel = v[2], data = v[3] }
+        elseif kind == "pmessage" then
+            return { kind = "pmessage", pattern = v[2], channel = v[3], data = v[4] }
+        end
+        -- subscribe, unsubscribe, pong...: confirmations, not messages
+    end
+end
+
+--- Closes the subscriber's connection.
+function Sub:close()
+    if not self.closed then
+        self.closed = true
+        self.sock:close()
+    end
+    return true
+end
+
+_M.Err = Err
+
+return _M

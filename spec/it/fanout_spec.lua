@@ -1,0 +1,289 @@
+-- spec/it/fanout_spec.lua: channels and broadcasts across three instances of two workers each
+-- over a real redis-server this spec starts (spec/fixtures/fanout.lua), with
+-- spec/it/fanout_client.py on Debian's python3-websockets as the browsers' side.
+local helper = require "helper"
+local socket = require "socket"
+local cjson = require "cjson"
+
+local function q(s)
+    return "'" .. s:gsub("'", "'\\''") .. "'"
+end
+
+local function facts_of(out)
+    local facts = { _out = out }
+    for k, v in out:gmatch("([%w_]+)=([^\n]*)") do
+        facts[k] = v
+    end
+    return facts
+end
+
+local function client(case, ports)
+    return facts_of(helper.run(q(helper.tool("websockets")) .. " "
+        .. q(helper.root .. "/spec/it/fanout_client.py") .. " " .. case .. " "
+        .. table.concat(ports, " ") .. " 2>&1"))
+end
+
+local function get(port, path)
+    local r = assert(helper.request(port, "GET " .. path .. " HTTP/1.1\r\nHost: x\r\n"
+        .. "Connection: close\r\n\r\n"))
+    return r.body, r.status
+end
+
+local function post(port, path, body)
+    local r = assert(helper.request(port, "POST " .. path .. " HTTP/1.1\r\nHost: x\r\n"
+        .. "Connection: close\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body))
+    assert.equal(200, r.status, r.body)
+end
+
+local function stats(port)
+    return cjson.decode((get(port, "/fanout")))
+end
+
+local function seen(port)
+    return cjson.decode((get(port, "/seen")))
+end
+
+-- A sample of the scrape: the value of `name` (no labels) on the instance at `port`.
+local function metric(port, name)
+    local text = get(port, "/metrics")
+    return tonumber(text:match("\n" .. name .. " (%S+)"))
+end
+
+local function start_redis(port)
+    local pid = helper.background(string.format("%s --port %d --bind 127.0.0.1 --save '' "
+        .. "--appendonly no --daemonize no", helper.tool("redis-server"), port))
+    helper.wait_port(port)
+    return pid
+end
+
+describe("fan-out across three instances over Redis", function()
+    local rport, redis_pid
+    local servers, ports = {}, {}
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        for i = 1, 3 do
+            local p = helper.free_port()
+            servers[i] = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+                env = { FANOUT_REDIS = "redis://127.0.0.1:" .. rport },
+                args = "--listen 127.0.0.1:" .. p .. " --workers 2" }
+            ports[i] = servers[i].port
+        end
+        for i = 1, 3 do
+            assert(helper.wait_for(function() return stats(ports[i]).up == 2 end),
+                "instance " .. i .. " did not subscribe")
+        end
+    end)
+
+    teardown(function()
+        for _, s in ipairs(servers) do
+            s:stop()
+        end
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("delivers what a client of any instance publishes to every client of every instance, "
+        .. "exactly once", function()
+        local f = client("exact", ports)
+        for _, p in ipairs(ports) do
+            assert.equal("0,1", f["workers_" .. p], f._out)
+        end
+        local n, m = tonumber(f.sockets), tonumber(f.messages)
+        assert.is_true(n >= 6, f._out)
+        assert.equal("0", f.wrong, f._out)
+        assert.equal(n * m, tonumber(f.deliveries), f._out)
+        -- each instance counted what it took from the others, and Redis took every publish
+        local received = 0
+        for _, p in ipairs(ports) do
+            received = received + stats(p).received
+            assert.equal(0, stats(p).publish_failed)
+        end
+        assert.equal(2 * m, received) -- (each message entered the two other instances once)
+    end)
+
+    it("broadcasts to every worker of every instance, as b:broadcast(data) and as "
+        .. "lua-resty-mlcache's broadcast(channel, data)", function()
+        post(ports[1], "/invalidate", "k1")
+        post(ports[2], "/invalidate?mlcache=1", "key9")
+        for _, p in ipairs(ports) do
+            assert(helper.wait_for(function()
+                local s = seen(p)
+                return s["0"].got:find("k1", 1, true) and s["1"].got:find("k1", 1, true)
+                    and s["0"].ml == "key9" and s["1"].ml == "key9"
+            end, 5), "port " .. p .. ": " .. get(p, "/seen"))
+        end
+    end)
+
+    it("never lets a socket that does not read hold up the others or the worker", function()
+        local f = client("slow", ports)
+        assert.equal(f.readers, f.readers_complete, f._out)
+        assert.is_true(tonumber(f.hello_ms) < 500, f._out)
+    end)
+
+    it("subscribes again after Redis comes back, counts what it missed, logs the outage once "
+        .. "and tells every worker to purge", function()
+        local before = {}
+        for i, p in ipairs(ports) do
+            before[i] = seen(p)
+        end
+        local out = os.tmpname()
+        local cpid = helper.background(q(helper.tool("websockets")) .. " "
+            .. q(helper.root .. "/spec/it/fanout_client.py") .. " listen 10 "
+            .. table.concat(ports, " ") .. " >" .. out .. " 2>&1; true")
+        local function output()
+            local fh = io.open(out)
+            local s = fh and fh:read("*a") or ""
+            if fh then fh:close() end
+            return s
+        end
+        assert(helper.wait_for(function() return output():find("ready=1") end), output())
+        socket.sleep(0.3)
+
+        os.execute("kill -9 " .. redis_pid)
+        for i = 1, 3 do
+            assert(helper.wait_for(function() return stats(ports[i]).up == 0 end, 5))
+        end
+        -- (one keep-alive connection for both publishes: one worker, one sender, whose
+        -- next message after the outage shows the gap)
+        local keep = helper.connect(ports[1])
+        local function keep_post(path, body)
+            assert(keep:send("POST " .. path .. " HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                .. #body .. "\r\n\r\n" .. body))
+            local r = helper.read_response(keep)
+            assert.equal(200, r.status)
+        end
+        keep_post("/publish?n=3", "during")
+        assert(helper.wait_for(function()
+            return metric(ports[1], "moonserve_fanout_publish_failed_total") == 3
+        end, 5), get(ports[1], "/metrics"))
+
+        redis_pid = start_redis(rport)
+        for i = 1, 3 do
+            assert(helper.wait_for(function() return stats(ports[i]).up == 2 end, 10),
+                "instance " .. i .. " did not subscribe again")
+        end
+        keep_post("/publish", "after")
+        keep:close()
+
+        -- the client's sockets: the publishing instance's got everything; the others got
+        -- what was published once Redis was back
+        assert(helper.wait_for(function() return output():find("got_" .. ports[3]) end, 15))
+        local f = facts_of(output())
+        os.remove(out)
+        helper.stop_pid(cpid)
+        for each in f["got_" .. ports[1]]:gmatch("[^|]+") do
+            assert.equal("after,during-1,during-2,during-3", each, f._out)
+        end
+        for i = 2, 3 do
+            for each in f["got_" .. ports[i]]:gmatch("[^|]+") do
+                assert.equal("after", each, f._out)
+            end
+        end
+        -- the three lost messages, seen as a gap in the first instance's numbers
+        for i = 2, 3 do
+            assert(helper.wait_for(function()
+                return metric(ports[i], "moonserve_fanout_missed_total") == 3
+            end, 5), get(ports[i], "/metrics"))
+            assert.equal(1, metric(ports[i], "moonserve_fanout_outages_total"))
+        end
+        for i = 1, 3 do
+            local log = servers[i]:log()
+            local _, lines = log:gsub("fanout: lost redis", "")
+            assert.equal(1, lines, log)
+            -- every worker was told to purge, its mlcache purge event too
+            local s = seen(ports[i])
+            for w = 0, 1 do
+                local k = tostring(w)
+                assert.is_true(s[k].resets > before[i][k].resets, get(ports[i], "/seen"))
+                assert.is_true(s[k].mlpurge > before[i][k].mlpurge)
+            end
+        end
+    end)
+end)
+
+describe("a broadcast with no Redis", function()
+    local srv
+
+    setup(function()
+        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 2" }
+    end)
+
+    teardown(function()
+        srv:stop()
+    end)
+
+    it("reaches every worker of the instance", function()
+        socket.sleep(0.2)
+        post(srv.port, "/invalidate", "local1")
+        post(srv.port, "/invalidate?mlcache=1", "local2")
+        assert(helper.wait_for(function()
+            local s = seen(srv.port)
+            return s["0"].got == "local1,local2" and s["1"].got == "local1,local2"
+                and s["0"].ml == "local2"
+                and s["1"].ml == "local2"
+        end, 5), get(srv.port, "/seen"))
+        assert.is_nil(get(srv.port, "/metrics"):find("moonserve_fanout_up 1"))
+    end)
+end)
+
+describe("the demo site on two instances and a Redis", function()
+    local rport, redis_pid
+    local servers = {}
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        for i = 1, 2 do
+            servers[i] = helper.spawn_server { bare = true,
+                env = { REDIS_URL = "redis://127.0.0.1:" .. rport },
+                args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 2" }
+        end
+    end)
+
+    teardown(function()
+        for _, s in ipairs(servers) do
+            s:stop()
+        end
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("shares its counter and its chat between the instances", function()
+        local f = client("demo", { servers[1].port, servers[2].port })
+        assert.equal("0,0", f.hello_counts, f._out)
+        assert.equal("1", f.a_count, f._out)
+        assert.equal("1", f.b_count, f._out)
+        assert.equal("hello fleet", f.a_say, f._out)
+        assert.equal("hello fleet", f.b_say, f._out)
+        assert.equal("1", helper.redis_cmd(rport, "GET moonserve:demo:count"):gsub("\r\n$", ""))
+    end)
+end)
+
+describe("the fanout_queue limit", function()
+    local rport, redis_pid, srv
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+            env = { FANOUT_REDIS = "redis://127.0.0.1:" .. rport },
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1 "
+                .. "--limit fanout_queue=5" }
+        assert(helper.wait_for(function() return stats(srv.port).up == 1 end))
+    end)
+
+    teardown(function()
+        srv:stop()
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("fails the oldest publishes past it, counted, and sends the rest", function()
+        -- (twenty publishes in one handler, which never waits: the writer runs after it)
+        post(srv.port, "/publish?n=20", "q")
+        assert(helper.wait_for(function()
+            local s = stats(srv.port)
+            return s.published == 5 and s.publish_failed == 15
+        end, 5), get(srv.port, "/fanout"))
+    end)
+end)

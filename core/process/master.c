@@ -1302,6 +1302,11 @@ static void upgrade_start(void)
         ms_log(MS_LOG_WARN, "SIGUSR2: the workers are still starting: not upgrading");
         return;
     }
+    if (U.handles > 0) { /* (the last upgrade's handles close at the end of this loop turn) */
+        ms_log(MS_LOG_WARN, "SIGUSR2: the last upgrade is still ending: not upgrading (send "
+                            "SIGUSR2 again)");
+        return;
+    }
     /* Every slot's sockets, or the one set they share (socket activation). */
     int groups = M.activated ? 1 : o->workers, nfds = groups * o->nlisten;
     int pipefd[2];
@@ -1338,6 +1343,8 @@ static void upgrade_start(void)
     env[k++] = count;
     env[k] = NULL;
 
+    /* (Renamed first: the new master writes its own under the name once it is ready.) */
+    pid_file_move(1);
     uv_process_options_t po;
     memset(&po, 0, sizeof(po));
     po.file = o->argv[0];
@@ -1354,7 +1361,9 @@ static void upgrade_start(void)
         ms_log(MS_LOG_ERR, "SIGUSR2: cannot start %s: %s; this master serves on", o->argv[0],
                uv_strerror(rc));
         close(pipefd[0]);
-        uv_close((uv_handle_t *)&U.proc, NULL);
+        U.handles++;
+        uv_close((uv_handle_t *)&U.proc, upgrade_handle_closed);
+        pid_file_move(0);
         return;
     }
     U.pid = U.proc.pid;
@@ -1366,7 +1375,6 @@ static void upgrade_start(void)
     uv_poll_start(&U.poll, UV_READABLE, upgrade_readable);
     uv_timer_init(M.loop, &U.deadline);
     uv_timer_start(&U.deadline, upgrade_deadline_cb, (uint64_t)(upgrade_deadline() * 1000), 0);
-    pid_file_move(1);
     ms_log(MS_LOG_INFO,
            "SIGUSR2: upgrading: started a new master (pid %d) on this master's %d "
            "listening socket%s",

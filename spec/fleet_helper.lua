@@ -6,10 +6,15 @@ local helper = require "helper"
 
 local fleet = {}
 
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
+
 local sh_quote, read_file = helper.sh_quote, helper.read_file
 
+-- Whether `pid` runs: a zombie does not (a process started in the background is the child
+-- of a shell that has exited, and waits to be reaped by whoever adopted it, not always at once).
 local function alive(pid)
-    return os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0
+    local stat = read_file("/proc/" .. pid .. "/stat")
+    return stat ~= "" and not stat:match("^%d+ %b() Z")
 end
 fleet.alive = alive
 
@@ -78,8 +83,9 @@ end
 -- { proxy =, plain =, agent = } (free ones when missing; `proxy` is a --listen-proxy listener
 -- for HAProxy's PROXY v2, `plain` a plain one for nginx), opts.args: more arguments (default
 -- FLEET_ARGS from the environment, else "--readyz /readyz --drain-delay 1": a run with
--- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.dir: where its log goes. Returns an instance
--- with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its ports).
+-- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.dir: where its log
+-- goes. Returns an instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace()
+-- (a new one on its ports).
 function fleet.instance(opts)
     local ports = opts.ports or {}
     ports.proxy = ports.proxy or helper.free_port()
@@ -89,9 +95,10 @@ function fleet.instance(opts)
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
-        local cmd = string.format("FLEET_INSTANCE=%s %s %s --listen-proxy 127.0.0.1:%d "
-            .. "--listen 127.0.0.1:%d --workers %d --agent-check 127.0.0.1:%d %s",
-            sh_quote(self.name), sh_quote(helper.bin), sh_quote(helper.root .. "/" .. app),
+        local cmd = string.format("FLEET_INSTANCE=%s " .. BIN .. " %s "
+            .. "--listen-proxy 127.0.0.1:%d --listen 127.0.0.1:%d --workers %d "
+            .. "--agent-check 127.0.0.1:%d %s",
+            sh_quote(self.name), sh_quote(helper.root .. "/" .. app),
             ports.proxy, ports.plain, opts.workers or 2, ports.agent,
             opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")
         self.pid = background(cmd, self.logfile)
@@ -145,7 +152,8 @@ end
 -- Debian's HAProxy (2.6) in front of `instances`: PROXY v2 to their proxy listeners, checks
 -- GET /readyz every 100 ms (down after 1 failure, up after 2), the agent-check on each
 -- instance's agent port, HTTP/1.1 and HTTP/2 with prior knowledge on its frontend, a stats
--- page. opts.dir: where its files go; opts.extra: more lines for the backend. Returns
+-- page. opts.dir: where its files go; opts.extra: more lines for the backend; opts.retries:
+-- the defaults' lines on retries (default "retries 3" and "option redispatch 1"). Returns
 -- { port, stats_port, pid, log(), stop(), status() } where status() maps server names to
 -- their state ("UP", "DOWN", "DRAIN", "MAINT", ...).
 function fleet.haproxy(instances, opts)
@@ -168,8 +176,7 @@ defaults
     timeout server 30s
     timeout tunnel 60s
     timeout http-keep-alive 10s
-    retries 3
-    option redispatch 1
+%s
 frontend web
     bind 127.0.0.1:%d
     default_backend app
@@ -183,7 +190,8 @@ listen stats
     bind 127.0.0.1:%d
     stats enable
     stats uri /stats
-]], port, opts.extra or "", table.concat(servers, "\n"), stats))
+]], opts.retries or "    retries 3\n    option redispatch 1", port, opts.extra or "",
+        table.concat(servers, "\n"), stats))
     local pid = background(string.format("%s -db -f %s", helper.tool("haproxy"),
         sh_quote(dir .. "/haproxy.cfg")), dir .. "/haproxy.log")
     local hap = { port = port, stats_port = stats, pid = pid, dir = dir }

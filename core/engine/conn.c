@@ -3,6 +3,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
@@ -555,12 +556,26 @@ void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n)
     ms__out_commit(s, o, n);
 }
 
+/* Whether bytes from the peer wait in the socket, unread, with reading on. */
+static int request_waiting(ms_conn_t *c)
+{
+    int fd = c->io->fd != NULL ? c->io->fd(c) : -1, n = 0;
+    return fd >= 0 && !(c->flags & MS_CONN_READ_OFF) && ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 static void timer_expired(ms_timer_t *t)
 {
     ms_conn_t *c = container_of(t, ms_conn_t, timer);
     int phase = c->phase;
     c->phase = MS_PHASE_NONE;
     if (phase == MS_PHASE_IDLE) {
+        if (request_waiting(c)) {
+            /* Its next request came as the idle time (or a stop's grace) ended, and is still
+             * unread, as deadlines run before the loop reads: it is answered (with
+             * "connection: close" when stopping), not lost under the close. */
+            ms__conn_arm(c, MS_PHASE_IDLE, MS_STOP_GRACE_MS);
+            return;
+        }
         ms__conn_close(c, 0);
         return;
     }

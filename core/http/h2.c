@@ -1162,6 +1162,7 @@ static ssize_t base64url(const char *in, size_t n, uint8_t *out, size_t cap)
  * on as stream 1 of an HTTP/2 session; `rest` is what the client sent after it (its preface,
  * its frames). */
 static void h2_feed(ms_conn_t *c, const char *data, size_t len);
+static void h2_stop(ms_conn_t *c);
 
 static void h2_upgrade(ms_conn_t *c, ms_req_t *r, const char *rest, size_t restlen)
 {
@@ -1411,6 +1412,11 @@ static void h2_feed(ms_conn_t *c, const char *data, size_t len)
         if (h2_of(c) != NULL && !(c->flags & MS_CONN_CLOSED))
             h2_drain_check(c);
     }
+    /* A connection made while the server drains: the streams it sent first are taken, and
+     * it is told to go, as the connections before it were (ms_server_drain). */
+    if (MS_UNLIKELY(c->server->stopping) && h2_of(c) == h2 && !(c->flags & MS_CONN_CLOSED) &&
+        h2->going_away == GOAWAY_NONE)
+        h2_stop(c);
     ms__conn_rearm(c);
     ms__conn_release(c);
 }

@@ -1524,10 +1524,14 @@ static uint64_t drain_begin(int signum)
 {
     uint64_t ms = (uint64_t)(M.o->drain_delay * 1000);
     ms_agent_drain(M.agent);
+    if (ms == 0) {
+        ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
+        close_listening();
+        return 0;
+    }
     ms_log(MS_LOG_INFO, "signal %d: draining %d workers: not ready, accepting for %.3g s more, "
            "then stopping", signum, M.live, M.o->drain_delay);
-    if (ms > 0)
-        uv_timer_start(&M.drain_timer, drain_timer_cb, ms, 0);
+    uv_timer_start(&M.drain_timer, drain_timer_cb, ms, 0);
     return ms;
 }
 

@@ -144,6 +144,12 @@ function EventStream:gone()
         self.closed = true
         return true
     end
+    -- The server drains (a host that can tell): the stream ends, its reply whole, and the
+    -- client reconnects elsewhere (with Last-Event-ID, so nothing is missed).
+    if res._server_stopping and res:_server_stopping() then
+        self.closed = true
+        return true
+    end
     return false
 end
 
@@ -184,10 +190,11 @@ end
 
 --- Streams the channel's messages (the stream's `channel` option) as events (`id` the
 -- message's sequence number, `event` the stream's `event` option, `data` the message) with a
--- heartbeat comment every `heartbeat` seconds, until the client leaves; without a channel,
--- only heartbeats. With `replay`, a client that reconnects with Last-Event-ID first gets the
--- messages after that id still in the channel's ring; if some are no longer there, an event
--- named `reset` (data: how many were lost, or "unknown") comes first. Returns nil, "gone".
+-- heartbeat comment every `heartbeat` seconds, until the client leaves or the server drains;
+-- without a channel, only heartbeats. With `replay`, a client that reconnects with
+-- Last-Event-ID first gets the messages after that id still in the channel's ring; if some
+-- are no longer there, an event named `reset` (data: how many were lost, or "unknown") comes
+-- first. Returns nil, "gone".
 function EventStream:follow()
     local ch = self.channel
     local seq0

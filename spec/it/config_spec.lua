@@ -205,6 +205,8 @@ app:run { listen = "127.0.0.1:%d", workers = 0, log_level = "warn" }
             { "MOONSERVE_READYZ", "ready", "a path starting with / expected" },
             { "MOONSERVE_STOP_TIMEOUT", "0", "seconds, above 0, expected" },
             { "MOONSERVE_START_TIMEOUT", "soon", "seconds, above 0, expected" },
+            { "MOONSERVE_DRAIN_DELAY", "-1", "seconds, 0 or more, expected" },
+            { "MOONSERVE_AGENT_CHECK", "9200", "HOST:PORT expected" },
         }
         local app = q(helper.root .. "/" .. APP)
         for _, c in ipairs(cases) do

@@ -43,9 +43,11 @@ describe("a rolling restart", function()
 
     it("behind HAProxy loses no request", function()
         instances = fleet.instances(3, { dir = dir })
-        balancer = fleet.haproxy(instances, { dir = dir })
+        -- No retries: the drain alone must keep every request (a balancer's retries would
+        -- hide a connection refused or closed under a request).
+        balancer = fleet.haproxy(instances, { dir = dir, retries = "    retries 0" })
         assert.is_true(balancer.all_up(), balancer.log())
-        load = fleet.load({ h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
+        load = fleet.load({ h1 = { balancer.port, 6 }, h2 = { balancer.port, 3 },
             ws = { balancer.port, 3 } }, { dir = dir })
         helper.wait_for(function() return false end, 1) -- (the load under way)
         local unclean = fleet.roll(instances, function()
@@ -61,7 +63,7 @@ describe("a rolling restart", function()
     it("behind nginx loses no request", function()
         instances = fleet.instances(3, { dir = dir })
         balancer = fleet.nginx(instances, { dir = dir })
-        load = fleet.load({ h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } },
+        load = fleet.load({ h1 = { balancer.port, 6 }, ws = { balancer.port, 3 } },
             { dir = dir })
         helper.wait_for(function() return false end, 1)
         local unclean = fleet.roll(instances, nil, 1)

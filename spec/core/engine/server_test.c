@@ -2,6 +2,11 @@
  * on open connections, stopping and freeing; the limits' defaults. */
 #include "test.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "../../../core/engine/server.c"
 #include "loopback.h"
 
@@ -160,6 +165,80 @@ TEST(server_closes_connections_over_its_cap_before_reading)
     client_free(&cl);
     ms_server_stop(srv, on_stopped);
     uv_run(&loop, UV_RUN_NOWAIT);
+    teardown();
+}
+
+/* A blocking loopback client of the server's port, for steps the loop must not see yet. */
+static int raw_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+        return fd;
+    if (fd >= 0)
+        close(fd);
+    return -1;
+}
+
+TEST(server_drains_accepting_for_its_delay_then_refuses)
+{
+    setup(NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    int port = ms_server_port(srv);
+    ms_server_drain(srv, 300, NULL, on_stopped);
+    ASSERT(ms_server_stopping(srv));
+    /* During the delay: accepted and served, and told to close. */
+    static const char keep[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    client_t in;
+    client_start(&in, &loop, port, S(keep));
+    ASSERT(run_until(&loop, &in.done, 5000));
+    ASSERT_EQ(1, requests);
+    ASSERT_HAS(in.got.base, "connection: close\r\n");
+    ASSERT_EQ(0, stopped); /* not before the delay is over */
+    client_free(&in);
+    /* Then the listeners close, and the stop is done. */
+    ASSERT(run_until(&loop, &stopped, 5000));
+    client_t late;
+    client_start(&late, &loop, port, S(keep));
+    ASSERT(run_until(&loop, &late.done, 5000));
+    ASSERT(late.status < 0 && late.status != UV_EOF); /* refused */
+    ASSERT_EQ(1, requests);
+    client_free(&late);
+    teardown();
+}
+
+TEST(server_answers_a_request_that_came_as_an_idle_connection_ended)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.idle_timeout_ms = 50;
+    setup(&lim);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    int fd = raw_connect(ms_server_port(srv));
+    ASSERT(fd >= 0);
+    static const char keep[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    ASSERT_EQ((ssize_t)sizeof(keep) - 1, send(fd, keep, sizeof(keep) - 1, 0));
+    while (requests < 1)
+        uv_run(&loop, UV_RUN_ONCE);
+    char buf[4096];
+    ASSERT(recv(fd, buf, sizeof(buf), 0) > 0);
+    /* The idle deadline passes while the loop is away; the next request arrives just then,
+     * and is in the socket, unread, when the deadline runs (before the loop reads). */
+    usleep(120 * 1000);
+    ASSERT_EQ((ssize_t)sizeof(keep) - 1, send(fd, keep, sizeof(keep) - 1, 0));
+    for (int i = 0; i < 50 && requests < 2; i++)
+        uv_run(&loop, UV_RUN_NOWAIT);
+    ASSERT_EQ(2, requests);
+    ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+    ASSERT(n > 0);
+    buf[n] = '\0';
+    ASSERT_HAS(buf, "HTTP/1.1 200 OK\r\n");
+    close(fd);
+    /* Then it goes idle, and closes at its deadline. */
+    ASSERT_EQ(1, (int)srv->stats->conns);
+    ms_server_stop(srv, on_stopped);
+    ASSERT(run_until(&loop, &stopped, 5000));
     teardown();
 }
 

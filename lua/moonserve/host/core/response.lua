@@ -53,6 +53,12 @@ function Response:gone()
     return band(view(self).flags, ABORTED) ~= 0
 end
 
+-- Whether the server is draining or stopping (ms_server_drain): a long-lived reply (an event
+-- stream) should end now, cleanly, so that its connection does not hold the stop.
+function Response:_server_stopping()
+    return C.ms_ffi_server_stopping(view(self)) ~= 0
+end
+
 -- Whether the client shut its side of an HTTP/1.1 connection while the handler ran: it may
 -- still read (a half-close), but no browser does that; an event stream takes it as leaving.
 function Response:_peer_eof()

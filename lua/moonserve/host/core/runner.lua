@@ -378,6 +378,13 @@ local function env_delay(v)
     return n
 end
 
+local function env_addr(v)
+    if not v:match("^%[?[%w%.:]*%]?:%d+$") then
+        return nil, "HOST:PORT expected"
+    end
+    return v
+end
+
 local function env_one_of(...)
     local set, names = {}, { ... }
     for _, s in ipairs(names) do
@@ -417,7 +424,7 @@ local ENV = {
     { "MOONSERVE_READYZ", "readyz", env_path },
     { "MOONSERVE_STOP_TIMEOUT", "stop_timeout", env_seconds },
     { "MOONSERVE_DRAIN_DELAY", "drain_delay", env_delay },
-    { "MOONSERVE_AGENT_CHECK", "agent_check", env_string },
+    { "MOONSERVE_AGENT_CHECK", "agent_check", env_addr },
     { "MOONSERVE_START_TIMEOUT", "start_timeout", env_seconds },
     { "MOONSERVE_USER", "user", env_string },
     { "MOONSERVE_GROUP", "group", env_string },

@@ -2,14 +2,13 @@
 -- with `redis` and for moonserve.broadcast. Per worker and Redis server, one dedicated
 -- subscriber connection carries every topic; a background task owns it and subscribes again,
 -- with backoff, after Redis comes back. Publishes are queued and sent by a second task, in
--- pipelines, so that a publisher never waits for Redis. Each message is numbered by its
--- instance (a random id the instance's workers share) and a sequence per topic, so that a
--- worker sees what it missed as a gap; a message from another instance enters this
--- instance's ring once, through the first of its workers to claim it in the shared
+-- pipelines, so that a publisher never waits for Redis. Each message carries its sender (the
+-- instance's id, which its workers share, and one of the sending process's) and the sender's
+-- sequence number on the topic, so that a worker sees what it missed as a gap (heartbeats
+-- carry the last number when a sender falls quiet); a message from another instance enters
+-- this instance's ring once, through the first of its workers to claim it in the shared
 -- dictionary, and every worker then delivers it from the ring to its own subscribers, as it
 -- does the instance's own messages (which never come back from Redis to the same instance).
--- The numbers are each worker's (a sender: the instance's id and one of the process's), as
--- each worker's writer sends in its own order.
 --
 -- `Broadcast`: what moonserve.broadcast(name, opts) returns; it is also the `ipc` option
 -- lua-resty-mlcache takes (register_listeners, broadcast(channel, data), poll(timeout)).
@@ -114,7 +113,8 @@ local function new_bus(opt, level)
             or type(opt.pipeline) ~= "function" then
         error("bad redis (a URL or a moonserve.redis client expected)", level + 1)
     end
-    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, q = {}, qh = 1,
+    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, told = {},
+        q = {}, qh = 1,
         qt = 0, reading = false, writing = false, sema = nil, waiting = false,
         down_since = nil, up = false }
 end
@@ -135,7 +135,7 @@ local function receive(b, channel, payload)
     if not t or type(payload) ~= "string" then
         return
     end
-    local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tb])()")
+    local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tbh])()")
     if not inst then
         count("malformed", 1)
         return
@@ -155,11 +155,16 @@ local function receive(b, channel, payload)
         if seq <= last then
             return -- (old, or sent twice)
         end
-        if seq > last + 1 then
-            host.module("timer").at(GAP_WAIT, _M._count_gap, channel, inst, last + 1, seq - 1)
+        -- (a heartbeat's number was sent too; a message's is this one)
+        local upto = kind == "h" and seq or seq - 1
+        if upto > last then
+            host.module("timer").at(GAP_WAIT, _M._count_gap, channel, inst, last + 1, upto)
         end
     end
     per[inst] = seq
+    if kind == "h" then
+        return -- (a heartbeat: the sender's last number, no message)
+    end
     local d = dict()
     if d and d:add(format("r:%s:%s:%d", channel, inst, seq), 1, CLAIM_TTL) then
         count("received", 1)
@@ -322,6 +327,29 @@ local function reader(premature, b)
     end
 end
 
+-- The sender of this process's publishes: the instance's id and one of the process's own.
+-- Each worker numbers what it sends in the order its writer sends it (a number taken from
+-- the instance would let two workers' messages reach Redis out of their order), and a
+-- process of its own never takes up a number a worker it replaced (a reload) has used.
+local sender
+
+-- After a second with nothing to send, a worker tells each topic it published on how far
+-- its numbers went (a heartbeat, kind "h", carrying its last number and no message), until
+-- Redis has taken one: so a gap shows soon after an outage even when the sender publishes
+-- nothing more.
+local function heartbeats(b)
+    if not sender then
+        return
+    end
+    for topic, seq in pairs(b.seq) do
+        if b.told[topic] ~= seq then
+            b.told[topic] = seq
+            b.qt = b.qt + 1
+            b.q[b.qt] = { topic, format("%s %d h", sender, seq), true }
+        end
+    end
+end
+
 -- The writer task: sends what is queued, BATCH publishes to a pipeline.
 local function writer(premature, b)
     if premature then
@@ -332,27 +360,37 @@ local function writer(premature, b)
     while not stopping() do
         if b.qh > b.qt then
             b.waiting = true
-            b.sema:wait(1) -- (a second at most: it then looks whether the worker stops)
-            b.waiting = false
+            local woken = b.sema:wait(1) -- (a second at most: then it looks whether the
+            b.waiting = false            -- worker stops)
+            if not woken then
+                heartbeats(b)
+            end
         else
-            local cmds, n = {}, 0
+            local cmds, beats, n = {}, {}, 0
             while b.qh <= b.qt and n < BATCH do
                 local m = b.q[b.qh]
                 b.q[b.qh] = nil
                 b.qh = b.qh + 1
                 n = n + 1
-                cmds[n] = { "PUBLISH", m[1], m[2] }
+                cmds[n], beats[n] = { "PUBLISH", m[1], m[2] }, m[3] and m[1]
             end
             local replies = b.client:pipeline(cmds)
-            local sent = 0
-            for i = 1, replies and n or 0 do
-                local r = replies[i]
-                if r ~= nil and not redis.is_error(r) then
+            local sent, failed = 0, 0
+            for i = 1, n do
+                local r = replies and replies[i]
+                local ok = r ~= nil and not redis.is_error(r)
+                if beats[i] then
+                    if not ok then
+                        b.told[beats[i]] = nil -- (told again at the next idle second)
+                    end
+                elseif ok then
                     sent = sent + 1
+                else
+                    failed = failed + 1
                 end
             end
             count("published", sent)
-            count("publish_failed", n - sent)
+            count("publish_failed", failed)
         end
     end
     b.writing = false
@@ -374,12 +412,6 @@ local function start(b)
         end
     end
 end
-
--- The sender of this process's publishes: the instance's id and one of the process's own.
--- Each worker numbers what it sends in the order its writer sends it (a number taken from
--- the instance would let two workers' messages reach Redis out of their order), and a
--- process of its own never takes up a number a worker it replaced (a reload) has used.
-local sender
 
 -- Queues `data` for the other instances on the Redis channel `topic`. Never waits.
 local function publish(b, topic, kind, data)
@@ -683,6 +715,9 @@ function Broadcast:register_listeners(events)
             list[#list + 1] = ev.handler
             self.listeners[ev.channel] = list
         end
+    end
+    if dict() then
+        start_poller(self) -- (mlcache polls too, in its update(): both are harmless)
     end
     return true
 end

@@ -1,7 +1,8 @@
 -- spec/it/fleet_upgrade_spec.lua: the rolling upgrade under load: three instances of two workers
--- behind HAProxy (PROXY v2, checks on /readyz, the agent-check), each in turn upgraded (USR2: a
--- new master takes its sockets over; QUIT the old one once the new one is ready) while clients
--- hold keep-alive HTTP/1.1, HTTP/2 and WebSocket connections: not one request may fail.
+-- behind HAProxy (PROXY v2, checks on /readyz, the agent-check) and behind nginx (an upstream
+-- with keep-alive), each in turn upgraded (USR2: a new master takes its sockets over; QUIT the
+-- old one once the new one is ready) while clients hold keep-alive HTTP/1.1, HTTP/2 (HAProxy)
+-- and WebSocket connections: not one request may fail.
 local helper = require "helper"
 local fleet = require "fleet_helper"
 
@@ -46,26 +47,28 @@ describe("a rolling upgrade", function()
         fleet.cleanup(dir)
     end)
 
-    it("behind HAProxy refuses no connection and loses no request", function()
-        instances = {}
+    -- Three instances of two workers with pid files, all ready.
+    local function three()
+        local list = {}
         for i = 1, 3 do
             local pid_file = dir .. "/i" .. i .. ".pid"
             local inst = fleet.instance { name = "i" .. i, dir = dir, ports = {},
                 args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
             inst.pid_file = pid_file
-            instances[i] = inst
+            list[i] = inst
         end
-        for _, inst in ipairs(instances) do
+        for _, inst in ipairs(list) do
             inst:ready()
         end
-        balancer = fleet.haproxy(instances, { dir = dir })
-        assert.is_true(balancer.all_up(), balancer.log())
-        load = fleet.load({ h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
-            ws = { balancer.port, 3 } }, { dir = dir })
+        return list
+    end
+
+    -- Upgrades each instance in turn under the load; checks that its new master's workers
+    -- answer, calls settle() and reports the load's counts.
+    local function roll(name, settle)
         helper.wait_for(function() return false end, 1) -- (the load under way)
         for _, inst in ipairs(instances) do
             local new = upgrade(inst)
-            -- The new master's workers are the ones that answer now.
             local workers = {}
             for _, pid in ipairs(helper.children(new)) do
                 workers[pid] = true
@@ -75,14 +78,16 @@ describe("a rolling upgrade", function()
                     .. "Connection: close\r\n\r\n").body
                 assert.truthy(workers[body:match("(%d+)$")], body)
             end
-            assert.is_true(balancer.all_up(), balancer.log())
+            if settle then
+                settle()
+            end
             helper.wait_for(function() return false end, 0.5)
         end
         helper.wait_for(function() return false end, 1)
         local counts = load.finish()
         load = nil
-        print(string.format("haproxy, rolling upgrade: %d requests and echoes, %d failed (h1 "
-            .. "%d/%d, h2 %d/%d, ws %d/%d, WebSockets closed 1001 and reopened %d)",
+        print(string.format("%s, rolling upgrade: %d requests and echoes, %d failed (h1 "
+            .. "%d/%d, h2 %d/%d, ws %d/%d, WebSockets closed 1001 and reopened %d)", name,
             counts.ok + counts.failed, counts.failed, counts.h1_ok or 0, counts.h1_failed or 0,
             counts.h2_ok or 0, counts.h2_failed or 0, counts.ws_ok or 0, counts.ws_failed or 0,
             counts.ws_going_away_ok or 0))
@@ -92,5 +97,24 @@ describe("a rolling upgrade", function()
         assert.is_true(counts.done, counts.text)
         assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
         assert.equal(0, counts.failed)
+    end
+
+    it("behind HAProxy refuses no connection and loses no request", function()
+        instances = three()
+        balancer = fleet.haproxy(instances, { dir = dir })
+        assert.is_true(balancer.all_up(), balancer.log())
+        load = fleet.load({ h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
+            ws = { balancer.port, 3 } }, { dir = dir })
+        roll("haproxy", function()
+            assert.is_true(balancer.all_up(), balancer.log())
+        end)
+    end)
+
+    it("behind nginx refuses no connection and loses no request", function()
+        instances = three()
+        balancer = fleet.nginx(instances, { dir = dir })
+        load = fleet.load({ h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } },
+            { dir = dir })
+        roll("nginx")
     end)
 end)

@@ -65,6 +65,21 @@ local function load(port, seconds)
 end
 
 describe("moonserve upgrades (USR2)", function()
+    it("writes --pid-file once every worker is ready, removes it at the stop, and needs a "
+        .. "master for it", function()
+        local srv, _, pid_file = start(2) -- (waits for the pid file)
+        finally(function() cleanup(srv, pid_file) end)
+        assert.equal(2, #children(srv.pid))
+        assert.is_true(srv:stop())
+        assert.is_nil(io.open(pid_file))
+        local out, status = helper.run(("%s %s --listen 127.0.0.1:0 --workers 0 --pid-file %s "
+            .. "2>&1"):format(helper.sh_quote(helper.bin),
+            helper.sh_quote(helper.root .. "/spec/fixtures/upgrade_app.lua"), pid_file))
+        assert.is_not.equal(0, status)
+        assert.truthy(out:find("pid_file needs workers under a master", 1, true), out)
+        assert.is_nil(io.open(pid_file))
+    end)
+
     it("USR2 then QUIT under load: no refused connection, no failed request, the new code "
         .. "serves, the pid file moves", function()
         local srv, app, pid_file = start(2)

@@ -1116,8 +1116,9 @@ static void spawn(slot_t *s)
  * USR2 starts a new master, as nginx's binary upgrade does: the command this one was started
  * with (so the moonserve and the app as installed now), which inherits this master's
  * listening sockets instead of binding its own. Both sets of workers accept from the same
- * sockets until the operator QUITs the old master (its workers drain as on TERM) or TERMs the
- * new one (the upgrade is undone): the sockets are never closed, so no connection is refused.
+ * sockets until the operator QUITs the old master (its workers hand over, as a reload's old
+ * ones do: upgrade_finish) or TERMs the new one (the upgrade is undone): the sockets are
+ * never closed, so no connection is refused.
  * The new master finds them from fd 4 on (MOONSERVE_UPGRADE_FDS: how many, one set of
  * --listen addresses per worker slot of the old master, or one set every slot shares) and
  * says it is ready (every worker of it ready) with a byte on the pipe at fd 3. The old master

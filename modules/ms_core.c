@@ -988,7 +988,7 @@ static const char **string_list(lua_State *L, int t, const char *key, int *n)
 /* core.master{ argv = {...}, listen = {...}, https = { bool, ... }, workers = n,
  * stop_timeout = s, start_timeout = s, ticket_rotate = s, backlog = n, metrics = i,
  * uid = n, gid = n, files = { path, ... }, logs = { path, ... }, zones = { name = bytes,
- * ... } }: runs the master until it is stopped; nil, why, true when a log could not be opened
+ * ... }, pid_file = path }: runs the master until it is stopped; nil, why, true when a log could not be opened
  * or a worker could not start (the sentence is whole). (`https`: which listeners the workers
  * serve TLS on; `metrics`: which one, from 1, is the metrics listener, for the log; uid and
  * gid: who the workers run as; files, logs and zones: ms_master_opts_t's.) */
@@ -1077,6 +1077,8 @@ static int core_master(lua_State *L)
     lua_getfield(L, 1, "config");
     if (!lua_isnil(L, -1))
         o.config = luaL_checklstring(L, -1, &o.config_len); /* (the opts table keeps it) */
+    lua_getfield(L, 1, "pid_file");
+    o.pid_file = luaL_optstring(L, -1, NULL); /* (the opts table keeps it) */
     lua_getfield(L, 1, "on_reload");
     if (lua_isfunction(L, -1)) {
         master_L = L;

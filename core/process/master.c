@@ -32,7 +32,13 @@
 #define MS_RESPAWN_DELAY_MS 1000
 #define MS_QUICK_DEATH_MS   1000
 
+/* The signals the master handles: TERM, INT, HUP, USR1, CHLD, USR2, QUIT. */
+#define MS_MASTER_NSIG 7
+
 typedef struct worker_s worker_t;
+
+static void upgrade_release(void);
+static void master_started(void);
 
 /* Each slot has its own SO_REUSEPORT sockets, one per address, and runs one worker on them
  * (two during a reload: the old one drains while the new one accepts from the same
@@ -85,7 +91,7 @@ typedef struct master_s {
     int metrics_fd;              /* the metrics zone, made at the first ask; -1 until then */
     ms_metrics_zone_t *metrics;  /* the master's mapping: it clears a dead writer's gauges */
     worker_t **metrics_writer;   /* by slot: the live worker that writes it, or NULL */
-    uv_signal_t sig[6];
+    uv_signal_t sig[MS_MASTER_NSIG];
     uv_timer_t kill_timer;
     int stopping, live, code;
     int activated;            /* the listening sockets came from systemd (LISTEN_FDS) */
@@ -302,8 +308,9 @@ static void drain_end(void);
 static void maybe_done(void)
 {
     if (M.stopping && M.live == 0) {
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < MS_MASTER_NSIG; i++)
             uv_close((uv_handle_t *)&M.sig[i], NULL);
+        upgrade_release();
         uv_close((uv_handle_t *)&M.kill_timer, NULL);
         uv_close((uv_handle_t *)&M.tickets_timer, NULL);
         drain_end();
@@ -692,7 +699,10 @@ static void worker_ready(worker_t *w)
     int all = 1;
     for (int i = 0; i < M.o->workers; i++)
         all = all && M.slots[i].current != NULL && M.slots[i].current->is_ready;
-    M.started = M.started || all;
+    if (all && !M.started) {
+        M.started = 1;
+        master_started();
+    }
     notify_if_settled();
 }
 
@@ -1102,6 +1112,385 @@ static void spawn(slot_t *s)
     spawn_into(s, &s->current);
 }
 
+/* -- Upgrades -------------------------------------------------------------------------------
+ * USR2 starts a new master, as nginx's binary upgrade does: the command this one was started
+ * with (so the moonserve and the app as installed now), which inherits this master's
+ * listening sockets instead of binding its own. Both sets of workers accept from the same
+ * sockets until the operator QUITs the old master (its workers hand over, as a reload's old
+ * ones do: upgrade_finish) or TERMs the new one (the upgrade is undone): the sockets are
+ * never closed, so no connection is refused.
+ * The new master finds them from fd 4 on (MOONSERVE_UPGRADE_FDS: how many, one set of
+ * --listen addresses per worker slot of the old master, or one set every slot shares) and
+ * says it is ready (every worker of it ready) with a byte on the pipe at fd 3. The old master
+ * renames its pid file (FILE.oldbin) and puts it back if the new one exits: before it was
+ * ready (a failed start: its app did not load, its workers did not become ready, or it was
+ * not ready within upgrade_deadline()), or after (the operator undid the upgrade). */
+
+typedef struct upgrade_s {
+    int pid;     /* the new master, while it runs; 0: no upgrade under way */
+    int ready;   /* it said it is ready */
+    int handles; /* of proc, poll and timer, not yet closed */
+    uv_process_t proc;
+    int ready_fd; /* the read end of its ready pipe, or -1 */
+    uv_poll_t poll;
+    uv_timer_t deadline;
+    int parent;  /* in a new master: the old master that started it, or 0 */
+    int tell_fd; /* in a new master: the write end of the ready pipe, until ready, or -1 */
+} upgrade_t;
+
+static upgrade_t U = {.ready_fd = -1, .tell_fd = -1};
+
+/* The pid file (o->pid_file): written when every worker is ready, so that a script that
+ * waits for it knows the master serves; FILE.oldbin while an upgrade is under way. */
+static void pid_file_name(char *out, size_t len, int oldbin)
+{
+    snprintf(out, len, "%s%s", M.o->pid_file, oldbin ? ".oldbin" : "");
+}
+
+static void pid_file_write(void)
+{
+    if (M.o->pid_file == NULL)
+        return;
+    char tmp[4200], line[32];
+    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", M.o->pid_file, (int)getpid());
+    int n = snprintf(line, sizeof(line), "%d\n", (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* Written whole, then renamed: a reader never sees half a number. */
+    if (fd < 0 || write(fd, line, (size_t)n) != n || close(fd) < 0 ||
+        rename(tmp, M.o->pid_file) < 0) {
+        ms_log(MS_LOG_WARN, "cannot write the pid file %s: %s", M.o->pid_file, strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* Whether the pid file `name` holds this process's pid. */
+static int pid_file_ours(const char *name)
+{
+    char line[32] = "";
+    int fd = open(name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, line, sizeof(line) - 1);
+    close(fd);
+    return n > 0 && strtol(line, NULL, 10) == (long)getpid();
+}
+
+/* At the end: removes the pid file this master wrote, under either name, and only if it is
+ * still this master's (a new master wrote its own under the first name). */
+static void pid_file_remove(void)
+{
+    if (M.o->pid_file == NULL)
+        return;
+    char name[4200];
+    for (int oldbin = 0; oldbin < 2; oldbin++) {
+        pid_file_name(name, sizeof(name), oldbin);
+        if (pid_file_ours(name))
+            unlink(name);
+    }
+}
+
+/* Moves this master's pid file to FILE.oldbin (the upgrade starts) or back (it was undone). */
+static void pid_file_move(int to_oldbin)
+{
+    if (M.o->pid_file == NULL)
+        return;
+    char from[4200], to[4200];
+    pid_file_name(from, sizeof(from), !to_oldbin);
+    pid_file_name(to, sizeof(to), to_oldbin);
+    if (pid_file_ours(from) && rename(from, to) < 0)
+        ms_log(MS_LOG_WARN, "cannot rename the pid file %s to %s: %s", from, to, strerror(errno));
+}
+
+/* How long a new master may take to be ready: its app's load and its workers' start each get
+ * start_timeout, and a new master whose workers failed gets stop_timeout to stop them. */
+static double upgrade_deadline(void)
+{
+    double start = M.o->start_timeout > 0 ? M.o->start_timeout : MS_START_TIMEOUT;
+    return 2 * start + M.o->stop_timeout;
+}
+
+static void upgrade_handle_closed(uv_handle_t *h)
+{
+    U.handles--;
+}
+
+/* Lets go of the new master's handles: when it exited, and when this master stops (the new
+ * one then serves on, no longer this one's to watch). */
+static void upgrade_release(void)
+{
+    if (U.ready_fd >= 0) {
+        uv_close((uv_handle_t *)&U.poll, upgrade_handle_closed);
+        uv_close((uv_handle_t *)&U.deadline, upgrade_handle_closed);
+        uv_close((uv_handle_t *)&U.proc, upgrade_handle_closed);
+        close(U.ready_fd);
+        U.ready_fd = -1;
+    }
+    U.pid = 0;
+    U.ready = 0;
+}
+
+static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
+{
+    if (M.stopping) {
+        /* (This master is on its way out: the new one's exit changes nothing.) */
+    } else if (!U.ready) {
+        ms_log(MS_LOG_ERR,
+               "upgrade failed: the new master (pid %d) exited (status %lld, signal "
+               "%d) before it was ready; this master (pid %d) serves on",
+               U.pid, (long long)status, sig, (int)getpid());
+        pid_file_move(0);
+    } else {
+        ms_log(MS_LOG_WARN,
+               "the new master (pid %d) exited (status %lld, signal %d): the "
+               "upgrade is undone, this master (pid %d) serves on",
+               U.pid, (long long)status, sig, (int)getpid());
+        pid_file_move(0);
+    }
+    upgrade_release();
+}
+
+static void upgrade_readable(uv_poll_t *p, int status, int events)
+{
+    char byte;
+    ssize_t n = status < 0 ? -1 : read(U.ready_fd, &byte, 1);
+    if (n < 0 && status >= 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    uv_poll_stop(p); /* one byte, or the end: its exit says the rest */
+    if (n == 1 && !U.ready) {
+        U.ready = 1;
+        uv_timer_stop(&U.deadline);
+        ms_log(MS_LOG_INFO,
+               "upgrade: the new master (pid %d) is ready; QUIT this master (pid "
+               "%d) to finish, or TERM the new one to undo it",
+               U.pid, (int)getpid());
+    }
+}
+
+static void upgrade_deadline_cb(uv_timer_t *t)
+{
+    if (U.ready || U.pid == 0)
+        return;
+    ms_log(MS_LOG_ERR,
+           "upgrade failed: the new master (pid %d) is not ready after %.14g s: "
+           "stopping it; this master (pid %d) serves on",
+           U.pid, upgrade_deadline(), (int)getpid());
+    uv_process_kill(&U.proc, SIGKILL);
+}
+
+/* USR2: starts the new master, unless one is under way or this one is still the new master
+ * of an upgrade (its old master has not been told QUIT). */
+static void upgrade_start(void)
+{
+    const ms_master_opts_t *o = M.o;
+    if (M.stopping)
+        return;
+    if (U.pid > 0) {
+        ms_log(MS_LOG_WARN,
+               "SIGUSR2: an upgrade is under way (the new master is pid %d): not "
+               "starting another; QUIT this master (pid %d) to finish it, or TERM the new one "
+               "to undo it",
+               U.pid, (int)getpid());
+        return;
+    }
+    if (U.parent > 0 && getppid() == U.parent) {
+        ms_log(MS_LOG_WARN,
+               "SIGUSR2: the old master (pid %d) still runs: not upgrading (QUIT "
+               "it first)",
+               U.parent);
+        return;
+    }
+    if (!M.started) {
+        ms_log(MS_LOG_WARN, "SIGUSR2: the workers are still starting: not upgrading");
+        return;
+    }
+    if (U.handles > 0) { /* (the last upgrade's handles close at the end of this loop turn) */
+        ms_log(MS_LOG_WARN, "SIGUSR2: the last upgrade is still ending: not upgrading (send "
+                            "SIGUSR2 again)");
+        return;
+    }
+    /* Every slot's sockets, or the one set they share (socket activation). */
+    int groups = M.activated ? 1 : o->workers, nfds = groups * o->nlisten;
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) < 0) {
+        ms_log(MS_LOG_ERR, "SIGUSR2: cannot upgrade: %s", strerror(errno));
+        return;
+    }
+    int nstdio = 4 + nfds;
+    uv_stdio_container_t *stdio = calloc((size_t)nstdio, sizeof(*stdio));
+    extern char **environ;
+    int n = 0;
+    while (environ[n] != NULL)
+        n++;
+    char **env = calloc((size_t)n + 2, sizeof(char *));
+    if (stdio == NULL || env == NULL)
+        abort();
+    for (int i = 0; i < 3; i++) {
+        stdio[i].flags = UV_INHERIT_FD;
+        stdio[i].data.fd = i;
+    }
+    stdio[3].flags = UV_INHERIT_FD;
+    stdio[3].data.fd = pipefd[1];
+    for (int g = 0; g < groups; g++)
+        for (int j = 0; j < o->nlisten; j++) {
+            stdio[4 + g * o->nlisten + j].flags = UV_INHERIT_FD;
+            stdio[4 + g * o->nlisten + j].data.fd = M.slots[g].fds[j];
+        }
+    char count[64];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (strncmp(environ[i], "MOONSERVE_UPGRADE_FDS=", 22) != 0)
+            env[k++] = environ[i];
+    snprintf(count, sizeof(count), "MOONSERVE_UPGRADE_FDS=%d", nfds);
+    env[k++] = count;
+    env[k] = NULL;
+
+    /* (Renamed first: the new master writes its own under the name once it is ready.) */
+    pid_file_move(1);
+    uv_process_options_t po;
+    memset(&po, 0, sizeof(po));
+    po.file = o->argv[0];
+    po.args = o->argv;
+    po.env = env;
+    po.exit_cb = upgrade_exit_cb;
+    po.stdio = stdio;
+    po.stdio_count = nstdio;
+    int rc = uv_spawn(M.loop, &U.proc, &po);
+    free(env);
+    free(stdio);
+    close(pipefd[1]);
+    if (rc < 0) {
+        ms_log(MS_LOG_ERR, "SIGUSR2: cannot start %s: %s; this master serves on", o->argv[0],
+               uv_strerror(rc));
+        close(pipefd[0]);
+        U.handles++;
+        uv_close((uv_handle_t *)&U.proc, upgrade_handle_closed);
+        pid_file_move(0);
+        return;
+    }
+    U.pid = U.proc.pid;
+    U.ready = 0;
+    U.ready_fd = pipefd[0];
+    fcntl(U.ready_fd, F_SETFL, fcntl(U.ready_fd, F_GETFL) | O_NONBLOCK);
+    U.handles += 3;
+    uv_poll_init(M.loop, &U.poll, U.ready_fd);
+    uv_poll_start(&U.poll, UV_READABLE, upgrade_readable);
+    uv_timer_init(M.loop, &U.deadline);
+    uv_timer_start(&U.deadline, upgrade_deadline_cb, (uint64_t)(upgrade_deadline() * 1000), 0);
+    ms_log(MS_LOG_INFO,
+           "SIGUSR2: upgrading: started a new master (pid %d) on this master's %d "
+           "listening socket%s",
+           U.pid, nfds, nfds == 1 ? "" : "s");
+}
+
+/* In a new master: takes the old master's listening sockets (MOONSERVE_UPGRADE_FDS, from fd 4
+ * on, a set of o->nlisten per slot of the old master) instead of binding. A slot gets the set
+ * of the same index; when the old master had one set (socket activation), every slot shares
+ * it; a slot beyond the old master's binds a set of its own beside them (SO_REUSEPORT). A set
+ * no slot takes is closed (a warning: connections queued on it when the old master stops are
+ * lost). Returns the number of sets taken (0: not an upgrade), or a negative code. */
+static int inherited_sockets(const ms_master_opts_t *o)
+{
+    const char *v = getenv("MOONSERVE_UPGRADE_FDS");
+    if (v == NULL)
+        return 0;
+    int n = (int)strtol(v, NULL, 10);
+    unsetenv("MOONSERVE_UPGRADE_FDS");
+    U.parent = (int)getppid();
+    /* The ready pipe and the sockets, out of the way of the workers' channel (fd 3) and
+     * sockets (fd 4 on). */
+    U.tell_fd = fcntl(3, F_DUPFD_CLOEXEC, 4 + n);
+    close(3);
+    int *fds = calloc((size_t)(n > 0 ? n : 1), sizeof(int));
+    for (int i = 0; i < n; i++) {
+        fds[i] = fcntl(4 + i, F_DUPFD_CLOEXEC, 4 + n);
+        close(4 + i);
+    }
+    if (n < o->nlisten || n % o->nlisten != 0 || U.tell_fd < 0) {
+        ms_log(MS_LOG_ERR,
+               "upgrade: the old master passed %d listening sockets for %d --listen "
+               "addresses",
+               n, o->nlisten);
+        for (int i = 0; i < n; i++)
+            close(fds[i]);
+        free(fds);
+        return UV_EINVAL;
+    }
+    int groups = n / o->nlisten;
+    for (int j = 0; j < o->nlisten; j++) {
+        const char *colon = strrchr(o->listen[j], ':');
+        int want = colon ? (int)strtol(colon + 1, NULL, 10) : 0, got = ms_fd_port(fds[j]);
+        if (want != 0 && want != got) {
+            ms_log(MS_LOG_ERR, "upgrade: the old master's socket %d is on port %d, not %s", j + 1,
+                   got, o->listen[j]);
+            for (int i = 0; i < n; i++)
+                close(fds[i]);
+            free(fds);
+            return UV_EINVAL;
+        }
+        o->ports[j] = got;
+    }
+    for (int i = 0; i < o->workers; i++)
+        for (int j = 0; j < o->nlisten; j++) {
+            if (i < groups)
+                M.slots[i].fds[j] = fds[i * o->nlisten + j];
+            else if (groups == 1)
+                M.slots[i].fds[j] = fds[j];
+            else {
+                int fd = ms_listen_fd(o->listen[j], o->backlog, o->ports[j]);
+                if (fd < 0) {
+                    free(fds);
+                    return fd;
+                }
+                M.slots[i].fds[j] = fd;
+            }
+        }
+    if (groups > 1 && groups > o->workers) {
+        ms_log(MS_LOG_WARN,
+               "upgrade: the old master ran %d workers, this one runs %d: "
+               "connections queued on the sockets of its other %d when it stops are lost",
+               groups, o->workers, groups - o->workers);
+        for (int i = o->workers * o->nlisten; i < n; i++)
+            close(fds[i]);
+    }
+    free(fds);
+    ms_log(MS_LOG_INFO, "upgrade: took %d listening socket%s from the old master (pid %d)", n,
+           n == 1 ? "" : "s", U.parent);
+    return groups;
+}
+
+/* Every worker is ready for the first time: the pid file, and in a new master, the word to
+ * the old one. */
+static void master_started(void)
+{
+    pid_file_write();
+    if (U.tell_fd >= 0) {
+        if (write(U.tell_fd, "1", 1) != 1)
+            ms_log(MS_LOG_WARN,
+                   "upgrade: cannot tell the old master (pid %d) this one is "
+                   "ready: %s",
+                   U.parent, strerror(errno));
+        close(U.tell_fd);
+        U.tell_fd = -1;
+    }
+}
+
+/* QUIT once the new master of an upgrade is ready: this master's workers stop as an old
+ * worker of a reload does (SIGUSR2: readyz stays 200, as the service is still up, served by
+ * the new master from the same sockets), and this master with them. Returns 1, or 0 when no
+ * upgrade's new master is ready (QUIT then stops as TERM does). */
+static int upgrade_finish(void)
+{
+    if (M.stopping || U.pid == 0 || !U.ready)
+        return 0;
+    ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) serves: stopping %d workers", U.pid,
+           M.live);
+    M.stopping = 1;
+    kill_all(SIGUSR2);
+    uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
+    maybe_done();
+    return 1;
+}
+
 /* -- The drain -------------------------------------------------------------------------------
  * TERM or QUIT: the workers drain (ms_server_drain: readyz 503 at once, still accepting for
  * the drain delay, then their listeners close), and the agent-check says "drain". The
@@ -1193,6 +1582,8 @@ static void on_signal(uv_signal_t *h, int signum)
     case SIGQUIT:
         if (M.stopping)
             return;
+        if (signum == SIGQUIT && upgrade_finish())
+            break; /* (the new master of an upgrade serves: a handover, no drain) */
         drain_ms = drain_begin(signum);
         /* fall through - INT stops without the delay (the workers hear INT) */
     case SIGINT:
@@ -1243,6 +1634,7 @@ static void on_signal(uv_signal_t *h, int signum)
         ms_log_reopen();
         kill_all(SIGUSR1);
         break;
+    case SIGUSR2: upgrade_start(); break;
     case SIGCHLD: break; /* libuv reaps; the handle is here so that nothing else does */
     }
 }
@@ -1281,10 +1673,16 @@ int ms_master_run(const ms_master_opts_t *o)
     ms__log_opener = master_log;
     ms_log_reopen(); /* the master's own log, if it has one: the file just opened */
     rc = activated_sockets(o);
+    M.activated = rc > 0;
+    int bound = rc > 0;
+    if (rc == 0) {
+        rc = inherited_sockets(o); /* (an upgrade: the sockets of the master before it) */
+        M.activated = rc == 1;      /* (one set, which every slot shares) */
+        bound = rc > 0;
+    }
     if (rc < 0)
         return rc;
-    M.activated = rc > 0;
-    for (int i = 0; i < o->workers && !M.activated; i++) {
+    for (int i = 0; i < o->workers && !bound; i++) {
         slot_t *s = &M.slots[i];
         for (int j = 0; j < o->nlisten; j++) {
             /* Port 0: the first socket picks a port and the others share it. */
@@ -1299,8 +1697,8 @@ int ms_master_run(const ms_master_opts_t *o)
     rc = drain_init();
     if (rc < 0)
         return rc;
-    int sigs[6] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD, SIGQUIT};
-    for (int i = 0; i < 6; i++) {
+    int sigs[MS_MASTER_NSIG] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD, SIGUSR2, SIGQUIT};
+    for (int i = 0; i < MS_MASTER_NSIG; i++) {
         uv_signal_init(M.loop, &M.sig[i]);
         uv_signal_start(&M.sig[i], on_signal, sigs[i]);
     }
@@ -1337,6 +1735,9 @@ int ms_master_run(const ms_master_opts_t *o)
     free(M.metrics_writer);
     if (M.config_fd >= 0)
         close(M.config_fd);
+    if (U.tell_fd >= 0)
+        close(U.tell_fd);
+    pid_file_remove();
     logs_close();
     return M.code;
 }

@@ -52,6 +52,9 @@ struct ms_master_opts_s {
      * a reload: returns 0 having called ms_master_config with the new bytes, or -1 with why in
      * `why`, and the reload does not happen (the old workers serve on). NULL: nothing to do. */
     int (*on_reload)(const ms_master_opts_t *o, char *why, size_t why_len);
+    /* A file the master writes its pid to once every worker is ready (FILE.oldbin while an
+     * upgrade it started is under way), and removes when it stops. NULL: none. */
+    const char *pid_file;
 };
 
 /* Replaces the configuration workers started from now on get (MS_CHAN_CONFIG); the workers
@@ -79,7 +82,10 @@ int ms__cpus_of_quota(long long quota, long long period);
  * A worker that cannot start says why (MS_CHAN_FAILED) and exits: at the start, before every
  * slot has served, that stops the master (UV_ECANCELED, the sentence in o->why); during a
  * reload, the reload fails with one log line and the old workers serve on.
- * Returns 0 or a negative code. */
+ * SIGUSR2 starts a new master (o->argv again) that takes over these listening sockets
+ * (MOONSERVE_UPGRADE_FDS, from fd 4 on, and a pipe at fd 3 on which it says it is ready) and
+ * runs beside this one; SIGQUIT, like SIGTERM, then stops this one gracefully. A new master
+ * that exits, or is not ready in time, leaves this one serving. Returns 0 or a negative code. */
 int ms_master_run(const ms_master_opts_t *o);
 
 /* The ids of `user` and of `group` (NULL: the user's own group) from the system's user and

@@ -82,6 +82,8 @@ $limits
                        development): its settings are moonserve.config
   --config FILE        the configuration file (default: config.lua beside the app;
                        MOONSERVE_CONFIG names one too); a reload (HUP) reads it again
+  --pid-file FILE      the master writes its pid to FILE once every worker is ready
+                       (FILE.oldbin during an upgrade it started), removes it when it stops
   --quiet              log errors and warnings only
   --check              load the app and check it, every option, the configuration and the
                        secrets it asks for, then exit (0 when all is well), as nginx -t
@@ -102,6 +104,7 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
                        as --drain-delay and --agent-check
   MOONSERVE_USER, MOONSERVE_GROUP
                        as --user and --group
+  MOONSERVE_PID_FILE   as --pid-file
   MOONSERVE_ENV, MOONSERVE_CONFIG
                        as --env and --config
   NAME, A__B           a setting the configuration declares (database_url, a.b), typed
@@ -120,10 +123,15 @@ run (bad file names, no database URL, cannot connect).
   --check              list the pending migrations, change nothing. Exit status 0: none is
                        pending; 1: some are; 2: cannot tell
 
-signals: TERM or QUIT drain (readyz 503 at once, the listeners close after --drain-delay)
-and stop gracefully; INT stops gracefully with no delay; HUP starts workers with the app's
-code as it is now, which take over while the old ones finish (the service stays ready);
-USR1 reopens the log files.
+signals (to the master): TERM or QUIT drain (readyz 503 at once, the listeners close
+after --drain-delay) and stop gracefully; INT stops gracefully with no delay; HUP starts
+workers with the app's code as it is now, which take over while the old ones finish (the
+service stays ready); USR1 reopens the log files; USR2 upgrades: a new master (moonserve
+and the app as installed now, the same command line) takes over the listening sockets and
+serves beside this one. Once it is ready (its pid in --pid-file, this one's moved to
+FILE.oldbin; the log says "upgrade: the new master (pid N) is ready"), QUIT the old master
+to finish (its workers hand over, with no drain delay), or TERM the new one to undo it; a
+new master that fails to start leaves the old one serving.
   -h, --help           this text
   -v, --version        the version, the LuaJIT it runs on and where its modules are
 ]]
@@ -374,6 +382,8 @@ function _M.main(args)
             opts.limits[k] = tonumber(v)
         elseif a == "--log" then
             opts.log = value()
+        elseif a == "--pid-file" then
+            opts.pid_file = value()
         elseif a == "--log-level" then
             local v = value()
             if v ~= "debug" and v ~= "info" and v ~= "warn" and v ~= "error" then

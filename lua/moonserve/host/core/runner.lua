@@ -428,6 +428,7 @@ local ENV = {
     { "MOONSERVE_START_TIMEOUT", "start_timeout", env_seconds },
     { "MOONSERVE_USER", "user", env_string },
     { "MOONSERVE_GROUP", "group", env_string },
+    { "MOONSERVE_PID_FILE", "pid_file", env_string },
 }
 _M.ENV = ENV
 
@@ -743,7 +744,7 @@ end
 -- mistake, named at start with the accepted ones.
 local OPTIONS = { "access_log", "access_log_format", "agent_check", "agent_maint",
     "drain_delay", "group", "limits", "listen", "livez",
-    "log", "log_format", "log_level", "metrics", "on_listen", "quiet", "readyz",
+    "log", "log_format", "log_level", "metrics", "on_listen", "pid_file", "quiet", "readyz",
     "request_id_header", "ssl_trusted_certificate", "start_timeout", "static_cache",
     "stop_timeout", "tls_ticket_rotate", "trusted_proxies", "user", "workers" }
 local OPTION_SET = {}
@@ -782,7 +783,7 @@ local function check_options(opts)
     if opts.agent_maint ~= nil and (type(opts.agent_maint) ~= "string" or not agent) then
         error("bad agent_maint (a file name, with agent_check)", 3)
     end
-    for _, key in ipairs({ "user", "group" }) do
+    for _, key in ipairs({ "user", "group", "pid_file" }) do
         local v = opts[key]
         if v ~= nil and (type(v) ~= "string" or v == "") then
             error("bad " .. label(opts, key) .. " (a name expected)", 3)
@@ -948,6 +949,8 @@ end
 -- opts.ssl_trusted_certificate: a PEM file of CA certificates that sock:sslhandshake trusts
 -- besides the system's store;
 -- opts.metrics: "HOST:PORT", true or { listen =, app_bytes = } (metrics_spec);
+-- opts.pid_file: the master writes its pid there once every worker is ready (FILE.oldbin
+-- while an upgrade it started, SIGUSR2, is under way) and removes it when it stops;
 -- opts.user, opts.group: the workers run as this user, in this group (default: the user's
 -- own), the master as root (it binds, reads the TLS files and opens the logs for them);
 -- opts.on_listen(port) in
@@ -1034,6 +1037,9 @@ function _M.run(the_app, opts)
         error(label(opts, "user") .. " needs workers under a master (a single process runs as "
             .. "the user that starts it)", 2)
     end
+    if opts.pid_file and workers == 0 then
+        error(label(opts, "pid_file") .. " needs workers under a master (the master writes it)", 2)
+    end
     if uid and core.uid() ~= 0 then
         if uid ~= core.uid() then
             error(label(opts, "user") .. " " .. opts.user .. ": the master must start as root to "
@@ -1060,6 +1066,7 @@ function _M.run(the_app, opts)
             agent_maint = opts.agent_maint,
             ticket_rotate = opts.tls_ticket_rotate, uid = uid, gid = gid, files = files,
             logs = logs, zones = the_app.shared_decl, config = config_bytes,
+            pid_file = opts.pid_file,
             on_reload = function()
                 local bytes, why = config.reload()
                 if bytes then

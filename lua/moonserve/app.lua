@@ -889,10 +889,11 @@ end
 --- A dictionary shared by every worker of the server, `moonserve.shared[name]`, of `size`
 -- ("10m", "512k" or bytes). Declared before the server starts; it lives as long as the server
 -- (a reload keeps it and its values), so its size can change only with a restart.
--- With a table instead of a size, `{ redis = URL or table, prefix = "NAME:", timeout = ...}`,
--- the dictionary lives in Redis, shared by every instance (moonserve/redis/dict.lua,
--- docs/guide/fleet.md): the same methods, each atomic across instances. A bad URL or option
--- raises at once, so `--check` and the start say what is wrong.
+-- With a table instead of a size, `{ redis = URL or table, prefix = "NAME:", cache = { ttl =,
+-- size = }, timeout = ...}`, the dictionary lives in Redis, shared by every instance
+-- (moonserve/redis/dict.lua, docs/guide/redis.md): the same methods, each atomic across
+-- instances. A bad URL or option raises at once, so `--check` and the start say what is
+-- wrong.
 -- @tparam string name
 -- @tparam string|number|table size
 -- @return the app

@@ -139,6 +139,43 @@ describe("a shared dictionary on Redis", function()
         assert.equal(sets + 1, calls("set"))
     end)
 
+    it("keeps a local cache coherent across instances, and purges it after an outage",
+        function()
+        local c1 = spawn(nil, { REDIS_CACHE = "1" })
+        local c2 = spawn(nil, { REDIS_CACHE = "1" })
+        assert.equal("true nil", select(2, get(c1, "/set?d=cached&k=ck&v=one")))
+        assert.equal("one", select(2, get(c2, "/get?d=cached&k=ck")))
+        -- served from c2's cache: no GET reaches Redis, and a write behind the
+        -- dictionary's back is not seen (for up to the cache's ttl)
+        local gets = calls("get")
+        redis("SET spec:cached:ck stwo")
+        for _ = 1, 3 do
+            assert.equal("one", select(2, get(c2, "/get?d=cached&k=ck")))
+        end
+        assert.equal(gets, calls("get"))
+        -- a write through the dictionary on c1 reaches c2's cache at once
+        local t0 = socket.gettime()
+        assert.equal("true nil", select(2, get(c1, "/set?d=cached&k=ck&v=three")))
+        assert.is_true(helper.wait_for(function()
+            return select(2, get(c2, "/get?d=cached&k=ck")) == "three"
+        end, 2), c2:log():sub(-500))
+        local took = socket.gettime() - t0
+        assert.is_true(took < 1, "took " .. took)
+        -- after an outage every worker empties its cache (invalidations may have been lost)
+        redis("SET spec:cached:ck sfour")
+        assert.equal("three", select(2, get(c2, "/get?d=cached&k=ck")))
+        helper.stop_pid(pids.primary)
+        start_primary()
+        redis("SET spec:cached:ck sfive")
+        assert.is_true(helper.wait_for(function()
+            return select(2, get(c2, "/get?d=cached&k=ck")) == "five"
+        end, 10), c2:log():sub(-500))
+        for _, c in ipairs { c1, c2 } do
+            assert.is_true(c:alive())
+            c:stop()
+        end
+    end)
+
     it("fails within its timeout while Redis is down, and recovers when it returns", function()
         local c = spawn(nil, { REDIS_TIMEOUT = "0.5" })
         assert.equal(200, (get(c, "/incr?k=down")))

@@ -72,5 +72,15 @@ describe("moonserve.redis.dict", function()
         assert.equal("shared dictionary 'sessions': redis: bad URL \"redis://h\": unknown "
             .. "option \"colour\"", err)
         assert.equal("sessions:", assert(dict.new("sessions", { redis = "redis://h" })).prefix)
+        for _, c in ipairs({
+            { 5, "cache must be a table { ttl =, size = }" },
+            { { ttl = 0 }, "cache ttl must be a number of seconds above 0" },
+            { { size = 1.5 }, "cache size must be a positive integer" },
+            { { colour = 1 }, "unknown cache option \"colour\"" },
+        }) do
+            d, err = dict.new("sessions", { redis = "redis://h", cache = c[1] })
+            assert.is_nil(d)
+            assert.equal("shared dictionary 'sessions': " .. c[2], err)
+        end
     end)
 end)

@@ -14,8 +14,8 @@ local redis = require "moonserve.redis"
 
 local byte, sub, find, format, gsub, upper = string.byte, string.sub, string.find,
     string.format, string.gsub, string.upper
-local type, tonumber, tostring, error, setmetatable, pairs = type, tonumber, tostring, error,
-    setmetatable, pairs
+local type, tonumber, tostring, error, setmetatable, pairs, next = type, tonumber, tostring,
+    error, setmetatable, pairs, next
 local floor = math.floor
 local encode, decode = buffer.encode, buffer.decode
 local null, is_error = redis.null, redis.is_error
@@ -31,7 +31,78 @@ Dict.__index = Dict
 _M.Dict = Dict
 
 -- The options app:shared_dict takes beside `redis` (the client's, and these).
-local OWN = { redis = true, prefix = true }
+local OWN = { redis = true, prefix = true, cache = true }
+
+-- -- The local cache ---------------------------------------------------------------------
+-- With `cache = { ttl =, size = }`, each worker keeps what get read, as Redis stored it, for
+-- at most ttl seconds and size entries; every write through any instance's dictionary
+-- broadcasts its key (moonserve.broadcast over the same Redis), and each worker drops it;
+-- after the broadcast's subscription comes back from an outage, each worker drops them all
+-- (messages may have been missed).
+
+local function cache_options(name, c)
+    if type(c) ~= "table" then
+        return nil, "shared dictionary '" .. name .. "': cache must be a table { ttl =, size = }"
+    end
+    for k, v in pairs(c) do
+        if k ~= "ttl" and k ~= "size" then
+            return nil, "shared dictionary '" .. name .. "': unknown cache option "
+                .. format("%q", tostring(k))
+        end
+        if type(v) ~= "number" or v <= 0 or v ~= v or (k == "size" and v % 1 ~= 0) then
+            return nil, "shared dictionary '" .. name .. "': cache " .. k .. " must be a "
+                .. (k == "size" and "positive integer" or "number of seconds above 0")
+        end
+    end
+    return { ttl = c.ttl or 1, size = c.size or 1000 }
+end
+
+local now = os.time -- (replaced by the host's clock at the first use)
+
+local function clock()
+    local host = require "moonserve.host"
+    now = host.now
+    return now()
+end
+
+local function cache_clear(self)
+    self.cached, self.ncached = {}, 0
+end
+
+local function cache_drop(self, data)
+    if data == "*" then
+        cache_clear(self)
+    elseif sub(data, 1, 1) == "k" then
+        local key = sub(data, 2)
+        if self.cached[key] then
+            self.cached[key] = nil
+            self.ncached = self.ncached - 1
+        end
+    end
+end
+
+-- A write went through: this worker drops the key now, every other when the broadcast comes.
+local function written(self, key)
+    local b = self.broadcast
+    if b then
+        cache_drop(self, key and ("k" .. key) or "*")
+        b:broadcast(key and ("k" .. key) or "*")
+    end
+end
+
+local function cache_put(self, key, raw)
+    local cached = self.cached
+    if not cached[key] then
+        if self.ncached >= self.cache.size then
+            -- full: one entry goes (whichever next() gives: a bound, not an LRU)
+            local victim = next(cached)
+            cached[victim] = nil
+        else
+            self.ncached = self.ncached + 1
+        end
+    end
+    cached[key] = { raw = raw, until_ = (now == os.time and clock() or now()) + self.cache.ttl }
+end
 
 --- A dictionary `name` on the Redis that `opts.redis` names (a URL or a table of
 -- moonserve.redis options), its keys under `opts.prefix` (default "NAME:"); other keys of
@@ -56,8 +127,21 @@ function _M.new(name, opts)
     if not client then
         return nil, "shared dictionary '" .. name .. "': " .. err
     end
-    return setmetatable({ name = name, redis = client, prefix = opts.prefix or (name .. ":") },
-        Dict)
+    local self = setmetatable({ name = name, redis = client,
+        prefix = opts.prefix or (name .. ":") }, Dict)
+    if opts.cache ~= nil then
+        self.cache, err = cache_options(name, opts.cache)
+        if not self.cache then
+            return nil, err
+        end
+        cache_clear(self)
+        local b = require("moonserve.fanout").broadcast("moonserve.dict." .. name,
+            { redis = client })
+        b:subscribe(function(data) cache_drop(self, data) end)
+        b:on_reset(function() cache_clear(self) end)
+        self.broadcast = b
+    end
+    return self
 end
 
 -- -- Values --------------------------------------------------------------------------------
@@ -191,6 +275,14 @@ function Dict:get(key)
     if not k then
         return nil, err
     end
+    local c = self.cache and self.cached[k]
+    if c then
+        if c.until_ > now() then
+            return unpack(c.raw)
+        end
+        self.cached[k] = nil
+        self.ncached = self.ncached - 1
+    end
     local v, is_reply
     v, err, is_reply = self.redis:call("GET", k)
     if v == nil then
@@ -198,6 +290,9 @@ function Dict:get(key)
     end
     if v == null then
         return nil
+    end
+    if self.cache then
+        cache_put(self, k, v)
     end
     return unpack(v)
 end
@@ -231,6 +326,7 @@ local function store(self, cond, key, value, exptime, flags)
         if v == nil then
             return false, err, false
         end
+        written(self, k)
         return true, nil, false
     end
     local s = pack(value, flags)
@@ -259,6 +355,7 @@ local function store(self, cond, key, value, exptime, flags)
     if v == null then
         return false, cond == "NX" and "exists" or "not found", false
     end
+    written(self, k)
     return true, nil, false
 end
 
@@ -347,6 +444,7 @@ function Dict:incr(key, n, init, init_ttl)
     if init == 0 and ms == 0 and n % 1 == 0 and n > -2 ^ 53 and n < 2 ^ 53 then
         v, err, is_reply = self.redis:call("INCRBY", k, n)
         if v ~= nil then
+            written(self, k)
             return v, nil, false
         elseif not is_reply then
             return nil, err
@@ -362,6 +460,7 @@ function Dict:incr(key, n, init, init_ttl)
     end
     local code = v[1]
     if code == 1 then
+        written(self, k)
         return tonumber(v[2]), nil, false
     elseif code == 0 then
         return nil, "not found"
@@ -380,6 +479,7 @@ function Dict:delete(key)
     if v == nil then
         return nil, err
     end
+    written(self, k)
     return true
 end
 
@@ -428,6 +528,7 @@ function Dict:expire(key, exptime)
     if v == 0 then
         return nil, "not found"
     end
+    written(self, k)
     return true
 end
 
@@ -494,6 +595,7 @@ function Dict:flush_all()
         end
         return false
     end)
+    written(self, nil)
     if not ok or failed then
         return nil, err or failed
     end

@@ -61,8 +61,6 @@
       "timer runs under way per worker; past it, a run is skipped")                                \
     X(thread_job_bytes, thread_job_bytes, uint32_t, 16777216, BYTES, 0,                            \
       "a thread job's encoded arguments or results; past it, an error")                            \
-    X(fanout_queue, fanout_queue, uint32_t, 10000, COUNT, 0,                                       \
-      "publishes a worker keeps for Redis; past it, the oldest fail")                              \
     /* Outbound sockets (moonserve.socket): a new socket's timeouts, as OpenResty's                \
      * lua_socket_* directives, and its pools' size when connect and setkeepalive name none. */    \
     X(socket_connect_timeout, socket_connect_timeout_ms, uint32_t, 60, SECONDS, 0,                 \
@@ -107,7 +105,10 @@
     X(redis_key_bytes, redis_key_bytes, uint32_t, 65535, BYTES, 0,                                 \
       "a key of a Redis shared dictionary; past it, an error")                                     \
     X(redis_value_bytes, redis_value_bytes, uint32_t, 1048576, BYTES, 0,                           \
-      "a Redis shared dictionary's stored value; past it, an error")
+      "a Redis shared dictionary's stored value; past it, an error")                               \
+    /* Fan-out across instances (moonserve/fanout.lua). */                                         \
+    X(fanout_queue, fanout_queue, uint32_t, 10000, COUNT, 0,                                       \
+      "publishes a worker keeps for Redis; past it, the oldest fail")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -26,8 +26,8 @@ describe("moonserve.redis", function()
 
     local function start_redis(name, args)
         ports[name] = ports[name] or helper.free_port()
-        pids[name] = helper.background(string.format("%s --port %d %s %s", redis_server,
-            ports[name], plain, args or ""))
+        pids[name] = helper.background(string.format("%s --port %d %s --dir %s %s", redis_server,
+            ports[name], plain, q(dir), args or ""))
     end
 
     setup(function()

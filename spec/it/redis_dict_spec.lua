@@ -22,8 +22,9 @@ describe("a shared dictionary on Redis", function()
     local a, b, dir
 
     local function start_redis(port, args)
-        return helper.background(string.format("%s --port %d %s %s", redis_server, port, plain,
-            args or ""))
+        -- (--dir: a replica writes the primary's snapshot there, never into the tree)
+        return helper.background(string.format("%s --port %d %s --dir %s %s", redis_server, port,
+            plain, q(dir), args or ""))
     end
 
     -- The primary: the spec's own connections log in as the default user (no password); the

@@ -2,10 +2,19 @@
 -- v2, checks on /readyz, the agent-check) and behind nginx (an upstream with keep-alive),
 -- each instance in turn stopped (TERM), replaced and brought back once ready, while clients
 -- hold keep-alive HTTP/1.1, HTTP/2 and WebSocket connections: not one request may fail.
+-- The instances keep their sessions in one Redis (one secret for all) and chat through it:
+-- users logged in before the roll are still logged in on every instance after it, and chat
+-- clients connected through the balancer (reconnecting after a close 1001, perhaps to
+-- another instance) get every message posted while they were connected, on whichever
+-- instance the balancer sent the post (what "while connected" means exactly: the header of
+-- spec/it/fleet_client.py; the channel's replay does not help across instances, whose
+-- sequence numbers differ, so none is asked).
 local helper = require "helper"
 local fleet = require "fleet_helper"
 
 -- Prints what the load saw (the spec's output is the report of the run) and checks it.
+local USERS, CHATTERS = 30, 6
+
 local function report(name, counts)
     print(string.format("%s: %d requests and echoes, %d failed (h1 %d/%d, h2 %d/%d, ws %d/%d, "
         .. "WebSockets closed 1001 and reopened %d)", name, counts.ok + counts.failed,
@@ -18,13 +27,24 @@ local function report(name, counts)
     assert.is_true(counts.done, counts.text)
     assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
     assert.equal(0, counts.failed)
+    assert.same({}, fleet.sessions_and_chat(name, counts, USERS, 3))
+end
+
+-- The instances' plain ports, where the sessions are tried one by one after the roll.
+local function plain_ports(instances)
+    local ports = {}
+    for i, inst in ipairs(instances) do
+        ports[i] = inst.ports.plain
+    end
+    return ports
 end
 
 describe("a rolling restart", function()
-    local dir, instances, balancer, load
+    local dir, instances, balancer, load, redis
 
     before_each(function()
         dir = fleet.tempdir()
+        redis = fleet.redis { dir = dir }
     end)
 
     after_each(function()
@@ -37,18 +57,21 @@ describe("a rolling restart", function()
         for _, inst in ipairs(instances or {}) do
             inst:stop("KILL", 1)
         end
-        load, balancer, instances = nil, nil, nil
+        redis.stop()
+        load, balancer, instances, redis = nil, nil, nil, nil
         fleet.cleanup(dir)
     end)
 
     it("behind HAProxy loses no request", function()
-        instances = fleet.instances(3, { dir = dir })
+        instances = fleet.instances(3, { dir = dir, env = fleet.redis_env(redis) })
         -- No retries: the drain alone must keep every request (a balancer's retries would
         -- hide a connection refused or closed under a request).
         balancer = fleet.haproxy(instances, { dir = dir, retries = "    retries 0" })
         assert.is_true(balancer.all_up(), balancer.log())
         load = fleet.load({ h1 = { balancer.port, 6 }, h2 = { balancer.port, 3 },
-            ws = { balancer.port, 3 } }, { dir = dir })
+            ws = { balancer.port, 3 }, users = { balancer.port, USERS },
+            chat = { balancer.port, CHATTERS } }, { dir = dir,
+            check_ports = plain_ports(instances) })
         helper.wait_for(function() return false end, 1) -- (the load under way)
         local unclean = fleet.roll(instances, function()
             assert.is_true(balancer.all_up(), balancer.log())
@@ -61,10 +84,11 @@ describe("a rolling restart", function()
     end)
 
     it("behind nginx loses no request", function()
-        instances = fleet.instances(3, { dir = dir })
+        instances = fleet.instances(3, { dir = dir, env = fleet.redis_env(redis) })
         balancer = fleet.nginx(instances, { dir = dir })
-        load = fleet.load({ h1 = { balancer.port, 6 }, ws = { balancer.port, 3 } },
-            { dir = dir })
+        load = fleet.load({ h1 = { balancer.port, 6 }, ws = { balancer.port, 3 },
+            users = { balancer.port, USERS }, chat = { balancer.port, CHATTERS } },
+            { dir = dir, check_ports = plain_ports(instances) })
         helper.wait_for(function() return false end, 1)
         local unclean = fleet.roll(instances, nil, 1)
         helper.wait_for(function() return false end, 1)

@@ -41,6 +41,10 @@ Run by Debian's python3:
   fleet_client.py ws PORT
       One WebSocket on /ws/echo: prints "open=1" once an echo came back, then
       "close=CODE REASON" when the server closes it.
+
+  fleet_client.py chat PORT SECONDS
+      One WebSocket on /ws/chat: prints "joined=INSTANCE", then "msg=TEXT" for each message,
+      for SECONDS, then "done=1".
 """
 import asyncio
 import http.client
@@ -500,6 +504,19 @@ async def ws_one(port):
             say("close", "%s %s" % (e.rcvd.code, e.rcvd.reason) if e.rcvd else "none")
 
 
+async def chat_one(port, seconds):
+    import websockets
+    async with websockets.connect("ws://127.0.0.1:%d/ws/chat" % port) as ws:
+        say("joined", (await ws.recv())[7:])
+        end = time.time() + seconds
+        while time.time() < end:
+            try:
+                say("msg", await asyncio.wait_for(ws.recv(), max(0.01, end - time.time())))
+            except asyncio.TimeoutError:
+                break
+    say("done", 1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "load":
         load(sys.argv[2:])
@@ -507,3 +524,5 @@ if __name__ == "__main__":
         goaway(int(sys.argv[2]))
     elif sys.argv[1] == "ws":
         asyncio.run(ws_one(int(sys.argv[2])))
+    elif sys.argv[1] == "chat":
+        asyncio.run(chat_one(int(sys.argv[2]), float(sys.argv[3])))

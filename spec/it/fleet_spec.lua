@@ -83,6 +83,37 @@ describe("a rolling restart", function()
         assert.equal(0, unclean)
     end)
 
+    -- A request under way when its instance stops may still publish (its listeners have
+    -- closed, its connections are finishing): the message must reach the other instances.
+    it("sends to the other instances what a stopping instance publishes", function()
+        instances = fleet.instances(2, { dir = dir, env = fleet.redis_env(redis),
+            args = "--readyz /readyz --drain-delay 0" })
+        local out = dir .. "/listen.out"
+        local listener = fleet.background(string.format("%s %s/spec/it/fleet_client.py chat "
+            .. "%d 8", helper.tool("websockets"), helper.sh_quote(helper.root),
+            instances[2].ports.plain), out)
+        assert.truthy(helper.wait_for(function()
+            return helper.read_file(out):find("joined=i2", 1, true)
+        end, 10), helper.read_file(out))
+        local s = require("socket").tcp()
+        s:settimeout(10)
+        assert(s:connect("127.0.0.1", instances[1].ports.plain))
+        s:send("POST /chat?after=1 HTTP/1.1\r\nHost: f\r\nContent-Length: 4\r\n\r\nlate")
+        helper.wait_for(function() return false end, 0.3) -- (the request under way)
+        os.execute("kill -TERM " .. instances[1].pid)
+        local line = s:receive("*l")
+        s:close()
+        assert.truthy(line and line:find(" 200 "), tostring(line))
+        helper.wait_for(function()
+            return helper.read_file(out):find("msg=late", 1, true)
+        end, 5)
+        fleet.stop_pid(listener, "TERM", 2)
+        local got = helper.read_file(out)
+        print("the listener on i2 got: " .. got:gsub("\n", " "))
+        assert.truthy(got:find("msg=late\n", 1, true), got)
+        assert.is_true(fleet.wait_exit(instances[1].pid, 10), instances[1]:log())
+    end)
+
     it("behind nginx loses no request", function()
         instances = fleet.instances(3, { dir = dir, env = fleet.redis_env(redis) })
         balancer = fleet.nginx(instances, { dir = dir })

@@ -83,9 +83,10 @@ end
 -- { proxy =, plain =, agent = } (free ones when missing; `proxy` is a --listen-proxy listener
 -- for HAProxy's PROXY v2, `plain` a plain one for nginx), opts.args: more arguments (default
 -- FLEET_ARGS from the environment, else "--readyz /readyz --drain-delay 1": a run with
--- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.dir: where its log
--- goes. Returns an instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace()
--- (a new one on its ports).
+-- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.env: variables for it
+-- ({ NAME = value }, as fleet.redis_env gives), opts.dir: where its log goes. Returns an
+-- instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its
+-- ports).
 function fleet.instance(opts)
     local ports = opts.ports or {}
     ports.proxy = ports.proxy or helper.free_port()
@@ -95,7 +96,13 @@ function fleet.instance(opts)
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
-        local cmd = string.format("FLEET_INSTANCE=%s " .. BIN .. " %s "
+        local env = {}
+        for k, v in pairs(opts.env or {}) do
+            env[#env + 1] = k .. "=" .. sh_quote(v) .. " "
+        end
+        table.sort(env)
+        local cmd = string.format(table.concat(env) .. "FLEET_INSTANCE=%s " .. BIN
+            .. " %s "
             .. "--listen-proxy 127.0.0.1:%d --listen 127.0.0.1:%d --workers %d "
             .. "--agent-check 127.0.0.1:%d %s",
             sh_quote(self.name), sh_quote(helper.root .. "/" .. app),
@@ -309,22 +316,35 @@ function fleet.redis(opts)
     return r
 end
 
+-- What the fleet fixture's instances need to keep their sessions in the Redis `r` (as
+-- fleet.redis returns) and chat through it: its URL and one session secret for all.
+function fleet.redis_env(r)
+    return { REDIS_URL = "redis://127.0.0.1:" .. r.port .. "/0",
+        MOONSERVE_SECRET_SESSION = "fleet-spec-session-secret-shared-by-all-instances" }
+end
+
 -- -- Load ---------------------------------------------------------------------------------
 
 -- Starts the clients of spec/it/fleet_client.py against `targets`: { h1 = { port, n },
--- h2 = { port, n }, ws = { port, n } } (any may be missing). Returns a load with :finish(),
--- which stops the clients and returns their counts ({ h1_ok =, h1_failed =, ... },
--- failed = the sum of the *_failed, failures = { lines })
+-- h2 = { port, n }, ws = { port, n }, users = { port, n }, chat = { port, n } } (any may be
+-- missing; users and chat need the fixture's Redis, see the client's header) and
+-- opts.check_ports (the instances' plain ports, where each user's session is tried after
+-- the load). Returns a load with :finish(), which stops the clients and returns their
+-- counts ({ h1_ok =, h1_failed =, ..., chat_lost =, session_invalid = }, failed = the sum
+-- of the *_failed, failures = { lines }, chat_clients = { lines })
 function fleet.load(targets, opts)
     opts = opts or {}
     local dir = opts.dir or fleet.tempdir()
     local stop_file = dir .. "/load.stop." .. tostring(os.time()) .. math.random(1e6)
     local args = {}
-    for _, kind in ipairs({ "h1", "h2", "ws" }) do
+    for _, kind in ipairs({ "h1", "h2", "ws", "users", "chat" }) do
         local t = targets[kind]
         if t then
             args[#args + 1] = string.format("--%s 127.0.0.1:%d:%d", kind, t[1], t[2])
         end
+    end
+    if opts.check_ports then
+        args[#args + 1] = "--check-ports " .. table.concat(opts.check_ports, ",")
     end
     local out = stop_file .. ".out"
     local pid = background(string.format("%s %s/spec/it/fleet_client.py load %s --stop-file %s "
@@ -339,10 +359,12 @@ function fleet.load(targets, opts)
         local text = read_file(out)
         os.remove(stop_file)
         os.remove(out)
-        local counts = { failed = 0, ok = 0, failures = {}, text = text }
+        local counts = { failed = 0, ok = 0, failures = {}, chat_clients = {}, text = text }
         for k, v in text:gmatch("([%w_]+)=([^\n]*)") do
             if k == "failure" then
                 counts.failures[#counts.failures + 1] = v
+            elseif k == "chat_client" then
+                counts.chat_clients[#counts.chat_clients + 1] = v
             elseif tonumber(v) then
                 counts[k] = tonumber(v)
                 if k:match("_failed$") then
@@ -356,6 +378,48 @@ function fleet.load(targets, opts)
         return counts
     end
     return load
+end
+
+-- Prints what the load's users and chat saw (fleet.load with users, chat and check_ports)
+-- and returns what is wrong with it (a list, empty when all is well): every session must be
+-- valid on every instance afterwards (`users` of them on each of `n_instances`), none invalid
+-- during the load; every chat message due on a connection (see spec/it/fleet_client.py's
+-- header) delivered there once, enough messages posted on one instance due on another's
+-- sockets, and chat clients on every instance.
+function fleet.sessions_and_chat(name, counts, users, n_instances)
+    local joined = counts.text:match("chat_instances=([^\n]*)") or ""
+    print(string.format("%s: sessions: %d logged in, %d checked on every instance after the "
+        .. "roll, %d invalid; during it GET /me %d ok, %d failed, %d invalid",
+        name, users, counts.session_checked or 0, counts.session_invalid or -1,
+        counts.me_ok or 0, counts.me_failed or 0, counts.me_invalid or 0))
+    print(string.format("%s: chat: %d posted (%d failed), %d due on the clients' connections "
+        .. "(%d posted on another instance), %d delivered, %d lost, %d twice; clients joined "
+        .. "on %s, reconnected after 1001 %d times", name, counts.chat_posted or 0,
+        counts.post_failed or 0, counts.chat_due or 0, counts.chat_cross_due or 0,
+        counts.chat_delivered or 0, counts.chat_lost or -1, counts.chat_duplicate or -1, joined,
+        counts.chat_going_away_ok or 0))
+    for _, line in ipairs(counts.chat_clients) do
+        print("  chat client " .. line)
+    end
+    local wrong = {}
+    local function want(ok, what)
+        if not ok then
+            wrong[#wrong + 1] = what
+        end
+    end
+    want(counts.session_checked == users * n_instances, "not every session was checked")
+    want(counts.session_invalid == 0, "sessions invalid after the roll")
+    want((counts.me_invalid or 0) == 0, "sessions invalid during the roll")
+    want((counts.me_ok or 0) > 50, "too few session requests to tell")
+    want(counts.chat_lost == 0 and counts.chat_due == counts.chat_delivered,
+        "chat messages lost")
+    want(counts.chat_duplicate == 0, "chat messages delivered twice")
+    want((counts.chat_posted or 0) > 100, "too few chat messages to tell")
+    want((counts.chat_cross_due or 0) > (counts.chat_posted or 0), "too little fan-out to tell")
+    for i = 1, n_instances do
+        want(("," .. joined .. ","):find(",i" .. i .. ",", 1, true), "no chat client on i" .. i)
+    end
+    return wrong
 end
 
 -- -- The rolling restart -------------------------------------------------------------------

@@ -350,13 +350,45 @@ local function heartbeats(b)
     end
 end
 
--- The writer task: sends what is queued, BATCH publishes to a pipeline.
+-- Sends up to BATCH queued publishes in one pipeline.
+local function send(b)
+    local redis = require "moonserve.redis"
+    local cmds, beats, n = {}, {}, 0
+    while b.qh <= b.qt and n < BATCH do
+        local m = b.q[b.qh]
+        b.q[b.qh] = nil
+        b.qh = b.qh + 1
+        n = n + 1
+        cmds[n], beats[n] = { "PUBLISH", m[1], m[2] }, m[3] and m[1]
+    end
+    local ok, replies = pcall(b.client.pipeline, b.client, cmds)
+    replies = ok and replies or nil
+    local sent, failed = 0, 0
+    for i = 1, n do
+        local r = replies and replies[i]
+        local done = r ~= nil and not redis.is_error(r)
+        if beats[i] then
+            if not done then
+                b.told[beats[i]] = nil -- (told again at the next idle second)
+            end
+        elseif done then
+            sent = sent + 1
+        else
+            failed = failed + 1
+        end
+    end
+    count("published", sent)
+    count("publish_failed", failed)
+end
+
+-- The writer task: sends what is queued, BATCH publishes to a pipeline. At the worker's
+-- stop it sends what is left and ends (what requests still under way publish after that,
+-- publish() sends itself).
 local function writer(premature, b)
     if premature then
         b.writing = false
         return
     end
-    local redis = require "moonserve.redis"
     while not stopping() do
         if b.qh > b.qt then
             b.waiting = true
@@ -366,32 +398,11 @@ local function writer(premature, b)
                 heartbeats(b)
             end
         else
-            local cmds, beats, n = {}, {}, 0
-            while b.qh <= b.qt and n < BATCH do
-                local m = b.q[b.qh]
-                b.q[b.qh] = nil
-                b.qh = b.qh + 1
-                n = n + 1
-                cmds[n], beats[n] = { "PUBLISH", m[1], m[2] }, m[3] and m[1]
-            end
-            local replies = b.client:pipeline(cmds)
-            local sent, failed = 0, 0
-            for i = 1, n do
-                local r = replies and replies[i]
-                local ok = r ~= nil and not redis.is_error(r)
-                if beats[i] then
-                    if not ok then
-                        b.told[beats[i]] = nil -- (told again at the next idle second)
-                    end
-                elseif ok then
-                    sent = sent + 1
-                else
-                    failed = failed + 1
-                end
-            end
-            count("published", sent)
-            count("publish_failed", failed)
+            send(b)
         end
+    end
+    while b.qh <= b.qt do
+        send(b)
     end
     b.writing = false
 end
@@ -433,6 +444,15 @@ local function publish(b, topic, kind, data)
     end
     b.qt = b.qt + 1
     b.q[b.qt] = { topic, format("%s %d %s", sender, seq, kind == "binary" and "b" or "t") .. data }
+    if stopping() and not b.writing then
+        -- A stopping worker still answers the requests under way, but no task starts now:
+        -- the publisher sends (and waits for Redis, this once), or the other instances would
+        -- never get what it published.
+        while b.qh <= b.qt do
+            send(b)
+        end
+        return
+    end
     start(b)
     if b.waiting then
         b.sema:post(1)

@@ -12,6 +12,27 @@ Run by Debian's python3:
       line for each of the first failures. A failure is a connection error, a reply that
       did not come whole, a 5xx, or a WebSocket that closed otherwise than with 1001.
 
+      --users HOST:PORT:N --check-ports P1,P2,...   (the app's sessions: REDIS_URL set)
+      Before the load starts, N users log in (POST /login?user=uK), each keeping its cookie;
+      during the load a client asks GET /me with each cookie in turn ("me_ok", "me_failed"
+      for connection errors and 5xx, "me_invalid" for a 401 or another user). Once the load
+      has stopped, every cookie is tried on every port of --check-ports (each instance
+      directly): "session_checked=N", "session_invalid=N".
+
+      --chat HOST:PORT:N   (the app's chat over Redis)
+      N WebSocket clients on /ws/chat, each reconnecting after a close 1001 (a new connection
+      may land on another instance: the channel's sequence numbers are each instance's own,
+      so there is nothing to resume from; a client only counts on what is posted while it is
+      connected), and a poster that POSTs "chat K" to /chat every 50 ms on a keep-alive
+      connection ("post_ok", "post_failed"). The posting stops with the load; the chat clients
+      listen GRACE (0.5 s) longer. A message is due on a connection when it was posted (its
+      POST sent) after the connection's "joined" came and its POST's reply came GRACE or more
+      before the connection closed; "chat_due" counts these over every connection of every
+      client, "chat_delivered" those that came on it, "chat_lost" the others, and
+      "chat_duplicate" messages that came twice on one connection; "chat_cross_due" is the
+      part of chat_due posted on another instance than the connection's. One "chat_client=..."
+      line per client.
+
   fleet_client.py goaway PORT
       One HTTP/2 connection: GET /slow?s=1.5 on stream 1, prints "sent=1", then prints what
       comes: "goaway=LAST_STREAM_ID" for each GOAWAY, "status=..." and "ended=1" for the
@@ -20,6 +41,10 @@ Run by Debian's python3:
   fleet_client.py ws PORT
       One WebSocket on /ws/echo: prints "open=1" once an echo came back, then
       "close=CODE REASON" when the server closes it.
+
+  fleet_client.py chat PORT SECONDS
+      One WebSocket on /ws/chat: prints "joined=INSTANCE", then "msg=TEXT" for each message,
+      for SECONDS, then "done=1".
 """
 import asyncio
 import http.client
@@ -199,41 +224,244 @@ async def ws_client(host, port, stop):
             await asyncio.sleep(0.05)
 
 
+# -- Sessions ---------------------------------------------------------------------------
+
+def cookie_of(res):
+    for k, v in res.getheaders():
+        if k.lower() == "set-cookie" and v.startswith("session="):
+            return v.split(";", 1)[0]
+    return None
+
+
+def login(host, port, n):
+    """Logs in users u1..uN; returns [(user, cookie)]. Raises if one fails."""
+    users = []
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    for k in range(1, n + 1):
+        user = "u%d" % k
+        conn.request("POST", "/login?user=" + user, body=b"")
+        res = conn.getresponse()
+        res.read()
+        cookie = cookie_of(res)
+        if res.status != 200 or not cookie:
+            raise IOError("login %s: status %d, cookie %r" % (user, res.status, cookie))
+        users.append((user, cookie))
+    conn.close()
+    return users
+
+
+def me(conn, user, cookie):
+    """GET /me with the cookie: "ok", "invalid" (401 or another user) or "failed" (5xx)."""
+    conn.request("GET", "/me", headers={"Cookie": cookie})
+    res = conn.getresponse()
+    body = res.read().decode()
+    if res.status >= 500:
+        return "failed", "status %d" % res.status
+    if res.status == 200 and body == "user " + user:
+        return "ok", None
+    return "invalid", "%s: status %d %r" % (user, res.status, body)
+
+
+def me_client(host, port, users, stop):
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    i = 0
+    while not stop.is_set():
+        user, cookie = users[i % len(users)]
+        i += 1
+        try:
+            what, why = me(conn, user, cookie)
+            if what == "invalid":
+                with LOCK:
+                    COUNTS["me_invalid"] = COUNTS.get("me_invalid", 0) + 1
+                    if len(FAILURES) < 30:
+                        FAILURES.append("%.3f me invalid %s" % (time.time(), why))
+            else:
+                count("me", what == "ok", why)
+        except Exception as e:
+            count("me", False, repr(e))
+            conn.close()
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+        time.sleep(0.02)
+    conn.close()
+
+
+def check_sessions(host, ports, users):
+    checked = invalid = 0
+    for port in ports:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        for user, cookie in users:
+            checked += 1
+            try:
+                what, why = me(conn, user, cookie)
+            except Exception as e:
+                what, why = "failed", repr(e)
+                conn.close()
+                conn = http.client.HTTPConnection(host, port, timeout=10)
+            if what != "ok":
+                invalid += 1
+                if len(FAILURES) < 30:
+                    FAILURES.append("session on port %d %s" % (port, why))
+        conn.close()
+    say("session_checked", checked)
+    say("session_invalid", invalid)
+
+
+# -- The chat -----------------------------------------------------------------------------
+
+GRACE = 0.5
+POSTS = []  # (text, sent at, replied at, instance) of each post that got a 200
+
+
+def poster(host, port, stop):
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    k = 0
+    while not stop.is_set():
+        k += 1
+        text = "chat %d" % k
+        sent = time.time()
+        try:
+            conn.request("POST", "/chat", body=text.encode(),
+                         headers={"Content-Type": "text/plain"})
+            res = conn.getresponse()
+            body = res.read().decode()
+            count("post", res.status == 200, "status %d %r" % (res.status, body))
+            if res.status == 200:
+                POSTS.append((text, sent, time.time(), body.split(" ", 1)[-1]))
+        except Exception as e:
+            count("post", False, repr(e))
+            conn.close()
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+        time.sleep(0.05)
+    conn.close()
+
+
+async def chat_client(host, port, stop, conns):
+    """Appends one record per connection to `conns`: instance, joined, closed, messages."""
+    import websockets
+    while not stop.is_set():
+        c = None
+        try:
+            async with websockets.connect("ws://%s:%d/ws/chat" % (host, port),
+                                          open_timeout=10, close_timeout=2) as ws:
+                hello = await asyncio.wait_for(ws.recv(), 10)
+                if not hello.startswith("joined "):
+                    raise IOError("no join: %r" % hello)
+                c = {"instance": hello[7:], "joined": time.time(), "closed": None, "got": []}
+                conns.append(c)
+                while not stop.is_set():
+                    try:
+                        msg = await asyncio.wait_for(ws.recv(), 0.1)
+                    except asyncio.TimeoutError:
+                        continue
+                    c["got"].append(msg)
+                c["closed"] = time.time()
+        except websockets.ConnectionClosed as e:
+            if c is not None:
+                c["closed"] = time.time()
+            if e.rcvd is not None and e.rcvd.code == 1001:
+                count("chat_going_away", True)  # reconnects: no failure
+            else:
+                count("chat_ws", False, "closed %r" % e)
+        except Exception as e:
+            if c is not None and c["closed"] is None:
+                c["closed"] = time.time()
+            count("chat_ws", False, repr(e))
+            await asyncio.sleep(0.05)
+
+
+def chat_report(clients):
+    """Counts what was due on each connection against what came (see the header)."""
+    totals = {"due": 0, "delivered": 0, "lost": 0, "duplicate": 0, "cross_due": 0}
+    instances = set()
+    for n, conns in enumerate(clients):
+        per = {"due": 0, "delivered": 0, "lost": 0, "duplicate": 0, "cross_due": 0}
+        for c in conns:
+            instances.add(c["instance"])
+            got = set(c["got"])
+            per["duplicate"] += len(c["got"]) - len(got)
+            for text, sent, replied, inst in POSTS:
+                if sent >= c["joined"] and replied + GRACE <= c["closed"]:
+                    per["due"] += 1
+                    if inst != c["instance"]:
+                        per["cross_due"] += 1
+                    if text in got:
+                        per["delivered"] += 1
+                    else:
+                        per["lost"] += 1
+                        if len(FAILURES) < 30:
+                            FAILURES.append("chat client %d on %s lost %r (posted on %s, "
+                                            "%.3f-%.3f; connected %.3f-%.3f)"
+                                            % (n + 1, c["instance"], text, inst, sent,
+                                               replied, c["joined"], c["closed"]))
+        say("chat_client", "%d connections=%d due=%d delivered=%d lost=%d duplicate=%d "
+            "instances=%s" % (n + 1, len(conns), per["due"], per["delivered"], per["lost"],
+                              per["duplicate"], ",".join(c["instance"] for c in conns)))
+        for k in totals:
+            totals[k] += per[k]
+    say("chat_posted", len(POSTS))
+    for k in ("due", "cross_due", "delivered", "lost", "duplicate"):
+        say("chat_" + k, totals[k])
+    say("chat_instances", ",".join(sorted(instances)))
+
+
 def load(args):
-    spec = {"--h1": [], "--h2": [], "--ws": []}
-    stop_file, seconds = None, 600
+    spec = {"--h1": [], "--h2": [], "--ws": [], "--users": [], "--chat": []}
+    stop_file, seconds, check_ports = None, 600, []
     i = 0
     while i < len(args):
         if args[i] in spec:
             host, port, n = args[i + 1].rsplit(":", 2)
             spec[args[i]].append((host, int(port), int(n)))
+        elif args[i] == "--check-ports":
+            check_ports = [int(p) for p in args[i + 1].split(",")]
         elif args[i] == "--stop-file":
             stop_file = args[i + 1]
         elif args[i] == "--seconds":
             seconds = float(args[i + 1])
         i += 2
     stop = threading.Event()
+    users = []
+    for host, port, n in spec["--users"]:
+        users = login(host, port, n)
     threads = []
-    for kind, fn in (("--h1", h1_client), ("--h2", h2_client)):
-        for host, port, n in spec[kind]:
-            for _ in range(n):
-                t = threading.Thread(target=fn, args=(host, port, stop), daemon=True)
-                t.start()
-                threads.append(t)
+    targets = [(fn, h, p, n) for kind, fn in (("--h1", h1_client), ("--h2", h2_client))
+               for h, p, n in spec[kind]]
+    targets += [(poster, h, p, 1) for h, p, _ in spec["--chat"]]
+    if users:
+        targets += [(lambda h, p, s: me_client(h, p, users, s), h, p, 1)
+                    for h, p, _ in spec["--users"]]
+    for fn, host, port, n in targets:
+        for _ in range(n):
+            t = threading.Thread(target=fn, args=(host, port, stop), daemon=True)
+            t.start()
+            threads.append(t)
+    chats = [[] for h, p, n in spec["--chat"] for _ in range(n)]
 
     async def main():
+        chat_stop = asyncio.Event()
         tasks = [asyncio.ensure_future(ws_client(h, p, stop))
                  for h, p, n in spec["--ws"] for _ in range(n)]
+        chat_tasks = [asyncio.ensure_future(chat_client(h, p, chat_stop, chats[k]))
+                      for k, (h, p) in enumerate((h, p) for h, p, n in spec["--chat"]
+                                                 for _ in range(n))]
         end = time.time() + seconds
         while time.time() < end and not (stop_file and os.path.exists(stop_file)):
             await asyncio.sleep(0.05)
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)
+        # The last posts' messages are still on their way: the chat clients listen on.
+        await asyncio.sleep(GRACE + 0.2)
+        chat_stop.set()
+        await asyncio.wait_for(asyncio.gather(*chat_tasks, return_exceptions=True), 20)
 
     say("started", 1)
     asyncio.run(main())
     for t in threads:
         t.join(20)
+    if chats:
+        chat_report(chats)
+    if users:
+        check_sessions("127.0.0.1", check_ports, users)
     for k in sorted(COUNTS):
         say(k, COUNTS[k])
     for f in FAILURES:
@@ -276,6 +504,19 @@ async def ws_one(port):
             say("close", "%s %s" % (e.rcvd.code, e.rcvd.reason) if e.rcvd else "none")
 
 
+async def chat_one(port, seconds):
+    import websockets
+    async with websockets.connect("ws://127.0.0.1:%d/ws/chat" % port) as ws:
+        say("joined", (await ws.recv())[7:])
+        end = time.time() + seconds
+        while time.time() < end:
+            try:
+                say("msg", await asyncio.wait_for(ws.recv(), max(0.01, end - time.time())))
+            except asyncio.TimeoutError:
+                break
+    say("done", 1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "load":
         load(sys.argv[2:])
@@ -283,3 +524,5 @@ if __name__ == "__main__":
         goaway(int(sys.argv[2]))
     elif sys.argv[1] == "ws":
         asyncio.run(ws_one(int(sys.argv[2])))
+    elif sys.argv[1] == "chat":
+        asyncio.run(chat_one(int(sys.argv[2]), float(sys.argv[3])))

@@ -2,7 +2,11 @@
 -- behind HAProxy (PROXY v2, checks on /readyz, the agent-check) and behind nginx (an upstream
 -- with keep-alive), each in turn upgraded (USR2: a new master takes its sockets over; QUIT the
 -- old one once the new one is ready) while clients hold keep-alive HTTP/1.1, HTTP/2 (HAProxy)
--- and WebSocket connections: not one request may fail.
+-- and WebSocket connections: not one request may fail. The instances keep their sessions in
+-- one Redis and chat through it: users logged in before are still logged in on every instance
+-- after, and chat clients connected through the balancer (reconnecting after a close 1001)
+-- get every message posted while they were connected, on whichever instance (exactly what is
+-- checked: the header of spec/it/fleet_client.py).
 local helper = require "helper"
 local fleet = require "fleet_helper"
 
@@ -26,11 +30,14 @@ local function upgrade(inst)
     return new
 end
 
+local USERS, CHATTERS = 30, 6
+
 describe("a rolling upgrade", function()
-    local dir, instances, balancer, load
+    local dir, instances, balancer, load, redis
 
     before_each(function()
         dir = fleet.tempdir()
+        redis = fleet.redis { dir = dir }
     end)
 
     after_each(function()
@@ -43,7 +50,8 @@ describe("a rolling upgrade", function()
         for _, inst in ipairs(instances or {}) do
             inst:stop("KILL", 1)
         end
-        load, balancer, instances = nil, nil, nil
+        redis.stop()
+        load, balancer, instances, redis = nil, nil, nil, nil
         fleet.cleanup(dir)
     end)
 
@@ -53,7 +61,7 @@ describe("a rolling upgrade", function()
         for i = 1, 3 do
             local pid_file = dir .. "/i" .. i .. ".pid"
             local inst = fleet.instance { name = "i" .. i, dir = dir, ports = {},
-                args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
+                env = fleet.redis_env(redis), args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
             inst.pid_file = pid_file
             list[i] = inst
         end
@@ -97,14 +105,27 @@ describe("a rolling upgrade", function()
         assert.is_true(counts.done, counts.text)
         assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
         assert.equal(0, counts.failed)
+        assert.same({}, fleet.sessions_and_chat(name, counts, USERS, 3))
+    end
+
+    -- What the load asks besides: users logged in through the balancer and checked on each
+    -- instance's plain port after the roll, chat clients and a poster.
+    local function with_sessions_and_chat(targets)
+        local ports = {}
+        for i, inst in ipairs(instances) do
+            ports[i] = inst.ports.plain
+        end
+        targets.users = { balancer.port, USERS }
+        targets.chat = { balancer.port, CHATTERS }
+        return fleet.load(targets, { dir = dir, check_ports = ports })
     end
 
     it("behind HAProxy refuses no connection and loses no request", function()
         instances = three()
         balancer = fleet.haproxy(instances, { dir = dir })
         assert.is_true(balancer.all_up(), balancer.log())
-        load = fleet.load({ h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
-            ws = { balancer.port, 3 } }, { dir = dir })
+        load = with_sessions_and_chat { h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
+            ws = { balancer.port, 3 } }
         roll("haproxy", function()
             assert.is_true(balancer.all_up(), balancer.log())
         end)
@@ -113,8 +134,7 @@ describe("a rolling upgrade", function()
     it("behind nginx refuses no connection and loses no request", function()
         instances = three()
         balancer = fleet.nginx(instances, { dir = dir })
-        load = fleet.load({ h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } },
-            { dir = dir })
+        load = with_sessions_and_chat { h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } }
         roll("nginx")
     end)
 end)

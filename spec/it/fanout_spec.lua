@@ -126,6 +126,35 @@ describe("fan-out across three instances over Redis", function()
         end
     end)
 
+    it("checks a message from another instance as publish does: too big or bad UTF-8 never "
+        .. "enters", function()
+        -- (a foreign publisher, or an instance whose max_message_bytes is larger)
+        local function forge(seq, data)
+            local ch = "moonserve:channel:room"
+            local body = "00000000000000ff.01 " .. seq .. " t" .. data
+            return helper.redis_cmd(rport, "*3\r\n$7\r\nPUBLISH\r\n$" .. #ch .. "\r\n" .. ch
+                .. "\r\n$" .. #body .. "\r\n" .. body)
+        end
+        local before = cjson.decode((get(ports[1], "/since?id=0")))
+        forge(1, "bad \255\254 text")
+        forge(2, string.rep("y", 65537)) -- (the room's max_message_bytes is the default, 65536)
+        for i, p in ipairs(ports) do
+            assert(helper.wait_for(function() return stats(p).rejected == 2 end, 5),
+                get(p, "/fanout"))
+            local held = cjson.decode((get(p, "/since?id=0")))
+            if i == 1 then
+                assert.equal(#before, #held)
+            end
+            for _, data in ipairs(held) do
+                assert.is_nil(data:find("bad", 1, true))
+                assert.is_true(#data < 65536)
+            end
+            local log = servers[i]:log()
+            local _, lines = log:gsub("refused a message from another instance", "")
+            assert.equal(2, lines, log) -- (one per reason)
+        end
+    end)
+
     it("never lets a socket that does not read hold up the others or the worker", function()
         local f = client("slow", ports)
         assert.equal(f.readers, f.readers_complete, f._out)

@@ -306,6 +306,41 @@ describe("the demo site on two instances and a Redis", function()
     end)
 end)
 
+describe("a Redis that refuses the subscription (an ACL without the channels)", function()
+    local rport, redis_pid, srv
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        assert.equal("+OK", helper.redis_cmd(rport,
+            "ACL SETUSER app on >pw ~* +@all resetchannels"))
+        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+            env = { FANOUT_REDIS = "redis://app:pw@127.0.0.1:" .. rport },
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1" }
+    end)
+
+    teardown(function()
+        srv:stop()
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("is one outage that lasts, logged once: never up, never resubscribed, no purges",
+            function()
+        assert(helper.wait_for(function() return stats(srv.port).outages == 1 end, 5))
+        socket.sleep(3) -- (the backoff's first rounds: 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s)
+        local s = stats(srv.port)
+        assert.equal(0, s.up)
+        assert.equal(0, s.resubscribed)
+        assert.equal(1, s.outages)
+        assert.equal(0, seen(srv.port)["0"].resets)
+        local log = srv:log()
+        local _, lost = log:gsub("fanout: lost redis", "")
+        assert.equal(1, lost, log)
+        assert.matches("NOPERM", log)
+        assert.is_nil(log:find("resubscribed to redis", 1, true), log)
+    end)
+end)
+
 describe("the fanout_queue limit", function()
     local rport, redis_pid, srv
 

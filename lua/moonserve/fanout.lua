@@ -52,6 +52,9 @@ local GAP_WAIT, GAP_EACH = 1, 10000
 -- below the last one heard is not a resend but a sender's fresh start (or the end of a
 -- forged number): it is taken, so that no forged number silences a real sender for good.
 local IDLE_SENDER, PRUNE_EVERY = 600, 60
+-- Seconds between two lines about the same kind of bad input (a message refused, claims that
+-- found the dictionary full), per instance.
+local LOG_EVERY = 3600
 -- Publishes in one pipeline. How many a worker keeps while Redis is slow or away is the
 -- fanout_queue limit (past it the oldest fail, counted; 0: no cap).
 local BATCH = 128
@@ -169,7 +172,6 @@ end
 
 -- Whether the instance has not said `what` for LOG_EVERY seconds: the first of its workers
 -- to ask says it.
-local LOG_EVERY = 3600
 local function first_to_say(what)
     local d = state()
     return d ~= nil and d:safe_add("l:" .. what, 1, LOG_EVERY) == true

@@ -355,6 +355,27 @@ describe("moonserve.fanout", function()
         assert.equal(1, n)
     end)
 
+    it("leaves the claims' dictionary at the size the app declared, if it did", function()
+        local f = worker()
+        f.channel("room", fake_redis {}, function() end)
+        local declared = {}
+        f.prepare(setmetatable({ shared_decl = { moonserve_fanout = 64 * 1024 * 1024 } },
+            { __index = {
+                shared_dict = function(_, name, size) declared[name] = size end,
+                on_worker_start = function() end,
+            } }))
+        assert.is_nil(declared.moonserve_fanout)
+        assert.equal("256k", declared.moonserve_fanout_state)
+        local g = worker()
+        g.channel("room", fake_redis {}, function() end)
+        local fresh = {}
+        g.prepare(setmetatable({}, { __index = {
+            shared_dict = function(_, name, size) fresh[name] = size end,
+            on_worker_start = function() end,
+        } }))
+        assert.equal("8m", fresh.moonserve_fanout)
+    end)
+
     it("counts as failed what is still queued when the worker stops", function()
         local f = worker()
         local ch = f.channel("room", fake_redis {}, function() end)

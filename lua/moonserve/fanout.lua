@@ -24,15 +24,21 @@ local unpack = unpack or table.unpack -- luacheck: ignore 143
 
 local _M = {}
 
---- The shared dictionary of the instance's fan-out state: its id, the sequence numbers, the
--- claims of messages from other instances, the counters and the broadcasts' rings.
+--- The shared dictionary of the claims of messages from other instances and of the
+-- broadcasts' rings. A claim lives CLAIM_TTL seconds: at R messages a second from other
+-- instances the claims take about R * CLAIM_TTL * 150 bytes (8m: some 1,800 a second). An app
+-- that receives more declares it larger itself (app:shared_dict("moonserve_fanout", "64m")).
 _M.DICT = "moonserve_fanout"
 _M.DICT_SIZE = "8m"
+--- The dictionary of the state that must never be evicted: the instance's id, the count of
+-- workers whose subscription is down, the counters and the broadcasts' sequence numbers. A
+-- few keys, apart from the claims, so that no claim ever pushes them out.
+_M.STATE_DICT = "moonserve_fanout_state"
+_M.STATE_DICT_SIZE = "256k"
 
 -- Reconnection backoff, in seconds: the first wait, doubling up to the last.
 local BACKOFF_MIN, BACKOFF_MAX = 0.1, 5
--- A subscriber's longest wait for a message: it then looks whether the worker stops and
--- whether topics were added.
+-- A subscriber's longest wait for a message: it then looks whether the worker stops.
 local READ_WAIT = 0.5
 -- Seconds a claim on a message (topic, instance, sequence) is kept: far longer than two
 -- workers of one instance can be apart in reading the same stream.
@@ -41,6 +47,14 @@ local CLAIM_TTL = 30
 -- claim (and so deliver) what this one did not get. A gap longer than GAP_EACH is counted as
 -- a whole, once, rather than message by message.
 local GAP_WAIT, GAP_EACH = 1, 10000
+-- A sender heard from no more than this many seconds is forgotten (each reload in the fleet
+-- brings new senders), looked at every PRUNE_EVERY seconds. A number more than GAP_EACH
+-- below the last one heard is not a resend but a sender's fresh start (or the end of a
+-- forged number): it is taken, so that no forged number silences a real sender for good.
+local IDLE_SENDER, PRUNE_EVERY = 600, 60
+-- Seconds between two lines about the same kind of bad input (a message refused, claims that
+-- found the dictionary full), per instance.
+local LOG_EVERY = 3600
 -- Publishes in one pipeline. How many a worker keeps while Redis is slow or away is the
 -- fanout_queue limit (past it the oldest fail, counted; 0: no cap).
 local BATCH = 128
@@ -54,6 +68,10 @@ local function dict()
     return shared.dicts[_M.DICT]
 end
 
+local function state()
+    return shared.dicts[_M.STATE_DICT]
+end
+
 local function log(level, msg)
     host.log(level, msg)
 end
@@ -64,7 +82,7 @@ local function stopping()
 end
 
 local function count(name, n)
-    local d = dict()
+    local d = state()
     if d and n ~= 0 then
         d:incr("c:" .. name, n, 0)
     end
@@ -80,15 +98,15 @@ function _M.instance()
     if instance_id then
         return instance_id
     end
-    local d = dict()
+    local d = state()
     if not d then
-        return nil, "fanout: the dictionary " .. _M.DICT .. " is not open here (it opens in the "
-            .. "workers)"
+        return nil, "fanout: the dictionary " .. _M.STATE_DICT .. " is not open here (it opens "
+            .. "in the workers)"
     end
     local id = d:get("instance")
     if not id then
         local bytes = assert(require("moonserve.crypto").random(8))
-        d:add("instance", (bytes:gsub(".", function(c) return format("%02x", byte(c)) end)))
+        d:safe_add("instance", (bytes:gsub(".", function(c) return format("%02x", byte(c)) end)))
         id = d:get("instance")
     end
     instance_id = id
@@ -113,10 +131,17 @@ local function new_bus(opt, level)
             or type(opt.pipeline) ~= "function" then
         error("bad redis (a URL or a moonserve.redis client expected)", level + 1)
     end
-    return { client = client, topics = {}, subscribed = {}, seen = {}, seq = {}, told = {},
-        q = {}, qh = 1,
-        qt = 0, reading = false, writing = false, sema = nil, waiting = false,
-        down_since = nil, up = false }
+    return { client = client, topics = {}, ntopics = 0, subscribed = {}, seen = {},
+        heard = {}, pruned = 0, seq = {}, told = {}, q = {}, qh = 1, qt = 0, reading = false,
+        writing = false, sema = nil, waiting = false, down_since = nil, up = false }
+end
+
+-- Adds a topic to a bus; its subscriber takes it up at its next turn.
+local function add_topic(b, topic, t)
+    if not b.topics[topic] then
+        b.ntopics = b.ntopics + 1
+    end
+    b.topics[topic] = t
 end
 
 local function bus_of(opt, level)
@@ -129,6 +154,40 @@ local function bus_of(opt, level)
     return b
 end
 
+-- Forgets the senders of `b` not heard from for more than IDLE_SENDER seconds.
+local function prune(b, now)
+    b.pruned = now
+    for channel, per in pairs(b.seen) do
+        local heard = b.heard[channel]
+        for inst in pairs(per) do
+            if now - (heard[inst] or 0) > IDLE_SENDER then
+                per[inst], heard[inst] = nil, nil
+            end
+        end
+        if next(per) == nil then
+            b.seen[channel], b.heard[channel] = nil, nil
+        end
+    end
+end
+
+-- Whether the instance has not said `what` for LOG_EVERY seconds: the first of its workers
+-- to ask says it.
+local function first_to_say(what)
+    local d = state()
+    return d ~= nil and d:safe_add("l:" .. what, 1, LOG_EVERY) == true
+end
+
+-- A message refused by its topic (too big, not UTF-8): counted, and logged once an hour per
+-- instance, topic and reason.
+local function rejected(channel, why)
+    count("rejected", 1)
+    if first_to_say("rejected " .. channel .. " " .. tostring(why)) then
+        log("warn", "fanout: refused a message from another instance on " .. channel .. " ("
+            .. tostring(why) .. "); such messages are counted in "
+            .. "moonserve_fanout_rejected_total")
+    end
+end
+
 -- A message from another instance, claimed by this worker or not.
 local function receive(b, channel, payload)
     local t = b.topics[channel]
@@ -136,7 +195,7 @@ local function receive(b, channel, payload)
         return
     end
     local inst, proc, seq, kind, at = match(payload, "^(%x+)%.(%x+) (%d+) ([tbh])()")
-    if not inst then
+    if not inst or #seq > 15 then -- (a number past 2^53 is no sender's)
         count("malformed", 1)
         return
     end
@@ -145,14 +204,18 @@ local function receive(b, channel, payload)
     end
     inst = inst .. "." .. proc
     seq = tonumber(seq)
-    local per = b.seen[channel]
+    local now = host.now()
+    if now - b.pruned > PRUNE_EVERY then
+        prune(b, now)
+    end
+    local per, heard = b.seen[channel], b.heard[channel]
     if not per then
-        per = {}
-        b.seen[channel] = per
+        per, heard = {}, {}
+        b.seen[channel], b.heard[channel] = per, heard
     end
     local last = per[inst]
     if last then
-        if seq <= last then
+        if seq <= last and last - seq <= GAP_EACH then
             return -- (old, or sent twice)
         end
         -- (a heartbeat's number was sent too; a message's is this one)
@@ -161,15 +224,43 @@ local function receive(b, channel, payload)
             host.module("timer").at(GAP_WAIT, _M._count_gap, channel, inst, last + 1, upto)
         end
     end
-    per[inst] = seq
+    per[inst], heard[inst] = seq, now
     if kind == "h" then
         return -- (a heartbeat: the sender's last number, no message)
     end
     local d = dict()
-    if d and d:add(format("r:%s:%s:%d", channel, inst, seq), 1, CLAIM_TTL) then
-        count("received", 1)
-        t.on_remote(sub(payload, at), kind == "b" and "binary" or "text")
+    -- (safe_add: a claim never evicts another, whose message would then enter twice, nor a ring)
+    local won, err = false, nil
+    if d then
+        won, err = d:safe_add(format("r:%s:%s:%d", channel, inst, seq), 1, CLAIM_TTL)
     end
+    if won then
+        -- (on_remote returns false and why when it refuses the message)
+        local ok, why = t.on_remote(sub(payload, at), kind == "b" and "binary" or "text")
+        if ok == false then
+            rejected(channel, why)
+        else
+            count("received", 1)
+        end
+    elseif err == "no memory" then
+        count("missed", 1)
+        if first_to_say("full") then
+            log("warn", "fanout: the dictionary " .. _M.DICT .. " is full of claims: messages "
+                .. "from other instances are dropped (counted in "
+                .. "moonserve_fanout_missed_total); declare it larger")
+        end
+    end
+end
+
+--- The bus of the `redis` option `opt`, and a message received through it (for the specs).
+-- @local
+function _M._bus(opt)
+    return buses[opt]
+end
+
+--- @local
+function _M._receive(opt, channel, payload)
+    return receive(buses[opt], channel, payload)
 end
 
 --- Counts as missed the messages first..last of `inst` on `topic` that no worker of this
@@ -182,12 +273,12 @@ function _M._count_gap(_, topic, inst, first, last)
     end
     local missed = 0
     if last - first + 1 > GAP_EACH then
-        if d:add(format("g:%s:%s:%d", topic, inst, first), 1, CLAIM_TTL) then
+        if d:safe_add(format("g:%s:%s:%d", topic, inst, first), 1, CLAIM_TTL) then
             missed = last - first + 1
         end
     else
         for s = first, last do
-            if d:add(format("r:%s:%s:%d", topic, inst, s), 0, CLAIM_TTL) then
+            if d:safe_add(format("r:%s:%s:%d", topic, inst, s), 0, CLAIM_TTL) then
                 missed = missed + 1
             end
         end
@@ -241,52 +332,72 @@ local function went_down(b, err)
     end
 end
 
--- One subscriber session: subscribe to every topic, read until an error or the stop.
+-- Subscribes `sub_conn` to the topics of `b` it does not have yet (all of them on a new
+-- connection). Returns true, or nil and an error.
+local function subscribe_new(b, sub_conn)
+    local names = {}
+    for n in pairs(b.topics) do
+        if not b.subscribed[n] then
+            names[#names + 1] = n
+        end
+    end
+    b.subscribed_n = b.ntopics
+    if #names == 0 then
+        return true
+    end
+    table.sort(names)
+    local ok, err = sub_conn:subscribe(unpack(names))
+    if not ok then
+        return nil, err or "subscribe failed"
+    end
+    for _, n in ipairs(names) do
+        b.subscribed[n] = true
+    end
+    return true
+end
+
+-- One subscriber session: subscribe to every topic, read until an error or the stop. The
+-- subscription counts as up at Redis's first confirmation, not when SUBSCRIBE is sent: a
+-- refusal (an ACL's -NOPERM) or a proxy that accepts and then closes is no comeback.
 -- Returns nil at the stop, or the error.
 local function session(b)
     local sub_conn, err = b.client:subscriber()
     if not sub_conn then
         return err or "no subscriber"
     end
-    local names = {}
-    for n in pairs(b.topics) do
-        names[#names + 1] = n
-    end
-    table.sort(names)
+    sub_conn.confirmations = true
+    b.subscribed = {}
     local ok
-    ok, err = sub_conn:subscribe(unpack(names))
+    ok, err = subscribe_new(b, sub_conn)
     if not ok then
         sub_conn:close()
-        return err or "subscribe failed"
+        return err
     end
-    b.subscribed = {}
-    for _, n in ipairs(names) do
-        b.subscribed[n] = true
-    end
-    went_up(b, #names)
     while true do
         if stopping() then
             sub_conn:close()
             return nil
+        end
+        if b.subscribed_n ~= b.ntopics then -- (declared since: a broadcast made in a handler)
+            ok, err = subscribe_new(b, sub_conn)
+            if not ok then
+                sub_conn:close()
+                return err
+            end
         end
         local msg
         msg, err = sub_conn:next(READ_WAIT)
         if msg then
             if msg.kind == "message" then
                 receive(b, msg.channel, msg.data)
-            end
-        elseif err == "timeout" then
-            for n in pairs(b.topics) do -- (declared since: a broadcast made in a handler)
-                if not b.subscribed[n] then
-                    ok, err = sub_conn:subscribe(n)
-                    if not ok then
-                        sub_conn:close()
-                        return err or "subscribe failed"
-                    end
-                    b.subscribed[n] = true
+            elseif msg.kind == "subscribe" and not b.up then
+                local n = 0
+                for _ in pairs(b.subscribed) do
+                    n = n + 1
                 end
+                went_up(b, n)
             end
-        else
+        elseif err ~= "timeout" then
             sub_conn:close()
             return err or "closed"
         end
@@ -350,7 +461,7 @@ local function heartbeats(b)
     end
 end
 
--- Sends up to BATCH queued publishes in one pipeline.
+-- Sends up to BATCH queued publishes in one pipeline; true when Redis took them.
 local function send(b)
     local redis = require "moonserve.redis"
     local cmds, beats, n = {}, {}, 0
@@ -379,16 +490,36 @@ local function send(b)
     end
     count("published", sent)
     count("publish_failed", failed)
+    return replies ~= nil and (sent > 0 or failed == 0)
 end
 
--- The writer task: sends what is queued, BATCH publishes to a pipeline. At the worker's
--- stop it sends what is left and ends (what requests still under way publish after that,
--- publish() sends itself).
+-- Counts as failed what is still queued when the writer stops (publishes made while the
+-- worker stops: the requests of its last seconds), and empties the queue.
+local function drop_queue(b)
+    local failed = 0
+    for i = b.qh, b.qt do
+        local m = b.q[i]
+        if m and not m[3] then
+            failed = failed + 1
+        end
+        b.q[i] = nil
+    end
+    b.qh, b.qt = 1, 0
+    count("publish_failed", failed)
+end
+
+-- The writer task: sends what is queued, BATCH publishes to a pipeline. After a pipeline
+-- Redis took nothing of, it waits as the reader does (BACKOFF_MIN doubling to BACKOFF_MAX)
+-- rather than connect again at the rate of the publishes; the queue's cap still holds. At the
+-- worker's stop it sends what is left while Redis takes it, and counts the rest as failed
+-- (what requests still under way publish after that, publish() sends itself).
 local function writer(premature, b)
     if premature then
         b.writing = false
+        drop_queue(b)
         return
     end
+    local backoff = BACKOFF_MIN
     while not stopping() do
         if b.qh > b.qt then
             b.waiting = true
@@ -398,13 +529,18 @@ local function writer(premature, b)
                 heartbeats(b)
             end
         else
-            send(b)
+            if send(b) then
+                backoff = BACKOFF_MIN
+            else
+                host.sleep(backoff)
+                backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
+            end
         end
     end
-    while b.qh <= b.qt do
-        send(b)
+    while b.qh <= b.qt and send(b) do
     end
     b.writing = false
+    drop_queue(b)
 end
 
 local function start(b)
@@ -447,10 +583,10 @@ local function publish(b, topic, kind, data)
     if stopping() and not b.writing then
         -- A stopping worker still answers the requests under way, but no task starts now:
         -- the publisher sends (and waits for Redis, this once), or the other instances would
-        -- never get what it published.
-        while b.qh <= b.qt do
-            send(b)
+        -- never get what it published. What Redis does not take counts as failed.
+        while b.qh <= b.qt and send(b) do
         end
+        drop_queue(b)
         return
     end
     start(b)
@@ -466,7 +602,7 @@ end
 function _M.channel(name, redis, enter, level)
     local b = bus_of(redis, (level or 1) + 1)
     local topic = "moonserve:channel:" .. name
-    b.topics[topic] = { on_remote = enter }
+    add_topic(b, topic, { on_remote = enter })
     return { bus = b, topic = topic }
 end
 
@@ -491,7 +627,7 @@ local function enter(self, payload)
     if not d then
         return nil, "fanout: the dictionary " .. _M.DICT .. " is not open here"
     end
-    local seq, err = d:incr("b:" .. self.name, 1, 0)
+    local seq, err = state():incr("b:" .. self.name, 1, 0)
     if not seq then
         return nil, err
     end
@@ -549,7 +685,7 @@ local function poll(self, timeout)
     if not d then
         return nil, "fanout: the dictionary " .. _M.DICT .. " is not open here"
     end
-    local last = d:get("b:" .. self.name) or 0
+    local last = state():get("b:" .. self.name) or 0
     if not self.next_seq or last < self.next_seq - 1 then
         self.next_seq = last + 1 -- (the first look, or the dictionary was emptied)
         return true
@@ -590,7 +726,7 @@ local function start_poller(self)
         return
     end
     if not self.next_seq then
-        self.next_seq = (d:get("b:" .. self.name) or 0) + 1
+        self.next_seq = (state():get("b:" .. self.name) or 0) + 1
     end
     local h = host.module("timer").every(self.interval, function(premature)
         if premature then
@@ -651,10 +787,10 @@ function _M.broadcast(name, opts)
     if opts.redis then
         local b = bus_of(opts.redis, 2)
         self.bus, self.topic = b, "moonserve:broadcast:" .. name
-        b.topics[self.topic] = {
+        add_topic(b, self.topic, {
             on_remote = function(payload) enter(self, payload) end,
             on_reset = function() reset(self) end,
-        }
+        })
     end
     -- As plain functions too, the shape lua-resty-mlcache calls: ipc.broadcast(channel,
     -- data), ipc.poll(timeout), ipc.register_listeners(events).
@@ -752,7 +888,14 @@ function _M.prepare(app)
         return
     end
     rawset(app, "fanout_prepared", true)
-    app:shared_dict(_M.DICT, _M.DICT_SIZE)
+    local root = app
+    while root.parent do
+        root = root.parent
+    end
+    if not (root.shared_decl and root.shared_decl[_M.DICT]) then -- (the app's own size wins)
+        app:shared_dict(_M.DICT, _M.DICT_SIZE)
+    end
+    app:shared_dict(_M.STATE_DICT, _M.STATE_DICT_SIZE)
     app:on_worker_start(function()
         _M.instance()
         for _, b in pairs(buses) do
@@ -774,9 +917,12 @@ local FAMILIES = {
         .. "(away, slow, or over the queue of a worker)." },
     { "received", "counter", "Messages from other instances entered into this instance." },
     { "missed", "counter", "Messages of other instances this instance never received (gaps "
-        .. "in their numbers), as during an outage." },
+        .. "in their numbers), as during an outage; and those a worker found no room to claim "
+        .. "for in a full moonserve_fanout dictionary (counted by each worker)." },
     { "outages", "counter", "Times the subscription to Redis was lost." },
     { "resubscribed", "counter", "Subscriptions made again by a worker after an outage." },
+    { "rejected", "counter", "Messages from other instances refused: over the channel's "
+        .. "max_message_bytes, or text that is not UTF-8." },
     { "up", "gauge", "Workers whose subscription to Redis is up." },
 }
 
@@ -784,7 +930,7 @@ local FAMILIES = {
 -- `family` and `sample` writers.
 -- @local
 function _M.metrics_text(out, family, sample)
-    local d = dict()
+    local d = state()
     if not d then
         return
     end
@@ -796,9 +942,9 @@ function _M.metrics_text(out, family, sample)
 end
 
 --- The counters, as a table (published, publish_failed, received, missed, outages,
--- resubscribed, up).
+-- resubscribed, rejected, up).
 function _M.stats()
-    local d = dict()
+    local d = state()
     local t = {}
     for _, f in ipairs(FAMILIES) do
         t[f[1]] = d and d:get("c:" .. f[1]) or 0

@@ -126,6 +126,35 @@ describe("fan-out across three instances over Redis", function()
         end
     end)
 
+    it("checks a message from another instance as publish does: too big or bad UTF-8 never "
+        .. "enters", function()
+        -- (a foreign publisher, or an instance whose max_message_bytes is larger)
+        local function forge(seq, data)
+            local ch = "moonserve:channel:room"
+            local body = "00000000000000ff.01 " .. seq .. " t" .. data
+            return helper.redis_cmd(rport, "*3\r\n$7\r\nPUBLISH\r\n$" .. #ch .. "\r\n" .. ch
+                .. "\r\n$" .. #body .. "\r\n" .. body)
+        end
+        local before = cjson.decode((get(ports[1], "/since?id=0")))
+        forge(1, "bad \255\254 text")
+        forge(2, string.rep("y", 65537)) -- (the room's max_message_bytes is the default, 65536)
+        for i, p in ipairs(ports) do
+            assert(helper.wait_for(function() return stats(p).rejected == 2 end, 5),
+                get(p, "/fanout"))
+            local held = cjson.decode((get(p, "/since?id=0")))
+            if i == 1 then
+                assert.equal(#before, #held)
+            end
+            for _, data in ipairs(held) do
+                assert.is_nil(data:find("bad", 1, true))
+                assert.is_true(#data < 65536)
+            end
+            local log = servers[i]:log()
+            local _, lines = log:gsub("refused a message from another instance", "")
+            assert.equal(2, lines, log) -- (one per reason)
+        end
+    end)
+
     it("never lets a socket that does not read hold up the others or the worker", function()
         local f = client("slow", ports)
         assert.equal(f.readers, f.readers_complete, f._out)
@@ -274,6 +303,41 @@ describe("the demo site on two instances and a Redis", function()
         assert.equal("hello fleet", f.a_say, f._out)
         assert.equal("hello fleet", f.b_say, f._out)
         assert.equal("1", helper.redis_cmd(rport, "GET moonserve:demo:count"):gsub("\r\n$", ""))
+    end)
+end)
+
+describe("a Redis that refuses the subscription (an ACL without the channels)", function()
+    local rport, redis_pid, srv
+
+    setup(function()
+        rport = helper.free_port()
+        redis_pid = start_redis(rport)
+        assert.equal("+OK", helper.redis_cmd(rport,
+            "ACL SETUSER app on >pw ~* +@all resetchannels"))
+        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
+            env = { FANOUT_REDIS = "redis://app:pw@127.0.0.1:" .. rport },
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1" }
+    end)
+
+    teardown(function()
+        srv:stop()
+        helper.stop_pid(redis_pid)
+    end)
+
+    it("is one outage that lasts, logged once: never up, never resubscribed, no purges",
+            function()
+        assert(helper.wait_for(function() return stats(srv.port).outages == 1 end, 5))
+        socket.sleep(3) -- (the backoff's first rounds: 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s)
+        local s = stats(srv.port)
+        assert.equal(0, s.up)
+        assert.equal(0, s.resubscribed)
+        assert.equal(1, s.outages)
+        assert.equal(0, seen(srv.port)["0"].resets)
+        local log = srv:log()
+        local _, lost = log:gsub("fanout: lost redis", "")
+        assert.equal(1, lost, log)
+        assert.matches("NOPERM", log)
+        assert.is_nil(log:find("resubscribed to redis", 1, true), log)
     end)
 end)
 

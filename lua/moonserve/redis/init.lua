@@ -489,7 +489,8 @@ end
 
 --- The next message within `timeout` seconds (default: until one comes): { kind =
 -- "message" | "pmessage", channel =, pattern =, data = }; nil and "timeout"; nil and "closed"
--- when the connection is gone (or an error from it).
+-- when the connection is gone (or an error from it). With `sub.confirmations = true` the
+-- confirmations come too: { kind = "subscribe" | "psubscribe", channel =, count = }.
 function Sub:next(timeout)
     if self.closed then
         return nil, "closed"
@@ -543,6 +544,8 @@ function Sub:next(timeout)
             return { kind = "message", channel = v[2], data = v[3] }
         elseif kind == "pmessage" then
             return { kind = "pmessage", pattern = v[2], channel = v[3], data = v[4] }
+        elseif self.confirmations and (kind == "subscribe" or kind == "psubscribe") then
+            return { kind = kind, channel = v[2], count = v[3] }
         end
         -- subscribe, unsubscribe, pong...: confirmations, not messages
     end

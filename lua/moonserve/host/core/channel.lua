@@ -57,18 +57,27 @@ function Channel:publish(data, kind)
     elseif kind ~= nil and kind ~= "text" then
         error("bad kind (\"text\" or \"binary\" expected)", 2)
     end
-    if #data > self.max_message_bytes then
-        return nil, "too big"
-    end
-    local ws = require "moonserve.host.core.websocket"
-    if k == "t" and not ws.utf8_ok(data) then
-        return nil, "not UTF-8"
+    local bad = self:_refuses(data, k)
+    if bad then
+        return nil, bad
     end
     local seq, err = self:_enter(data, k)
     if seq and self.fanout then
         require("moonserve.fanout").publish(self.fanout, data, kind)
     end
     return seq, err
+end
+
+-- Why a message cannot enter the channel ("too big", "not UTF-8"), or nil: what publish
+-- checks, and what another instance published is checked the same way (moonserve/fanout.lua),
+-- so no instance's larger limit or foreign publisher puts bad text frames into sockets here.
+function Channel:_refuses(data, k)
+    if #data > self.max_message_bytes then
+        return "too big"
+    end
+    if k == "t" and not require("moonserve.host.core.websocket").utf8_ok(data) then
+        return "not UTF-8"
+    end
 end
 
 -- Writes a message into the ring: `k` is "t" (text) or "b" (binary). Returns its sequence
@@ -377,7 +386,12 @@ function _M.declare(app, name, opts, level)
         -- Across instances: published here, also sent through Redis; published elsewhere,
         -- entered into this instance's ring by the first of its workers to get it.
         ch.fanout = require("moonserve.fanout").channel(name, o.redis, function(data, kind)
-            ch:_enter(data, kind == "binary" and "b" or "t")
+            local k = kind == "binary" and "b" or "t"
+            local bad = ch:_refuses(data, k)
+            if bad then
+                return false, bad
+            end
+            ch:_enter(data, k)
         end, level)
     end
     return ch

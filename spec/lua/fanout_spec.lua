@@ -376,17 +376,20 @@ describe("moonserve.fanout", function()
         assert.equal("8m", fresh.moonserve_fanout)
     end)
 
-    it("counts as failed what is still queued when the worker stops", function()
-        local f = worker()
-        local ch = f.channel("room", fake_redis {}, function() end)
-        f.instance()
-        for i = 1, 3 do
-            f.publish(ch, "m" .. i, "text")
-        end
-        stopping = true
-        run(5)
-        f.publish(ch, "late", "text")
-        assert.equal(4, f.stats().publish_failed)
-        assert.equal(0, f.stats().published)
-    end)
+    for _, down in ipairs { false, true } do
+        it("sends what is still queued when the worker stops, and counts what Redis refuses ("
+                .. (down and "Redis down)" or "Redis up)"), function()
+            local f = worker()
+            local ch = f.channel("room", fake_redis { down = down }, function() end)
+            f.instance()
+            for i = 1, 3 do
+                f.publish(ch, "m" .. i, "text")
+            end
+            stopping = true
+            run(5)
+            f.publish(ch, "late", "text") -- (after the writer ended: it sends itself)
+            assert.equal(down and 4 or 0, f.stats().publish_failed)
+            assert.equal(down and 0 or 4, f.stats().published)
+        end)
+    end
 end)

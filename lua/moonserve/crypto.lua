@@ -43,6 +43,17 @@ int EVP_DecryptInit_ex(EVP_CIPHER_CTX *ctx, const EVP_CIPHER *cipher, ENGINE *im
 int EVP_DecryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
                       const unsigned char *in, int inl);
 int EVP_DecryptFinal_ex(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl);
+
+typedef struct hmac_ctx_st HMAC_CTX;
+HMAC_CTX *HMAC_CTX_new(void);
+int HMAC_Init_ex(HMAC_CTX *ctx, const void *key, int len, const EVP_MD *md, ENGINE *impl);
+int HMAC_Update(HMAC_CTX *ctx, const unsigned char *data, size_t len);
+int HMAC_Final(HMAC_CTX *ctx, unsigned char *md, unsigned int *len);
+
+typedef struct ossl_lib_ctx_st OSSL_LIB_CTX;
+const EVP_MD *EVP_MD_fetch(OSSL_LIB_CTX *ctx, const char *algorithm, const char *properties);
+const EVP_CIPHER *EVP_CIPHER_fetch(OSSL_LIB_CTX *ctx, const char *algorithm,
+                                   const char *properties);
 ]]
 
 -- The versioned name first: the unversioned libcrypto.so only comes with the -dev package.
@@ -55,10 +66,24 @@ local EVP_CTRL_GCM_GET_TAG = 0x10
 local EVP_CTRL_GCM_SET_TAG = 0x11
 local NONCE_LEN, TAG_LEN, KEY_LEN = 12, 16, 32
 
-local sha256 = C.EVP_sha256()
-local sha1 = C.EVP_sha1()
-local md5 = C.EVP_md5()
-local aes256gcm = C.EVP_aes_256_gcm()
+-- OpenSSL 3 looks an algorithm up by name each time one of the EVP_sha256() kind is used
+-- (an "implicit fetch"): most of an HMAC or a decryption of a session cookie. Fetched once
+-- here, they are not looked up again. (OpenSSL 1.1 has no fetch: its own are used.)
+local function fetch(fn, name, legacy)
+    local got_ok, got = pcall(function()
+        return C[fn](nil, name, nil)
+    end)
+    if got_ok and got ~= nil then
+        return got
+    end
+    return legacy()
+end
+local sha256 = fetch("EVP_MD_fetch", "SHA256", C.EVP_sha256)
+local sha1 = fetch("EVP_MD_fetch", "SHA1", C.EVP_sha1)
+local md5 = fetch("EVP_MD_fetch", "MD5", C.EVP_md5)
+local aes256gcm = fetch("EVP_CIPHER_fetch", "AES-256-GCM", C.EVP_aes_256_gcm)
+-- HMAC() fetches its MAC at each call too: one context, keyed again at each call, instead.
+local hmac_ctx = C.HMAC_CTX_new()
 local outl = ffi_new("int[1]")           -- reused: nothing here yields between set and read
 local mac_buf = ffi_new("unsigned char[32]")
 
@@ -90,7 +115,10 @@ end
 function _M.hmac_sha256(key, data)
     check_string(key, "key", 2)
     check_string(data, "data", 2)
-    if C.HMAC(sha256, key, #key, data, #data, mac_buf, nil) == nil then
+    -- (nothing here yields, so the one context is never shared by two calls)
+    if hmac_ctx == nil or C.HMAC_Init_ex(hmac_ctx, key, #key, sha256, nil) ~= 1
+        or C.HMAC_Update(hmac_ctx, data, #data) ~= 1
+        or C.HMAC_Final(hmac_ctx, mac_buf, nil) ~= 1 then
         return nil, "HMAC failed"
     end
     return ffi_str(mac_buf, 32)

@@ -6,7 +6,7 @@ local bit = require "bit"
 
 local ffi_new, ffi_str, ffi_gc = ffi.new, ffi.string, ffi.gc
 local band, bor, lshift, rshift = bit.band, bit.bor, bit.lshift, bit.rshift
-local byte, char, rep, sub, concat = string.byte, string.char, string.rep, string.sub, table.concat
+local byte, sub = string.byte, string.sub
 local type = type
 
 ffi.cdef[[
@@ -43,6 +43,17 @@ int EVP_DecryptInit_ex(EVP_CIPHER_CTX *ctx, const EVP_CIPHER *cipher, ENGINE *im
 int EVP_DecryptUpdate(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl,
                       const unsigned char *in, int inl);
 int EVP_DecryptFinal_ex(EVP_CIPHER_CTX *ctx, unsigned char *out, int *outl);
+
+typedef struct hmac_ctx_st HMAC_CTX;
+HMAC_CTX *HMAC_CTX_new(void);
+int HMAC_Init_ex(HMAC_CTX *ctx, const void *key, int len, const EVP_MD *md, ENGINE *impl);
+int HMAC_Update(HMAC_CTX *ctx, const unsigned char *data, size_t len);
+int HMAC_Final(HMAC_CTX *ctx, unsigned char *md, unsigned int *len);
+
+typedef struct ossl_lib_ctx_st OSSL_LIB_CTX;
+const EVP_MD *EVP_MD_fetch(OSSL_LIB_CTX *ctx, const char *algorithm, const char *properties);
+const EVP_CIPHER *EVP_CIPHER_fetch(OSSL_LIB_CTX *ctx, const char *algorithm,
+                                   const char *properties);
 ]]
 
 -- The versioned name first: the unversioned libcrypto.so only comes with the -dev package.
@@ -55,10 +66,24 @@ local EVP_CTRL_GCM_GET_TAG = 0x10
 local EVP_CTRL_GCM_SET_TAG = 0x11
 local NONCE_LEN, TAG_LEN, KEY_LEN = 12, 16, 32
 
-local sha256 = C.EVP_sha256()
-local sha1 = C.EVP_sha1()
-local md5 = C.EVP_md5()
-local aes256gcm = C.EVP_aes_256_gcm()
+-- OpenSSL 3 looks an algorithm up by name each time one of the EVP_sha256() kind is used
+-- (an "implicit fetch"): most of an HMAC or a decryption of a session cookie. Fetched once
+-- here, they are not looked up again. (OpenSSL 1.1 has no fetch: its own are used.)
+local function fetch(fn, name, legacy)
+    local got_ok, got = pcall(function()
+        return C[fn](nil, name, nil)
+    end)
+    if got_ok and got ~= nil then
+        return got
+    end
+    return legacy()
+end
+local sha256 = fetch("EVP_MD_fetch", "SHA256", C.EVP_sha256)
+local sha1 = fetch("EVP_MD_fetch", "SHA1", C.EVP_sha1)
+local md5 = fetch("EVP_MD_fetch", "MD5", C.EVP_md5)
+local aes256gcm = fetch("EVP_CIPHER_fetch", "AES-256-GCM", C.EVP_aes_256_gcm)
+-- HMAC() fetches its MAC at each call too: one context, keyed again at each call, instead.
+local hmac_ctx = C.HMAC_CTX_new()
 local outl = ffi_new("int[1]")           -- reused: nothing here yields between set and read
 local mac_buf = ffi_new("unsigned char[32]")
 
@@ -90,7 +115,10 @@ end
 function _M.hmac_sha256(key, data)
     check_string(key, "key", 2)
     check_string(data, "data", 2)
-    if C.HMAC(sha256, key, #key, data, #data, mac_buf, nil) == nil then
+    -- (nothing here yields, so the one context is never shared by two calls)
+    if hmac_ctx == nil or C.HMAC_Init_ex(hmac_ctx, key, #key, sha256, nil) ~= 1
+        or C.HMAC_Update(hmac_ctx, data, #data) ~= 1
+        or C.HMAC_Final(hmac_ctx, mac_buf, nil) ~= 1 then
         return nil, "HMAC failed"
     end
     return ffi_str(mac_buf, 32)
@@ -245,31 +273,53 @@ local ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789
 local enc, dec = {}, {}
 for i = 1, 64 do
     local c = byte(ALPHABET, i)
-    enc[i - 1] = char(c)
+    enc[i - 1] = c
     dec[c] = i - 1
+end
+
+-- Both directions write bytes into one buffer and make one string of it at the end: a
+-- string per group (and the concat) was most of what decoding a session cookie cost. Up to
+-- BUF_KEEP bytes the buffer stays for the next call (nothing here yields meanwhile).
+local BUF_KEEP = 65536
+local buf, buf_len = ffi_new("uint8_t[?]", 512), 512
+local function out_buf(n)
+    if n <= buf_len then
+        return buf
+    end
+    local b = ffi_new("uint8_t[?]", n)
+    if n <= BUF_KEEP then
+        buf, buf_len = b, n
+    end
+    return b
 end
 
 --- `s` in base64url (RFC 4648 section 5), without padding.
 function _M.base64url_encode(s)
     check_string(s, "data", 2)
-    local out, n, len = {}, 0, #s
+    local len = #s
+    local rest = len % 3
+    local size = (len - rest) / 3 * 4 + (rest == 0 and 0 or rest + 1)
+    local out, n = out_buf(size), 0
     for i = 1, len - 2, 3 do
         local a, b, c = byte(s, i, i + 2)
         local v = bor(lshift(a, 16), lshift(b, 8), c)
-        n = n + 1
-        out[n] = enc[rshift(v, 18)] .. enc[band(rshift(v, 12), 63)]
-            .. enc[band(rshift(v, 6), 63)] .. enc[band(v, 63)]
+        out[n] = enc[rshift(v, 18)]
+        out[n + 1] = enc[band(rshift(v, 12), 63)]
+        out[n + 2] = enc[band(rshift(v, 6), 63)]
+        out[n + 3] = enc[band(v, 63)]
+        n = n + 4
     end
-    local rest = len % 3
     if rest == 1 then
         local a = byte(s, len)
-        out[n + 1] = enc[rshift(a, 2)] .. enc[lshift(band(a, 3), 4)]
+        out[n] = enc[rshift(a, 2)]
+        out[n + 1] = enc[lshift(band(a, 3), 4)]
     elseif rest == 2 then
         local a, b = byte(s, len - 1, len)
-        out[n + 1] = enc[rshift(a, 2)] .. enc[bor(lshift(band(a, 3), 4), rshift(b, 4))]
-            .. enc[lshift(band(b, 15), 2)]
+        out[n] = enc[rshift(a, 2)]
+        out[n + 1] = enc[bor(lshift(band(a, 3), 4), rshift(b, 4))]
+        out[n + 2] = enc[lshift(band(b, 15), 2)]
     end
-    return concat(out)
+    return ffi_str(out, size)
 end
 
 --- Decodes base64url without padding, or returns nil and an error. Strict: padding, other
@@ -279,33 +329,49 @@ end
 function _M.base64url_decode(s)
     check_string(s, "text", 2)
     local len = #s
-    if len % 4 == 1 then
+    local rest = len % 4
+    if rest == 1 then
         return nil, "bad base64url length"
     end
-    -- Filling the last group with "A" (zero bits) lets one loop decode every group; the
-    -- bytes that filling made are cut off below, and must be zero.
-    local rest = len % 4
-    local fill = rest == 0 and 0 or 4 - rest
-    s = s .. rep("A", fill)
-    local out, n = {}, 0
-    for i = 1, len + fill, 4 do
+    local full = len - rest
+    local size = full / 4 * 3 + (rest == 0 and 0 or rest - 1)
+    local out, n = out_buf(size + 1), 0   -- (+1: never a zero-length array)
+    for i = 1, full, 4 do
         local a, b, c, d = byte(s, i, i + 3)
         a, b, c, d = dec[a], dec[b], dec[c], dec[d]
         if not (a and b and c and d) then
             return nil, "bad base64url character"
         end
         local v = bor(lshift(a, 18), lshift(b, 12), lshift(c, 6), d)
-        n = n + 1
-        out[n] = char(rshift(v, 16), band(rshift(v, 8), 255), band(v, 255))
+        out[n] = rshift(v, 16)
+        out[n + 1] = band(rshift(v, 8), 255)
+        out[n + 2] = band(v, 255)
+        n = n + 3
     end
-    if fill > 0 then
-        local last = out[n]
-        if sub(last, 4 - fill) ~= rep("\0", fill) then
+    -- A last group of 2 or 3 characters: 1 or 2 bytes, and the bits left over (4 or 2)
+    -- must be zero.
+    if rest == 2 then
+        local a, b = dec[byte(s, full + 1)], dec[byte(s, full + 2)]
+        if not (a and b) then
+            return nil, "bad base64url character"
+        end
+        if band(b, 15) ~= 0 then
             return nil, "bad base64url padding bits"
         end
-        out[n] = sub(last, 1, 3 - fill)
+        out[n] = bor(lshift(a, 2), rshift(b, 4))
+    elseif rest == 3 then
+        local a, b, c = dec[byte(s, full + 1)], dec[byte(s, full + 2)], dec[byte(s, full + 3)]
+        if not (a and b and c) then
+            return nil, "bad base64url character"
+        end
+        if band(c, 3) ~= 0 then
+            return nil, "bad base64url padding bits"
+        end
+        local v = bor(lshift(a, 18), lshift(b, 12), lshift(c, 6))
+        out[n] = rshift(v, 16)
+        out[n + 1] = band(rshift(v, 8), 255)
     end
-    return concat(out)
+    return ffi_str(out, size)
 end
 
 return _M

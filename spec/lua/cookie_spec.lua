@@ -27,6 +27,11 @@ describe("moonserve.cookie", function()
                 cookie.parse("flag; =nameless; a b=1; (x)=2; ok=1; e=; ;;"))
         end)
 
+        it("finds each pair's = in its own piece, after pieces without one", function()
+            assert.same({ z = "3", w = "", v = "a=b" },
+                cookie.parse("x; y ;\tz=\t 3 \t; w= \t ;u;v=a=b; q"))
+        end)
+
         it("does not percent-decode values", function()
             assert.same({ a = "x%20y" }, cookie.parse("a=x%20y"))
         end)

@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -400,6 +401,8 @@ static int server_tls_staple(lua_State *L)
     return tls_result(L, ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)), err);
 }
 
+static void worker_signals(int how);
+
 /* The binding whose server:run() took the signals (they are the process's). */
 static binding_t *signalled;
 
@@ -506,6 +509,7 @@ static int server_run(lua_State *L)
         signalled = b;
         signal(SIGPIPE, SIG_IGN);
         signal(SIGHUP, SIG_IGN); /* reloading is the master's; a worker keeps serving */
+        worker_signals(SIG_UNBLOCK); /* (those that came while it started are handled now) */
     }
     uv_run(b->loop, UV_RUN_DEFAULT);
     return 0;
@@ -1121,6 +1125,23 @@ static int core_proctitle(lua_State *L)
     return 1;
 }
 
+/* The signals the master sends a worker (TERM, QUIT, INT to stop, USR1 to reopen the logs,
+ * USR2 to hand over). A worker handles them once server_run starts, after the master's OK;
+ * until then they wait, blocked, rather than take their default action on a worker still
+ * starting (a core dump for QUIT, a death for the others, which the master would take for a
+ * failed reload). server_run unblocks them. */
+static void worker_signals(int how)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGQUIT);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
+    pthread_sigmask(how, &set, NULL);
+}
+
 static int core_worker_init(lua_State *L)
 {
     int flags = fcntl(MS_CHAN_WORKER_FD, F_GETFD);
@@ -1615,6 +1636,9 @@ static void make_global(const void *sym)
 
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
+    /* A worker's signals wait from here (before its app loads) until server_run. */
+    if (getenv("MOONSERVE_WORKER") != NULL)
+        worker_signals(SIG_BLOCK);
     static const luaL_Reg server_methods[] = {{"listen", server_listen},
                                               {"listen_fd", server_listen_fd},
                                               {"tls", server_tls},

@@ -348,7 +348,9 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
         snprintf(why, sizeof(why),
                  "worker %d (pid %d) exited (status %lld, signal %d) before it was ready", s->index,
                  p->pid, (long long)status, sig);
-    if (w == s->next) {
+    if (w == s->next && M.stopping) {
+        s->next = NULL; /* (stopped with the others: no reload to fail any more) */
+    } else if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old ones stay, and the
          * reload's other new workers go too (they would fail alike, or serve another app). */
         if (!w->quiet)
@@ -692,6 +694,12 @@ static void worker_ready(worker_t *w)
         return; /* (quiet: its reload failed, and it is being killed) */
     w->is_ready = 1;
     uv_timer_stop(&w->start_deadline);
+    if (M.stopping) {
+        /* It was told to stop while it started: it hears that once it runs (its signals
+         * wait until then), and stops at once, having served nothing new. */
+        worker_go(w);
+        return;
+    }
     if (w == s->next)
         reload_take_over();
     else
@@ -1585,7 +1593,9 @@ static void on_signal(uv_signal_t *h, int signum)
         if (signum == SIGQUIT && upgrade_finish())
             break; /* (the new master of an upgrade serves: a handover, no drain) */
         drain_ms = drain_begin(signum);
-        /* fall through - INT stops without the delay (the workers hear INT) */
+        /* The workers hear INT, or TERM for TERM and QUIT (they drain alike, and TERM has
+         * no core dump for its default action); INT stops without the delay. */
+        /* fall through */
     case SIGINT:
         if (M.stopping)
             return;
@@ -1593,7 +1603,7 @@ static void on_signal(uv_signal_t *h, int signum)
             ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
         M.stopping = 1;
         notify("STOPPING=1");
-        kill_all(signum);
+        kill_all(signum == SIGINT ? SIGINT : SIGTERM);
         uv_timer_start(&M.kill_timer, kill_timer_cb,
                        drain_ms + (uint64_t)(M.o->stop_timeout * 1000), 0);
         maybe_done();

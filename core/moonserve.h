@@ -586,6 +586,9 @@ typedef struct ms_io_s {
     /* The descriptor of the socket under the transport (kernel TLS takes it over), or -1.
      * May be NULL: it has none. */
     int (*fd)(ms_conn_t *c);
+    /* Whether the transport holds bytes from the peer it has not handed up yet (TLS: a
+     * record OpenSSL has decrypted, SSL_pending). May be NULL: it holds none. */
+    int (*pending)(ms_conn_t *c);
 } ms_io_t;
 
 /* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */

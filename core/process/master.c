@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1142,8 +1143,10 @@ typedef struct upgrade_s {
     int ready_fd; /* the read end of its ready pipe, or -1 */
     uv_poll_t poll;
     uv_timer_t deadline;
+    int quit;    /* QUIT came before the new master was ready: the handover waits for it */
     int parent;  /* in a new master: the old master that started it, or 0 */
-    int tell_fd; /* in a new master: the write end of the ready pipe, until ready, or -1 */
+    int tell_fd; /* in a new master: the write end of the ready pipe (kept open once ready:
+                  * the old master closes the read end when it stops), or -1 */
 } upgrade_t;
 
 static upgrade_t U = {.ready_fd = -1, .tell_fd = -1};
@@ -1235,6 +1238,7 @@ static void upgrade_release(void)
     }
     U.pid = 0;
     U.ready = 0;
+    U.quit = 0;
 }
 
 static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
@@ -1244,8 +1248,9 @@ static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
     } else if (!U.ready) {
         ms_log(MS_LOG_ERR,
                "upgrade failed: the new master (pid %d) exited (status %lld, signal "
-               "%d) before it was ready; this master (pid %d) serves on",
-               U.pid, (long long)status, sig, (int)getpid());
+               "%d) before it was ready; this master (pid %d) serves on%s",
+               U.pid, (long long)status, sig, (int)getpid(),
+               U.quit ? " (the QUIT that waited for it is dropped)" : "");
         pid_file_move(0);
     } else {
         ms_log(MS_LOG_WARN,
@@ -1256,6 +1261,8 @@ static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
     }
     upgrade_release();
 }
+
+static int upgrade_finish(int signum);
 
 static void upgrade_readable(uv_poll_t *p, int status, int events)
 {
@@ -1271,6 +1278,8 @@ static void upgrade_readable(uv_poll_t *p, int status, int events)
                "upgrade: the new master (pid %d) is ready; QUIT this master (pid "
                "%d) to finish, or TERM the new one to undo it",
                U.pid, (int)getpid());
+        if (U.quit)
+            upgrade_finish(SIGQUIT);
     }
 }
 
@@ -1280,8 +1289,10 @@ static void upgrade_deadline_cb(uv_timer_t *t)
         return;
     ms_log(MS_LOG_ERR,
            "upgrade failed: the new master (pid %d) is not ready after %.14g s: "
-           "stopping it; this master (pid %d) serves on",
-           U.pid, upgrade_deadline(), (int)getpid());
+           "stopping it; this master (pid %d) serves on%s",
+           U.pid, upgrade_deadline(), (int)getpid(),
+           U.quit ? " (the QUIT that waited for it is dropped)" : "");
+    U.quit = 0;
     uv_process_kill(&U.proc, SIGKILL);
 }
 
@@ -1477,22 +1488,62 @@ static void master_started(void)
                    "upgrade: cannot tell the old master (pid %d) this one is "
                    "ready: %s",
                    U.parent, strerror(errno));
-        close(U.tell_fd);
-        U.tell_fd = -1;
+        /* (tell_fd stays open: old_master_serves polls it) */
     }
 }
 
-/* QUIT once the new master of an upgrade is ready: this master's workers stop as an old
- * worker of a reload does (SIGUSR2: readyz stays 200, as the service is still up, served by
- * the new master from the same sockets), and this master with them. Returns 1, or 0 when no
- * upgrade's new master is ready (QUIT then stops as TERM does). */
-static int upgrade_finish(void)
+/* In a new master: whether the old master still serves from the same sockets: it is still
+ * this master's parent, and has not closed the read end of the ready pipe (it does once it
+ * stops, upgrade_finish). */
+static int old_master_serves(void)
 {
-    if (M.stopping || U.pid == 0 || !U.ready)
+    if (U.parent <= 0 || U.tell_fd < 0 || getppid() != U.parent)
         return 0;
-    ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) serves: stopping %d workers", U.pid,
-           M.live);
+    struct pollfd pf = {.fd = U.tell_fd, .events = POLLOUT};
+    return poll(&pf, 1, 0) >= 0 && !(pf.revents & (POLLERR | POLLHUP | POLLNVAL));
+}
+
+/* TERM or QUIT while another master serves from the same sockets (an upgrade's new master
+ * once it is ready, or in a new master, the old one, which a TERM to undo the upgrade leaves
+ * serving): this master's workers stop as an old worker of a reload does (SIGUSR2: no delay,
+ * readyz stays 200, as the service is still up, served by the other master), and the
+ * agent-check still says ready (its port is shared, SO_REUSEPORT: a "drain" here would
+ * alternate with the other's "ready"). A QUIT that comes while the new master is starting
+ * waits for it to be ready (a drain now would answer readyz 503 beside its 200). Returns 1,
+ * or 0 when no other master serves (the signal then drains as usual). */
+static int upgrade_finish(int signum)
+{
+    if (M.stopping)
+        return 0;
+    const char *other;
+    int pid;
+    if (U.pid > 0 && U.ready) {
+        other = "the new master";
+        pid = U.pid;
+    } else if (signum == SIGQUIT && U.pid > 0) {
+        if (!U.quit)
+            ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) is not ready yet: stopping "
+                   "once it is", U.pid);
+        U.quit = 1;
+        return 1;
+    } else if (old_master_serves()) {
+        other = "the old master";
+        pid = U.parent;
+    } else {
+        return 0;
+    }
+    ms_log(MS_LOG_INFO, "signal %d: %s (pid %d) serves: stopping %d workers", signum, other,
+           pid, M.live);
     M.stopping = 1;
+    if (U.ready_fd >= 0) {
+        /* The new master's old_master_serves: the read end closes (the number stays, on
+         * /dev/null, for upgrade_release's handles). */
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null >= 0) {
+            dup2(null, U.ready_fd);
+            close(null);
+        }
+    }
     kill_all(SIGUSR2);
     uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
     maybe_done();
@@ -1590,8 +1641,8 @@ static void on_signal(uv_signal_t *h, int signum)
     case SIGQUIT:
         if (M.stopping)
             return;
-        if (signum == SIGQUIT && upgrade_finish())
-            break; /* (the new master of an upgrade serves: a handover, no drain) */
+        if (upgrade_finish(signum))
+            break; /* (another master serves the same sockets: a handover, no drain) */
         drain_ms = drain_begin(signum);
         /* The workers hear INT, or TERM for TERM and QUIT (they drain alike, and TERM has
          * no core dump for its default action); INT stops without the delay. */

@@ -1723,6 +1723,8 @@ int ms_master_run(const ms_master_opts_t *o)
         slot_t *s = &M.slots[i];
         s->index = i;
         s->fds = calloc((size_t)o->nlisten, sizeof(int));
+        for (int j = 0; j < o->nlisten; j++)
+            s->fds[j] = -1; /* (none yet: close_listening skips it) */
         uv_timer_init(M.loop, &s->respawn);
         s->respawn.data = s;
     }
@@ -1748,16 +1750,20 @@ int ms_master_run(const ms_master_opts_t *o)
         for (int j = 0; j < o->nlisten; j++) {
             /* Port 0: the first socket picks a port and the others share it. */
             int fd = ms_listen_fd(o->listen[j], o->backlog, i > 0 ? o->ports[j] : -1);
-            if (fd < 0)
+            if (fd < 0) {
+                close_listening(); /* (those bound before it) */
                 return fd;
+            }
             s->fds[j] = fd;
             if (i == 0)
                 o->ports[j] = ms_fd_port(fd);
         }
     }
     rc = drain_init();
-    if (rc < 0)
+    if (rc < 0) {
+        close_listening(); /* (the sockets bound, or taken over, above) */
         return rc;
+    }
     int sigs[MS_MASTER_NSIG] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD, SIGUSR2, SIGQUIT};
     for (int i = 0; i < MS_MASTER_NSIG; i++) {
         uv_signal_init(M.loop, &M.sig[i]);

@@ -206,6 +206,34 @@ describe("the agent-check", function()
         assert.equal("drain", agent(port))
     end)
 
+    it("ends with a FIN, not a reset, when the checker sent a line of its own (agent-send)",
+        function()
+        local port = helper.free_port()
+        local srv = helper.spawn_server { app = APP,
+            args = "--workers 1 --agent-check 127.0.0.1:" .. port }
+        finally(function() srv:stop() end)
+        -- (python: luasocket reads a reset as "closed" too)
+        local out = helper.run(helper.tool("http.client") .. " -c " .. helper.sh_quote([[
+import socket, sys, time
+for _ in range(3):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"hello agent\n")
+    time.sleep(0.1)  # (the server has answered and closed its side by now)
+    got = b""
+    try:
+        while True:
+            d = s.recv(100)
+            if not d:
+                break
+            got += d
+        print(repr(got), "fin")
+    except ConnectionResetError:
+        print(repr(got), "reset")
+    s.close()
+]]) .. " " .. port .. " 2>&1")
+        assert.equal(string.rep("b'ready\\n' fin\n", 3), out)
+    end)
+
     it("refuses a bad address", function()
         local out = helper.run(BIN .. " --check " .. helper.root .. "/"
             .. APP .. " --agent-check nowhere 2>&1")

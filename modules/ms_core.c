@@ -431,10 +431,11 @@ static void on_usr1(uv_signal_t *sig, int signum)
 
 static void stopped(ms_server_t *s)
 {
-    (void)s;
     /* The loop ends by itself once nothing is left on it; the signals' handles go now (not
-     * at the stop: a second TERM during the drain must not kill the worker). */
-    if (signalled != NULL) {
+     * at the stop: a second TERM during the drain must not kill the worker). Only the
+     * server that took them: another one of the process (app:test's) that stops leaves
+     * them to the one serving. */
+    if (signalled != NULL && signalled->server == s) {
         ms_agent_close(signalled->agent);
         signalled->agent = NULL;
         close_signals(signalled);
@@ -474,9 +475,9 @@ static void on_signal(uv_signal_t *sig, int signum)
 static void on_handover(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
-    ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
     if (b->stopped)
-        return;
+        return; /* (a stop is under way: nothing changes, and no line says otherwise) */
+    ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
     ms_server_handing_over(b->server);
     stop(b, 0);
 }

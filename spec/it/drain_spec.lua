@@ -101,6 +101,17 @@ describe("the drain", function()
         assert.is_nil(fleet.get(srv.port, "/hello"))
     end)
 
+    it("says nothing of a USR2 (a handover) that comes during a drain", function()
+        local srv = helper.spawn_server { app = APP, args = "--readyz /readyz",
+            env = { MOONSERVE_DRAIN_DELAY = "1" } }
+        finally(function() srv:stop() end)
+        os.execute("kill -TERM " .. srv.pid)
+        socket.sleep(0.2)
+        os.execute("kill -USR2 " .. srv.pid)
+        assert.is_true(fleet.wait_exit(srv.pid, 5))
+        assert.is_nil(srv:log():find("signal 12", 1, true), srv:log())
+    end)
+
     it("stops at once on INT, and with no readiness probe has no delay by default", function()
         for _, case in ipairs({ { sig = "INT", args = "--readyz /readyz" }, { sig = "TERM" } }) do
             local srv = helper.spawn_server { app = APP, args = case.args }

@@ -460,12 +460,17 @@ static void stop(binding_t *b, uint32_t delay_ms)
     ms_server_drain(b->server, delay_ms, accept_closed, stopped);
 }
 
-/* TERM and QUIT drain (the drain delay, then the stop); INT, a developer's ^C, stops now. */
+/* TERM and QUIT drain (the drain delay, then the stop); INT, a developer's ^C, stops now,
+ * and during a drain's delay cuts it short. */
 static void on_signal(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
-    if (b->stopped)
-        return; /* (a second signal: the stop under way goes on) */
+    if (b->stopped) {
+        /* (a second TERM or QUIT: the stop under way goes on) */
+        if (signum == SIGINT && ms_server_drain_now(b->server))
+            ms_log(MS_LOG_INFO, "signal %d: the drain's delay is cut short: stopping", signum);
+        return;
+    }
     ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
     stop(b, signum == SIGINT ? 0 : b->drain_ms);
 }

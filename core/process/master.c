@@ -1648,6 +1648,20 @@ static void on_signal(uv_signal_t *h, int signum)
          * no core dump for its default action); INT stops without the delay. */
         /* fall through */
     case SIGINT:
+        if (M.stopping && signum == SIGINT) {
+            /* During a drain's delay: cut it short (the workers hear INT too). A second TERM
+             * or QUIT, or INT once the delay is over, changes nothing. */
+            if (uv_is_active((uv_handle_t *)&M.drain_timer)) {
+                uv_timer_stop(&M.drain_timer);
+                ms_log(MS_LOG_INFO, "signal %d: the drain's delay is cut short: stopping %d "
+                       "workers", signum, M.live);
+                close_listening();
+                kill_all(SIGINT);
+                uv_timer_start(&M.kill_timer, kill_timer_cb,
+                               (uint64_t)(M.o->stop_timeout * 1000), 0);
+            }
+            return;
+        }
         if (M.stopping)
             return;
         if (signum == SIGINT)

@@ -101,6 +101,21 @@ describe("the drain", function()
         assert.is_nil(fleet.get(srv.port, "/hello"))
     end)
 
+    it("cuts a drain's delay short on INT, with workers and in a single process", function()
+        for _, args in ipairs({ "--workers 2 --readyz /readyz", "--readyz /readyz" }) do
+            local srv = helper.spawn_server { app = APP, args = args .. " --drain-delay 30" }
+            finally(function() srv:stop() end)
+            os.execute("kill -TERM " .. srv.pid)
+            socket.sleep(0.3)
+            assert.equal(503, fleet.get(srv.port, "/readyz"))
+            local t0 = socket.gettime()
+            os.execute("kill -INT " .. srv.pid)
+            assert.is_true(fleet.wait_exit(srv.pid, 5), args)
+            assert.is_true(socket.gettime() - t0 < 2, args)
+            assert.matches("signal 2: the drain's delay is cut short: stopping", srv:log())
+        end
+    end)
+
     it("says nothing of a USR2 (a handover) that comes during a drain", function()
         local srv = helper.spawn_server { app = APP, args = "--readyz /readyz",
             env = { MOONSERVE_DRAIN_DELAY = "1" } }

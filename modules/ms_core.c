@@ -471,8 +471,10 @@ static void on_signal(uv_signal_t *sig, int signum)
             ms_log(MS_LOG_INFO, "signal %d: the drain's delay is cut short: stopping", signum);
         return;
     }
-    ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
-    stop(b, signum == SIGINT ? 0 : b->drain_ms);
+    uint32_t delay = signum == SIGINT ? 0 : b->drain_ms;
+    if (delay == 0) /* (else the drain's own line says it: one line for the event) */
+        ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
+    stop(b, delay);
 }
 
 /* USR2: the master's word that a new worker has taken over this one's sockets (a reload):

@@ -87,6 +87,10 @@ describe("the drain", function()
         assert.matches("drain: not ready; accepting for 2 s more, replies say close", log)
         assert.matches("drain: listeners closed; 1 connection finishing", log)
         assert.matches("drain: the listening sockets are closed; 2 workers finishing", log)
+        -- One line a worker at the start (the drain's, not a "signal 15" one too).
+        local _, drains = log:gsub("drain: not ready; accepting", "")
+        assert.equal(2, drains, log)
+        assert.is_nil(log:find("signal 15: stopping", 1, true), log)
     end)
 
     it("on QUIT as on TERM, and in a single process too (MOONSERVE_DRAIN_DELAY)", function()

@@ -1522,8 +1522,10 @@ static int upgrade_finish(int signum)
         pid = U.pid;
     } else if (signum == SIGQUIT && U.pid > 0) {
         if (!U.quit)
-            ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) is not ready yet: stopping "
-                   "once it is", U.pid);
+            ms_log(MS_LOG_INFO,
+                   "SIGQUIT: the new master (pid %d) is not ready yet: stopping "
+                   "once it is",
+                   U.pid);
         U.quit = 1;
         return 1;
     } else if (old_master_serves()) {
@@ -1532,8 +1534,8 @@ static int upgrade_finish(int signum)
     } else {
         return 0;
     }
-    ms_log(MS_LOG_INFO, "signal %d: %s (pid %d) serves: stopping %d workers", signum, other,
-           pid, M.live);
+    ms_log(MS_LOG_INFO, "signal %d: %s (pid %d) serves: stopping %d workers", signum, other, pid,
+           M.live);
     M.stopping = 1;
     if (U.ready_fd >= 0) {
         /* The new master's old_master_serves: the read end closes (the number stays, on
@@ -1653,12 +1655,14 @@ static void on_signal(uv_signal_t *h, int signum)
              * or QUIT, or INT once the delay is over, changes nothing. */
             if (uv_is_active((uv_handle_t *)&M.drain_timer)) {
                 uv_timer_stop(&M.drain_timer);
-                ms_log(MS_LOG_INFO, "signal %d: the drain's delay is cut short: stopping %d "
-                       "workers", signum, M.live);
+                ms_log(MS_LOG_INFO,
+                       "signal %d: the drain's delay is cut short: stopping %d "
+                       "workers",
+                       signum, M.live);
                 close_listening();
                 kill_all(SIGINT);
-                uv_timer_start(&M.kill_timer, kill_timer_cb,
-                               (uint64_t)(M.o->stop_timeout * 1000), 0);
+                uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000),
+                               0);
             }
             return;
         }

@@ -516,6 +516,9 @@ void ms_server_stop(ms_server_t *s, void (*done)(ms_server_t *s));
  * left. A second call, or one after ms_server_stop, does nothing. */
 void ms_server_drain(ms_server_t *s, uint32_t delay_ms, void (*accept_closed)(ms_server_t *s),
                      void (*done)(ms_server_t *s));
+/* Ends a drain's delay now (the listeners close, as when it runs out); returns 1, or 0 when
+ * no delay is running (no drain, or its delay is over). */
+int ms_server_drain_now(ms_server_t *s);
 /* Frees the server; the loop must have run until `done` was called. */
 void ms_server_free(ms_server_t *s);
 uv_loop_t *ms_server_loop(ms_server_t *s);
@@ -586,6 +589,9 @@ typedef struct ms_io_s {
     /* The descriptor of the socket under the transport (kernel TLS takes it over), or -1.
      * May be NULL: it has none. */
     int (*fd)(ms_conn_t *c);
+    /* Whether the transport holds bytes from the peer it has not handed up yet (TLS: a
+     * record OpenSSL has decrypted, SSL_pending). May be NULL: it holds none. */
+    int (*pending)(ms_conn_t *c);
 } ms_io_t;
 
 /* Creates a connection on `io`; `extra` bytes follow the ms_conn_t for the transport. */

@@ -6,6 +6,7 @@
 #include <lua.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -400,6 +401,8 @@ static int server_tls_staple(lua_State *L)
     return tls_result(L, ms_tls_staple(t, cert, clen, der, dlen, err, sizeof(err)), err);
 }
 
+static void worker_signals(int how);
+
 /* The binding whose server:run() took the signals (they are the process's). */
 static binding_t *signalled;
 
@@ -428,10 +431,11 @@ static void on_usr1(uv_signal_t *sig, int signum)
 
 static void stopped(ms_server_t *s)
 {
-    (void)s;
     /* The loop ends by itself once nothing is left on it; the signals' handles go now (not
-     * at the stop: a second TERM during the drain must not kill the worker). */
-    if (signalled != NULL) {
+     * at the stop: a second TERM during the drain must not kill the worker). Only the
+     * server that took them: another one of the process (app:test's) that stops leaves
+     * them to the one serving. */
+    if (signalled != NULL && signalled->server == s) {
         ms_agent_close(signalled->agent);
         signalled->agent = NULL;
         close_signals(signalled);
@@ -456,14 +460,21 @@ static void stop(binding_t *b, uint32_t delay_ms)
     ms_server_drain(b->server, delay_ms, accept_closed, stopped);
 }
 
-/* TERM and QUIT drain (the drain delay, then the stop); INT, a developer's ^C, stops now. */
+/* TERM and QUIT drain (the drain delay, then the stop); INT, a developer's ^C, stops now,
+ * and during a drain's delay cuts it short. */
 static void on_signal(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
-    if (b->stopped)
-        return; /* (a second signal: the stop under way goes on) */
-    ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
-    stop(b, signum == SIGINT ? 0 : b->drain_ms);
+    if (b->stopped) {
+        /* (a second TERM or QUIT: the stop under way goes on) */
+        if (signum == SIGINT && ms_server_drain_now(b->server))
+            ms_log(MS_LOG_INFO, "signal %d: the drain's delay is cut short: stopping", signum);
+        return;
+    }
+    uint32_t delay = signum == SIGINT ? 0 : b->drain_ms;
+    if (delay == 0) /* (else the drain's own line says it: one line for the event) */
+        ms_log(MS_LOG_INFO, "signal %d: stopping", signum);
+    stop(b, delay);
 }
 
 /* USR2: the master's word that a new worker has taken over this one's sockets (a reload):
@@ -471,9 +482,9 @@ static void on_signal(uv_signal_t *sig, int signum)
 static void on_handover(uv_signal_t *sig, int signum)
 {
     binding_t *b = sig->data;
-    ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
     if (b->stopped)
-        return;
+        return; /* (a stop is under way: nothing changes, and no line says otherwise) */
+    ms_log(MS_LOG_INFO, "signal %d: a new worker serves in its place: stopping", signum);
     ms_server_handing_over(b->server);
     stop(b, 0);
 }
@@ -506,6 +517,7 @@ static int server_run(lua_State *L)
         signalled = b;
         signal(SIGPIPE, SIG_IGN);
         signal(SIGHUP, SIG_IGN); /* reloading is the master's; a worker keeps serving */
+        worker_signals(SIG_UNBLOCK); /* (those that came while it started are handled now) */
     }
     uv_run(b->loop, UV_RUN_DEFAULT);
     return 0;
@@ -1121,6 +1133,23 @@ static int core_proctitle(lua_State *L)
     return 1;
 }
 
+/* The signals the master sends a worker (TERM, QUIT, INT to stop, USR1 to reopen the logs,
+ * USR2 to hand over). A worker handles them once server_run starts, after the master's OK;
+ * until then they wait, blocked, rather than take their default action on a worker still
+ * starting (a core dump for QUIT, a death for the others, which the master would take for a
+ * failed reload). server_run unblocks them. */
+static void worker_signals(int how)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGQUIT);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
+    pthread_sigmask(how, &set, NULL);
+}
+
 static int core_worker_init(lua_State *L)
 {
     int flags = fcntl(MS_CHAN_WORKER_FD, F_GETFD);
@@ -1615,6 +1644,9 @@ static void make_global(const void *sym)
 
 MS_EXPORT int luaopen_moonserve_core(lua_State *L)
 {
+    /* A worker's signals wait from here (before its app loads) until server_run. */
+    if (getenv("MOONSERVE_WORKER") != NULL)
+        worker_signals(SIG_BLOCK);
     static const luaL_Reg server_methods[] = {{"listen", server_listen},
                                               {"listen_fd", server_listen_fd},
                                               {"tls", server_tls},

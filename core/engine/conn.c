@@ -556,11 +556,16 @@ void ms__out_text(ms_server_t *s, ms_out_t *o, const char *p, size_t n)
     ms__out_commit(s, o, n);
 }
 
-/* Whether bytes from the peer wait in the socket, unread, with reading on. */
+/* Whether bytes from the peer wait, unread, with reading on: in the socket, or in the
+ * transport (TLS: decrypted, not yet handed up). */
 static int request_waiting(ms_conn_t *c)
 {
+    if (c->flags & MS_CONN_READ_OFF)
+        return 0;
+    if (c->io->pending != NULL && c->io->pending(c))
+        return 1;
     int fd = c->io->fd != NULL ? c->io->fd(c) : -1, n = 0;
-    return fd >= 0 && !(c->flags & MS_CONN_READ_OFF) && ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+    return fd >= 0 && ioctl(fd, FIONREAD, &n) == 0 && n > 0;
 }
 
 static void timer_expired(ms_timer_t *t)

@@ -176,6 +176,15 @@ static void drain_expired(ms_timer_t *t)
     finish(s);
 }
 
+int ms_server_drain_now(ms_server_t *s)
+{
+    if (!s->stopping || s->drain_until == 0)
+        return 0;
+    ms_timer_stop(s, &s->drain_timer);
+    drain_expired(&s->drain_timer);
+    return 1;
+}
+
 uint64_t ms__drain_left(ms_server_t *s)
 {
     uint64_t now = uv_now(s->loop);

@@ -3,6 +3,7 @@
 
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/util.h"
 
@@ -19,7 +20,14 @@ struct ms_agent_s {
 
 typedef struct peer_s {
     uv_tcp_t tcp;
+    uv_timer_t timer; /* bounds the wait for the peer's close */
+    uv_shutdown_t shutdown;
+    int handles;
+    char line[16];
 } peer_t;
+
+/* How long a peer may keep its side open after the reply (HAProxy closes at once). */
+#define MS_AGENT_LINGER_MS 2000
 
 const char *ms_agent_word(ms_agent_t *a)
 {
@@ -31,7 +39,46 @@ const char *ms_agent_word(ms_agent_t *a)
 
 static void peer_closed(uv_handle_t *h)
 {
-    ms_mem_free(h->data);
+    peer_t *p = h->data;
+    if (--p->handles == 0)
+        ms_mem_free(p);
+}
+
+static void peer_close(peer_t *p)
+{
+    if (!uv_is_closing((uv_handle_t *)&p->tcp)) {
+        uv_close((uv_handle_t *)&p->tcp, peer_closed);
+        uv_close((uv_handle_t *)&p->timer, peer_closed);
+    }
+}
+
+static void peer_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+    peer_t *p = h->data;
+    (void)hint;
+    *buf = uv_buf_init(p->line, sizeof(p->line)); /* (what it sends is read and dropped) */
+}
+
+static void peer_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
+{
+    (void)buf;
+    if (n < 0)
+        peer_close(st->data); /* its close (or an error): ours follows, a FIN, no RST */
+}
+
+static void peer_timeout(uv_timer_t *t)
+{
+    peer_close(t->data);
+}
+
+/* The reply's FIN has gone: wait for the peer's, reading what it sent (HAProxy's
+ * agent-send), so that the close finds no unread bytes, which would make it an RST that can
+ * destroy the reply before the peer reads it (RFC 9293 3.6.1). */
+static void peer_shut(uv_shutdown_t *req, int status)
+{
+    peer_t *p = req->handle->data;
+    if (status < 0 || uv_read_start((uv_stream_t *)&p->tcp, peer_alloc, peer_read) < 0)
+        peer_close(p);
 }
 
 static void on_agent(uv_stream_t *ls, int status)
@@ -41,19 +88,25 @@ static void on_agent(uv_stream_t *ls, int status)
         return;
     peer_t *p = ms_mem_alloc(sizeof(*p));
     uv_tcp_init(ls->loop, &p->tcp);
-    p->tcp.data = p;
+    uv_timer_init(ls->loop, &p->timer);
+    p->tcp.data = p->timer.data = p;
+    p->handles = 2;
     if (uv_accept(ls, (uv_stream_t *)&p->tcp) == 0) {
-        char line[16];
         const char *w = ms_agent_word(a);
         size_t n = strlen(w);
-        memcpy(line, w, n);
-        line[n++] = '\n';
+        memcpy(p->line, w, n);
+        p->line[n++] = '\n';
         /* A few bytes into an empty socket buffer: they go at once, or the check fails
          * and HAProxy keeps the state it had (a failed agent changes nothing). */
-        uv_buf_t b = uv_buf_init(line, (unsigned)n);
-        (void)uv_try_write((uv_stream_t *)&p->tcp, &b, 1);
+        uv_buf_t b = uv_buf_init(p->line, (unsigned)n);
+        if (uv_try_write((uv_stream_t *)&p->tcp, &b, 1) == (int)n &&
+            uv_shutdown(&p->shutdown, (uv_stream_t *)&p->tcp, peer_shut) == 0) {
+            uv_timer_start(&p->timer, peer_timeout, MS_AGENT_LINGER_MS, 0);
+            uv_unref((uv_handle_t *)&p->timer); /* (the loop's end does not wait for it) */
+            return;
+        }
     }
-    uv_close((uv_handle_t *)&p->tcp, peer_closed);
+    peer_close(p);
 }
 
 int ms_agent_start(uv_loop_t *loop, const char *addr, const char *maint_file, ms_agent_t **out)
@@ -67,7 +120,9 @@ int ms_agent_start(uv_loop_t *loop, const char *addr, const char *maint_file, ms
     uv_tcp_init(loop, &a->tcp);
     a->tcp.data = a;
     int rc = uv_tcp_open(&a->tcp, fd);
-    if (rc == 0)
+    if (rc < 0)
+        close(fd); /* (not the handle's yet) */
+    else
         rc = uv_listen((uv_stream_t *)&a->tcp, 64, on_agent);
     if (rc < 0) {
         ms_agent_close(a);

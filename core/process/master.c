@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -348,7 +349,9 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
         snprintf(why, sizeof(why),
                  "worker %d (pid %d) exited (status %lld, signal %d) before it was ready", s->index,
                  p->pid, (long long)status, sig);
-    if (w == s->next) {
+    if (w == s->next && M.stopping) {
+        s->next = NULL; /* (stopped with the others: no reload to fail any more) */
+    } else if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old ones stay, and the
          * reload's other new workers go too (they would fail alike, or serve another app). */
         if (!w->quiet)
@@ -692,6 +695,12 @@ static void worker_ready(worker_t *w)
         return; /* (quiet: its reload failed, and it is being killed) */
     w->is_ready = 1;
     uv_timer_stop(&w->start_deadline);
+    if (M.stopping) {
+        /* It was told to stop while it started: it hears that once it runs (its signals
+         * wait until then), and stops at once, having served nothing new. */
+        worker_go(w);
+        return;
+    }
     if (w == s->next)
         reload_take_over();
     else
@@ -1134,8 +1143,10 @@ typedef struct upgrade_s {
     int ready_fd; /* the read end of its ready pipe, or -1 */
     uv_poll_t poll;
     uv_timer_t deadline;
+    int quit;    /* QUIT came before the new master was ready: the handover waits for it */
     int parent;  /* in a new master: the old master that started it, or 0 */
-    int tell_fd; /* in a new master: the write end of the ready pipe, until ready, or -1 */
+    int tell_fd; /* in a new master: the write end of the ready pipe (kept open once ready:
+                  * the old master closes the read end when it stops), or -1 */
 } upgrade_t;
 
 static upgrade_t U = {.ready_fd = -1, .tell_fd = -1};
@@ -1227,6 +1238,7 @@ static void upgrade_release(void)
     }
     U.pid = 0;
     U.ready = 0;
+    U.quit = 0;
 }
 
 static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
@@ -1236,8 +1248,9 @@ static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
     } else if (!U.ready) {
         ms_log(MS_LOG_ERR,
                "upgrade failed: the new master (pid %d) exited (status %lld, signal "
-               "%d) before it was ready; this master (pid %d) serves on",
-               U.pid, (long long)status, sig, (int)getpid());
+               "%d) before it was ready; this master (pid %d) serves on%s",
+               U.pid, (long long)status, sig, (int)getpid(),
+               U.quit ? " (the QUIT that waited for it is dropped)" : "");
         pid_file_move(0);
     } else {
         ms_log(MS_LOG_WARN,
@@ -1248,6 +1261,8 @@ static void upgrade_exit_cb(uv_process_t *p, int64_t status, int sig)
     }
     upgrade_release();
 }
+
+static int upgrade_finish(int signum);
 
 static void upgrade_readable(uv_poll_t *p, int status, int events)
 {
@@ -1263,6 +1278,8 @@ static void upgrade_readable(uv_poll_t *p, int status, int events)
                "upgrade: the new master (pid %d) is ready; QUIT this master (pid "
                "%d) to finish, or TERM the new one to undo it",
                U.pid, (int)getpid());
+        if (U.quit)
+            upgrade_finish(SIGQUIT);
     }
 }
 
@@ -1272,8 +1289,10 @@ static void upgrade_deadline_cb(uv_timer_t *t)
         return;
     ms_log(MS_LOG_ERR,
            "upgrade failed: the new master (pid %d) is not ready after %.14g s: "
-           "stopping it; this master (pid %d) serves on",
-           U.pid, upgrade_deadline(), (int)getpid());
+           "stopping it; this master (pid %d) serves on%s",
+           U.pid, upgrade_deadline(), (int)getpid(),
+           U.quit ? " (the QUIT that waited for it is dropped)" : "");
+    U.quit = 0;
     uv_process_kill(&U.proc, SIGKILL);
 }
 
@@ -1469,22 +1488,64 @@ static void master_started(void)
                    "upgrade: cannot tell the old master (pid %d) this one is "
                    "ready: %s",
                    U.parent, strerror(errno));
-        close(U.tell_fd);
-        U.tell_fd = -1;
+        /* (tell_fd stays open: old_master_serves polls it) */
     }
 }
 
-/* QUIT once the new master of an upgrade is ready: this master's workers stop as an old
- * worker of a reload does (SIGUSR2: readyz stays 200, as the service is still up, served by
- * the new master from the same sockets), and this master with them. Returns 1, or 0 when no
- * upgrade's new master is ready (QUIT then stops as TERM does). */
-static int upgrade_finish(void)
+/* In a new master: whether the old master still serves from the same sockets: it is still
+ * this master's parent, and has not closed the read end of the ready pipe (it does once it
+ * stops, upgrade_finish). */
+static int old_master_serves(void)
 {
-    if (M.stopping || U.pid == 0 || !U.ready)
+    if (U.parent <= 0 || U.tell_fd < 0 || getppid() != U.parent)
         return 0;
-    ms_log(MS_LOG_INFO, "SIGQUIT: the new master (pid %d) serves: stopping %d workers", U.pid,
+    struct pollfd pf = {.fd = U.tell_fd, .events = POLLOUT};
+    return poll(&pf, 1, 0) >= 0 && !(pf.revents & (POLLERR | POLLHUP | POLLNVAL));
+}
+
+/* TERM or QUIT while another master serves from the same sockets (an upgrade's new master
+ * once it is ready, or in a new master, the old one, which a TERM to undo the upgrade leaves
+ * serving): this master's workers stop as an old worker of a reload does (SIGUSR2: no delay,
+ * readyz stays 200, as the service is still up, served by the other master), and the
+ * agent-check still says ready (its port is shared, SO_REUSEPORT: a "drain" here would
+ * alternate with the other's "ready"). A QUIT that comes while the new master is starting
+ * waits for it to be ready (a drain now would answer readyz 503 beside its 200). Returns 1,
+ * or 0 when no other master serves (the signal then drains as usual). */
+static int upgrade_finish(int signum)
+{
+    if (M.stopping)
+        return 0;
+    const char *other;
+    int pid;
+    if (U.pid > 0 && U.ready) {
+        other = "the new master";
+        pid = U.pid;
+    } else if (signum == SIGQUIT && U.pid > 0) {
+        if (!U.quit)
+            ms_log(MS_LOG_INFO,
+                   "SIGQUIT: the new master (pid %d) is not ready yet: stopping "
+                   "once it is",
+                   U.pid);
+        U.quit = 1;
+        return 1;
+    } else if (old_master_serves()) {
+        other = "the old master";
+        pid = U.parent;
+    } else {
+        return 0;
+    }
+    ms_log(MS_LOG_INFO, "signal %d: %s (pid %d) serves: stopping %d workers", signum, other, pid,
            M.live);
     M.stopping = 1;
+    if (U.ready_fd >= 0) {
+        /* The new master's old_master_serves: the read end closes (the number stays, on
+         * /dev/null, for upgrade_release's handles). */
+        int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null >= 0) {
+            dup2(null, U.ready_fd);
+            close(null);
+        }
+    }
     kill_all(SIGUSR2);
     uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000), 0);
     maybe_done();
@@ -1582,18 +1643,36 @@ static void on_signal(uv_signal_t *h, int signum)
     case SIGQUIT:
         if (M.stopping)
             return;
-        if (signum == SIGQUIT && upgrade_finish())
-            break; /* (the new master of an upgrade serves: a handover, no drain) */
+        if (upgrade_finish(signum))
+            break; /* (another master serves the same sockets: a handover, no drain) */
         drain_ms = drain_begin(signum);
-        /* fall through - INT stops without the delay (the workers hear INT) */
+        /* The workers hear INT, or TERM for TERM and QUIT (they drain alike, and TERM has
+         * no core dump for its default action); INT stops without the delay. */
+        /* fall through */
     case SIGINT:
+        if (M.stopping && signum == SIGINT) {
+            /* During a drain's delay: cut it short (the workers hear INT too). A second TERM
+             * or QUIT, or INT once the delay is over, changes nothing. */
+            if (uv_is_active((uv_handle_t *)&M.drain_timer)) {
+                uv_timer_stop(&M.drain_timer);
+                ms_log(MS_LOG_INFO,
+                       "signal %d: the drain's delay is cut short: stopping %d "
+                       "workers",
+                       signum, M.live);
+                close_listening();
+                kill_all(SIGINT);
+                uv_timer_start(&M.kill_timer, kill_timer_cb, (uint64_t)(M.o->stop_timeout * 1000),
+                               0);
+            }
+            return;
+        }
         if (M.stopping)
             return;
         if (signum == SIGINT)
             ms_log(MS_LOG_INFO, "signal %d: stopping %d workers", signum, M.live);
         M.stopping = 1;
         notify("STOPPING=1");
-        kill_all(signum);
+        kill_all(signum == SIGINT ? SIGINT : SIGTERM);
         uv_timer_start(&M.kill_timer, kill_timer_cb,
                        drain_ms + (uint64_t)(M.o->stop_timeout * 1000), 0);
         maybe_done();
@@ -1662,6 +1741,8 @@ int ms_master_run(const ms_master_opts_t *o)
         slot_t *s = &M.slots[i];
         s->index = i;
         s->fds = calloc((size_t)o->nlisten, sizeof(int));
+        for (int j = 0; j < o->nlisten; j++)
+            s->fds[j] = -1; /* (none yet: close_listening skips it) */
         uv_timer_init(M.loop, &s->respawn);
         s->respawn.data = s;
     }
@@ -1687,16 +1768,20 @@ int ms_master_run(const ms_master_opts_t *o)
         for (int j = 0; j < o->nlisten; j++) {
             /* Port 0: the first socket picks a port and the others share it. */
             int fd = ms_listen_fd(o->listen[j], o->backlog, i > 0 ? o->ports[j] : -1);
-            if (fd < 0)
+            if (fd < 0) {
+                close_listening(); /* (those bound before it) */
                 return fd;
+            }
             s->fds[j] = fd;
             if (i == 0)
                 o->ports[j] = ms_fd_port(fd);
         }
     }
     rc = drain_init();
-    if (rc < 0)
+    if (rc < 0) {
+        close_listening(); /* (the sockets bound, or taken over, above) */
         return rc;
+    }
     int sigs[MS_MASTER_NSIG] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGCHLD, SIGUSR2, SIGQUIT};
     for (int i = 0; i < MS_MASTER_NSIG; i++) {
         uv_signal_init(M.loop, &M.sig[i]);

@@ -1189,6 +1189,21 @@ static void ktls_written(ms_conn_t *c, int status)
     }
 }
 
+/* The socket under the TLS transport, for request_waiting's FIONREAD: ciphertext there is
+ * the peer's next bytes as much as plaintext is under TCP. */
+static int tls_fd(ms_conn_t *c)
+{
+    tls_conn_t *t = tls_of(c);
+    return t->lower->fd != NULL ? t->lower->fd(c) : -1;
+}
+
+/* A record OpenSSL has decrypted and not yet handed up. */
+static int tls_pending(ms_conn_t *c)
+{
+    tls_conn_t *t = tls_of(c);
+    return t->eng.ssl != NULL && SSL_pending(t->eng.ssl) > 0;
+}
+
 static const ms_io_up_t ktls_up = {
     .read_buf = tls_read_buf,
     .feed = tls_feed,
@@ -1209,6 +1224,8 @@ static const ms_io_t ktls_io = {
     .peer = tls_peer,
     .alpn = tls_alpn,
     .tls = tls_version,
+    .fd = tls_fd,
+    .pending = tls_pending,
 };
 
 /* 1 when the kernel has a tls ULP, tried on a loopback TCP connection of the process's own:
@@ -1275,6 +1292,8 @@ static const ms_io_t tls_io = {
     .peer = tls_peer,
     .alpn = tls_alpn,
     .tls = tls_version,
+    .fd = tls_fd,
+    .pending = tls_pending,
 };
 
 void ms__tls_wrap(ms_conn_t *c, ms_tls_t *tls, void *mem)

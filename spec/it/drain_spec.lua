@@ -87,6 +87,10 @@ describe("the drain", function()
         assert.matches("drain: not ready; accepting for 2 s more, replies say close", log)
         assert.matches("drain: listeners closed; 1 connection finishing", log)
         assert.matches("drain: the listening sockets are closed; 2 workers finishing", log)
+        -- One line a worker at the start (the drain's, not a "signal 15" one too).
+        local _, drains = log:gsub("drain: not ready; accepting", "")
+        assert.equal(2, drains, log)
+        assert.is_nil(log:find("signal 15: stopping", 1, true), log)
     end)
 
     it("on QUIT as on TERM, and in a single process too (MOONSERVE_DRAIN_DELAY)", function()
@@ -99,6 +103,32 @@ describe("the drain", function()
         assert.equal(200, fleet.get(srv.port, "/hello"))
         assert.is_true(fleet.wait_exit(srv.pid, 5))
         assert.is_nil(fleet.get(srv.port, "/hello"))
+    end)
+
+    it("cuts a drain's delay short on INT, with workers and in a single process", function()
+        for _, args in ipairs({ "--workers 2 --readyz /readyz", "--readyz /readyz" }) do
+            local srv = helper.spawn_server { app = APP, args = args .. " --drain-delay 30" }
+            finally(function() srv:stop() end)
+            os.execute("kill -TERM " .. srv.pid)
+            socket.sleep(0.3)
+            assert.equal(503, fleet.get(srv.port, "/readyz"))
+            local t0 = socket.gettime()
+            os.execute("kill -INT " .. srv.pid)
+            assert.is_true(fleet.wait_exit(srv.pid, 5), args)
+            assert.is_true(socket.gettime() - t0 < 2, args)
+            assert.matches("signal 2: the drain's delay is cut short: stopping", srv:log())
+        end
+    end)
+
+    it("says nothing of a USR2 (a handover) that comes during a drain", function()
+        local srv = helper.spawn_server { app = APP, args = "--readyz /readyz",
+            env = { MOONSERVE_DRAIN_DELAY = "1" } }
+        finally(function() srv:stop() end)
+        os.execute("kill -TERM " .. srv.pid)
+        socket.sleep(0.2)
+        os.execute("kill -USR2 " .. srv.pid)
+        assert.is_true(fleet.wait_exit(srv.pid, 5))
+        assert.is_nil(srv:log():find("signal 12", 1, true), srv:log())
     end)
 
     it("stops at once on INT, and with no readiness probe has no delay by default", function()
@@ -204,6 +234,34 @@ describe("the agent-check", function()
         os.execute("kill -TERM " .. srv.pid)
         socket.sleep(0.2)
         assert.equal("drain", agent(port))
+    end)
+
+    it("ends with a FIN, not a reset, when the checker sent a line of its own (agent-send)",
+        function()
+        local port = helper.free_port()
+        local srv = helper.spawn_server { app = APP,
+            args = "--workers 1 --agent-check 127.0.0.1:" .. port }
+        finally(function() srv:stop() end)
+        -- (python: luasocket reads a reset as "closed" too)
+        local out = helper.run(helper.tool("http.client") .. " -c " .. helper.sh_quote([[
+import socket, sys, time
+for _ in range(3):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s.sendall(b"hello agent\n")
+    time.sleep(0.1)  # (the server has answered and closed its side by now)
+    got = b""
+    try:
+        while True:
+            d = s.recv(100)
+            if not d:
+                break
+            got += d
+        print(repr(got), "fin")
+    except ConnectionResetError:
+        print(repr(got), "reset")
+    s.close()
+]]) .. " " .. port .. " 2>&1")
+        assert.equal(string.rep("b'ready\\n' fin\n", 3), out)
     end)
 
     it("refuses a bad address", function()

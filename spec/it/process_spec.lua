@@ -213,6 +213,60 @@ return app
             .. "reload failed, the old workers keep serving"), log)
     end)
 
+    it("holds the signals of a worker that is still starting until it serves: USR1 during a "
+        .. "reload, QUIT or INT during a start or a reload neither kill it nor fail the reload",
+        function()
+        local file = os.tmpname() .. ".lua"
+        local app = [[
+local app = require("moonserve").app()
+app:get("/v", function() return 200, "VERSION" end)
+if "VERSION" ~= "v1" then
+    local t = os.clock() -- (busy, not os.execute: system() ignores QUIT and INT meanwhile)
+    while os.clock() - t < 1.5 do end
+end
+return app
+]]
+        helper.write_file(file, (app:gsub("VERSION", "v1")))
+        local srv = helper.spawn_server { app = file, args = "--workers 1" }
+        finally(function() srv:stop() os.remove(file) end)
+        assert.truthy(wait_for(function()
+            local res = get(srv.port, "/v")
+            return res and res.body == "v1"
+        end, 10))
+        -- USR1 (logs reopened) reaches the new worker while its app loads: it serves after.
+        helper.write_file(file, (app:gsub("VERSION", "v2")))
+        os.execute("kill -HUP " .. srv.pid)
+        socket.sleep(0.5)
+        os.execute("kill -USR1 " .. srv.pid)
+        assert.truthy(wait_for(function()
+            return srv:log():find("took over", 1, true)
+        end, 10), srv:log())
+        assert.equal("v2", get(srv.port, "/v").body)
+        -- QUIT while a reload's new worker loads: a stop, not a failed reload, and no core.
+        for _, sig in ipairs({ "QUIT", "INT" }) do
+            helper.write_file(file, (app:gsub("VERSION", "v3" .. sig)))
+            local before = #srv:log()
+            os.execute("kill -HUP " .. srv.pid)
+            socket.sleep(0.5)
+            os.execute("kill -" .. sig .. " " .. srv.pid)
+            assert.truthy(wait_for(function()
+                return not srv:alive()
+            end, 10), sig)
+            local log = srv:log():sub(before + 1)
+            assert.is_nil(log:find("reload failed", 1, true), log)
+            assert.is_nil(log:find("signal 3)", 1, true), log)
+            assert.is_nil(log:find(" error: ", 1, true), log)
+            if sig == "QUIT" then
+                helper.write_file(file, (app:gsub("VERSION", "v1")))
+                srv = helper.spawn_server { app = file, args = "--workers 1" }
+                assert.truthy(wait_for(function()
+                    local res = get(srv.port, "/v")
+                    return res and res.body == "v1"
+                end, 10))
+            end
+        end
+    end)
+
     it("fails a reload whose workers refuse the new app: the old workers serve on, and one line "
         .. "says why", function()
         local file = os.tmpname() .. ".lua"

@@ -228,4 +228,68 @@ describe("moonserve upgrades (USR2)", function()
         assert.is_nil(io.open(pid_file .. ".oldbin"))
         assert.equal("v1", get(srv.port, "/").body)
     end)
+
+    -- Samples /readyz and the agent-check for `seconds`: the statuses and lines seen.
+    local function sample(port, agent_port, seconds)
+        local seen = {}
+        local t0 = socket.gettime()
+        while socket.gettime() - t0 < seconds do
+            local res = get(port, "/readyz")
+            seen[res and res.status or "none"] = true
+            local s = socket.connect("127.0.0.1", agent_port)
+            if s then
+                s:settimeout(1)
+                seen[s:receive("*l") or "no line"] = true
+                s:close()
+            end
+            socket.sleep(0.02)
+        end
+        return seen
+    end
+
+    it("TERM to the new master stops it as a handover: readyz and the agent-check stay ready, "
+        .. "no drain delay", function()
+        local agent = helper.free_port()
+        local srv, app, pid_file = start(2, "--readyz /readyz --drain-delay 3 --agent-check "
+            .. "127.0.0.1:" .. agent)
+        finally(function() cleanup(srv, pid_file) end)
+        edit(app, "v1", "v2")
+        os.execute("kill -USR2 " .. srv.pid)
+        assert.truthy(wait_for(function()
+            return srv:log():find("is ready; QUIT this master", 1, true)
+        end), srv:log())
+        local new = pid_in(pid_file)
+        local t0 = socket.gettime()
+        os.execute("kill -TERM " .. new)
+        local seen = sample(srv.port, agent, 1.5)
+        assert.same({ [200] = true, ready = true }, seen)
+        assert.truthy(wait_for(function() return not alive(new) end, 5))
+        assert.is_true(socket.gettime() - t0 < 3)
+        assert.truthy(srv:log():find("signal 15: the old master (pid " .. srv.pid .. ") serves: "
+            .. "stopping 2 workers", 1, true), srv:log())
+        assert.equal("v1", get(srv.port, "/").body)
+    end)
+
+    it("QUIT to the old master before the new one is ready waits for it, then hands over: "
+        .. "readyz and the agent-check stay ready", function()
+        local agent = helper.free_port()
+        local srv, app, pid_file = start(2, "--readyz /readyz --drain-delay 3 --agent-check "
+            .. "127.0.0.1:" .. agent)
+        finally(function() cleanup(srv, pid_file) end)
+        edit(app, "v1", "v2")
+        edit(app, "HANG, BOOM = false, false", "HANG, BOOM = true, false")
+        edit(app, "moonserve.sleep(3600)", "moonserve.sleep(1.5)")
+        os.execute("kill -USR2 " .. srv.pid)
+        socket.sleep(0.3)
+        os.execute("kill -QUIT " .. srv.pid)
+        local seen = sample(srv.port, agent, 2.5)
+        assert.same({ [200] = true, ready = true }, seen)
+        assert.truthy(wait_for(function() return not alive(srv.pid) end, 5), srv:log())
+        local log = srv:log()
+        assert.truthy(log:find("SIGQUIT: the new master %(pid %d+%) is not ready yet: stopping "
+            .. "once it is"), log)
+        assert.truthy(log:find("signal 3: the new master %(pid %d+%) serves: stopping 2 workers"),
+            log)
+        assert.equal("v2", get(srv.port, "/").body)
+    end)
 end)

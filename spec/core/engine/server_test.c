@@ -9,6 +9,9 @@
 
 #include "../../../core/engine/server.c"
 #include "loopback.h"
+#include "tls_peer.h"
+
+#include <fcntl.h>
 
 #define S(lit) lit, sizeof(lit) - 1
 
@@ -240,6 +243,72 @@ TEST(server_answers_a_request_that_came_as_an_idle_connection_ended)
     ms_server_stop(srv, on_stopped);
     ASSERT(run_until(&loop, &stopped, 5000));
     teardown();
+}
+
+/* Runs the loop a turn at a time until the OpenSSL call `op` on the client's non-blocking
+ * socket goes through (or 200 turns); returns its result. */
+#define TLS_STEP(ssl, op)                                                                          \
+    ({                                                                                             \
+        int r_ = -1;                                                                               \
+        for (int i_ = 0; i_ < 200; i_++) {                                                         \
+            r_ = (op);                                                                             \
+            if (r_ > 0)                                                                            \
+                break;                                                                             \
+            int e_ = SSL_get_error((ssl), r_);                                                     \
+            if (e_ != SSL_ERROR_WANT_READ && e_ != SSL_ERROR_WANT_WRITE)                           \
+                break;                                                                             \
+            uv_run(&loop, UV_RUN_NOWAIT);                                                          \
+            usleep(1000);                                                                          \
+        }                                                                                          \
+        r_;                                                                                        \
+    })
+
+/* The same race on HTTPS (with and without kernel TLS where the kernel offers it): the
+ * request is in the socket as ciphertext, under the TLS transport. */
+TEST(server_answers_a_tls_request_that_came_as_an_idle_connection_ended)
+{
+    for (int kernel = 0; kernel <= ms_tls_kernel(NULL); kernel++) {
+        ms_limits_t lim;
+        ms_limits_default(&lim);
+        lim.idle_timeout_ms = 50;
+        setup(&lim);
+        char err[256];
+        ms_tls_opts_t o = {.no_ktls = !kernel};
+        ms_tls_t *t = ms_tls_new(srv, &o, err, sizeof(err));
+        ASSERT(t != NULL);
+        ASSERT_EQ(0, peer_add_cert(t, NULL, "a.test", 0));
+        ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+        ASSERT_EQ(0, ms_server_listen_tls(srv, t));
+        int fd = raw_connect(ms_server_port(srv));
+        ASSERT(fd >= 0);
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+        SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+        SSL *ssl = SSL_new(ctx);
+        SSL_set_fd(ssl, fd);
+        ASSERT_EQ(1, TLS_STEP(ssl, SSL_connect(ssl)));
+        static const char keep[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        ASSERT(TLS_STEP(ssl, SSL_write(ssl, keep, sizeof(keep) - 1)) > 0);
+        char buf[4096];
+        ASSERT(TLS_STEP(ssl, SSL_read(ssl, buf, sizeof(buf))) > 0);
+        ASSERT_EQ(1, requests);
+        /* The idle deadline passes while the loop is away; the next request is in the socket,
+         * unread, when the deadline runs. */
+        usleep(120 * 1000);
+        ASSERT_EQ((int)sizeof(keep) - 1, SSL_write(ssl, keep, sizeof(keep) - 1));
+        for (int i = 0; i < 50 && requests < 2; i++)
+            uv_run(&loop, UV_RUN_NOWAIT);
+        ASSERT_EQ(2, requests);
+        int n = TLS_STEP(ssl, SSL_read(ssl, buf, sizeof(buf) - 1));
+        ASSERT(n > 0);
+        buf[n] = '\0';
+        ASSERT_HAS(buf, "HTTP/1.1 200 OK\r\n");
+        SSL_free(ssl);
+        SSL_CTX_free(ctx);
+        close(fd);
+        ms_server_stop(srv, on_stopped);
+        ASSERT(run_until(&loop, &stopped, 5000));
+        teardown();
+    }
 }
 
 TEST_MAIN()

@@ -5,7 +5,9 @@
 
 #include "../../../core/process/master.c"
 
+#include <arpa/inet.h>
 #include <ftw.h>
+#include <netinet/in.h>
 
 /* A user that is not the one running the tests (root in CI, someone else elsewhere): the
  * workers', so that "may the workers' user write here" is asked of directories the tests
@@ -261,6 +263,43 @@ TEST(config_is_a_sealed_copy_replaced_on_reload)
     close(kept);
     close(M.config_fd);
     M.config_fd = -1;
+}
+
+/* A master that cannot listen for the agent-check fails its start without keeping the
+ * sockets it bound for the workers. */
+TEST(run_closes_the_bound_sockets_when_the_agent_cannot_listen)
+{
+    int busy = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof(a);
+    ASSERT_EQ(0, bind(busy, (struct sockaddr *)&a, sizeof(a)));
+    ASSERT_EQ(0, listen(busy, 1));
+    ASSERT_EQ(0, getsockname(busy, (struct sockaddr *)&a, &al));
+    char agent[64];
+    snprintf(agent, sizeof(agent), "127.0.0.1:%d", ntohs(a.sin_port));
+    static char *argv[] = {"/bin/false", NULL};
+    const char *listen_on[] = {"127.0.0.1:0"};
+    int ports[1] = {0};
+    ms_master_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.argv = argv;
+    o.listen = listen_on;
+    o.ports = ports;
+    o.nlisten = 1;
+    o.workers = 2;
+    o.backlog = 16;
+    o.uid = o.gid = -1;
+    o.agent_check = agent;
+    ms_log_set(NULL, MS_LOG_ERR); /* (its one line: cannot listen) */
+    ASSERT(ms_master_run(&o) < 0);
+    ASSERT(ports[0] > 0);
+    /* Its port is free again: no socket of the master's listens on it any more. */
+    int again = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_port = htons((uint16_t)ports[0]);
+    ASSERT_EQ(0, bind(again, (struct sockaddr *)&a, sizeof(a)));
+    close(again);
+    close(busy);
 }
 
 int main(int argc, char **argv)

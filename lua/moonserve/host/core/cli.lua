@@ -290,6 +290,11 @@ function _M.main(args)
     if args[1] == "migrate" then
         return migrate(args)
     end
+    if os.getenv("MOONSERVE_WORKER") then
+        -- Loading the core holds a worker's signals until it serves (ms_core.c,
+        -- worker_signals): first, so that its app's top level runs with them held too.
+        require("moonserve.host.core.base")
+    end
     local opts = {}
     local app_file, static_dir, check, env, config_file
     local static_flags = {}

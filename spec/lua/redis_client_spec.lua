@@ -194,4 +194,26 @@ describe("moonserve.redis", function()
         assert.equal("return 1", s.src)
         assert.has_error(function() redis.script(1) end)
     end)
+
+    it("refuses commands that would change a pooled connection's state", function()
+        local r = assert(redis.new("redis://127.0.0.1:1"))
+        local function refused(f)
+            local ok, err = pcall(f)
+            assert.is_false(ok)
+            assert.matches("refused on a pooled connection", err)
+        end
+        for _, verb in ipairs { "SUBSCRIBE", "psubscribe", "MONITOR", "SELECT", "AUTH", "HELLO",
+            "RESET", "WATCH", "MULTI" } do
+            refused(function() r:call(verb, "x") end)
+            refused(function() r:pipeline { { "GET", "k" }, { verb, "x" } } end)
+        end
+        refused(function() r:call("CLIENT", "REPLY", "OFF") end)
+        refused(function() r:pipeline { { "MULTI" }, { "INCR", "k" } } end)
+        refused(function() r:pipeline { { "MULTI" }, { "EXEC" }, { "MULTI" } } end)
+        -- A transaction ended in the same pipeline passes the check (and reaches the socket).
+        local ok, err = pcall(r.pipeline, r, { { "MULTI" }, { "INCR", "k" }, { "EXEC" } })
+        assert.is_falsy(not ok and tostring(err):find("refused"))
+        ok, err = pcall(r.call, r, "CLIENT", "ID")
+        assert.is_falsy(not ok and tostring(err):find("refused"))
+    end)
 end)

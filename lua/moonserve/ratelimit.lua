@@ -153,6 +153,11 @@ function _M.new(opts)
     end
     if self.redis then
         self.script = require("moonserve.redis").script(SCRIPT)
+        local ok, err = require("moonserve.redis").claim_prefix(self.redis,
+            o.prefix .. o.name .. ":", "rate limit '" .. o.name .. "'")
+        if not ok then
+            error("ratelimit: " .. err, 2)
+        end
     end
     self.down = false -- Redis failed last time: logged once until it answers again
     self.policy = format("\"%s\";q=%d;w=%d", o.name, o.limit, ceil(o.window))

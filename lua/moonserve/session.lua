@@ -593,6 +593,10 @@ function _M.redis_store(redis_or_url, opts)
     if type(prefix) ~= "string" then
         error("bad redis store prefix (string expected)", 2)
     end
+    local claimed, why = redis.claim_prefix(r, prefix, "the session store")
+    if not claimed then
+        error(why, 2)
+    end
     local user = opts.user or "user"
     if type(user) ~= "string" and type(user) ~= "function" then
         error("bad redis store user (a session key or function(data) expected)", 2)

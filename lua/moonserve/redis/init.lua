@@ -66,6 +66,32 @@ function _M.new(spec, opts)
     return self
 end
 
+-- Key prefixes in use in this process, by where their keys live (server and db): a prefix
+-- that starts another would let one user's SCAN, flush or count take the other's keys.
+local claimed = {}
+
+--- Claims `prefix` on the client's server and db for `owner` (a name for messages): nil and
+-- one line when it starts, or starts with, a prefix another owner claimed there.
+function _M.claim_prefix(client, prefix, owner)
+    local o = type(client) == "table" and type(client.o) == "table" and client.o or {}
+    local place = format("%s:%s/%s", tostring(o.path or o.master or o.host),
+        tostring(o.port), tostring(o.db))
+    local mine = claimed[place]
+    if not mine then
+        mine = {}
+        claimed[place] = mine
+    end
+    for p, who in pairs(mine) do
+        if who ~= owner and (sub(p, 1, #prefix) == prefix or sub(prefix, 1, #p) == p) then
+            return nil, format("%s: key prefix %q overlaps %s's %q (one would see, count or "
+                .. "delete the other's keys): give one of them another prefix", owner, prefix,
+                who, p)
+        end
+    end
+    mine[prefix] = owner
+    return true
+end
+
 -- -- Connections ---------------------------------------------------------------------------
 
 local sockets -- the host's socket module, once asked for

@@ -107,8 +107,8 @@ end
 --- A dictionary `name` on the Redis that `opts.redis` names (a URL or a table of
 -- moonserve.redis options), its keys under `opts.prefix` (default "NAME:"; refused when it
 -- starts, or starts with, another dictionary's, session store's or rate limit's prefix on
--- the same server and db); other keys of opts are the client's options (timeout, pool_size, ...). Returns the dictionary, or nil and
--- one line saying what is wrong.
+-- the same server and db); other keys of opts are the client's options (timeout,
+-- pool_size, ...). Returns the dictionary, or nil and one line saying what is wrong.
 function _M.new(name, opts)
     local spec = opts.redis
     if spec == nil then

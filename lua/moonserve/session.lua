@@ -506,8 +506,11 @@ else
 end
 redis.call('EXPIRE', key, ttl)
 if set then
+  -- Ended sessions leave the set a few at a time: a sample at each new one, so a login
+  -- costs the same however many sessions the user has (a walk of the whole set blocked
+  -- Redis for an account signed in thousands of times).
   if redis.call('SADD', set, id) == 1 then
-    for _, m in ipairs(redis.call('SMEMBERS', set)) do
+    for _, m in ipairs(redis.call('SRANDMEMBER', set, 16)) do
       if redis.call('HEXISTS', prefix .. m, 'd') == 0 then redis.call('SREM', set, m) end
     end
   end

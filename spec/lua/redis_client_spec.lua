@@ -33,6 +33,14 @@ describe("moonserve.redis", function()
         assert.equal(1, o.db)
     end)
 
+    it("hides a lone userinfo, the password, where the URL is shown", function()
+        local _, err = redis.options("redis://s3cret@h/x")
+        assert.is_nil(err:find("s3cret", 1, true), err)
+        assert.matches("redis://%*%*%*@h/x", err)
+        _, err = redis.options("redis://:s3cret@h/x")
+        assert.is_nil(err:find("s3cret", 1, true), err)
+    end)
+
     it("reads rediss://, redis+unix:// and redis+sentinel:// URLs", function()
         local o = assert(redis.options("rediss://h:6390?sni=cache.test&insecure=1"))
         assert.is_true(o.tls)
@@ -177,7 +185,8 @@ describe("moonserve.redis", function()
 
     it("calls a broken stream a bad reply, and a cut one a partial one", function()
         for _, bad in ipairs({ "?what\r\n", "$abc\r\n", "*x\r\n", ":zz\r\n",
-            "$999999999999\r\n", string.rep("*1\r\n", 20) .. ":1\r\n" }) do
+            "$999999999999\r\n", string.rep("*1\r\n", 20) .. ":1\r\n", "$-2\r\n",
+            "*-5\r\n" }) do
             local v, err = resp.read(fake(bad))
             assert.is_nil(v)
             assert.equal("bad reply", err, bad)

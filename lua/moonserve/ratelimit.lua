@@ -178,7 +178,8 @@ end
 local function stored_key(self, key)
     if #key > KEY_MAX then
         key = require("moonserve.crypto").sha256(key)
-        key = key:gsub(".", function(c) return format("%02x", c:byte()) end)
+        -- ("#" marks it: no key of 64 hex digits the app gives can meet a hashed one)
+        key = "#" .. key:gsub(".", function(c) return format("%02x", c:byte()) end)
     end
     return self.key_prefix .. key
 end

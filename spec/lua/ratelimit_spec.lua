@@ -141,8 +141,8 @@ describe("moonserve.ratelimit", function()
         local limiter = ratelimit.new { limit = 1, window = 10, fleet = r, name = "h" }
         limiter:take(string.rep("x", 1000))
         local k = next(r.sets)
-        assert.matches("^moonserve:ratelimit:h:%x+$", k)
-        assert.equal(#"moonserve:ratelimit:h:" + 64, #k)
+        assert.matches("^moonserve:ratelimit:h:#%x+$", k)
+        assert.equal(#"moonserve:ratelimit:h:" + 65, #k)
     end)
 
     it("refuses bad options when made, naming them", function()
@@ -207,5 +207,18 @@ describe("moonserve.ratelimit", function()
         end, "ratelimit: limit 100001 is more than a fleet limit keeps (100000 a key, some 100 "
             .. "bytes each in Redis): use a shorter window and a smaller limit")
         assert(ratelimit { limit = 100000, window = 10, fleet = r, name = "big" })
+    end)
+
+    it("keeps hashed long keys apart from the app's own keys", function()
+        local r = fake_redis()
+        local lim = ratelimit.new { limit = 1, window = 10, fleet = r, name = "h" }
+        local long = string.rep("k", 300)
+        assert.is_true((lim:take(long)))
+        local hex = require("moonserve.crypto").sha256(long):gsub(".",
+            function(c) return string.format("%02x", c:byte()) end)
+        -- the app's own key that spells the hash is another key
+        assert.is_true((lim:take(hex)))
+        assert.is_false((lim:take(long)))
+        assert.truthy(r.sets["moonserve:ratelimit:h:#" .. hex])
     end)
 end)

@@ -20,12 +20,16 @@ local shared = require "moonserve.shared"
 
 local type, tostring, tonumber, pairs, error = type, tostring, tonumber, pairs, error
 local ceil, floor, format = math.ceil, math.floor, string.format
+local find, match, gmatch = string.find, string.match, string.gmatch
 local rawget, setmetatable = rawget, setmetatable
 
 local _M = {}
 
 local DICT, DICT_BYTES = "ratelimit", 1024 * 1024  -- the dictionary local limiters share
 local LOCAL_MAX = 65536   -- admissions a local log holds (8 bytes each): shdict's bound
+-- Admissions a fleet limit keeps per key: a sorted set of about 100 bytes an admission in
+-- Redis, so some 10 MB for a key at its limit (and there is a key per client address).
+local FLEET_MAX = 100000
 local KEY_MAX = 256       -- a longer key (the app's own) is kept as its SHA-256
 local KINDS = { client_ip = true, user = true, route = true }
 local OPTIONS = { key = true, limit = true, window = true, fleet = true, on_error = true,
@@ -99,6 +103,10 @@ local function check(opts)
         bad("limit " .. limit .. " is more than a local limit keeps (" .. LOCAL_MAX
             .. "): use fleet = REDIS_URL, or a shorter window and a smaller limit")
     end
+    if fleet ~= nil and limit > FLEET_MAX then
+        bad("limit " .. limit .. " is more than a fleet limit keeps (" .. FLEET_MAX
+            .. " a key, some 100 bytes each in Redis): use a shorter window and a smaller limit")
+    end
     if opts.dict ~= nil and fleet ~= nil then
         bad("dict is for the local mode; fleet counts in Redis")
     end
@@ -153,6 +161,11 @@ function _M.new(opts)
     end
     if self.redis then
         self.script = require("moonserve.redis").script(SCRIPT)
+        local ok, err = require("moonserve.redis").claim_prefix(self.redis,
+            o.prefix .. o.name .. ":", "rate limit '" .. o.name .. "'")
+        if not ok then
+            error("ratelimit: " .. err, 2)
+        end
     end
     self.down = false -- Redis failed last time: logged once until it answers again
     self.policy = format("\"%s\";q=%d;w=%d", o.name, o.limit, ceil(o.window))
@@ -165,7 +178,8 @@ end
 local function stored_key(self, key)
     if #key > KEY_MAX then
         key = require("moonserve.crypto").sha256(key)
-        key = key:gsub(".", function(c) return format("%02x", c:byte()) end)
+        -- ("#" marks it: no key of 64 hex digits the app gives can meet a hashed one)
+        key = "#" .. key:gsub(".", function(c) return format("%02x", c:byte()) end)
     end
     return self.key_prefix .. key
 end
@@ -268,14 +282,46 @@ local function user_of(req)
     return tostring(u)
 end
 
+-- An IPv6 client counts by its /64: one host is commonly given a whole /64, so one address
+-- each would let it pick a fresh key for every request (and fill the store).
+local function net_of(ip)
+    if not find(ip, ":", 1, true) then
+        return ip
+    end
+    local v4 = match(ip, "^::[fF][fF][fF][fF]:(%d+%.%d+%.%d+%.%d+)$")
+    if v4 then
+        return v4
+    end
+    local head, tail = match(ip, "^(.-)::(.*)$")
+    local groups = {}
+    for g in gmatch(head or ip, "[^:]+") do
+        groups[#groups + 1] = g
+    end
+    if head then
+        local n = 0
+        for _ in gmatch(tail, "[^:]+") do
+            n = n + 1
+        end
+        for _ = 1, 8 - #groups - n do
+            groups[#groups + 1] = "0"
+        end
+        for g in gmatch(tail, "[^:]+") do
+            groups[#groups + 1] = g
+        end
+    end
+    return format("%x:%x:%x:%x::/64", tonumber(groups[1] or "0", 16) or 0,
+        tonumber(groups[2] or "0", 16) or 0, tonumber(groups[3] or "0", 16) or 0,
+        tonumber(groups[4] or "0", 16) or 0)
+end
+
 local function key_of(self, req)
     local kind = self.key
     if kind == "client_ip" then
-        return "ip:" .. (req.client_ip or "")
+        return "ip:" .. net_of(req.client_ip or "")
     elseif kind == "user" then
         local u = user_of(req)
         -- A request with no user is counted by its address: anonymous traffic is limited too.
-        return u and ("user:" .. u) or ("ip:" .. (req.client_ip or ""))
+        return u and ("user:" .. u) or ("ip:" .. net_of(req.client_ip or ""))
     elseif kind == "route" then
         local route = rawget(req, "_route")
         if route == nil then

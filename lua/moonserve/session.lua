@@ -125,7 +125,10 @@ end
 --- Gives the session a new id, keeping its data. Call it when privileges change (at login):
 -- an id planted by an attacker before then is worth nothing after.
 function Session:regenerate()
-    self._old_id = self._old_id or self.id
+    -- Only a stored id needs ending; a new session's id never reached the store.
+    if self._old_id == nil and not self.is_new then
+        self._old_id = self.id
+    end
     self.id = new_id()
     self._dirty = true
     return self
@@ -173,7 +176,8 @@ local COOKIE_DEFAULTS = { path = "/", http_only = true, same_site = "Lax", secur
 -- the request came over https, unless `secure` is given); store
 -- ({ get, set, delete }, for server-side data: set(id, json, ttl, data, old_id) may end
 -- old_id, the id regenerate() replaced, in the same step and then return "rotated"; else
--- delete(old_id) follows); now (the clock, os.time).
+-- delete(old_id) follows; it returns nil, "revoked" when the session was ended meanwhile,
+-- and save() then clears the cookie); now (the clock, os.time).
 function _M.new(opts)
     if type(opts) ~= "table" then
         error("bad session options (table expected)", 2)
@@ -374,6 +378,12 @@ function Manager:save(s, req)
     local key, token = self.keys[1]
     if store then
         local sok, err = store.set(s.id, json, self.max_age, s._data, s._old_id)
+        if not sok and err == "revoked" then
+            -- Ended meanwhile (revoke_user, a log out elsewhere): nothing was stored, and the
+            -- browser drops its cookie.
+            s._old_id, s._dirty, s.is_new = nil, false, false
+            return cookie.serialize(name, "", https and self.attrs_gone_https or self.attrs_gone)
+        end
         if not sok then
             return nil, err or "session store failed"
         end
@@ -470,19 +480,20 @@ end
 
 -- KEYS[1] the session, KEYS[2] its user's set (when it has a user); ARGV: json, ttl (s), id,
 -- uid (or ""), the prefix, the id this one replaces (or ""), ended here: a rotation is one
--- step. Returns 1, or 0 for a tombstone (nothing written).
+-- step. Returns 1, or 0 when the session or the one it replaces is dead (a tombstone,
+-- revoked or expired meanwhile): nothing is written, so a request that loaded a session
+-- before revoke_user and regenerates after cannot sign the user in again.
 local REDIS_SET = [[
 local key, set = KEYS[1], KEYS[2]
 local json, ttl, id, uid, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local old_id = ARGV[6]
 if old_id ~= '' then
   local old_key = prefix .. old_id
-  if redis.call('HEXISTS', old_key, 'd') == 1 then
-    local u = redis.call('HGET', old_key, 'u')
-    if u then redis.call('SREM', prefix .. 'user:' .. u, old_id) end
-    redis.call('HDEL', old_key, 'd', 'u')
-    redis.call('HSET', old_key, 'r', 1)
-  end
+  if redis.call('HEXISTS', old_key, 'd') == 0 then return 0 end
+  local u = redis.call('HGET', old_key, 'u')
+  if u then redis.call('SREM', prefix .. 'user:' .. u, old_id) end
+  redis.call('HDEL', old_key, 'd', 'u')
+  redis.call('HSET', old_key, 'r', 1)
 end
 if redis.call('HEXISTS', key, 'r') == 1 then return 0 end
 local old = redis.call('HGET', key, 'u')
@@ -495,8 +506,11 @@ else
 end
 redis.call('EXPIRE', key, ttl)
 if set then
+  -- Ended sessions leave the set a few at a time: a sample at each new one, so a login
+  -- costs the same however many sessions the user has (a walk of the whole set blocked
+  -- Redis for an account signed in thousands of times).
   if redis.call('SADD', set, id) == 1 then
-    for _, m in ipairs(redis.call('SMEMBERS', set)) do
+    for _, m in ipairs(redis.call('SRANDMEMBER', set, 16)) do
       if redis.call('HEXISTS', prefix .. m, 'd') == 0 then redis.call('SREM', set, m) end
     end
   end
@@ -582,6 +596,10 @@ function _M.redis_store(redis_or_url, opts)
     if type(prefix) ~= "string" then
         error("bad redis store prefix (string expected)", 2)
     end
+    local claimed, why = redis.claim_prefix(r, prefix, "the session store")
+    if not claimed then
+        error(why, 2)
+    end
     local user = opts.user or "user"
     if type(user) ~= "string" and type(user) ~= "function" then
         error("bad redis store user (a session key or function(data) expected)", 2)
@@ -616,7 +634,9 @@ function _M.redis_store(redis_or_url, opts)
         if v == nil then
             return nil, err
         end
-        -- (0: a tombstone, revoked meanwhile: nothing written, the id stays dead)
+        if v == 0 then -- (revoked or ended meanwhile: nothing written, the ids stay dead)
+            return nil, "revoked"
+        end
         return old_id and "rotated" or true
     end
 

@@ -89,6 +89,49 @@ describe("sessions on Redis", function()
         assert.equal(401, req(b, "GET", "/me", other).status)
     end)
 
+    it("keeps a user signed out when a request regenerates after revoke_user", function()
+        local c, id = login(a, 12, "fay")
+        local r = req(b, "POST", "/regenerate_late", c)
+        assert.equal("late\n", r.body)
+        -- Nothing stored: the browser is told to drop the cookie, no new id is given.
+        assert.matches("^session=;", r.headers["set-cookie"] or "")
+        assert.equal(401, req(a, "GET", "/me", c).status)
+        local c2 = assert(socket.connect("127.0.0.1", port))
+        c2:settimeout(2)
+        c2:send("SELECT 3\r\nEXISTS t:session:user:12\r\nHEXISTS t:session:" .. id
+            .. " d\r\n")
+        assert.equal("+OK", c2:receive())
+        assert.equal(":0", c2:receive(), "the user's set stays empty")
+        assert.equal(":0", c2:receive())
+        c2:close()
+        -- A new login still works (a new session has no stored id to end).
+        local c3 = login(a, 12, "fay")
+        assert.equal("fay\n", req(b, "GET", "/me", c3).body)
+    end)
+
+    it("costs a login the same however many sessions its user has", function()
+        -- 20,000 ended sessions in the user's set, as many logins over max_age leave
+        local n = 20000
+        local parts = { "*" .. (n + 2) .. "\r\n$4\r\nSADD\r\n$17\r\nt:session:user:13\r\n" }
+        for i = 1, n do
+            local m = "gone" .. i
+            parts[#parts + 1] = "$" .. #m .. "\r\n" .. m .. "\r\n"
+        end
+        local c2 = assert(socket.connect("127.0.0.1", port))
+        c2:settimeout(2)
+        c2:send("SELECT 3\r\n" .. table.concat(parts))
+        assert.equal("+OK", c2:receive())
+        assert.equal(":" .. n, c2:receive())
+        local c = login(a, 13, "gus")
+        assert.equal("gus\n", req(b, "GET", "/me", c).body)
+        -- the login looked at a sample only (it used to walk, and empty, the whole set), and
+        -- what it looked at and found ended is gone
+        c2:send("SCARD t:session:user:13\r\n")
+        local left = tonumber(c2:receive():match("^:(%d+)"))
+        c2:close()
+        assert.is_true(left > n - 100 and left <= n, "left " .. left)
+    end)
+
     it("answers 503 while Redis is down, and serves again when it is back", function()
         local c = login(a, 11, "ed")
         helper.stop_pid(redis_pid)

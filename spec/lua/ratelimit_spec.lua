@@ -141,8 +141,8 @@ describe("moonserve.ratelimit", function()
         local limiter = ratelimit.new { limit = 1, window = 10, fleet = r, name = "h" }
         limiter:take(string.rep("x", 1000))
         local k = next(r.sets)
-        assert.matches("^moonserve:ratelimit:h:%x+$", k)
-        assert.equal(#"moonserve:ratelimit:h:" + 64, #k)
+        assert.matches("^moonserve:ratelimit:h:#%x+$", k)
+        assert.equal(#"moonserve:ratelimit:h:" + 65, #k)
     end)
 
     it("refuses bad options when made, naming them", function()
@@ -182,5 +182,43 @@ describe("moonserve.ratelimit", function()
         assert.equal(429, r.status)
         assert.equal("60", r.headers["retry-after"])
         assert.matches('"status":429', r.body)
+    end)
+
+    it("counts an IPv6 client by its /64, and caps a fleet limit's admissions", function()
+        local r = fake_redis()
+        local mw = ratelimit { limit = 1, window = 10, fleet = r, name = "v6" }
+        assert.is_true((run(mw, {}, { client_ip = "2001:db8:1:2::1" })))
+        -- another address of the same /64, written in full: the same key, refused
+        assert.is_false((run(mw, {}, { client_ip = "2001:0db8:0001:0002:aaaa:bbbb:cccc:dddd" })))
+        assert.is_true((run(mw, {}, { client_ip = "2001:db8:1:3::1" })))
+        assert.is_true((run(mw, {}, { client_ip = "::ffff:192.0.2.9" })))
+        assert.is_false((run(mw, {}, { client_ip = "192.0.2.9" })))
+        assert.is_true((run(mw, {}, { client_ip = "::1" })))
+        local keys = {}
+        for k in pairs(r.sets) do
+            keys[#keys + 1] = k
+        end
+        table.sort(keys)
+        assert.same({ "moonserve:ratelimit:v6:ip:0:0:0:0::/64",
+            "moonserve:ratelimit:v6:ip:192.0.2.9", "moonserve:ratelimit:v6:ip:2001:db8:1:2::/64",
+            "moonserve:ratelimit:v6:ip:2001:db8:1:3::/64" }, keys)
+        assert.has_error(function()
+            ratelimit { limit = 100001, window = 10, fleet = r, name = "big" }
+        end, "ratelimit: limit 100001 is more than a fleet limit keeps (100000 a key, some 100 "
+            .. "bytes each in Redis): use a shorter window and a smaller limit")
+        assert(ratelimit { limit = 100000, window = 10, fleet = r, name = "big" })
+    end)
+
+    it("keeps hashed long keys apart from the app's own keys", function()
+        local r = fake_redis()
+        local lim = ratelimit.new { limit = 1, window = 10, fleet = r, name = "h" }
+        local long = string.rep("k", 300)
+        assert.is_true((lim:take(long)))
+        local hex = require("moonserve.crypto").sha256(long):gsub(".",
+            function(c) return string.format("%02x", c:byte()) end)
+        -- the app's own key that spells the hash is another key
+        assert.is_true((lim:take(hex)))
+        assert.is_false((lim:take(long)))
+        assert.truthy(r.sets["moonserve:ratelimit:h:#" .. hex])
     end)
 end)

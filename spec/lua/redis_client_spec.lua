@@ -33,6 +33,14 @@ describe("moonserve.redis", function()
         assert.equal(1, o.db)
     end)
 
+    it("hides a lone userinfo, the password, where the URL is shown", function()
+        local _, err = redis.options("redis://s3cret@h/x")
+        assert.is_nil(err:find("s3cret", 1, true), err)
+        assert.matches("redis://%*%*%*@h/x", err)
+        _, err = redis.options("redis://:s3cret@h/x")
+        assert.is_nil(err:find("s3cret", 1, true), err)
+    end)
+
     it("reads rediss://, redis+unix:// and redis+sentinel:// URLs", function()
         local o = assert(redis.options("rediss://h:6390?sni=cache.test&insecure=1"))
         assert.is_true(o.tls)
@@ -177,7 +185,8 @@ describe("moonserve.redis", function()
 
     it("calls a broken stream a bad reply, and a cut one a partial one", function()
         for _, bad in ipairs({ "?what\r\n", "$abc\r\n", "*x\r\n", ":zz\r\n",
-            "$999999999999\r\n", string.rep("*1\r\n", 20) .. ":1\r\n" }) do
+            "$999999999999\r\n", string.rep("*1\r\n", 20) .. ":1\r\n", "$-2\r\n",
+            "*-5\r\n" }) do
             local v, err = resp.read(fake(bad))
             assert.is_nil(v)
             assert.equal("bad reply", err, bad)
@@ -193,5 +202,27 @@ describe("moonserve.redis", function()
         assert.equal("e0e1f9fabfc9d4800c877a703b823ac0578ff8db", s.sha)
         assert.equal("return 1", s.src)
         assert.has_error(function() redis.script(1) end)
+    end)
+
+    it("refuses commands that would change a pooled connection's state", function()
+        local r = assert(redis.new("redis://127.0.0.1:1"))
+        local function refused(f)
+            local ok, err = pcall(f)
+            assert.is_false(ok)
+            assert.matches("refused on a pooled connection", err)
+        end
+        for _, verb in ipairs { "SUBSCRIBE", "psubscribe", "MONITOR", "SELECT", "AUTH", "HELLO",
+            "RESET", "WATCH", "MULTI" } do
+            refused(function() r:call(verb, "x") end)
+            refused(function() r:pipeline { { "GET", "k" }, { verb, "x" } } end)
+        end
+        refused(function() r:call("CLIENT", "REPLY", "OFF") end)
+        refused(function() r:pipeline { { "MULTI" }, { "INCR", "k" } } end)
+        refused(function() r:pipeline { { "MULTI" }, { "EXEC" }, { "MULTI" } } end)
+        -- A transaction ended in the same pipeline passes the check (and reaches the socket).
+        local ok, err = pcall(r.pipeline, r, { { "MULTI" }, { "INCR", "k" }, { "EXEC" } })
+        assert.is_falsy(not ok and tostring(err):find("refused"))
+        ok, err = pcall(r.call, r, "CLIENT", "ID")
+        assert.is_falsy(not ok and tostring(err):find("refused"))
     end)
 end)

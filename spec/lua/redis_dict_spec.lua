@@ -83,4 +83,26 @@ describe("moonserve.redis.dict", function()
             assert.equal("shared dictionary 'sessions': " .. c[2], err)
         end
     end)
+
+    it("refuses a prefix that overlaps another one's on the same server and db", function()
+        local url = "redis://127.0.0.1:1/14"
+        assert(dict.new("ov", { redis = url }))
+        assert(dict.new("ov", { redis = url }), "the same dictionary declared again")
+        local d, err = dict.new("ov:b", { redis = url })
+        assert.is_nil(d)
+        assert.matches("shared dictionary 'ov:b': key prefix \"ov:b:\" overlaps shared "
+            .. "dictionary 'ov''s \"ov:\"", err)
+        assert.is_nil(dict.new("o", { redis = url, prefix = "o" }))
+        -- Another db, or a prefix that neither starts nor is started by one in use: fine.
+        assert(dict.new("ov:b", { redis = "redis://127.0.0.1:1/15" }))
+        assert(dict.new("ov2", { redis = url }))
+        -- Session stores and fleet rate limits claim theirs in the same place.
+        local session = require "moonserve.session"
+        assert.has_error(function() session.redis_store(url, { prefix = "ov:s:" }) end)
+        assert(session.redis_store(url, { prefix = "ovs:" }))
+        local ratelimit = require "moonserve.ratelimit"
+        assert.has_error(function()
+            ratelimit.new { limit = 5, window = 60, fleet = url, prefix = "ov2:" }
+        end)
+    end)
 end)

@@ -105,9 +105,10 @@ local function cache_put(self, key, raw)
 end
 
 --- A dictionary `name` on the Redis that `opts.redis` names (a URL or a table of
--- moonserve.redis options), its keys under `opts.prefix` (default "NAME:"); other keys of
--- opts are the client's options (timeout, pool_size, ...). Returns the dictionary, or nil and
--- one line saying what is wrong.
+-- moonserve.redis options), its keys under `opts.prefix` (default "NAME:"; refused when it
+-- starts, or starts with, another dictionary's, session store's or rate limit's prefix on
+-- the same server and db); other keys of opts are the client's options (timeout,
+-- pool_size, ...). Returns the dictionary, or nil and one line saying what is wrong.
 function _M.new(name, opts)
     local spec = opts.redis
     if spec == nil then
@@ -129,6 +130,11 @@ function _M.new(name, opts)
     end
     local self = setmetatable({ name = name, redis = client,
         prefix = opts.prefix or (name .. ":") }, Dict)
+    local ok
+    ok, err = redis.claim_prefix(client, self.prefix, "shared dictionary '" .. name .. "'")
+    if not ok then
+        return nil, err
+    end
     if opts.cache ~= nil then
         self.cache, err = cache_options(name, opts.cache)
         if not self.cache then

@@ -66,6 +66,32 @@ function _M.new(spec, opts)
     return self
 end
 
+-- Key prefixes in use in this process, by where their keys live (server and db): a prefix
+-- that starts another would let one user's SCAN, flush or count take the other's keys.
+local claimed = {}
+
+--- Claims `prefix` on the client's server and db for `owner` (a name for messages): nil and
+-- one line when it starts, or starts with, a prefix another owner claimed there.
+function _M.claim_prefix(client, prefix, owner)
+    local o = type(client) == "table" and type(client.o) == "table" and client.o or {}
+    local place = format("%s:%s/%s", tostring(o.path or o.master or o.host),
+        tostring(o.port), tostring(o.db))
+    local mine = claimed[place]
+    if not mine then
+        mine = {}
+        claimed[place] = mine
+    end
+    for p, who in pairs(mine) do
+        if who ~= owner and (sub(p, 1, #prefix) == prefix or sub(prefix, 1, #p) == p) then
+            return nil, format("%s: key prefix %q overlaps %s's %q (one would see, count or "
+                .. "delete the other's keys): give one of them another prefix", owner, prefix,
+                who, p)
+        end
+    end
+    mine[prefix] = owner
+    return true
+end
+
 -- -- Connections ---------------------------------------------------------------------------
 
 local sockets -- the host's socket module, once asked for
@@ -329,11 +355,53 @@ end
 
 -- -- Calls ---------------------------------------------------------------------------------
 
+-- Commands that leave a connection in another state than the pool promises (its db and user,
+-- in step with one reply per command): refused in call and pipeline, since the connection
+-- goes back to the pool for the next borrower. Pub/sub has subscribe(); db and user are the
+-- client's options; MULTI is allowed in a pipeline that also ends it (EXEC or DISCARD).
+local STATEFUL = {
+    SUBSCRIBE = "use subscribe()", PSUBSCRIBE = "use psubscribe()",
+    SSUBSCRIBE = "use subscribe()", MONITOR = "it streams without end", SYNC = "replication",
+    PSYNC = "replication", SELECT = "the db is the client's option", AUTH = "the user is "
+    .. "the client's option", HELLO = "the client speaks RESP2", RESET = "the pool keeps "
+    .. "AUTH and SELECT", WATCH = "it spans round trips", MULTI = "pipeline it with EXEC",
+}
+
+-- Raises for a command that would change the pooled connection's state (see STATEFUL).
+local function check_stateless(cmds, level)
+    local open = false
+    for i = 1, #cmds do
+        local verb = type(cmds[i]) == "table" and cmds[i][1]
+        verb = type(verb) == "string" and verb:upper() or ""
+        local why = STATEFUL[verb]
+        if verb == "MULTI" and #cmds > 1 then
+            why, open = nil, true
+        elseif verb == "EXEC" or verb == "DISCARD" then
+            open = false
+        elseif verb == "CLIENT" and type(cmds[i][2]) == "string"
+            and cmds[i][2]:upper() == "REPLY" then
+            why = "replies must stay one per command"
+        end
+        if why then
+            error(format("redis: %s is refused on a pooled connection (%s)", verb, why),
+                level + 1)
+        end
+    end
+    if open then
+        error("redis: MULTI is refused on a pooled connection (end it with EXEC or DISCARD "
+            .. "in the same pipeline)", level + 1)
+    end
+end
+
 --- One command: its reply (a string, a number, a table, redis.null); nil, "ERR ...", true
--- for an error reply; nil and an error ("timeout", "closed", ...) for a failure.
+-- for an error reply; nil and an error ("timeout", "closed", ...) for a failure. Commands
+-- that change the connection's state (SUBSCRIBE, PSUBSCRIBE, MONITOR, SELECT, AUTH, HELLO,
+-- RESET, WATCH, MULTI, CLIENT REPLY) raise an error: the connection goes back to the pool.
 -- @usage local v, err = r:call("SET", "k", "v", "EX", 10)
 function Client:call(...)
-    local v, err = run(self, nil, { ... })
+    local cmd = { ... }
+    check_stateless({ cmd }, 2)
+    local v, err = run(self, nil, cmd)
     if v == nil then
         return nil, err
     end
@@ -344,7 +412,8 @@ function Client:call(...)
 end
 
 --- Several commands, one round trip: a list of replies (an error reply as a value for which
--- redis.is_error is true), or nil and an error.
+-- redis.is_error is true), or nil and an error. Refuses what call refuses, except MULTI
+-- when the pipeline also ends it with EXEC or DISCARD (a transaction in one round trip).
 function Client:pipeline(cmds)
     if type(cmds) ~= "table" then
         error("bad argument #1 to 'pipeline' (a list of commands expected)", 2)
@@ -352,6 +421,7 @@ function Client:pipeline(cmds)
     if #cmds == 0 then
         return {}
     end
+    check_stateless(cmds, 2)
     return run(self, cmds)
 end
 

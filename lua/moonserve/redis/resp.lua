@@ -90,7 +90,8 @@ read = function(sock, depth)
     local kind = byte(line)
     if kind == 36 then -- '$' bulk string
         local n = tonumber(sub(line, 2))
-        if not n or n % 1 ~= 0 or n > MAX_BULK then
+        -- (-1 is the one null length; RESP2 has no other negative one)
+        if not n or n % 1 ~= 0 or n > MAX_BULK or n < -1 then
             return nil, "bad reply", true
         end
         if n < 0 then
@@ -114,7 +115,7 @@ read = function(sock, depth)
         return setmetatable({ error = sub(line, 2) }, Err)
     elseif kind == 42 then -- '*' array
         local n = tonumber(sub(line, 2))
-        if not n or n % 1 ~= 0 or n > MAX_BULK or depth >= MAX_DEPTH then
+        if not n or n % 1 ~= 0 or n > MAX_BULK or n < -1 or depth >= MAX_DEPTH then
             return nil, "bad reply", true
         end
         if n < 0 then

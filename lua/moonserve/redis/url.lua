@@ -27,9 +27,13 @@ local function unescape(s)
     return (s:gsub("%%(%x%x)", function(h) return char(tonumber(h, 16)) end))
 end
 
--- The URL as it may be shown: its password replaced.
+-- The URL as it may be shown: its password replaced (a lone userinfo is the password).
 local function shown(url)
-    return (url:gsub("^([%w+]+://[^:@/]*:)[^@/]*@", "%1***@"))
+    local out, n = url:gsub("^([%w+]+://[^:@/]*:)[^@/]*@", "%1***@")
+    if n == 0 then
+        out = url:gsub("^([%w+]+://)[^:@/]+@", "%1***@")
+    end
+    return out
 end
 _M.shown = shown
 

@@ -9,6 +9,8 @@ local fleet = {}
 local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
 
 local sh_quote, read_file = helper.sh_quote, helper.read_file
+-- One session secret for every instance: a cookie signed by one is good on the others.
+local SESSION_SECRET = "fleet-spec-session-secret-shared-by-all-instances"
 
 -- Whether `pid` runs: a zombie does not (a process started in the background is the child
 -- of a shell that has exited, and waits to be reaped by whoever adopted it, not always at once).
@@ -83,8 +85,8 @@ end
 -- { proxy =, plain =, agent = } (free ones when missing; `proxy` is a --listen-proxy listener
 -- for HAProxy's PROXY v2, `plain` a plain one for nginx), opts.args: more arguments (default
 -- FLEET_ARGS from the environment, else "--readyz /readyz --drain-delay 1": a run with
--- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.env: variables for it
--- ({ NAME = value }, as fleet.redis_env gives), opts.dir: where its log goes. Returns an
+-- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.redis: the Redis
+-- server (fleet.redis) its sessions and chat use, opts.dir: where its log goes. Returns an
 -- instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its
 -- ports).
 function fleet.instance(opts)
@@ -96,18 +98,13 @@ function fleet.instance(opts)
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
-        local env = {}
-        for k, v in pairs(opts.env or {}) do
-            env[#env + 1] = k .. "=" .. sh_quote(v) .. " "
-        end
-        table.sort(env)
-        local cmd = string.format(table.concat(env) .. "FLEET_INSTANCE=%s " .. BIN
-            .. " %s "
-            .. "--listen-proxy 127.0.0.1:%d --listen 127.0.0.1:%d --workers %d "
+        local redis_url = opts.redis and ("redis://127.0.0.1:" .. opts.redis.port .. "/0") or ""
+        local cmd = string.format("REDIS_URL=%s MOONSERVE_SECRET_SESSION=%s FLEET_INSTANCE=%s "
+            .. BIN .. " %s --listen-proxy 127.0.0.1:%d --listen 127.0.0.1:%d --workers %d "
             .. "--agent-check 127.0.0.1:%d %s",
-            sh_quote(self.name), sh_quote(helper.root .. "/" .. app),
-            ports.proxy, ports.plain, opts.workers or 2, ports.agent,
-            opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")
+            sh_quote(redis_url), SESSION_SECRET, sh_quote(self.name),
+            sh_quote(helper.root .. "/" .. app), ports.proxy, ports.plain, opts.workers or 2,
+            ports.agent, opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")
         self.pid = background(cmd, self.logfile)
         return self
     end
@@ -314,13 +311,6 @@ function fleet.redis(opts)
         fleet.stop_pid(pid, "TERM", 5)
     end
     return r
-end
-
--- What the fleet fixture's instances need to keep their sessions in the Redis `r` (as
--- fleet.redis returns) and chat through it: its URL and one session secret for all.
-function fleet.redis_env(r)
-    return { REDIS_URL = "redis://127.0.0.1:" .. r.port .. "/0",
-        MOONSERVE_SECRET_SESSION = "fleet-spec-session-secret-shared-by-all-instances" }
 end
 
 -- -- Load ---------------------------------------------------------------------------------

@@ -45,6 +45,11 @@ Run by Debian's python3:
   fleet_client.py chat PORT SECONDS
       One WebSocket on /ws/chat: prints "joined=INSTANCE", then "msg=TEXT" for each message,
       for SECONDS, then "done=1".
+
+  fleet_client.py agent-send PORT
+      Three times: connects to an agent-check port, sends a line of its own (as HAProxy's
+      agent-send does), and prints "end=REPLY fin" or "end=REPLY reset" by how the server
+      ended the connection (luasocket reads a reset as a close too).
 """
 import asyncio
 import http.client
@@ -517,6 +522,24 @@ async def chat_one(port, seconds):
     say("done", 1)
 
 
+def agent_send(port):
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"hello agent\n")
+        time.sleep(0.1)  # (the server has answered and closed its side by now)
+        got = b""
+        try:
+            while True:
+                d = s.recv(100)
+                if not d:
+                    break
+                got += d
+            say("end", "%r fin" % got)
+        except ConnectionResetError:
+            say("end", "%r reset" % got)
+        s.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "load":
         load(sys.argv[2:])
@@ -526,3 +549,5 @@ if __name__ == "__main__":
         asyncio.run(ws_one(int(sys.argv[2])))
     elif sys.argv[1] == "chat":
         asyncio.run(chat_one(int(sys.argv[2]), float(sys.argv[3])))
+    elif sys.argv[1] == "agent-send":
+        agent_send(int(sys.argv[2]))

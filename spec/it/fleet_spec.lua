@@ -63,7 +63,7 @@ describe("a rolling restart", function()
     end)
 
     it("behind HAProxy loses no request", function()
-        instances = fleet.instances(3, { dir = dir, env = fleet.redis_env(redis) })
+        instances = fleet.instances(3, { dir = dir, redis = redis })
         -- No retries: the drain alone must keep every request (a balancer's retries would
         -- hide a connection refused or closed under a request).
         balancer = fleet.haproxy(instances, { dir = dir, retries = "    retries 0" })
@@ -86,7 +86,7 @@ describe("a rolling restart", function()
     -- A request under way when its instance stops may still publish (its listeners have
     -- closed, its connections are finishing): the message must reach the other instances.
     it("sends to the other instances what a stopping instance publishes", function()
-        instances = fleet.instances(2, { dir = dir, env = fleet.redis_env(redis),
+        instances = fleet.instances(2, { dir = dir, redis = redis,
             args = "--readyz /readyz --drain-delay 0" })
         local out = dir .. "/listen.out"
         local listener = fleet.background(string.format("%s %s/spec/it/fleet_client.py chat "
@@ -115,7 +115,7 @@ describe("a rolling restart", function()
     end)
 
     it("behind nginx loses no request", function()
-        instances = fleet.instances(3, { dir = dir, env = fleet.redis_env(redis) })
+        instances = fleet.instances(3, { dir = dir, redis = redis })
         balancer = fleet.nginx(instances, { dir = dir })
         load = fleet.load({ h1 = { balancer.port, 6 }, ws = { balancer.port, 3 },
             users = { balancer.port, USERS }, chat = { balancer.port, CHATTERS } },

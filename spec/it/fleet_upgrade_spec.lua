@@ -61,7 +61,7 @@ describe("a rolling upgrade", function()
         for i = 1, 3 do
             local pid_file = dir .. "/i" .. i .. ".pid"
             local inst = fleet.instance { name = "i" .. i, dir = dir, ports = {},
-                env = fleet.redis_env(redis), args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
+                redis = redis, args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
             inst.pid_file = pid_file
             list[i] = inst
         end

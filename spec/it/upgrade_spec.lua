@@ -1,5 +1,7 @@
 -- spec/it/upgrade_spec.lua: USR2 upgrades under load: a new master takes the sockets over.
 local helper = require "helper"
+
+local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
 local socket = require "socket"
 
 local children, wait_for, read_file = helper.children, helper.wait_for, helper.read_file
@@ -72,9 +74,9 @@ describe("moonserve upgrades (USR2)", function()
         assert.equal(2, #children(srv.pid))
         assert.is_true(srv:stop())
         assert.is_nil(io.open(pid_file))
-        local out, status = helper.run(("%s %s --listen 127.0.0.1:0 --workers 0 --pid-file %s "
-            .. "2>&1"):format(helper.sh_quote(helper.bin),
-            helper.sh_quote(helper.root .. "/spec/fixtures/upgrade_app.lua"), pid_file))
+        local out, status = helper.run(BIN .. " " .. helper.sh_quote(helper.root
+            .. "/spec/fixtures/upgrade_app.lua") .. " --listen 127.0.0.1:0 --workers 0 --pid-file "
+            .. pid_file .. " 2>&1")
         assert.is_not.equal(0, status)
         assert.truthy(out:find("pid_file needs workers under a master", 1, true), out)
         assert.is_nil(io.open(pid_file))

@@ -50,7 +50,7 @@ function _M.new(spec, opts)
     end
     local ms = floor(o.timeout * 1000)
     local self = setmetatable({ o = o, ms = ms, idle_ms = floor(o.idle_timeout * 1000),
-        primary = nil, sentinel_at = 1 }, Client)
+        primary = nil, sentinel_at = 1, recheck_at = 0 }, Client)
     -- What tells this client's connections from others' in a pool: the address comes first,
     -- then the database and whose credentials (hashed, never in a name).
     self.key_tail = format("/%d/%s/%s/%s", o.db, o.user or "", fnv((o.user or "") .. "\0"
@@ -164,6 +164,7 @@ local function ask_sentinels(self)
                     elseif type(addr) == "table" and addr[1] and tonumber(addr[2]) then
                         sock:setkeepalive(self.idle_ms, 4)
                         self.sentinel_at = i
+                        self.recheck_at = host.now() + o.sentinel_recheck
                         self.primary = { host = addr[1], port = tonumber(addr[2]) }
                         return self.primary
                     else
@@ -193,15 +194,29 @@ local function connect(self)
         -- where to, and the connect's options: made once a target (a table and a string
         -- per call would be most of a call's garbage)
         local target = self.target
+        if target and self.sentinels and o.sentinel_recheck > 0
+            and host.now() >= self.recheck_at then
+            -- A failover leaves the old primary up and taking writes until Sentinel turns it
+            -- into a replica, which can take seconds: the sentinels are asked again, and a
+            -- new address moves the calls to its own pool. (Sentinels that do not answer
+            -- leave the primary as it is, asked again a period later.)
+            self.recheck_at = host.now() + o.sentinel_recheck
+            local primary = ask_sentinels(self)
+            if primary and (primary.host ~= target.host or primary.port ~= target.port) then
+                target, self.target = nil, nil
+            end
+        end
         if not target then
             local h, p
             if o.path then
                 h = "unix:" .. o.path
             elseif self.sentinels then
-                local primary
-                primary, err = ask_sentinels(self)
+                local primary = self.primary
                 if not primary then
-                    return nil, err
+                    primary, err = ask_sentinels(self)
+                    if not primary then
+                        return nil, err
+                    end
                 end
                 h, p = primary.host, primary.port
             else
@@ -509,6 +524,7 @@ function Client:subscriber()
     if o.tls then
         ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil), not o.insecure)
         if not ok then
+            sock:close()
             return nil, "TLS: " .. tostring(err)
         end
     end

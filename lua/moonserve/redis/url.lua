@@ -11,14 +11,15 @@ local _M = {}
 --- The defaults: a second for each wait (connect, send, a reply), 32 idle connections a
 -- worker kept a minute.
 _M.DEFAULTS = { timeout = 1, pool_size = 32, idle_timeout = 60, port = 6379,
-    sentinel_port = 26379, db = 0 }
+    sentinel_port = 26379, db = 0, sentinel_recheck = 1 }
 
 -- The keys a table (or a URL's query) may hold, and what each must be.
 local KINDS = {
     url = "string", host = "string", port = "port", db = "db", user = "string",
     password = "string", tls = "boolean", insecure = "boolean", sni = "string",
     path = "string", sentinels = "list", master = "string", sentinel_user = "string",
-    sentinel_password = "string", timeout = "seconds", pool_size = "count",
+    sentinel_password = "string", sentinel_recheck = "seconds0", timeout = "seconds",
+    pool_size = "count",
     backlog = "count0", idle_timeout = "seconds0",
 }
 _M.KINDS = KINDS

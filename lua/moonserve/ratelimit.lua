@@ -49,7 +49,7 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
 local n = redis.call('ZCARD', key)
 local ok = 0
 if n < limit then
-  redis.call('ZADD', key, now, now .. '-' .. n)
+  redis.call('ZADD', key, now, string.format('%d-%d', now, n)) -- (now .. would round it)
   redis.call('PEXPIRE', key, math.ceil(window / 1000))
   n, ok = n + 1, 1
 end

@@ -669,18 +669,26 @@ end
 -- @usage app:use(moonserve.sessions{ secret = os.getenv("SESSION_SECRET") })
 function _M.middleware(opts)
     local manager = _M.new(opts)
+    local failing = 0 -- requests refused since the store last answered
     return function(req, res, pass)
         local s, why, failed = manager:load(req)
         if failed then
             -- The store failed (Redis down): a signed-in visitor is not shown as signed out,
-            -- and nothing is saved over the session; one line for each failure.
-            host_log("session store failed: " .. tostring(why))
+            -- and nothing is saved over the session; one line when an outage starts.
+            if failing == 0 then
+                host_log("session store failed: " .. tostring(why) .. " (503 until it answers)")
+            end
+            failing = failing + 1
             local app = rawget(req, "_app")
             res:header("retry-after", "1")
             if type(app) == "table" and app.error then
                 return app:error(req, res, { status = 503 })
             end
             return res:status(503):send("503 Service Unavailable\n")
+        end
+        if failing > 0 then
+            host_log("session store answers again (" .. failing .. " requests refused)")
+            failing = 0
         end
         req.session = s
         res:before_send(function(r)

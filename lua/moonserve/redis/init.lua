@@ -291,13 +291,41 @@ local function stale(err)
     return err == "closed" or err == "connection reset by peer" or err == "broken pipe"
 end
 
+-- Commands that change nothing: the only ones sent again after a stale connection. The pool
+-- drops an idle connection as soon as its close arrives, so a call finds one closed only when
+-- the close crossed it, and then Redis may have run a write before it closed (an INCR would
+-- count twice).
+local READ_ONLY = {}
+for verb in ([[GET MGET GETRANGE STRLEN EXISTS TTL PTTL EXPIRETIME PEXPIRETIME TYPE SCAN
+    KEYS DBSIZE PING ECHO TIME HGET HMGET HGETALL HKEYS HVALS HLEN HEXISTS HSTRLEN HSCAN
+    LRANGE LLEN LINDEX LPOS SMEMBERS SISMEMBER SMISMEMBER SCARD SRANDMEMBER SSCAN ZRANGE
+    ZRANGEBYSCORE ZREVRANGE ZREVRANGEBYSCORE ZRANGEBYLEX ZSCORE ZMSCORE ZCARD ZCOUNT ZRANK
+    ZREVRANK ZSCAN ZLEXCOUNT PFCOUNT GETBIT BITCOUNT BITPOS XRANGE XREVRANGE XLEN
+    EVALSHA_RO EVAL_RO]]):gmatch("%S+") do
+    READ_ONLY[verb] = true
+end
+
+local function read_only(cmds, single)
+    if single then
+        return type(single[1]) == "string" and READ_ONLY[single[1]:upper()] == true
+    end
+    for i = 1, #cmds do
+        local verb = cmds[i][1]
+        if type(verb) ~= "string" or not READ_ONLY[verb:upper()] then
+            return false
+        end
+    end
+    return true
+end
+
 local function readonly(v)
     return is_error(v) and find(v.error, "READONLY", 1, true) ~= nil
 end
 
 -- Runs `cmds` in one round trip on a pooled connection: the list of replies, or nil and an
--- error. A pooled connection found dead before any byte of a reply came is replaced; a
--- READONLY reply (a primary turned replica under a sentinel) makes the client ask anew once.
+-- error. A pooled connection found dead before any byte of a reply came is replaced for
+-- read-only commands; a READONLY reply (a primary turned replica under a sentinel) makes the
+-- client ask anew once.
 local function run(self, cmds, single)
     local tries, asked = self.o.pool_size + 1, false
     local count = single and 1 or #cmds
@@ -337,7 +365,8 @@ local function run(self, cmds, single)
         if err then
             sock:close()
             tries = tries - 1
-            if not (reused and not partial and stale(err) and tries > 0) then
+            if not (reused and not partial and stale(err) and tries > 0
+                and read_only(cmds, single)) then
                 self.primary, self.target = nil, nil
                 return nil, err
             end

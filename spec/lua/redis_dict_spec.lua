@@ -105,4 +105,23 @@ describe("moonserve.redis.dict", function()
             ratelimit.new { limit = 5, window = 60, fleet = url, prefix = "ov2:" }
         end)
     end)
+
+    it("does not cache a value whose read an invalidation crossed", function()
+        local d = assert(dict.new("racy", { redis = "redis://127.0.0.1:1/13",
+            cache = { ttl = 30 } }))
+        local invalidate = d.broadcast.handlers[1] -- (what a broadcast that comes runs)
+        local gets = 0
+        d.redis = { call = function(_, cmd, key)
+            assert.equal("GET", cmd)
+            gets = gets + 1
+            if gets == 1 then -- another instance wrote the key while this GET was out
+                invalidate("k" .. key)
+            end
+            return "s" .. gets
+        end }
+        assert.equal("1", d:get("k")) -- (read before the write landed)
+        assert.equal("2", d:get("k")) -- not cached: asked again
+        assert.equal("2", d:get("k")) -- cached now
+        assert.equal(2, gets)
+    end)
 end)

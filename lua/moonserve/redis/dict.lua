@@ -65,11 +65,15 @@ local function clock()
     return now()
 end
 
+-- `drops` counts invalidations: a GET that one crossed (its reply may hold the value from
+-- before the write) is not cached.
 local function cache_clear(self)
     self.cached, self.ncached = {}, 0
+    self.drops = (self.drops or 0) + 1
 end
 
 local function cache_drop(self, data)
+    self.drops = self.drops + 1
     if data == "*" then
         cache_clear(self)
     elseif sub(data, 1, 1) == "k" then
@@ -289,6 +293,7 @@ function Dict:get(key)
         self.cached[k] = nil
         self.ncached = self.ncached - 1
     end
+    local drops = self.drops
     local v, is_reply
     v, err, is_reply = self.redis:call("GET", k)
     if v == nil then
@@ -297,7 +302,7 @@ function Dict:get(key)
     if v == null then
         return nil
     end
-    if self.cache then
+    if self.cache and self.drops == drops then
         cache_put(self, k, v)
     end
     return unpack(v)

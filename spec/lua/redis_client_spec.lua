@@ -197,6 +197,30 @@ describe("moonserve.redis", function()
         assert.is_true(partial)
     end)
 
+    it("reads a subscriber's messages with a reply's checks; anything else ends it", function()
+        local function sub(data)
+            local s = fake(data)
+            s.settimeouts = function() end
+            s.close = function() s.closed = true end
+            return setmetatable({ sock = s, ms = 1000, closed = false }, redis.Sub), s
+        end
+        local sb, s = sub("*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n"
+            .. "*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n"
+            .. "*4\r\n$8\r\npmessage\r\n$2\r\nc*\r\n$2\r\ncd\r\n$0\r\n\r\n")
+        assert.same({ kind = "message", channel = "c", data = "hi" }, sb:next())
+        assert.same({ kind = "pmessage", pattern = "c*", channel = "cd", data = "" }, sb:next())
+        assert.same({ nil, "closed" }, { sb:next() })
+        assert.is_true(s.closed)
+        for bad, why in pairs({ ["-NOPERM no\r\n"] = "NOPERM no", ["*99999999999\r\n"] = "closed",
+            ["*-1\r\n"] = "closed", ["+OK\r\n"] = "closed", ["*x\r\n"] = "closed",
+            [string.rep("*1\r\n", 20) .. ":1\r\n"] = "closed" }) do
+            sb, s = sub(bad)
+            assert.same({ nil, why }, { sb:next() }, bad)
+            assert.is_true(s.closed, bad)
+            assert.same({ nil, "closed" }, { sb:next() })
+        end
+    end)
+
     it("names a script by its SHA-1, as EVALSHA wants", function()
         local s = redis.script("return 1")
         assert.equal("e0e1f9fabfc9d4800c877a703b823ac0578ff8db", s.sha)

@@ -516,6 +516,7 @@ end
 -- -- Pub/sub -------------------------------------------------------------------------------
 
 local Sub = {}
+_M.Sub = Sub
 Sub.__index = Sub
 
 -- A day: a wait with no timeout given (inside nginx each timeout is a line of its log).
@@ -625,32 +626,13 @@ function Sub:next(timeout)
             return nil, err == "timeout" and "closed" or err
         end
         sock:settimeouts(self.ms, self.ms, self.ms)
-        local v
-        if first == "*" then
-            -- (the array's head, then its elements, read as resp.read would)
-            local line
-            line, err = sock:receive()
-            local n = line and tonumber(line)
-            if not n then
-                self:close()
-                return nil, err or "closed"
-            end
-            v = {}
-            for i = 1, n do
-                local e
-                e, err = read(sock)
-                if e == nil then
-                    self:close()
-                    return nil, err
-                end
-                v[i] = e
-            end
-        else
+        local line = sock:receive()
+        local v = line and read(sock, first .. line)
+        if type(v) ~= "table" or is_error(v) or v == resp.null then
             -- anything but an array here is an error reply or a broken stream
-            local line = sock:receive()
             self:close()
-            if first == "-" and line then
-                return nil, line
+            if is_error(v) then
+                return nil, v.error
             end
             return nil, "closed"
         end

@@ -82,10 +82,13 @@ local read
 
 -- One reply: the value (a string, a number, a table, null or an Err), or nil and the error
 -- of the stream and whether any byte of the reply had come ("closed", "timeout", "bad reply").
-read = function(sock, depth)
-    local line, err = sock:receive()
+read = function(sock, depth, line)
+    local err
     if not line then
-        return nil, err, false
+        line, err = sock:receive()
+        if not line then
+            return nil, err, false
+        end
     end
     local kind = byte(line)
     if kind == 36 then -- '$' bulk string
@@ -136,8 +139,9 @@ read = function(sock, depth)
 end
 
 --- Reads one reply from `sock`: the value, or nil, an error and whether part of it came.
-function _M.read(sock)
-    return read(sock, 0)
+-- `line`: its first line when the caller has read it already.
+function _M.read(sock, line)
+    return read(sock, 0, line)
 end
 
 return _M

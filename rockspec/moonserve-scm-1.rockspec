@@ -115,6 +115,7 @@ build = {
          ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
          ["moonserve.ratelimit"] = "lua/moonserve/ratelimit.lua",
+         ["moonserve.reconnect"] = "lua/moonserve/reconnect.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",
          ["moonserve.shared"] = "lua/moonserve/shared.lua",
          ["moonserve.socket"] = "lua/moonserve/socket.lua",

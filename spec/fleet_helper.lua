@@ -3,6 +3,7 @@
 -- Everything is started on free loopback ports, in a temporary directory, and stopped by PID.
 local socket = require "socket"
 local helper = require "helper"
+local luassert = require "luassert"
 
 local fleet = {}
 
@@ -86,15 +87,20 @@ end
 -- for HAProxy's PROXY v2, `plain` a plain one for nginx), opts.args: more arguments (default
 -- FLEET_ARGS from the environment, else "--readyz /readyz --drain-delay 1": a run with
 -- "--readyz /readyz --drain-delay 0" shows what the delay saves), opts.redis: the Redis
--- server (fleet.redis) its sessions and chat use, opts.dir: where its log goes. Returns an
--- instance with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its
--- ports).
+-- server (fleet.redis) its sessions and chat use, opts.dir: where its log (and its pid file,
+-- with opts.pid_file = true: --pid-file DIR/NAME.pid, in .pid_file) goes. Returns an instance
+-- with .pid, .ports, .log(), :ready(), :stop(sig), and :replace() (a new one on its ports).
 function fleet.instance(opts)
     local ports = opts.ports or {}
     ports.proxy = ports.proxy or helper.free_port()
     ports.plain = ports.plain or helper.free_port()
     ports.agent = ports.agent or helper.free_port()
     local inst = { name = opts.name or "i", ports = ports, opts = opts, generation = 1 }
+    local args = opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1"
+    if opts.pid_file then
+        inst.pid_file = (opts.dir or "/tmp") .. "/" .. inst.name .. ".pid"
+        args = args .. " --pid-file " .. sh_quote(inst.pid_file)
+    end
     function inst:start()
         self.logfile = (opts.dir or "/tmp") .. "/" .. self.name .. "." .. self.generation .. ".log"
         local app = opts.app or "spec/fixtures/fleet.lua"
@@ -104,7 +110,7 @@ function fleet.instance(opts)
             .. "--agent-check 127.0.0.1:%d %s",
             sh_quote(redis_url), SESSION_SECRET, sh_quote(self.name),
             sh_quote(helper.root .. "/" .. app), ports.proxy, ports.plain, opts.workers or 2,
-            ports.agent, opts.args or os.getenv("FLEET_ARGS") or "--readyz /readyz --drain-delay 1")
+            ports.agent, args)
         self.pid = background(cmd, self.logfile)
         return self
     end
@@ -301,16 +307,74 @@ end
 function fleet.redis(opts)
     opts = opts or {}
     local dir = opts.dir or fleet.tempdir()
-    local port = helper.free_port()
-    local pid = background(string.format("%s --port %d --bind 127.0.0.1 --save '' "
-        .. "--appendonly no --dir %s", helper.tool("redis-server"), port, sh_quote(dir)),
-        dir .. "/redis." .. port .. ".log")
-    helper.wait_port(port)
+    local pid, port = helper.redis_server(nil, nil, dir)
     local r = { port = port, pid = pid, dir = dir }
     function r.stop()
         fleet.stop_pid(pid, "TERM", 5)
     end
     return r
+end
+
+-- -- A rolling case -------------------------------------------------------------------------
+
+-- The users and chat clients of a rolling case's load.
+fleet.USERS, fleet.CHATTERS = 30, 6
+
+-- What a rolling case runs in: a temporary folder and a Redis (world.dir, world.redis). The
+-- case keeps what it starts in world.instances, world.balancer and world.load;
+-- world:finish() ends them all.
+function fleet.world()
+    local w = { dir = fleet.tempdir() }
+    w.redis = fleet.redis { dir = w.dir }
+    -- Starts the load through the balancer: `targets` (fleet.load's) and USERS users and
+    -- CHATTERS chat clients, whose sessions are tried on each instance after the load.
+    function w:start_load(targets)
+        local ports = {}
+        for i, inst in ipairs(self.instances) do
+            ports[i] = inst.ports.plain
+        end
+        targets.users = { self.balancer.port, fleet.USERS }
+        targets.chat = { self.balancer.port, fleet.CHATTERS }
+        self.load = fleet.load(targets, { dir = self.dir, check_ports = ports })
+        return self.load
+    end
+    -- Stops the load and checks what it saw (fleet.report).
+    function w:check_load(name)
+        local counts = self.load.finish()
+        self.load = nil
+        fleet.report(name, counts, #self.instances)
+    end
+    function w:finish()
+        if self.load then
+            self.load.finish()
+        end
+        if self.balancer then
+            self.balancer.stop()
+        end
+        for _, inst in ipairs(self.instances or {}) do
+            inst:stop("KILL", 1)
+        end
+        self.redis.stop()
+        fleet.cleanup(self.dir)
+    end
+    return w
+end
+
+-- Prints what a rolling case's load saw (the spec's output is the report of the run) and
+-- checks it: enough load, no failed request, every session and chat message kept.
+function fleet.report(name, counts, n_instances)
+    print(string.format("%s: %d requests and echoes, %d failed (h1 %d/%d, h2 %d/%d, ws %d/%d, "
+        .. "WebSockets closed 1001 and reopened %d)", name, counts.ok + counts.failed,
+        counts.failed, counts.h1_ok or 0, counts.h1_failed or 0, counts.h2_ok or 0,
+        counts.h2_failed or 0, counts.ws_ok or 0, counts.ws_failed or 0,
+        counts.ws_going_away_ok or 0))
+    for _, f in ipairs(counts.failures) do
+        print("  failure: " .. f)
+    end
+    luassert.is_true(counts.done, counts.text)
+    luassert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
+    luassert.equal(0, counts.failed)
+    luassert.same({}, fleet.sessions_and_chat(name, counts, fleet.USERS, n_instances))
 end
 
 -- -- Load ---------------------------------------------------------------------------------

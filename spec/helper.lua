@@ -9,6 +9,34 @@ int unsetenv(const char *name);
 
 local helper = {}
 
+-- Sets `name` in this process's environment (what a server or a command started from here
+-- inherits), or unsets it when `value` is nil.
+function helper.setenv(name, value)
+    if value == nil then
+        ffi.C.unsetenv(name)
+    else
+        ffi.C.setenv(name, tostring(value), 1)
+    end
+end
+
+-- Runs fn() with the variables of `env` set, then puts back what they were; returns fn's
+-- results (and raises its error after putting them back).
+function helper.with_env(env, fn)
+    local was = {}
+    for k, v in pairs(env) do
+        was[k] = os.getenv(k) or false
+        helper.setenv(k, v)
+    end
+    local out = { pcall(fn) }
+    for k, v in pairs(was) do
+        helper.setenv(k, v or nil)
+    end
+    if not out[1] then
+        error(out[2], 0)
+    end
+    return unpack(out, 2, table.maxn(out))
+end
+
 local ROOT = os.getenv("MOONSERVE_SRC") or "."
 helper.root = ROOT
 local BIN = os.getenv("MOONSERVE_BIN") or (ROOT .. "/lua/bin/moonserve")
@@ -53,15 +81,12 @@ function helper.spawn_server(opts)
         "3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- & echo $!", sh_quote(BIN), app,
         opts.bare and "" or "--listen 127.0.0.1:0 --workers 0", opts.args or "", sh_quote(log))
     -- The server's environment is this process's, with opts.env set while it starts.
-    for k, v in pairs(opts.env or {}) do
-        ffi.C.setenv(k, tostring(v), 1)
-    end
-    local p = io.popen(cmd)
-    local pid = p:read("*l")
-    p:close()
-    for k in pairs(opts.env or {}) do
-        ffi.C.unsetenv(k)
-    end
+    local pid = helper.with_env(opts.env or {}, function()
+        local p = io.popen(cmd)
+        local pid = p:read("*l")
+        p:close()
+        return pid
+    end)
     local port
     for _ = 1, 200 do -- 10 s at most
         port = read_file(logfile):match("listening on https?://[^ ]+:(%d+)/")
@@ -426,6 +451,38 @@ function helper.simulate(app, method, path, opts)
     assert(r.status, "no response: " .. r.raw)
     r.headers["set-cookie"] = r.cookies[#r.cookies]
     return r.status, r.headers, r.body
+end
+
+-- Makes a CA (DIR/ca.pem, ca.key, its name `ca_name`) and a certificate it signed for
+-- 127.0.0.1 alone, no DNS name (DIR/leaf.pem, leaf.key): what a test server speaks TLS with.
+function helper.test_certs(dir, ca_name)
+    local function openssl(args)
+        return helper.sh(helper.tool("openssl") .. " " .. args .. " 2>&1")
+    end
+    local q = sh_quote
+    openssl(string.format("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+        .. "-keyout %s -out %s -days 2 -subj /CN=%s -addext "
+        .. "basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign",
+        q(dir .. "/ca.key"), q(dir .. "/ca.pem"), ca_name))
+    openssl(string.format("req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+        .. "-keyout %s -out %s -subj /CN=127.0.0.1", q(dir .. "/leaf.key"),
+        q(dir .. "/leaf.csr")))
+    helper.write_file(dir .. "/leaf.ext", "subjectAltName=IP:127.0.0.1\n")
+    openssl(string.format("x509 -req -in %s -CA %s -CAkey %s -CAcreateserial -days 2 "
+        .. "-extfile %s -out %s", q(dir .. "/leaf.csr"), q(dir .. "/ca.pem"),
+        q(dir .. "/ca.key"), q(dir .. "/leaf.ext"), q(dir .. "/leaf.pem")))
+end
+
+-- Starts Debian's redis-server on loopback `port` (a free one when nil), with no persistence
+-- and its files in `dir` (a replica writes the primary's snapshot there; default /tmp), and
+-- `args` more; waits until it listens. Returns its pid and port.
+function helper.redis_server(port, args, dir)
+    port = port or helper.free_port()
+    local pid = helper.background(string.format("%s --port %d --bind 127.0.0.1 --save '' "
+        .. "--appendonly no --daemonize no --dir %s %s", helper.tool("redis-server"), port,
+        helper.sh_quote(dir or "/tmp"), args or ""))
+    helper.wait_port(port)
+    return pid, port
 end
 
 -- A RESP command to the Redis at `port` from the spec itself (not through moonserve); the

@@ -14,6 +14,7 @@
 -- lua-resty-mlcache takes (register_listeners, broadcast(channel, data), poll(timeout)).
 -- @module moonserve.fanout
 local host = require "moonserve.host"
+local reconnect = require "moonserve.reconnect"
 local shared = require "moonserve.shared"
 
 local type, tostring, tonumber, pairs, ipairs, next, pcall, setmetatable, error = type,
@@ -36,8 +37,6 @@ _M.DICT_SIZE = "8m"
 _M.STATE_DICT = "moonserve_fanout_state"
 _M.STATE_DICT_SIZE = "256k"
 
--- Reconnection backoff, in seconds: the first wait, doubling up to the last.
-local BACKOFF_MIN, BACKOFF_MAX = 0.1, 5
 -- A subscriber's longest wait for a message: it then looks whether the worker stops.
 local READ_WAIT = 0.5
 -- Seconds a claim on a message (topic, instance, sequence) is kept: far longer than two
@@ -410,20 +409,8 @@ local function reader(premature, b)
         b.reading = false
         return
     end
-    local backoff = BACKOFF_MIN
-    while not stopping() do
-        local t0 = host.now()
-        local err = session(b)
-        if err == nil or stopping() then
-            break
-        end
-        if host.now() - t0 > 10 then
-            backoff = BACKOFF_MIN -- (it had been up a while: a new outage)
-        end
-        went_down(b, err)
-        host.sleep(backoff)
-        backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
-    end
+    reconnect.loop(function() return session(b) end, function(err) went_down(b, err) end,
+        stopping)
     b.reading = false
     if b.up then
         b.up = false
@@ -509,7 +496,7 @@ local function drop_queue(b)
 end
 
 -- The writer task: sends what is queued, BATCH publishes to a pipeline. After a pipeline
--- Redis took nothing of, it waits as the reader does (BACKOFF_MIN doubling to BACKOFF_MAX)
+-- Redis took nothing of, it waits as the reader does (moonserve.reconnect's backoff)
 -- rather than connect again at the rate of the publishes; the queue's cap still holds. At the
 -- worker's stop it sends what is left while Redis takes it, and counts the rest as failed
 -- (what requests still under way publish after that, publish() sends itself).
@@ -519,7 +506,7 @@ local function writer(premature, b)
         drop_queue(b)
         return
     end
-    local backoff = BACKOFF_MIN
+    local backoff = reconnect.backoff()
     while not stopping() do
         if b.qh > b.qt then
             b.waiting = true
@@ -530,10 +517,9 @@ local function writer(premature, b)
             end
         else
             if send(b) then
-                backoff = BACKOFF_MIN
+                backoff:reset()
             else
-                host.sleep(backoff)
-                backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
+                backoff:wait()
             end
         end
     end
@@ -905,8 +891,8 @@ function _M.prepare(app)
             start_poller(bc)
         end
     end)
-    local metrics = host.module("metrics")
-    if metrics.section then
+    local has, metrics = pcall(host.module, "metrics") -- (nginx has no metrics of ours)
+    if has and metrics.section then
         metrics.section(_M.metrics_text)
     end
 end

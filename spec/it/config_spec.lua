@@ -4,7 +4,6 @@
 -- stopping the start with the variable's name and what it accepts; the configuration file
 -- per environment and the secrets (moonserve.config, moonserve.secret): read once by the
 -- master, handed to its workers, read again on a reload.
-local ffi = require "ffi"
 local helper = require "helper"
 local socket = require "socket"
 local cjson = require "cjson"
@@ -26,18 +25,12 @@ local function refused(port)
     return c == nil
 end
 
--- `moonserve ARGS` with `env` set (a table; helper.lua declared setenv), its output and
--- exit status.
+-- `moonserve ARGS` with `env` set (a table), its output and exit status.
 local function moonserve(args, env)
-    for k, v in pairs(env) do
-        ffi.C.setenv(k, v, 1)
-    end
     -- (At most 10 s: a start that went ahead would serve until stopped.)
-    local out, status = helper.run("timeout 10 " .. BIN .. " " .. args .. " 2>&1")
-    for k in pairs(env) do
-        ffi.C.unsetenv(k)
-    end
-    return out, status
+    return helper.with_env(env, function()
+        return helper.run("timeout 10 " .. BIN .. " " .. args .. " 2>&1")
+    end)
 end
 
 describe("settings from the environment", function()

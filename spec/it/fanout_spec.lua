@@ -49,11 +49,32 @@ local function metric(port, name)
     return tonumber(text:match("\n" .. name .. " (%S+)"))
 end
 
-local function start_redis(port)
-    local pid = helper.background(string.format("%s --port %d --bind 127.0.0.1 --save '' "
-        .. "--appendonly no --daemonize no", helper.tool("redis-server"), port))
-    helper.wait_port(port)
-    return pid
+local start_redis = helper.redis_server
+
+-- A Redis on a free port, then `n` instances of opts.app (nil: the demo) of opts.workers
+-- workers (default 2), each given the Redis's URL in opts.var (default FANOUT_REDIS; with
+-- opts.auth, "user:pw@" in it) and opts.args; opts.prepare(rport) runs in between. Returns
+-- { rport =, redis_pid =, servers = { ... }, stop = function }.
+local function start_fleet(n, opts)
+    local f = { servers = {} }
+    f.redis_pid, f.rport = start_redis()
+    if opts.prepare then
+        opts.prepare(f.rport)
+    end
+    for i = 1, n do
+        f.servers[i] = helper.spawn_server { app = opts.app, bare = true,
+            env = { [opts.var or "FANOUT_REDIS"] = "redis://" .. (opts.auth or "") .. "127.0.0.1:"
+                .. f.rport },
+            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers "
+                .. (opts.workers or 2) .. " " .. (opts.args or "") }
+    end
+    function f.stop()
+        for _, srv in ipairs(f.servers) do
+            srv:stop()
+        end
+        helper.stop_pid(f.redis_pid)
+    end
+    return f
 end
 
 describe("fan-out across three instances over Redis", function()
@@ -61,13 +82,9 @@ describe("fan-out across three instances over Redis", function()
     local servers, ports = {}, {}
 
     setup(function()
-        rport = helper.free_port()
-        redis_pid = start_redis(rport)
+        local f = start_fleet(3, { app = "spec/fixtures/fanout.lua" })
+        rport, redis_pid, servers = f.rport, f.redis_pid, f.servers
         for i = 1, 3 do
-            local p = helper.free_port()
-            servers[i] = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
-                env = { FANOUT_REDIS = "redis://127.0.0.1:" .. rport },
-                args = "--listen 127.0.0.1:" .. p .. " --workers 2" }
             ports[i] = servers[i].port
         end
         for i = 1, 3 do
@@ -275,24 +292,15 @@ describe("a broadcast with no Redis", function()
 end)
 
 describe("the demo site on two instances and a Redis", function()
-    local rport, redis_pid
-    local servers = {}
+    local demo, rport, servers
 
     setup(function()
-        rport = helper.free_port()
-        redis_pid = start_redis(rport)
-        for i = 1, 2 do
-            servers[i] = helper.spawn_server { bare = true,
-                env = { REDIS_URL = "redis://127.0.0.1:" .. rport },
-                args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 2" }
-        end
+        demo = start_fleet(2, { var = "REDIS_URL" })
+        rport, servers = demo.rport, demo.servers
     end)
 
     teardown(function()
-        for _, s in ipairs(servers) do
-            s:stop()
-        end
-        helper.stop_pid(redis_pid)
+        demo.stop()
     end)
 
     it("shares its counter and its chat between the instances", function()
@@ -307,21 +315,19 @@ describe("the demo site on two instances and a Redis", function()
 end)
 
 describe("a Redis that refuses the subscription (an ACL without the channels)", function()
-    local rport, redis_pid, srv
+    local f, srv
 
     setup(function()
-        rport = helper.free_port()
-        redis_pid = start_redis(rport)
-        assert.equal("+OK", helper.redis_cmd(rport,
-            "ACL SETUSER app on >pw ~* +@all resetchannels"))
-        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
-            env = { FANOUT_REDIS = "redis://app:pw@127.0.0.1:" .. rport },
-            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1" }
+        f = start_fleet(1, { app = "spec/fixtures/fanout.lua", workers = 1, auth = "app:pw@",
+            prepare = function(rport)
+                assert.equal("+OK", helper.redis_cmd(rport,
+                    "ACL SETUSER app on >pw ~* +@all resetchannels"))
+            end })
+        srv = f.servers[1]
     end)
 
     teardown(function()
-        srv:stop()
-        helper.stop_pid(redis_pid)
+        f.stop()
     end)
 
     it("is one outage that lasts, logged once: never up, never resubscribed, no purges",
@@ -342,21 +348,17 @@ describe("a Redis that refuses the subscription (an ACL without the channels)", 
 end)
 
 describe("the fanout_queue limit", function()
-    local rport, redis_pid, srv
+    local f, srv
 
     setup(function()
-        rport = helper.free_port()
-        redis_pid = start_redis(rport)
-        srv = helper.spawn_server { app = "spec/fixtures/fanout.lua", bare = true,
-            env = { FANOUT_REDIS = "redis://127.0.0.1:" .. rport },
-            args = "--listen 127.0.0.1:" .. helper.free_port() .. " --workers 1 "
-                .. "--limit fanout_queue=5" }
+        f = start_fleet(1, { app = "spec/fixtures/fanout.lua", workers = 1,
+            args = "--limit fanout_queue=5" })
+        srv = f.servers[1]
         assert(helper.wait_for(function() return stats(srv.port).up == 1 end))
     end)
 
     teardown(function()
-        srv:stop()
-        helper.stop_pid(redis_pid)
+        f.stop()
     end)
 
     it("fails the oldest publishes past it, counted, and sends the rest", function()

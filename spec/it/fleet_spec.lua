@@ -12,83 +12,42 @@
 local helper = require "helper"
 local fleet = require "fleet_helper"
 
--- Prints what the load saw (the spec's output is the report of the run) and checks it.
-local USERS, CHATTERS = 30, 6
-
-local function report(name, counts)
-    print(string.format("%s: %d requests and echoes, %d failed (h1 %d/%d, h2 %d/%d, ws %d/%d, "
-        .. "WebSockets closed 1001 and reopened %d)", name, counts.ok + counts.failed,
-        counts.failed, counts.h1_ok or 0, counts.h1_failed or 0, counts.h2_ok or 0,
-        counts.h2_failed or 0, counts.ws_ok or 0, counts.ws_failed or 0,
-        counts.ws_going_away_ok or 0))
-    for _, f in ipairs(counts.failures) do
-        print("  failure: " .. f)
-    end
-    assert.is_true(counts.done, counts.text)
-    assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
-    assert.equal(0, counts.failed)
-    assert.same({}, fleet.sessions_and_chat(name, counts, USERS, 3))
-end
-
--- The instances' plain ports, where the sessions are tried one by one after the roll.
-local function plain_ports(instances)
-    local ports = {}
-    for i, inst in ipairs(instances) do
-        ports[i] = inst.ports.plain
-    end
-    return ports
-end
-
 describe("a rolling restart", function()
-    local dir, instances, balancer, load, redis
+    local w
 
     before_each(function()
-        dir = fleet.tempdir()
-        redis = fleet.redis { dir = dir }
+        w = fleet.world()
     end)
 
     after_each(function()
-        if load then
-            load.finish()
-        end
-        if balancer then
-            balancer.stop()
-        end
-        for _, inst in ipairs(instances or {}) do
-            inst:stop("KILL", 1)
-        end
-        redis.stop()
-        load, balancer, instances, redis = nil, nil, nil, nil
-        fleet.cleanup(dir)
+        w:finish()
     end)
 
     it("behind HAProxy loses no request", function()
-        instances = fleet.instances(3, { dir = dir, redis = redis })
+        w.instances = fleet.instances(3, { dir = w.dir, redis = w.redis })
         -- No retries: the drain alone must keep every request (a balancer's retries would
         -- hide a connection refused or closed under a request).
-        balancer = fleet.haproxy(instances, { dir = dir, retries = "    retries 0" })
+        local balancer = fleet.haproxy(w.instances, { dir = w.dir, retries = "    retries 0" })
+        w.balancer = balancer
         assert.is_true(balancer.all_up(), balancer.log())
-        load = fleet.load({ h1 = { balancer.port, 6 }, h2 = { balancer.port, 3 },
-            ws = { balancer.port, 3 }, users = { balancer.port, USERS },
-            chat = { balancer.port, CHATTERS } }, { dir = dir,
-            check_ports = plain_ports(instances) })
+        w:start_load { h1 = { balancer.port, 6 }, h2 = { balancer.port, 3 },
+            ws = { balancer.port, 3 } }
         helper.wait_for(function() return false end, 1) -- (the load under way)
-        local unclean = fleet.roll(instances, function()
+        local unclean = fleet.roll(w.instances, function()
             assert.is_true(balancer.all_up(), balancer.log())
         end)
         helper.wait_for(function() return false end, 1)
-        local counts = load.finish()
-        load = nil
-        report("haproxy", counts)
+        w:check_load("haproxy")
         assert.equal(0, unclean)
     end)
 
     -- A request under way when its instance stops may still publish (its listeners have
     -- closed, its connections are finishing): the message must reach the other instances.
     it("sends to the other instances what a stopping instance publishes", function()
-        instances = fleet.instances(2, { dir = dir, redis = redis,
+        local instances = fleet.instances(2, { dir = w.dir, redis = w.redis,
             args = "--readyz /readyz --drain-delay 0" })
-        local out = dir .. "/listen.out"
+        w.instances = instances
+        local out = w.dir .. "/listen.out"
         local listener = fleet.background(string.format("%s %s/spec/it/fleet_client.py chat "
             .. "%d 8", helper.tool("websockets"), helper.sh_quote(helper.root),
             instances[2].ports.plain), out)
@@ -115,17 +74,13 @@ describe("a rolling restart", function()
     end)
 
     it("behind nginx loses no request", function()
-        instances = fleet.instances(3, { dir = dir, redis = redis })
-        balancer = fleet.nginx(instances, { dir = dir })
-        load = fleet.load({ h1 = { balancer.port, 6 }, ws = { balancer.port, 3 },
-            users = { balancer.port, USERS }, chat = { balancer.port, CHATTERS } },
-            { dir = dir, check_ports = plain_ports(instances) })
+        w.instances = fleet.instances(3, { dir = w.dir, redis = w.redis })
+        w.balancer = fleet.nginx(w.instances, { dir = w.dir })
+        w:start_load { h1 = { w.balancer.port, 6 }, ws = { w.balancer.port, 3 } }
         helper.wait_for(function() return false end, 1)
-        local unclean = fleet.roll(instances, nil, 1)
+        local unclean = fleet.roll(w.instances, nil, 1)
         helper.wait_for(function() return false end, 1)
-        local counts = load.finish()
-        load = nil
-        report("nginx", counts)
+        w:check_load("nginx")
         assert.equal(0, unclean)
     end)
 end)

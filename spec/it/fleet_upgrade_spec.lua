@@ -30,52 +30,28 @@ local function upgrade(inst)
     return new
 end
 
-local USERS, CHATTERS = 30, 6
-
 describe("a rolling upgrade", function()
-    local dir, instances, balancer, load, redis
+    local w
 
     before_each(function()
-        dir = fleet.tempdir()
-        redis = fleet.redis { dir = dir }
+        w = fleet.world()
     end)
 
     after_each(function()
-        if load then
-            load.finish()
-        end
-        if balancer then
-            balancer.stop()
-        end
-        for _, inst in ipairs(instances or {}) do
-            inst:stop("KILL", 1)
-        end
-        redis.stop()
-        load, balancer, instances, redis = nil, nil, nil, nil
-        fleet.cleanup(dir)
+        w:finish()
     end)
 
     -- Three instances of two workers with pid files, all ready.
     local function three()
-        local list = {}
-        for i = 1, 3 do
-            local pid_file = dir .. "/i" .. i .. ".pid"
-            local inst = fleet.instance { name = "i" .. i, dir = dir, ports = {},
-                redis = redis, args = "--readyz /readyz --drain-delay 1 --pid-file " .. pid_file }
-            inst.pid_file = pid_file
-            list[i] = inst
-        end
-        for _, inst in ipairs(list) do
-            inst:ready()
-        end
-        return list
+        w.instances = fleet.instances(3, { dir = w.dir, redis = w.redis, pid_file = true })
+        return w.instances
     end
 
     -- Upgrades each instance in turn under the load; checks that its new master's workers
     -- answer, calls settle() and reports the load's counts.
     local function roll(name, settle)
         helper.wait_for(function() return false end, 1) -- (the load under way)
-        for _, inst in ipairs(instances) do
+        for _, inst in ipairs(w.instances) do
             local new = upgrade(inst)
             local workers = {}
             for _, pid in ipairs(helper.children(new)) do
@@ -92,39 +68,14 @@ describe("a rolling upgrade", function()
             helper.wait_for(function() return false end, 0.5)
         end
         helper.wait_for(function() return false end, 1)
-        local counts = load.finish()
-        load = nil
-        print(string.format("%s, rolling upgrade: %d requests and echoes, %d failed (h1 "
-            .. "%d/%d, h2 %d/%d, ws %d/%d, WebSockets closed 1001 and reopened %d)", name,
-            counts.ok + counts.failed, counts.failed, counts.h1_ok or 0, counts.h1_failed or 0,
-            counts.h2_ok or 0, counts.h2_failed or 0, counts.ws_ok or 0, counts.ws_failed or 0,
-            counts.ws_going_away_ok or 0))
-        for _, f in ipairs(counts.failures) do
-            print("  failure: " .. f)
-        end
-        assert.is_true(counts.done, counts.text)
-        assert.is_true(counts.ok > 300, "too little load to tell: " .. counts.ok)
-        assert.equal(0, counts.failed)
-        assert.same({}, fleet.sessions_and_chat(name, counts, USERS, 3))
-    end
-
-    -- What the load asks besides: users logged in through the balancer and checked on each
-    -- instance's plain port after the roll, chat clients and a poster.
-    local function with_sessions_and_chat(targets)
-        local ports = {}
-        for i, inst in ipairs(instances) do
-            ports[i] = inst.ports.plain
-        end
-        targets.users = { balancer.port, USERS }
-        targets.chat = { balancer.port, CHATTERS }
-        return fleet.load(targets, { dir = dir, check_ports = ports })
+        w:check_load(name .. ", rolling upgrade")
     end
 
     it("behind HAProxy refuses no connection and loses no request", function()
-        instances = three()
-        balancer = fleet.haproxy(instances, { dir = dir })
+        local balancer = fleet.haproxy(three(), { dir = w.dir })
+        w.balancer = balancer
         assert.is_true(balancer.all_up(), balancer.log())
-        load = with_sessions_and_chat { h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
+        w:start_load { h1 = { balancer.port, 4 }, h2 = { balancer.port, 2 },
             ws = { balancer.port, 3 } }
         roll("haproxy", function()
             assert.is_true(balancer.all_up(), balancer.log())
@@ -132,9 +83,8 @@ describe("a rolling upgrade", function()
     end)
 
     it("behind nginx refuses no connection and loses no request", function()
-        instances = three()
-        balancer = fleet.nginx(instances, { dir = dir })
-        load = with_sessions_and_chat { h1 = { balancer.port, 4 }, ws = { balancer.port, 3 } }
+        w.balancer = fleet.nginx(three(), { dir = w.dir })
+        w:start_load { h1 = { w.balancer.port, 4 }, ws = { w.balancer.port, 3 } }
         roll("nginx")
     end)
 end)

@@ -10,11 +10,7 @@ describe("OpenResty sessions kept in Redis by hand, on moonserve and on nginx", 
 
     setup(function()
         helper.tool("nginx.redis")
-        redis_port = helper.free_port()
-        redis_pid = helper.background(string.format(
-            "%s --port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no",
-            helper.tool("redis-server"), redis_port))
-        helper.wait_port(redis_port)
+        redis_pid, redis_port = helper.redis_server()
         srv = helper.spawn_server { app = "spec/fixtures/ngx_diff.lua",
             env = { NGX_CASES = "ngx_redis_session_cases" } }
         nginx = helper.nginx_lua [[

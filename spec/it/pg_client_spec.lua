@@ -4,12 +4,6 @@ local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
 local cjson = require "cjson"
-local ffi = require "ffi"
-
-pcall(ffi.cdef, [[
-int setenv(const char *name, const char *value, int overwrite);
-int unsetenv(const char *name);
-]])
 
 local function q(s)
     return "'" .. s:gsub("'", "'\\''") .. "'"
@@ -18,24 +12,10 @@ end
 describe("moonserve.pg", function()
     local pg, srv, url, dir
 
-    local function openssl(args)
-        return helper.sh(helper.tool("openssl") .. " " .. args .. " 2>&1")
-    end
-
     setup(function()
         dir = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
-        -- a CA, and the server's certificate for 127.0.0.1 alone (not "localhost")
-        openssl(string.format("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-            .. "-keyout %s -out %s -days 2 -subj /CN=pg-test-ca -addext "
-            .. "basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign",
-            q(dir .. "/ca.key"), q(dir .. "/ca.pem")))
-        openssl(string.format("req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-            .. "-keyout %s -out %s -subj /CN=127.0.0.1", q(dir .. "/leaf.key"),
-            q(dir .. "/leaf.csr")))
-        helper.write_file(dir .. "/leaf.ext", "subjectAltName=IP:127.0.0.1\n")
-        openssl(string.format("x509 -req -in %s -CA %s -CAkey %s -CAcreateserial -days 2 "
-            .. "-extfile %s -out %s", q(dir .. "/leaf.csr"), q(dir .. "/ca.pem"),
-            q(dir .. "/ca.key"), q(dir .. "/leaf.ext"), q(dir .. "/leaf.pem")))
+        -- the server's certificate is for 127.0.0.1 alone (not "localhost")
+        helper.test_certs(dir, "pg-test-ca")
         pg = postgres.start { ssl = { cert = dir .. "/leaf.pem", key = dir .. "/leaf.key" } }
         -- (PostgreSQL 15 lets only the owner create in the public schema)
         pg.psql("GRANT CREATE ON SCHEMA public TO PUBLIC")
@@ -355,9 +335,9 @@ describe("moonserve.pg inside nginx (moonserve.openresty)", function()
         pg = postgres.start()
         pg.psql("GRANT CREATE ON SCHEMA public TO PUBLIC")
         -- (read by the app file in nginx's master, from this process's environment)
-        ffi.C.setenv("PG_PORT", tostring(pg.port), 1)
-        srv = helper.nginx_app { app = "spec/fixtures/pg_client.lua" }
-        ffi.C.unsetenv("PG_PORT")
+        srv = helper.with_env({ PG_PORT = pg.port }, function()
+            return helper.nginx_app { app = "spec/fixtures/pg_client.lua" }
+        end)
         url = "http://127.0.0.1:" .. srv.port
     end)
 

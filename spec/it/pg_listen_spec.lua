@@ -3,12 +3,6 @@
 local helper = require "helper"
 local socket = require "socket"
 local postgres = require "postgres"
-local ffi = require "ffi"
-
-pcall(ffi.cdef, [[
-int setenv(const char *name, const char *value, int overwrite);
-int unsetenv(const char *name);
-]])
 
 describe("moonserve.pg notifications", function()
     local pg, srv
@@ -190,9 +184,9 @@ describe("moonserve.pg notifications", function()
     end)
 
     it("works inside nginx (moonserve.openresty): the listener is a timer's", function()
-        ffi.C.setenv("PG_PORT", tostring(pg.port), 1)
-        local ngx_srv = helper.nginx_app { app = "spec/fixtures/pg_listen.lua" }
-        ffi.C.unsetenv("PG_PORT")
+        local ngx_srv = helper.with_env({ PG_PORT = pg.port }, function()
+            return helper.nginx_app { app = "spec/fixtures/pg_listen.lua" }
+        end)
         local ok, err = pcall(function()
             local a = stream("/sse?ch=inngx", ngx_srv.port)
             local b = stream("/sse?ch=inngx", ngx_srv.port)

@@ -11,10 +11,7 @@ describe("moonserve.ratelimit, fleet", function()
     local LIMIT = 10
 
     local function start_redis()
-        redis_pid = helper.background(string.format(
-            "%s --port %d --bind 127.0.0.1 --save '' --appendonly no --daemonize no",
-            helper.tool("redis-server"), port))
-        helper.wait_port(port)
+        redis_pid = helper.redis_server(port)
     end
 
     setup(function()

@@ -20,30 +20,13 @@ describe("moonserve.redis", function()
     local redis_server = helper.tool("redis-server")
     local plain = "--bind 127.0.0.1 --save '' --appendonly no --daemonize no"
 
-    local function openssl(args)
-        return helper.sh(helper.tool("openssl") .. " " .. args .. " 2>&1")
-    end
-
     local function start_redis(name, args)
-        ports[name] = ports[name] or helper.free_port()
-        pids[name] = helper.background(string.format("%s --port %d %s --dir %s %s", redis_server,
-            ports[name], plain, q(dir), args or ""))
+        pids[name], ports[name] = helper.redis_server(ports[name], args, dir)
     end
 
     setup(function()
         dir = helper.sh(helper.tool("mktemp") .. " -d"):gsub("%s+$", "")
-        -- a CA, and a certificate for 127.0.0.1 (no other name) signed by it
-        openssl(string.format("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-            .. "-keyout %s -out %s -days 2 -subj /CN=redis-test-ca -addext "
-            .. "basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign",
-            q(dir .. "/ca.key"), q(dir .. "/ca.pem")))
-        openssl(string.format("req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-            .. "-keyout %s -out %s -subj /CN=127.0.0.1", q(dir .. "/leaf.key"),
-            q(dir .. "/leaf.csr")))
-        helper.write_file(dir .. "/leaf.ext", "subjectAltName=IP:127.0.0.1\n")
-        openssl(string.format("x509 -req -in %s -CA %s -CAkey %s -CAcreateserial -days 2 "
-            .. "-extfile %s -out %s", q(dir .. "/leaf.csr"), q(dir .. "/ca.pem"),
-            q(dir .. "/ca.key"), q(dir .. "/leaf.ext"), q(dir .. "/leaf.pem")))
+        helper.test_certs(dir, "redis-test-ca")
         start_redis("plain")
         -- ACL: the default user off, "app" with its password
         start_redis("acl", "--user default off --user app on " .. q(">app:pw%1") .. " '~*' '&*' '+@all'")

@@ -5,12 +5,6 @@ local helper = require "helper"
 
 local BIN = os.getenv("MOONSERVE_BIN") or (helper.root .. "/lua/bin/moonserve")
 local socket = require "socket"
-local ffi = require "ffi"
-
-pcall(ffi.cdef, [[
-int setenv(const char *name, const char *value, int overwrite);
-int unsetenv(const char *name);
-]])
 
 local function q(s)
     return "'" .. s:gsub("'", "'\\''") .. "'"
@@ -18,15 +12,12 @@ end
 
 describe("a shared dictionary on Redis", function()
     local redis_server = helper.tool("redis-server")
-    local plain = "--bind 127.0.0.1 --save '' --appendonly no --daemonize no"
     local rport, url
     local pids = {}
     local a, b, dir
 
     local function start_redis(port, args)
-        -- (--dir: a replica writes the primary's snapshot there, never into the tree)
-        return helper.background(string.format("%s --port %d %s --dir %s %s", redis_server, port,
-            plain, q(dir), args or ""))
+        return (helper.redis_server(port, args, dir))
     end
 
     -- The primary: the spec's own connections log in as the default user (no password); the
@@ -270,20 +261,13 @@ describe("a shared dictionary on Redis", function()
             { "redis://127.0.0.1", "-1", "timeout must be more than 0" },
             { nil, nil, "shared dictionary 'fleet': redis is nil" },
         }
-        local function setenv(name, value)
-            if value then
-                ffi.C.setenv(name, value, 1)
-            else
-                ffi.C.unsetenv(name)
-            end
-        end
         finally(function()
-            setenv("REDIS_URL", nil)
-            setenv("REDIS_TIMEOUT", nil)
+            helper.setenv("REDIS_URL", nil)
+            helper.setenv("REDIS_TIMEOUT", nil)
         end)
         for _, c in ipairs(cases) do
-            setenv("REDIS_URL", c[1])
-            setenv("REDIS_TIMEOUT", c[2])
+            helper.setenv("REDIS_URL", c[1])
+            helper.setenv("REDIS_TIMEOUT", c[2])
             for _, mode in ipairs { "--check", "--listen 127.0.0.1:0 --workers 0" } do
                 local out = helper.run(BIN .. " " .. q(app) .. " " .. mode
                     .. " 2>&1; echo \"exit=$?\"")
@@ -298,13 +282,16 @@ describe("a shared dictionary on Redis", function()
         end
     end)
 
-    it("is the same dictionary inside nginx, through the adapter", function()
-        ffi.C.setenv("REDIS_URL", url, 1)
-        local ok, nginx = pcall(helper.nginx_app, { app = "spec/fixtures/redis_dict.lua",
-            main = "env REDIS_URL;\n", http = "lua_shared_dict near 1m;\n" })
-        ffi.C.unsetenv("REDIS_URL")
-        assert(ok, nginx)
-        local finally = function() nginx.stop() end
+    it("is the same dictionary inside nginx, through the adapter, its cache kept coherent "
+        .. "with the instances'", function()
+        local env = { REDIS_URL = url, REDIS_CACHE = "1" }
+        local nginx = helper.with_env(env, function()
+            return helper.nginx_app { app = "spec/fixtures/redis_dict.lua",
+                main = "env REDIS_URL;\nenv REDIS_CACHE;\n", http = "lua_shared_dict near 1m;\n"
+                    .. "lua_shared_dict moonserve_fanout 8m;\n"
+                    .. "lua_shared_dict moonserve_fanout_state 256k;\n" }
+        end)
+        local c = spawn(nil, { REDIS_CACHE = "1" })
         local pass, err = pcall(function()
             local code, body = get(nginx, "/all?d=fleet")
             assert.equal(200, code, body .. nginx.log())
@@ -312,8 +299,19 @@ describe("a shared dictionary on Redis", function()
             assert.equal(here, body)
             assert.equal("true nil", select(2, get(nginx, "/set?k=nginx&v=from%20nginx")))
             assert.equal("from nginx", select(2, get(a, "/get?k=nginx")))
+            -- nginx's worker caches what it reads (a write behind the dictionary's back is
+            -- not seen), and a write through an instance's dictionary reaches it
+            assert.equal("true nil", select(2, get(c, "/set?d=cached&k=nk&v=one")))
+            assert.equal("one", select(2, get(nginx, "/get?d=cached&k=nk")))
+            redis("SET spec:cached:nk sbehind")
+            assert.equal("one", select(2, get(nginx, "/get?d=cached&k=nk")))
+            assert.equal("true nil", select(2, get(c, "/set?d=cached&k=nk&v=two")))
+            assert.is_true(helper.wait_for(function()
+                return select(2, get(nginx, "/get?d=cached&k=nk")) == "two"
+            end, 3), nginx.log())
         end)
-        finally()
+        nginx.stop()
+        c:stop()
         assert(pass, err)
     end)
 end)

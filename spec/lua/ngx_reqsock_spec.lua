@@ -48,6 +48,9 @@ describe("moonserve.ngx.reqsock", function()
         assert.equal("20000\n", out)
         assert.matches("TRACE%s+%d+ ngx_reqsock_spec%.lua:%d+ loop", log)
         assert.not_matches("NYI", log)
-        assert.not_matches("inner loop", log)
+        -- (A trace that starts inside the iterator may give up once on its inner loop, as
+        -- the hot counters, hashed by address, happen to fall: what matters is that the
+        -- caller's loop is compiled, and not given up on.)
+        assert.not_matches("%-%-%- ngx_reqsock_spec%.lua:%d+ %-%-", log)
     end)
 end)

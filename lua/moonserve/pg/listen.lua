@@ -3,6 +3,7 @@
 -- @module moonserve.pg.listen
 local bit = require "bit"
 local host = require "moonserve.host"
+local reconnect = require "moonserve.reconnect"
 local conn = require "moonserve.pg.conn"
 
 local band, bor, lshift, rshift = bit.band, bit.bor, bit.lshift, bit.rshift
@@ -19,8 +20,6 @@ local _M = {}
 -- that times out is not an error (a day: inside nginx each timeout is a line of its log).
 local TICK = 1
 local READ_MS = 86400000
--- Reconnection backoff, in seconds: the first wait, doubling up to the last.
-local BACKOFF_MIN, BACKOFF_MAX = 0.1, 5
 
 local function get32(s, at)
     local a, b, c, d = byte(s, at, at + 3)
@@ -325,16 +324,7 @@ local function run(premature, L)
         L.running = false
         return
     end
-    local backoff = BACKOFF_MIN
-    while not stopping() do
-        local t0 = host.now()
-        local err = session(L)
-        if err == nil or stopping() then
-            break
-        end
-        if host.now() - t0 > 10 then
-            backoff = BACKOFF_MIN -- (it had been up a while: a new outage)
-        end
+    reconnect.loop(function() return session(L) end, function(err)
         if not L.down_since then
             L.down_since = host.now()
             log("warn", "pg: notifications: the connection to the server was lost (" .. err
@@ -354,12 +344,9 @@ local function run(premature, L)
                 end
             end
         end
-        if not any_wanted(L) then
-            break -- (no one to listen for: the next listen starts the task again)
-        end
-        host.sleep(backoff)
-        backoff = backoff * 2 > BACKOFF_MAX and BACKOFF_MAX or backoff * 2
-    end
+        -- (no one to listen for: the loop ends, and the next listen starts the task again)
+        return any_wanted(L)
+    end, stopping)
     L.running = false
     if stopping() then
         -- The worker stops: its streams end now rather than at the stop timeout (their

@@ -182,6 +182,39 @@ local function ask_sentinels(self)
         .. last .. ")"
 end
 
+-- Where the client's server is: host and port (a unix socket's host is "unix:PATH"), the
+-- primary behind Sentinel as last asked; or nil and an error.
+local function address(self)
+    local o = self.o
+    if o.path then
+        return "unix:" .. o.path
+    elseif self.sentinels then
+        local primary = self.primary
+        if not primary then
+            local err
+            primary, err = ask_sentinels(self)
+            if not primary then
+                return nil, err
+            end
+        end
+        return primary.host, primary.port
+    end
+    return o.host, o.port
+end
+
+-- The TLS handshake on a new connection to `h`: true, or nil and an error (the socket closed,
+-- the address to be found anew).
+local function tls(self, sock, h)
+    local o = self.o
+    local ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil), not o.insecure)
+    if not ok then
+        sock:close()
+        self.primary, self.target = nil, nil
+        return nil, "TLS: " .. tostring(err)
+    end
+    return true
+end
+
 -- A connection ready for commands: the socket, or nil and an error. A new one is set up
 -- first (TLS, AUTH, SELECT, and ROLE behind a sentinel) in one round trip.
 local function connect(self)
@@ -207,20 +240,9 @@ local function connect(self)
             end
         end
         if not target then
-            local h, p
-            if o.path then
-                h = "unix:" .. o.path
-            elseif self.sentinels then
-                local primary = self.primary
-                if not primary then
-                    primary, err = ask_sentinels(self)
-                    if not primary then
-                        return nil, err
-                    end
-                end
-                h, p = primary.host, primary.port
-            else
-                h, p = o.host, o.port
+            local h, p = address(self)
+            if not h then
+                return nil, p
             end
             target = { host = h, port = p, opts = { pool = o.path and ("redis " .. h
                 .. self.key_tail) or format("redis %s:%d%s", h, p, self.key_tail),
@@ -238,11 +260,9 @@ local function connect(self)
             return sock, nil, true
         end
         if o.tls then
-            ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil),
-                not o.insecure)
+            ok, err = tls(self, sock, h)
             if not ok then
-                self.primary, self.target = nil, nil
-                return nil, "TLS: " .. tostring(err)
+                return nil, err
             end
         end
         local cmds = {}
@@ -530,20 +550,9 @@ function Client:subscriber()
     if not sock then
         return nil, err
     end
-    local h, p
-    if o.path then
-        h = "unix:" .. o.path
-    elseif self.sentinels then
-        local primary = self.primary
-        if not primary then
-            primary, err = ask_sentinels(self)
-            if not primary then
-                return nil, err
-            end
-        end
-        h, p = primary.host, primary.port
-    else
-        h, p = o.host, o.port
+    local h, p = address(self)
+    if not h then
+        return nil, p
     end
     local ok
     ok, err = sock:connect(h, p)
@@ -552,10 +561,9 @@ function Client:subscriber()
         return nil, err
     end
     if o.tls then
-        ok, err = sock:sslhandshake(false, o.sni or (not o.path and h or nil), not o.insecure)
+        ok, err = tls(self, sock, h)
         if not ok then
-            sock:close()
-            return nil, "TLS: " .. tostring(err)
+            return nil, err
         end
     end
     if o.password then

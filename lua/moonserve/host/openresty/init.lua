@@ -174,6 +174,12 @@ end
 function _M.init_worker(app, opts)
     opts = opts or {}
     options[app] = opts
+    -- Fan-out (moonserve.broadcast, a Redis dictionary's cache): its dictionaries, and its
+    -- subscriptions from the worker's start.
+    local fanout = package.loaded["moonserve.fanout"]
+    if fanout then
+        fanout.prepare(app)
+    end
     local problems = {}
     for name, bytes in pairs(rawget(app, "shared_decl") or {}) do
         if not ngx.shared[name] then

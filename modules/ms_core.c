@@ -29,6 +29,7 @@
 #include "transport/memio.h"
 #include "process/metrics.h"
 #include "moonserve.h"
+#include "ms_budget.h"
 
 #define SERVER_MT  "moonserve.server"
 #define MEMCONN_MT "moonserve.memconn"
@@ -560,6 +561,21 @@ static int server_drain_delay(lua_State *L)
     luaL_argcheck(L, delay >= 0 && delay <= 86400, 2, "seconds, 0 to 86400");
     b->drain_ms = (uint32_t)(delay * 1000);
     return 0;
+}
+
+/* server:cpu_budget() -> true | nil, err: starts the CPU budget's clock (ms_budget.c) for the
+ * state that runs this server's dispatcher; the dispatcher gives each resume its budget. */
+static int server_cpu_budget(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    int rc = ms_budget_start(b->L);
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, strerror(-rc));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
 }
 
 /* server:metrics(fd, slot) -> true: counts into slot `slot` of the metrics zone of `fd`
@@ -1664,6 +1680,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"request_id_header", server_request_id_header},
                                               {"health", server_health},
                                               {"drain_delay", server_drain_delay},
+                                              {"cpu_budget", server_cpu_budget},
                                               {"agent_check", server_agent_check},
                                               {"refusal_body", server_refusal_body},
                                               {"stats", server_stats},

@@ -108,7 +108,10 @@
       "a Redis shared dictionary's stored value; past it, an error")                               \
     /* Fan-out across instances (moonserve/fanout.lua). */                                         \
     X(fanout_queue, fanout_queue, uint32_t, 10000, COUNT, 0,                                       \
-      "publishes a worker keeps for Redis; past it, the oldest fail")
+      "publishes a worker keeps for Redis; past it, the oldest fail")                              \
+    /* Runaway Lua (modules/ms_budget.c): milliseconds of CPU, counted by the core's clock. */    \
+    X(handler_cpu_ms, handler_cpu_ms, uint32_t, 2000, COUNT, 0,                                    \
+      "ms of CPU a handler, timer or thread runs without yielding: 503 (0: no cap)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -470,7 +470,7 @@ function App:handle_error(req, res, err)
 end
 
 -- A route's value: its handler alone, or { handler, before = { middleware }, group,
--- body_bytes, csrf } when it has any of those.
+-- body_bytes, handler_cpu_ms, csrf } when it has any of those.
 --
 -- The arguments after the method: [name,] path, [middleware...,] handler[, opts].
 local function add(self, method, group, ...)
@@ -503,14 +503,18 @@ local function add(self, method, group, ...)
     if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0) then
         error("bad body_bytes for " .. path .. " (bytes expected)", 3)
     end
+    local cpu = opts and opts.handler_cpu_ms
+    if cpu ~= nil and (type(cpu) ~= "number" or cpu < 0 or cpu % 1 ~= 0) then
+        error("bad handler_cpu_ms for " .. path .. " (milliseconds expected)", 3)
+    end
     local csrf = opts and opts.csrf
     if csrf ~= nil and csrf ~= false then
         error("bad csrf option for " .. path .. " (false or nothing expected)", 3)
     end
     local value = handler
-    if #before > 0 or group or bytes or csrf == false then
+    if #before > 0 or group or bytes or cpu or csrf == false then
         value = { handler = handler, before = before[1] and before, group = group,
-            body_bytes = bytes, csrf = csrf }
+            body_bytes = bytes, handler_cpu_ms = cpu, csrf = csrf }
     end
     if group then
         path = group.prefix .. (path == "/" and "" or path)
@@ -523,8 +527,8 @@ local function add(self, method, group, ...)
 end
 
 --- app:route(method, [name,] path, [middleware...,] handler[, opts]);
--- opts.body_bytes: this route's body limit; opts.csrf = false: no origin check (see
--- app:security) for this route.
+-- opts.body_bytes: this route's body limit; opts.handler_cpu_ms: its CPU budget between two
+-- waits (0: none); opts.csrf = false: no origin check (see app:security) for this route.
 function App:route(method, ...)
     if type(method) ~= "string" then
         error("bad method (string expected)", 2)
@@ -1280,6 +1284,9 @@ function App:handle(req, res)
             if spec.body_bytes then
                 req:body_limit(spec.body_bytes)
             end
+            if spec.handler_cpu_ms then
+                req:cpu_budget(spec.handler_cpu_ms)
+            end
             handler = spec.handler
             if spec.group or spec.before then
                 local all = {}
@@ -1301,6 +1308,20 @@ function App:handle(req, res)
         return handler(req, res)
     end
     return run_chain(mw, 1, req, res, handler)
+end
+
+--- Whether a route of the app or its sites has a CPU budget of its own.
+-- @local
+function App:has_cpu_budgets()
+    local found = false
+    each_app(self, function(app)
+        for _, route in app.router:routes() do
+            if type(route) == "table" and route.handler_cpu_ms then
+                found = true
+            end
+        end
+    end)
+    return found
 end
 
 --- The largest body any route of the app or its sites allows beyond `default`.

@@ -12,7 +12,8 @@ return {
     },
     -- The request's methods.
     request_methods = {
-        "accepts", "body", "body_limit", "form", "header", "headers", "json", "parts",
+        "accepts", "body", "body_limit", "cpu_budget", "form", "header", "headers", "json",
+        "parts",
         "query_all", "read", "trailers",
         "_access", "_metric", "_read", "_static_dir", "_unread",
     },

@@ -48,7 +48,7 @@ local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local home_obj     -- the same, as the core's server object (its in-process connections)
 local limits = { timers_pending = 1024, timers_running = 256, thread_job_bytes = 16777216,
-    fanout_queue = 10000 }
+    fanout_queue = 10000, handler_cpu_ms = 0 }
 _M.limits = limits
 local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
 -- By handler coroutine: its frame, { req, res } of the request it runs now, where a layer
@@ -145,27 +145,28 @@ end
 -- ends: each object's _release() closes it. The first is held apart from the rest, so that
 -- the common owner of one socket needs no loop (a loop here would keep the request's trace
 -- from being compiled) and no set.
-local function release(o)
+local function release(o, code)
     local first = o.owned1
     if first then
         o.owned1 = nil
-        first:_release()
+        first:_release(code)
     end
     local objs = o.owned
     if objs then
         o.owned = nil
         for obj in pairs(objs) do
-            obj:_release()
+            obj:_release(code)
         end
     end
 end
 
-local function release_request(slot)
+-- `code`: a WebSocket the request held closes with it (1011 when its handler was stopped).
+local function release_request(slot, code)
     local o = owned[slot]
     if o then
         owned[slot] = nil
         nowned = nowned - 1
-        release(o)
+        release(o, code)
     end
 end
 
@@ -206,6 +207,7 @@ local function worker(r)
         end
         req.r, res.r = false, false -- the core reuses the request once finished
         frame.req, frame.res, frame.ngx, frame.returned = nil, nil, nil, nil
+        frame.cpu_ms = nil
         C.ms_ffi_req_finish(r)
         r = co_yield(DONE)
     end
@@ -237,6 +239,142 @@ local function ended(co)
     end
 end
 
+local seeded = false
+local function reference()
+    if not seeded then
+        seeded = true
+        math.randomseed(os.time() + math.floor(os.clock() * 1e6))
+    end
+    return format("%08x", math.random(0, 0x7fffffff))
+end
+
+local function log_error(what, err)
+    local ref = reference()
+    base.log(base.LOG_ERR, format("[%s] %s: %s", ref, what, tostring(err)))
+    return ref
+end
+
+-- -- The CPU budget (modules/ms_budget.c) --------------------------------------------------
+-- Each resume of a handler, a timer's run or a light thread has limits.handler_cpu_ms of CPU
+-- (a route's own with req:cpu_budget) until it yields; past it, the code is stopped with an
+-- error at its next instruction, compiled loops included. Per resume this costs two stores
+-- and a load; the clock runs in the core's SIGPROF handler.
+local budget_on = false -- the server started the clock (limits.handler_cpu_ms > 0)
+local budget_run = 0
+
+local function budget_begin(ms)
+    budget_run = budget_run < 0x7fffffff and budget_run + 1 or 1
+    C.ms_ffi_budget_ms = ms
+    C.ms_ffi_resume = budget_run
+end
+
+-- After a resume: whether the budget stopped it (the hook is off again then).
+local function budget_end()
+    C.ms_ffi_resume = 0
+    return C.ms_ffi_budget_armed ~= 0 and C.ms_ffi_budget_settle() ~= 0
+end
+
+-- The log line of a stop: what ran out, where it was (a traceback).
+local function budget_log(what, ms)
+    return log_error(format("%s ran out of its CPU budget (%d ms without yielding; "
+        .. "limits.handler_cpu_ms)", what, ms), ffi.string(C.ms_ffi_budget_where()))
+end
+
+--- Starts the budget's clock in the process that serves `srv` (runner.lua), when
+-- limits.handler_cpu_ms or a route asks for one.
+function _M.start_budget(srv)
+    if limits.handler_cpu_ms == 0 and not (app and app.has_cpu_budgets and app:has_cpu_budgets())
+    then
+        return
+    end
+    local ok, err = srv:cpu_budget()
+    if not ok then
+        base.log(base.LOG_WARN, "handlers run with no CPU budget: " .. tostring(err))
+        return
+    end
+    budget_on = true
+end
+
+--- Sets the running handler's budget (ms of CPU between two waits), from now on: a route's
+-- own limits.handler_cpu_ms (app.lua). 0: none.
+function _M.cpu_budget(ms)
+    local frame = current_co and frames[current_co]
+    if frame and budget_on then
+        frame.cpu_ms = ms
+        C.ms_ffi_budget_ms = ms > 0 and ms or 0x7fffffff
+    end
+end
+
+-- The budget of a resume of handler coroutine `co`.
+local function handler_budget(co)
+    local frame = frames[co]
+    local ms = frame and frame.cpu_ms or limits.handler_cpu_ms
+    return ms > 0 and ms or 0x7fffffff
+end
+
+-- A handler's coroutine that ended without finishing its request (an exit, or the budget
+-- stopped it): its reply goes out as it stands, and the coroutine, with any of the handler's
+-- own that the exit passed through, is dropped; its light threads are killed, what it owns
+-- released (a WebSocket closed with `code`). Returns the request's objects.
+local function abandon(co, r, code)
+    local root = r.handler >= 0 and roots[r.handler]
+    if root then
+        kill_all(root)
+        roots[r.handler] = nil
+        nroots = nroots - 1
+    end
+    local frame = frames[co]
+    local finish = frame and frame.finish
+    if finish then
+        frame.finish = nil
+        local fok, ferr = pcall(finish, frame, true)
+        if not fok then
+            base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
+        end
+    end
+    if nowned > 0 and r.handler >= 0 then
+        release_request(r.handler, code)
+    end
+    return ended(co)
+end
+
+-- The budget stopped handler coroutine `co` of request `r`: one log line, and 503 through
+-- the app's error page when no byte of the reply left yet (else the reply is cut off).
+local function out_of_budget(co, r)
+    local frame = frames[co]
+    local req, res = frame and frame.req, frame and frame.res
+    abandon(co, r, 1011)
+    local what = "request"
+    if req then
+        local route = rawget(req, "_route")
+        what = format("%s %s (route %s)", tostring(req.method), tostring(req.path),
+            route and tostring(route.name or route.path) or "none")
+    end
+    local ref = budget_log(what, frames[co] and frames[co].cpu_ms or limits.handler_cpu_ms)
+    if band(r.flags, REQ_IN_HANDLER) ~= 0 then
+        if band(r.flags, HEAD_SENT) == 0 and req and res then
+            res:_reset()
+            local ok, err = pcall(app.error, app, req, res, { status = 503, ref = ref })
+            if not ok then
+                base.log(base.LOG_ERR, "error page failed: " .. tostring(err))
+            end
+            if band(r.flags, HEAD_SENT) == 0 then
+                r.status = 503
+                res:send("503 Service Unavailable\nreference: " .. ref .. "\n")
+            end
+        else
+            C.ms_ffi_req_fail(r)
+        end
+    end
+    if req then
+        req.r = false
+    end
+    if res then
+        res.r = false
+    end
+    C.ms_ffi_req_finish(r)
+end
+
 -- After a resume: back to the pool, or parked until the core resumes it (returns true).
 local function settle(co, r, ok, sig)
     if not ok then
@@ -258,28 +396,8 @@ local function settle(co, r, ok, sig)
         return
     end
     if sig == EXIT then
-        -- The handler ended early: its reply goes out as it stands, and the coroutine, with
-        -- any of the handler's own that the exit passed through, is dropped, and its light
-        -- threads are killed.
-        local root = r.handler >= 0 and roots[r.handler]
-        if root then
-            kill_all(root)
-            roots[r.handler] = nil
-            nroots = nroots - 1
-        end
-        local frame = frames[co]
-        local finish = frame and frame.finish
-        if finish then
-            frame.finish = nil
-            local fok, ferr = pcall(finish, frame, true)
-            if not fok then
-                base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
-            end
-        end
-        if nowned > 0 and r.handler >= 0 then
-            release_request(r.handler)
-        end
-        local req, res = ended(co)
+        -- The handler ended early (ngx.exit and the like).
+        local req, res = abandon(co, r)
         if req then
             req.r = false
         end
@@ -332,6 +450,15 @@ local function on_request()
     -- current_co was is no one's any more.)
     local prev = current
     current, current_co = r, co
+    if budget_on then
+        budget_begin(limits.handler_cpu_ms > 0 and limits.handler_cpu_ms or 0x7fffffff)
+        local ok, sig = co_resume(co, r)
+        current = prev
+        if budget_end() then
+            return out_of_budget(co, r)
+        end
+        return settle(co, r, ok, sig)
+    end
     local ok, sig = co_resume(co, r)
     current = prev
     settle(co, r, ok, sig)
@@ -345,8 +472,15 @@ local function resume_handler(r, slot, status)
     end
     local prev, prev_task, prev_co = current, task, current_co
     current, task, current_co = r, nil, co
+    if budget_on then
+        budget_begin(handler_budget(co))
+    end
     local ok, sig = co_resume(co, status)
     current, task, current_co = prev, prev_task, prev_co
+    if budget_on and budget_end() then
+        slot_free(slot)
+        return out_of_budget(co, r)
+    end
     if not settle(co, r, ok, sig) then
         slot_free(slot)
     end
@@ -362,21 +496,6 @@ end
 -- (the server its waits are armed on), r (the request of a light thread, else nil), root
 -- (who a light thread belongs to: a handler's root or a root task), dead, results.
 
-local seeded = false
-local function reference()
-    if not seeded then
-        seeded = true
-        math.randomseed(os.time() + math.floor(os.clock() * 1e6))
-    end
-    return format("%08x", math.random(0, 0x7fffffff))
-end
-
-local function log_error(what, err)
-    local ref = reference()
-    base.log(base.LOG_ERR, format("[%s] %s: %s", ref, what, tostring(err)))
-    return ref
-end
-
 local function wake_slot(srv, slot, status)
     C.ms_ffi_wake_after(srv, slot, 0, status or 0)
 end
@@ -385,13 +504,24 @@ local function pack(...)
     return { n = select("#", ...), ... }
 end
 
-local settle_task
+local settle_task, finish
 
 local function run_task(t, ...)
     local prev, prev_task, prev_co = current, task, current_co
     current, task, current_co = t.r, t, t.co
+    if budget_on then
+        budget_begin(limits.handler_cpu_ms > 0 and limits.handler_cpu_ms or 0x7fffffff)
+    end
     local ok, sig, res = co_resume(t.co, ...)
     current, task, current_co = prev, prev_task, prev_co
+    if budget_on and budget_end() then
+        budget_log(t.what or (t.kind == "thread" and "light thread") or t.kind,
+            limits.handler_cpu_ms)
+        if t.threads then
+            kill_all(t)
+        end
+        return finish(t, { n = 2, false, "CPU budget exceeded (limits.handler_cpu_ms)" })
+    end
     settle_task(t, ok, sig, res)
 end
 
@@ -419,7 +549,7 @@ local function new_task(kind, srv, r, root)
 end
 
 -- A task is over: its waiters hear it, its root counts it out, its slot is free again.
-local function finish(t, res)
+function finish(t, res)
     t.dead, t.results = true, res
     local cancel = t.cancel -- a wait under way that is not the dispatcher's (a socket's)
     if cancel then
@@ -987,6 +1117,7 @@ function _M.attach(srv, lims)
     limits.timers_running = lims and lims.timers_running or defaults.timers_running
     limits.thread_job_bytes = lims and lims.thread_job_bytes or defaults.thread_job_bytes
     limits.fanout_queue = lims and lims.fanout_queue or defaults.fanout_queue
+    limits.handler_cpu_ms = lims and lims.handler_cpu_ms or defaults.handler_cpu_ms
     -- (the Redis shared dictionaries hold their keys and values to these)
     local redis_limits = require("moonserve.redis.dict").limits
     for _, k in ipairs({ "redis_key_bytes", "redis_value_bytes" }) do

@@ -223,6 +223,18 @@ function Request:refused()
     return status ~= 0 and status or nil
 end
 
+--- Sets the CPU its handler may use between two waits from now on, in milliseconds (the
+-- route's own limits.handler_cpu_ms; 0: none). Past it the handler is stopped: 503.
+-- @tparam number ms
+-- @return the request
+function Request:cpu_budget(ms)
+    if type(ms) ~= "number" or ms < 0 then
+        error("bad CPU budget (milliseconds expected)", 2)
+    end
+    require("moonserve.host.core.dispatcher").cpu_budget(ms)
+    return self
+end
+
 --- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. Raises when over the server's body_bytes_max.
 -- @tparam number bytes

@@ -314,10 +314,13 @@ function WebSocket:closed()
 end
 
 -- The request is ending: the core's socket goes (a close 1000 goes first if none did).
-function WebSocket:_release()
+function WebSocket:_release(code)
     local g = self._g
     if g then
         self._g = false
+        if code and C.ms_ffi_ws_closed(g) == 0 then -- (1011: its handler was stopped)
+            C.ms_ffi_ws_close(g, code, "", 0)
+        end
         drain(g)
         C.ms_ffi_ws_free(g)
     end

@@ -130,6 +130,17 @@ function Request.trailers()
     return {}
 end
 
+--- A route's CPU budget: nginx has no way to stop a handler, so it is not kept (the
+-- moonserve server's req:cpu_budget).
+-- @tparam number ms
+-- @return the request
+function Request:cpu_budget(ms)
+    if type(ms) ~= "number" or ms < 0 then
+        error("bad CPU budget (milliseconds expected)", 2)
+    end
+    return self
+end
+
 --- Sets how large this request's body may be (the route's own limit), before reading it.
 -- Past it the client gets 413. nginx's client_max_body_size must allow as much.
 -- @tparam number bytes

@@ -1,0 +1,167 @@
+/* ms_budget.c: the CPU budget of a resume (limits.handler_cpu_ms): Lua code that runs past it
+ * without yielding is stopped with an error, compiled loops included, and the worker goes on.
+ *
+ * How: LuaJIT's profiler runs in line mode ("l", every 10 ms of CPU), which makes every
+ * trace recorded from then on check the profiler's flag at each change of source line and
+ * go back to the interpreter when it is set (lj_record.c, IR_PROF). Its SIGPROF handler is
+ * wrapped: after LuaJIT's own work, a resume that has used its budget gets a count hook of
+ * 1, which the interpreter runs at its next instruction; the hook raises there, as
+ * luajit.c's own Ctrl-C does. An error raised from the profiler's callback itself would
+ * leave LuaJIT's state half-changed (lj_profile.c), hence the hook.
+ *
+ * The dispatcher numbers its resumes (ms_ffi_resume, 0 between them) and reads
+ * ms_ffi_budget_armed after each; nothing else is paid per resume. What cannot be stopped
+ * until it returns: a long C call (a pattern match, table.sort without a Lua comparator,
+ * string.rep), an xpcall message handler and a __gc finalizer (they run with hooks off). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <luajit.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+
+#include "ms_budget.h"
+
+/* Written by the dispatcher: the resume under way (a number that changes with each; 0: none)
+ * and its budget in milliseconds of CPU. */
+MS_EXPORT volatile uint32_t ms_ffi_resume;
+MS_EXPORT volatile uint32_t ms_ffi_budget_ms;
+/* Set here when the resume under way ran out: the dispatcher calls ms_ffi_budget_settle(). */
+MS_EXPORT volatile int ms_ffi_budget_armed;
+
+/* The profiler's period: the budget is seen to run out within two of them. */
+#define TICK "10"
+
+static lua_State *vm;          /* the state that runs the dispatcher; its own code is spared */
+static pthread_t loop_thread;  /* the only thread that runs Lua */
+static struct sigaction luajit_action; /* LuaJIT's SIGPROF handler, which ours calls first */
+static volatile int stopped;   /* the hook raised in the resumed code */
+static uint32_t seen_run;      /* the resume the last tick saw, and the thread's CPU then */
+static struct timespec seen_cpu;
+static lua_Hook saved_hook;    /* a hook that was there before ours (coverage, a debugger) */
+static int saved_mask, saved_count;
+static char where[2048];       /* the traceback of the last stop */
+
+static void stop_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    if (L == vm || !ms_ffi_budget_armed)
+        return;
+    if (!stopped) {
+        stopped = 1;
+        luaL_traceback(L, L, NULL, 0);
+        const char *tb = lua_tostring(L, -1);
+        size_t n = tb != NULL ? strlen(tb) : 0;
+        if (n >= sizeof(where))
+            n = sizeof(where) - 1;
+        memcpy(where, tb != NULL ? tb : "", n);
+        where[n] = '\0';
+        lua_pop(L, 1);
+    }
+    /* Raised again at each instruction until the resumed coroutine is dead: a pcall in the
+     * code that ran out cannot keep it going. */
+    lua_pushliteral(L, "CPU budget exceeded (limits.handler_cpu_ms)");
+    lua_error(L);
+}
+
+static int64_t ms_between(const struct timespec *a, const struct timespec *b)
+{
+    return (int64_t)(b->tv_sec - a->tv_sec) * 1000 + (b->tv_nsec - a->tv_nsec) / 1000000;
+}
+
+/* In the signal handler, on the loop thread. */
+static void check(void)
+{
+    uint32_t run = ms_ffi_resume;
+    if (run == 0) {
+        seen_run = 0;
+        return;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    if (run != seen_run) { /* the first tick of this resume: its clock starts here */
+        seen_run = run;
+        seen_cpu = now;
+        return;
+    }
+    if (stopped || ms_between(&seen_cpu, &now) < (int64_t)ms_ffi_budget_ms)
+        return;
+    if (!ms_ffi_budget_armed) {
+        lua_Hook h = lua_gethook(vm);
+        if (h != stop_hook) {
+            saved_hook = h;
+            saved_mask = lua_gethookmask(vm);
+            saved_count = lua_gethookcount(vm);
+        }
+        ms_ffi_budget_armed = 1;
+    }
+    /* (again at each tick: LuaJIT puts back the hook mask it saved around the profiler's
+     * callback, which may take an arming made meanwhile away) */
+    lua_sethook(vm, stop_hook, LUA_MASKCOUNT, 1);
+}
+
+static void on_sigprof(int sig, siginfo_t *info, void *ctx)
+{
+    int saved_errno = errno;
+    if (!pthread_equal(pthread_self(), loop_thread)) {
+        /* ITIMER_PROF's signal goes to any thread of the process (a thread pool's too):
+         * only the loop thread may touch the VM */
+        pthread_kill(loop_thread, SIGPROF);
+        errno = saved_errno;
+        return;
+    }
+    if (luajit_action.sa_flags & SA_SIGINFO)
+        luajit_action.sa_sigaction(sig, info, ctx);
+    else if (luajit_action.sa_handler != SIG_DFL && luajit_action.sa_handler != SIG_IGN)
+        luajit_action.sa_handler(sig);
+    check();
+    errno = saved_errno;
+}
+
+static void on_profile(void *data, lua_State *L, int samples, int vmstate)
+{
+    (void)data, (void)L, (void)samples, (void)vmstate;
+}
+
+int ms_budget_start(lua_State *L)
+{
+    if (vm != NULL)
+        return vm == L ? 0 : -EBUSY;
+    luaJIT_profile_start(L, "li" TICK, on_profile, NULL);
+    if (sigaction(SIGPROF, NULL, &luajit_action) != 0)
+        return -errno;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigprof;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    vm = L;
+    loop_thread = pthread_self();
+    if (sigaction(SIGPROF, &sa, NULL) != 0) {
+        int err = -errno;
+        luaJIT_profile_stop(L);
+        vm = NULL;
+        return err;
+    }
+    return 0;
+}
+
+MS_EXPORT int ms_ffi_budget_settle(void)
+{
+    int s = stopped;
+    ms_ffi_budget_armed = 0;
+    stopped = 0;
+    if (vm != NULL && lua_gethook(vm) == stop_hook) {
+        lua_sethook(vm, saved_hook, saved_hook != NULL ? saved_mask : 0, saved_count);
+        saved_hook = NULL;
+    }
+    return s;
+}
+
+MS_EXPORT const char *ms_ffi_budget_where(void)
+{
+    return where;
+}

@@ -111,7 +111,7 @@
       "publishes a worker keeps for Redis; past it, the oldest fail")                              \
     /* Runaway Lua (modules/ms_budget.c): milliseconds of CPU, counted by the core's clock. */    \
     X(handler_cpu_ms, handler_cpu_ms, uint32_t, 2000, COUNT, 0,                                    \
-      "ms of CPU a handler, timer or thread runs without yielding: 503 (0: no cap)")
+      "CPU ms a handler or timer runs without yielding: 503 (0: none)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

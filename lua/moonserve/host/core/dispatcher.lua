@@ -520,6 +520,9 @@ local function run_task(t, ...)
         if t.threads then
             kill_all(t)
         end
+        if (t.owned1 or t.owned) and not t.root then
+            release(t, 1011) -- (a WebSocket it runs for closes with 1011)
+        end
         return finish(t, { n = 2, false, "CPU budget exceeded (limits.handler_cpu_ms)" })
     end
     settle_task(t, ok, sig, res)

@@ -1,0 +1,45 @@
+/* lua_fuzz.c: a parser of moonserve's Lua side on arbitrary bytes, in LuaJIT. The target
+ * (spec/fuzz/lua/TARGET.lua, named at build time as MS_LUA_TARGET) returns a function of the
+ * input that raises only for a finding: a parser that raised where it answers nil and an
+ * error, or that broke a promise it makes (a bound, a type). A raise aborts, so that libFuzzer
+ * keeps the input; a parser that loops is a timeout, which libFuzzer reports too. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static lua_State *L;
+static int target_ref;
+
+static void setup(void)
+{
+    L = luaL_newstate();
+    luaL_openlibs(L);
+    lua_getglobal(L, "package");
+    lua_pushstring(L, MS_SOURCE_ROOT "/lua/?.lua;" MS_SOURCE_ROOT "/lua/?/init.lua;"
+                      MS_SOURCE_ROOT "/spec/fuzz/lua/?.lua");
+    lua_setfield(L, -2, "path");
+    lua_pop(L, 1);
+    lua_getglobal(L, "require");
+    lua_pushstring(L, MS_LUA_TARGET);
+    if (lua_pcall(L, 1, 1, 0) != 0 || !lua_isfunction(L, -1)) {
+        fprintf(stderr, "lua_fuzz: target %s: %s\n", MS_LUA_TARGET, lua_tostring(L, -1));
+        abort();
+    }
+    target_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (L == NULL)
+        setup();
+    lua_rawgeti(L, LUA_REGISTRYINDEX, target_ref);
+    lua_pushlstring(L, (const char *)data, size);
+    if (lua_pcall(L, 1, 0, 0) != 0) {
+        fprintf(stderr, "lua_fuzz: %s: %s\n", MS_LUA_TARGET, lua_tostring(L, -1));
+        abort();
+    }
+    return 0;
+}

@@ -478,8 +478,8 @@ local function resume_handler(r, slot, status)
     local ok, sig = co_resume(co, status)
     current, task, current_co = prev, prev_task, prev_co
     if budget_on and budget_end() then
-        slot_free(slot)
-        return out_of_budget(co, r)
+        out_of_budget(co, r)
+        return slot_free(slot)
     end
     if not settle(co, r, ok, sig) then
         slot_free(slot)

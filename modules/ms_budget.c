@@ -17,13 +17,21 @@
 #include <errno.h>
 #include <lauxlib.h>
 #include <lua.h>
-#include <luajit.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
 
 #include "ms_budget.h"
+
+/* LuaJIT's own API (luajit.h, lauxlib.h of LuaJIT 2.1), declared here: a rock builds against
+ * the include directory LuaRocks names, which may hold PUC Lua 5.1's headers. The symbols come
+ * from the luajit that loads the module. */
+typedef void (*luaJIT_profile_callback)(void *data, lua_State *L, int samples, int vmstate);
+LUA_API void luaJIT_profile_start(lua_State *L, const char *mode, luaJIT_profile_callback cb,
+                                  void *data);
+LUA_API void luaJIT_profile_stop(lua_State *L);
+LUALIB_API void luaL_traceback(lua_State *L, lua_State *L1, const char *msg, int level);
 
 /* Written by the dispatcher: the resume under way (a number that changes with each; 0: none)
  * and its budget in milliseconds of CPU. */

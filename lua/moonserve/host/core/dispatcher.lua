@@ -170,6 +170,18 @@ local function release_request(slot, code)
     end
 end
 
+-- A layer's last word on the request (the ngx phases), once: frame.finish(frame, ok).
+local function finish_layer(frame, ok)
+    local finish = frame.finish
+    if finish then
+        frame.finish = nil
+        local fok, ferr = pcall(finish, frame, ok)
+        if not fok then
+            base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
+        end
+    end
+end
+
 -- The body of every pooled coroutine: one request per turn, then back to the pool.
 -- ended() reads `req` and `res` by name from this frame.
 local join, kill_all
@@ -194,14 +206,7 @@ local function worker(r)
             roots[r.handler] = nil
             nroots = nroots - 1
         end
-        local finish = frame.finish -- a layer's last word on the request (the ngx phases)
-        if finish then
-            frame.finish = nil
-            local fok, ferr = pcall(finish, frame, ok)
-            if not fok then
-                base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
-            end
-        end
+        finish_layer(frame, ok)
         if nowned > 0 and r.handler >= 0 then
             release_request(r.handler)
         end
@@ -324,13 +329,8 @@ local function abandon(co, r, code)
         nroots = nroots - 1
     end
     local frame = frames[co]
-    local finish = frame and frame.finish
-    if finish then
-        frame.finish = nil
-        local fok, ferr = pcall(finish, frame, true)
-        if not fok then
-            base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
-        end
+    if frame then
+        finish_layer(frame, true)
     end
     if nowned > 0 and r.handler >= 0 then
         release_request(r.handler, code)

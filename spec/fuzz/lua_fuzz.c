@@ -21,7 +21,7 @@ static void close_state(void)
 
 /* OpenSSL's algorithms, fetched once by moonserve.crypto and kept for the process's life. */
 const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void)
+__attribute__((visibility("default"))) const char *__lsan_default_suppressions(void)
 {
     return "leak:libcrypto.so\n";
 }

@@ -56,6 +56,18 @@ typedef struct binding_s {
     int ntls;
 } binding_t;
 
+/* true for rc 0, or nil and rc's text for a negative errno. */
+static int push_done(lua_State *L, int rc)
+{
+    if (rc < 0) {
+        lua_pushnil(L);
+        lua_pushstring(L, strerror(-rc));
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
 static int ms_lua_fail(lua_State *L, int rc)
 {
     lua_pushnil(L);
@@ -568,14 +580,7 @@ static int server_drain_delay(lua_State *L)
 static int server_cpu_budget(lua_State *L)
 {
     binding_t *b = check_server(L);
-    int rc = ms_budget_start(b->L);
-    if (rc < 0) {
-        lua_pushnil(L);
-        lua_pushstring(L, strerror(-rc));
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return push_done(L, ms_budget_start(b->L));
 }
 
 /* server:metrics(fd, slot) -> true: counts into slot `slot` of the metrics zone of `fd`
@@ -1139,14 +1144,7 @@ static int core_master(lua_State *L)
 /* core.proctitle(title): what `ps` shows for this process. true, or nil and an error. */
 static int core_proctitle(lua_State *L)
 {
-    int rc = ms_proctitle_set(luaL_checkstring(L, 1));
-    if (rc < 0) {
-        lua_pushnil(L);
-        lua_pushstring(L, strerror(-rc));
-        return 2;
-    }
-    lua_pushboolean(L, 1);
-    return 1;
+    return push_done(L, ms_proctitle_set(luaL_checkstring(L, 1)));
 }
 
 /* The signals the master sends a worker (TERM, QUIT, INT to stop, USR1 to reopen the logs,

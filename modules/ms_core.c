@@ -29,7 +29,7 @@
 #include "transport/memio.h"
 #include "process/metrics.h"
 #include "moonserve.h"
-#include "ms_budget.h"
+#include "ms_guard.h"
 
 #define SERVER_MT  "moonserve.server"
 #define MEMCONN_MT "moonserve.memconn"
@@ -575,12 +575,22 @@ static int server_drain_delay(lua_State *L)
     return 0;
 }
 
-/* server:cpu_budget() -> true | nil, err: starts the CPU budget's clock (ms_budget.c) for the
+/* server:cpu_budget() -> true | nil, err: starts the CPU budget's clock (ms_guard.c) for the
  * state that runs this server's dispatcher; the dispatcher gives each resume its budget. */
 static int server_cpu_budget(lua_State *L)
 {
     binding_t *b = check_server(L);
-    return push_done(L, ms_budget_start(b->L));
+    return push_done(L, ms_guard_cpu(b->L));
+}
+
+/* server:memory_cap(bytes) -> true | nil, err: caps the Lua heap of the state that runs this
+ * server's dispatcher (ms_guard.c); past it, the resumed code gets a memory error. */
+static int server_memory_cap(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    lua_Number bytes = luaL_checknumber(L, 2);
+    luaL_argcheck(L, bytes >= 1 && bytes <= 0x1p52, 2, "bytes expected");
+    return push_done(L, ms_guard_memory(b->L, (size_t)bytes));
 }
 
 /* server:metrics(fd, slot) -> true: counts into slot `slot` of the metrics zone of `fd`
@@ -1196,17 +1206,30 @@ static int core_worker_ready(lua_State *L)
     return 1;
 }
 
-/* core.worker_failed(why) -> true | nil, err: tells the master this worker cannot start, and
- * why (it then exits): the master stops a start, or fails a reload, with that sentence. */
-static int core_worker_failed(lua_State *L)
+/* Sends the master `type` with the sentence at argument 1, which it does not answer. */
+static int tell_master(lua_State *L, uint32_t type)
 {
     size_t len;
     const char *why = luaL_checklstring(L, 1, &len);
-    int rc = ms_chan_send(MS_CHAN_WORKER_FD, MS_CHAN_FAILED, why, len < 1000 ? len : 1000, -1);
+    int rc = ms_chan_send(MS_CHAN_WORKER_FD, type, why, len < 1000 ? len : 1000, -1);
     if (rc < 0)
         return ms_lua_fail(L, uv_translate_sys_error(-rc));
     lua_pushboolean(L, 1);
     return 1;
+}
+
+/* core.worker_failed(why) -> true | nil, err: tells the master this worker cannot start, and
+ * why (it then exits): the master stops a start, or fails a reload, with that sentence. */
+static int core_worker_failed(lua_State *L)
+{
+    return tell_master(L, MS_CHAN_FAILED);
+}
+
+/* core.worker_replace(why) -> true | nil, err: asks the master to replace this worker, and
+ * why: it starts another in its slot and, once that one is ready, drains this one. */
+static int core_worker_replace(lua_State *L)
+{
+    return tell_master(L, MS_CHAN_REPLACE);
 }
 
 /* How long a worker waits for its master's answer: the master answers from its loop at once,
@@ -1679,6 +1702,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"health", server_health},
                                               {"drain_delay", server_drain_delay},
                                               {"cpu_budget", server_cpu_budget},
+                                              {"memory_cap", server_memory_cap},
                                               {"agent_check", server_agent_check},
                                               {"refusal_body", server_refusal_body},
                                               {"stats", server_stats},
@@ -1699,6 +1723,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                      {"worker_init", core_worker_init},
                                      {"worker_ready", core_worker_ready},
                                      {"worker_failed", core_worker_failed},
+                                     {"worker_replace", core_worker_replace},
                                      {"master_zone", core_master_zone},
                                      {"master_tickets", core_master_tickets},
                                      {"tls_ticket_rotate", core_tls_ticket_rotate},

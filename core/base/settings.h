@@ -109,9 +109,13 @@
     /* Fan-out across instances (moonserve/fanout.lua). */                                         \
     X(fanout_queue, fanout_queue, uint32_t, 10000, COUNT, 0,                                       \
       "publishes a worker keeps for Redis; past it, the oldest fail")                              \
-    /* Runaway Lua (modules/ms_budget.c): milliseconds of CPU, counted by the core's clock. */    \
+    /* Runaway Lua (modules/ms_guard.c): milliseconds of CPU, counted by the core's clock. */      \
     X(handler_cpu_ms, handler_cpu_ms, uint32_t, 2000, COUNT, 0,                                    \
-      "CPU ms a handler or timer runs without yielding: 503 (0: none)")
+      "CPU ms a handler or timer runs without yielding: 503 (0: none)")                            \
+    /* The Lua heap of a worker (modules/ms_guard.c): past it, the code that allocates gets a      \
+     * memory error; a heap that stays past three quarters of it has its worker replaced. */       \
+    X(lua_memory, lua_memory, uint64_t, 1073741824, BYTES, 0,                                      \
+      "a worker's Lua heap: the allocating handler gets 503 (0: no cap)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

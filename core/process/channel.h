@@ -14,7 +14,7 @@
 #define MS_CHAN_MAX 4096
 
 /* What a message is. A worker asks (READY, ZONE, OPEN, TICKETS) and the master answers every
- * ask but FAILED with OK (and a descriptor) or ERROR (and a sentence). */
+ * ask but FAILED and REPLACE with OK (and a descriptor) or ERROR (and a sentence). */
 enum {
     MS_CHAN_READY = 1, /* the worker listens and its start hooks have returned; the OK says
                           serve (in a reload, once every new worker is ready) */
@@ -27,6 +27,8 @@ enum {
     MS_CHAN_APPEND,    /* a log file the master opened for appending: its path as named */
     MS_CHAN_FAILED,    /* the worker cannot start: why, a sentence; no answer */
     MS_CHAN_CONFIG,    /* the configuration the master read (its bytes in a sealed memfd) */
+    MS_CHAN_REPLACE,   /* the worker asks to be replaced (its Lua heap stays past its cap):
+                          why, a sentence; no answer */
 };
 
 /* One message: a header, then `len` bytes of body. One message is one packet of the

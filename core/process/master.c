@@ -63,6 +63,8 @@ struct worker_s {
     uint64_t started;
     int is_ready, exited, handles;
     int mslot; /* its slot in the metrics zone, or -1 */
+    int replaced;    /* it asked to be replaced (MS_CHAN_REPLACE), and another is starting */
+    int replacement; /* it starts to replace one that asked */
 };
 
 /* A shared dictionary's zone, made the first time a worker asks for it and kept, with its
@@ -296,6 +298,7 @@ static void worker_release(worker_t *w)
 }
 
 static void spawn(slot_t *s);
+static void spawn_into(slot_t *s, worker_t **where);
 
 static void respawn_cb(uv_timer_t *t)
 {
@@ -351,6 +354,11 @@ static void exit_cb(uv_process_t *p, int64_t status, int sig)
                  p->pid, (long long)status, sig);
     if (w == s->next && M.stopping) {
         s->next = NULL; /* (stopped with the others: no reload to fail any more) */
+    } else if (w == s->next && w->replacement) {
+        ms_log(MS_LOG_ERR, "%s: its replacement failed, the old worker keeps serving", why);
+        s->next = NULL;
+        if (s->current != NULL)
+            s->current->replaced = 0; /* (it may ask again) */
     } else if (w == s->next) {
         /* A new worker died before it was ready: the reload failed; the old ones stay, and the
          * reload's other new workers go too (they would fail alike, or serve another app). */
@@ -936,6 +944,25 @@ static int ask_config(char *why, size_t why_len)
     return M.config_fd;
 }
 
+/* REPLACE: a worker whose Lua heap stays past its cap after a collection asks to go. Another
+ * starts in its slot and, once ready, takes over as in a reload; the old one drains, so what
+ * it has in flight finishes. Ignored during a stop and while the slot has a worker starting
+ * (a reload, or a replacement already under way). */
+static void replace(worker_t *w, const ms_chan_msg_t *m)
+{
+    slot_t *s = w->slot;
+    if (M.stopping || w != s->current || !w->is_ready || w->replaced || s->next != NULL)
+        return;
+    w->replaced = 1;
+    ms_log(MS_LOG_WARN, "worker %d (pid %d) asks to be replaced (%.*s): starting another",
+           s->index, w->proc.pid, (int)(m->len < 1000 ? m->len : 1000), m->body);
+    spawn_into(s, &s->next);
+    if (s->next != NULL)
+        s->next->replacement = 1;
+    else
+        w->replaced = 0; /* (it could not start: the worker may ask again) */
+}
+
 static void answer(worker_t *w, const ms_chan_msg_t *m)
 {
     char why[512];
@@ -943,6 +970,7 @@ static void answer(worker_t *w, const ms_chan_msg_t *m)
     const char *body = NULL;
     switch (m->type) {
     case MS_CHAN_READY: worker_ready(w); return;
+    case MS_CHAN_REPLACE: replace(w, m); return;
     case MS_CHAN_FAILED:
         /* Said once, before it exits: exit_cb names it. */
         if (w->failed == NULL && !w->is_ready)

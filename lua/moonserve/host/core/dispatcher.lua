@@ -48,7 +48,7 @@ local nroots = 0
 local home         -- the server this process serves (ms_server_t *), once attach() ran
 local home_obj     -- the same, as the core's server object (its in-process connections)
 local limits = { timers_pending = 1024, timers_running = 256, thread_job_bytes = 16777216,
-    fanout_queue = 10000, handler_cpu_ms = 0 }
+    fanout_queue = 10000, handler_cpu_ms = 0, lua_memory = 0 }
 _M.limits = limits
 local owned, nowned = {}, 0 -- by a handler's slot: what its request made (sockets), once it made one
 -- By handler coroutine: its frame, { req, res } of the request it runs now, where a layer
@@ -259,35 +259,72 @@ local function log_error(what, err)
     return ref
 end
 
--- -- The CPU budget (modules/ms_budget.c) --------------------------------------------------
+-- -- Runaway code (modules/ms_guard.c) ----------------------------------------------------
 -- Each resume of a handler, a timer's run or a light thread has limits.handler_cpu_ms of CPU
 -- (a route's own with req:cpu_budget) until it yields; past it, the code is stopped with an
--- error at its next instruction, compiled loops included. Per resume this costs two stores
--- and a load; the clock runs in the core's SIGPROF handler.
-local budget_on = false -- the server started the clock (limits.handler_cpu_ms > 0)
-local budget_run = 0
+-- error at its next instruction, compiled loops included. An allocation that would take the
+-- Lua heap past limits.lua_memory fails, and stops the code alike. Per resume this costs two
+-- stores and a load; the clock runs in the core's SIGPROF handler.
+local guard_on = false -- resumes are numbered: a CPU budget or a memory cap is on
+local guard_run = 0
+local default_ms = 0x7fffffff -- a resume's budget: limits.handler_cpu_ms, or none
+local replace_asked = false
 
-local function budget_begin(ms)
-    budget_run = budget_run < 0x7fffffff and budget_run + 1 or 1
+local function guard_begin(ms)
+    guard_run = guard_run < 0x7fffffff and guard_run + 1 or 1
     C.ms_ffi_budget_ms = ms
-    C.ms_ffi_resume = budget_run
+    C.ms_ffi_resume = guard_run
 end
 
--- After a resume: whether the budget stopped it (the hook is off again then).
-local function budget_end()
+-- After a resume: "cpu" or "memory" when the guard stopped it (the hook is off again then).
+local STOPS = { "cpu", "memory" }
+local STOP_ERRORS = { cpu = "CPU budget exceeded (limits.handler_cpu_ms)",
+    memory = "not enough memory (limits.lua_memory)" }
+local function guard_end()
     C.ms_ffi_resume = 0
-    return C.ms_ffi_budget_armed ~= 0 and C.ms_ffi_budget_settle() ~= 0
+    if C.ms_ffi_stop ~= 0 then
+        return STOPS[C.ms_ffi_stop_settle()]
+    end
 end
 
 -- The log line of a stop: what ran out, where it was (a traceback).
-local function budget_log(what, ms)
+local function stop_log(what, why, ms)
+    local where = ffi.string(C.ms_ffi_stop_where())
+    if why == "memory" then
+        return log_error(format("%s ran out of memory (the Lua heap reached limits.lua_memory, "
+            .. "%d bytes)", what, limits.lua_memory), where)
+    end
     return log_error(format("%s ran out of its CPU budget (%d ms without yielding; "
-        .. "limits.handler_cpu_ms)", what, ms), ffi.string(C.ms_ffi_budget_where()))
+        .. "limits.handler_cpu_ms)", what, ms), where)
 end
 
---- Starts the budget's clock in the process that serves `srv` (runner.lua), when
--- limits.handler_cpu_ms or a route asks for one.
-function _M.start_budget(srv)
+-- After a memory stop: a full collection, and a worker whose heap stays past three quarters
+-- of the cap asks its master for a replacement (it drains meanwhile; what is in flight ends).
+local function after_memory_stop()
+    collectgarbage()
+    local heap = collectgarbage("count") * 1024
+    if heap <= limits.lua_memory * 0.75 or replace_asked then
+        return
+    end
+    replace_asked = true
+    local why = format("its Lua heap stays at %d bytes after a collection, past three quarters "
+        .. "of limits.lua_memory", heap)
+    local ok, err = base.core.worker_replace(why)
+    base.log(base.LOG_WARN, why .. (ok and ": it asks the master for a replacement"
+        or ": no master to replace it (" .. tostring(err) .. ")"))
+end
+
+--- Starts the guards in the process that serves `srv` (runner.lua): the CPU budget's clock
+-- when limits.handler_cpu_ms or a route asks for one, the memory cap when limits.lua_memory.
+function _M.start_guards(srv)
+    if limits.lua_memory > 0 then
+        local ok, err = srv:memory_cap(limits.lua_memory)
+        if ok then
+            guard_on = true
+        else
+            base.log(base.LOG_WARN, "the Lua heap has no cap: " .. tostring(err))
+        end
+    end
     if limits.handler_cpu_ms == 0 and not (app and app.has_cpu_budgets and app:has_cpu_budgets())
     then
         return
@@ -297,14 +334,15 @@ function _M.start_budget(srv)
         base.log(base.LOG_WARN, "handlers run with no CPU budget: " .. tostring(err))
         return
     end
-    budget_on = true
+    default_ms = limits.handler_cpu_ms > 0 and limits.handler_cpu_ms or 0x7fffffff
+    guard_on = true
 end
 
 --- Sets the running handler's budget (ms of CPU between two waits), from now on: a route's
 -- own limits.handler_cpu_ms (app.lua). 0: none.
 function _M.cpu_budget(ms)
     local frame = current_co and frames[current_co]
-    if frame and budget_on then
+    if frame and guard_on then
         frame.cpu_ms = ms
         C.ms_ffi_budget_ms = ms > 0 and ms or 0x7fffffff
     end
@@ -338,9 +376,10 @@ local function abandon(co, r, code)
     return ended(co)
 end
 
--- The budget stopped handler coroutine `co` of request `r`: one log line, and 503 through
--- the app's error page when no byte of the reply left yet (else the reply is cut off).
-local function out_of_budget(co, r)
+-- The guard stopped handler coroutine `co` of request `r` (why: "cpu", "memory"): one log
+-- line, and 503 through the app's error page when no byte of the reply left yet (else the
+-- reply is cut off).
+local function stopped(co, r, why)
     local frame = frames[co]
     local req, res = frame and frame.req, frame and frame.res
     abandon(co, r, 1011)
@@ -350,7 +389,7 @@ local function out_of_budget(co, r)
         what = format("%s %s (route %s)", tostring(req.method), tostring(req.path),
             route and tostring(route.name or route.path) or "none")
     end
-    local ref = budget_log(what, frames[co] and frames[co].cpu_ms or limits.handler_cpu_ms)
+    local ref = stop_log(what, why, frame and frame.cpu_ms or limits.handler_cpu_ms)
     if band(r.flags, REQ_IN_HANDLER) ~= 0 then
         if band(r.flags, HEAD_SENT) == 0 and req and res then
             res:_reset()
@@ -373,6 +412,23 @@ local function out_of_budget(co, r)
         res.r = false
     end
     C.ms_ffi_req_finish(r)
+end
+
+-- After a resume of handler coroutine `co` of request `r` (`ok`: what the resume said):
+-- whether the guard stopped it. (A memory error that the code caught, and that it yielded
+-- after before the stop took effect, leaves it going.)
+local function guard_stopped(co, r, ok)
+    local why = guard_end()
+    if not why then
+        return false
+    end
+    if not ok then
+        stopped(co, r, why)
+    end
+    if why == "memory" then
+        after_memory_stop()
+    end
+    return not ok
 end
 
 -- After a resume: back to the pool, or parked until the core resumes it (returns true).
@@ -450,12 +506,12 @@ local function on_request()
     -- current_co was is no one's any more.)
     local prev = current
     current, current_co = r, co
-    if budget_on then
-        budget_begin(limits.handler_cpu_ms > 0 and limits.handler_cpu_ms or 0x7fffffff)
+    if guard_on then
+        guard_begin(default_ms)
         local ok, sig = co_resume(co, r)
         current = prev
-        if budget_end() then
-            return out_of_budget(co, r)
+        if guard_stopped(co, r, ok) then
+            return
         end
         return settle(co, r, ok, sig)
     end
@@ -472,13 +528,12 @@ local function resume_handler(r, slot, status)
     end
     local prev, prev_task, prev_co = current, task, current_co
     current, task, current_co = r, nil, co
-    if budget_on then
-        budget_begin(handler_budget(co))
+    if guard_on then
+        guard_begin(handler_budget(co))
     end
     local ok, sig = co_resume(co, status)
     current, task, current_co = prev, prev_task, prev_co
-    if budget_on and budget_end() then
-        out_of_budget(co, r)
+    if guard_on and guard_stopped(co, r, ok) then
         return slot_free(slot)
     end
     if not settle(co, r, ok, sig) then
@@ -509,13 +564,14 @@ local settle_task, finish
 local function run_task(t, ...)
     local prev, prev_task, prev_co = current, task, current_co
     current, task, current_co = t.r, t, t.co
-    if budget_on then
-        budget_begin(limits.handler_cpu_ms > 0 and limits.handler_cpu_ms or 0x7fffffff)
+    if guard_on then
+        guard_begin(default_ms)
     end
     local ok, sig, res = co_resume(t.co, ...)
     current, task, current_co = prev, prev_task, prev_co
-    if budget_on and budget_end() then
-        budget_log(t.what or (t.kind == "thread" and "light thread") or t.kind,
+    local why = guard_on and guard_end()
+    if why and not ok then
+        stop_log(t.what or (t.kind == "thread" and "light thread") or t.kind, why,
             limits.handler_cpu_ms)
         if t.threads then
             kill_all(t)
@@ -523,9 +579,13 @@ local function run_task(t, ...)
         if (t.owned1 or t.owned) and not t.root then
             release(t, 1011) -- (a WebSocket it runs for closes with 1011)
         end
-        return finish(t, { n = 2, false, "CPU budget exceeded (limits.handler_cpu_ms)" })
+        finish(t, { n = 2, false, STOP_ERRORS[why] })
+    else
+        settle_task(t, ok, sig, res)
     end
-    settle_task(t, ok, sig, res)
+    if why == "memory" then
+        after_memory_stop()
+    end
 end
 
 -- The body of a task's coroutine: fn under xpcall, then (a root) its light threads.
@@ -1121,6 +1181,7 @@ function _M.attach(srv, lims)
     limits.thread_job_bytes = lims and lims.thread_job_bytes or defaults.thread_job_bytes
     limits.fanout_queue = lims and lims.fanout_queue or defaults.fanout_queue
     limits.handler_cpu_ms = lims and lims.handler_cpu_ms or defaults.handler_cpu_ms
+    limits.lua_memory = lims and lims.lua_memory or defaults.lua_memory
     -- (the Redis shared dictionaries hold their keys and values to these)
     local redis_limits = require("moonserve.redis.dict").limits
     for _, k in ipairs({ "redis_key_bytes", "redis_value_bytes" }) do

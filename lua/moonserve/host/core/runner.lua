@@ -601,7 +601,7 @@ local function make(the_app, opts, limits)
 end
 
 local function serve(srv)
-    dispatcher.start_budget(srv)
+    dispatcher.start_guards(srv)
     srv:run()
     -- Thread pools: running jobs are waited for, the threads joined, before the loop closes.
     local threads = package.loaded["moonserve.host.core.threads"]

@@ -195,26 +195,37 @@ int ms_guard_cpu(lua_State *L)
     return 0;
 }
 
-/* Called from LuaJIT for every allocation, resize and free of the VM (lua_setallocf); `osize`
- * is the block's size, as LuaJIT always passes it. */
-static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+/* capped_alloc's path past the cap (the heap counted already): only the resumed code is
+ * stopped; the dispatcher's own allocations, the hook's, and frees go through. */
+static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t nsize)
 {
-    (void)ud;
     size_t old = ptr != NULL ? osize : 0;
-    if (nsize > old && ms_ffi_resume != 0 && !exempt && heap + (nsize - old) > cap) {
+    if (nsize > old && ms_ffi_resume != 0 && !exempt) {
         if (!ms_ffi_stop) {
             refused = 1;
             arm(MS_STOP_MEMORY);
             if (clock_on) /* (a trace checks the profiler's flag at its next line) */
                 pthread_kill(loop_thread, SIGPROF);
         }
-        if (heap + (nsize - old) > cap + GRACE)
-            return NULL;
+        if (heap > cap + GRACE) {
+            heap -= nsize - old;
+            return NULL; /* LuaJIT raises "not enough memory" where it was made */
+        }
     }
-    void *p = base_alloc(base_ud, ptr, osize, nsize);
-    if (p != NULL || nsize == 0)
-        heap = heap - old + nsize;
-    return p;
+    return base_alloc(base_ud, ptr, osize, nsize);
+}
+
+/* Called from LuaJIT for every allocation, resize and free of the VM (lua_setallocf); `osize`
+ * is the block's size, as LuaJIT always passes it. Below the cap this is a few instructions
+ * and a tail call. The heap is counted before LuaJIT's allocator runs: a block it fails to get
+ * (the system is out of memory) stays counted. */
+static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    (void)ud;
+    heap += nsize - (ptr != NULL ? osize : 0);
+    if (__builtin_expect(heap > cap, 0))
+        return over_cap(ptr, osize, nsize);
+    return base_alloc(base_ud, ptr, osize, nsize);
 }
 
 int ms_guard_memory(lua_State *L, size_t bytes)

@@ -2,7 +2,11 @@
  * (spec/fuzz/lua/TARGET.lua, named at build time as MS_LUA_TARGET) returns a function of the
  * input that raises only for a finding: a parser that raised where it answers nil and an
  * error, or that broke a promise it makes (a bound, a type). A raise aborts, so that libFuzzer
- * keeps the input; a parser that loops is a timeout, which libFuzzer reports too. */
+ * keeps the input; a parser that loops is a timeout, which libFuzzer reports too.
+ *
+ * libFuzzer sees the C it instruments, not the Lua that LuaJIT runs: a line hook gives it the
+ * Lua side's coverage, as pairs of lines run one after the other, counted in its "extra
+ * counters" (a section it reads as its own coverage). */
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -12,6 +16,20 @@
 
 static lua_State *L;
 static int target_ref;
+
+#define PAIRS 65536
+__attribute__((section("__libfuzzer_extra_counters"))) static uint8_t pairs[PAIRS];
+static uintptr_t last_line;
+
+static void line_hook(lua_State *state, lua_Debug *ar)
+{
+    if (lua_getinfo(state, "S", ar) == 0)
+        return;
+    /* (a chunk's source name is interned for the process's life: its address names it) */
+    uintptr_t line = ((uintptr_t)ar->source * 31 + (uintptr_t)ar->currentline) * 2654435761u;
+    pairs[(line ^ (last_line >> 1)) % PAIRS]++;
+    last_line = line;
+}
 
 /* The state's objects go with it at the exit, so that LeakSanitizer sees only real leaks. */
 static void close_state(void)
@@ -42,6 +60,7 @@ static void setup(void)
         abort();
     }
     target_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    lua_sethook(L, line_hook, LUA_MASKLINE, 0);
     atexit(close_state);
 }
 

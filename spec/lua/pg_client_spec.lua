@@ -71,4 +71,47 @@ describe("moonserve.pg", function()
             pg.Error)
         assert.equal("ERROR 23505: duplicate key", tostring(e))
     end)
+
+    -- A server's replies, as the session reads them from a socket that hands out `data`.
+    local function replies(data)
+        local conn = require "moonserve.pg.conn"
+        local at = 1
+        local sock = { receive = function(_, n)
+            if at + n - 1 > #data then
+                return nil, "closed"
+            end
+            at = at + n
+            return data:sub(at - n, at - 1)
+        end }
+        return setmetatable({ sock = sock, opts = {}, max_message = 1048576, params = {},
+            notifications = {} }, conn.Conn)
+    end
+    local function msg(kind, body)
+        local n = #body + 4
+        return kind .. string.char(0, 0, math.floor(n / 256), n % 256) .. body
+    end
+
+    it("calls a malformed reply a protocol violation (08P01), and raises nothing", function()
+        local col = "x\0" .. ("\0"):rep(6) .. "\0\0\0\23" .. ("\0"):rep(8)
+        local cases = {
+            -- a row description cut short, a row with no description, a row whose value
+            -- runs past its end, a row of another width than its description
+            { msg("T", "\0\5x"), "RowDescription" },
+            { msg("D", "\0\1\0\0\0\1" .. "1"), "DataRow" },
+            { msg("T", "\0\1" .. col) .. msg("D", "\0\1\0\0\0\9" .. "1"), "DataRow" },
+            { msg("T", "\0\1" .. col) .. msg("D", "\0\2\0\0\0\1" .. "1"), "DataRow" },
+        }
+        for _, case in ipairs(cases) do
+            local c = replies(case[1] .. msg("Z", "I"))
+            local res, err = c:collect()
+            assert.is_nil(res)
+            assert.equal("08P01", err.code)
+            assert.equal("pg: a malformed " .. case[2] .. " message", err.message)
+            assert.is_true(c.broken)
+        end
+        -- and the well-formed row of the same description reads
+        local c = replies(msg("T", "\0\1" .. col) .. msg("D", "\0\1\0\0\0\2" .. "42")
+            .. msg("C", "SELECT 1\0") .. msg("Z", "I"))
+        assert.same({ { x = 42 } }, c:collect()[1])
+    end)
 end)

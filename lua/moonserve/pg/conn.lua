@@ -135,7 +135,7 @@ function Conn:async(kind, body)
             self.on_notice(notice)
         end
         return true
-    elseif kind == "A" then
+    elseif kind == "A" and #body >= 4 then
         -- NotificationResponse: pid, channel, payload; kept for a listener
         local stop = find(body, "\0", 5, true) or #body
         local q = self.notifications
@@ -233,7 +233,10 @@ local function startup(c, o)
         if not kind then
             return nil, b
         end
-        if kind == "R" then
+        if (kind == "R" and (#b < 4 or (get32(b, 1) == 5 and #b < 8))) or (kind == "K" and #b < 8)
+        then
+            return nil, "a malformed message " .. kind .. " during startup"
+        elseif kind == "R" then
             local code = get32(b, 1)
             if code == 0 then
                 if sc and not verified then
@@ -371,14 +374,21 @@ end
 
 -- -- Results -------------------------------------------------------------------------------
 
--- RowDescription: the columns' names and decoders.
+-- RowDescription: the columns' names and decoders; nil for a malformed one.
 local function describe(body, numeric)
+    local size = #body
+    if size < 2 then
+        return nil
+    end
     local n = get16(body, 1)
     local names, decoders = {}, {}
     local at = 3
     local dopts = { numeric = numeric }
     for i = 1, n do
         local stop = find(body, "\0", at, true)
+        if not stop or stop + 18 > size then
+            return nil
+        end
         names[i] = sub(body, at, stop - 1)
         local oid = get32(body, stop + 7)
         decoders[i] = types.decoder(oid, dopts)
@@ -387,15 +397,25 @@ local function describe(body, numeric)
     return { n = n, names = names, decoders = decoders }
 end
 
+-- DataRow, by the columns of `desc`; nil for a malformed one, or one with no description.
 local function decode_row(body, desc)
+    local size = #body
+    if not desc or size < 2 or get16(body, 1) ~= desc.n then
+        return nil
+    end
     local row = {}
     local names, decoders = desc.names, desc.decoders
     local at = 3
-    for i = 1, get16(body, 1) do
+    for i = 1, desc.n do
+        if at + 3 > size then
+            return nil
+        end
         local len = get32(body, at)
         if len < 0 then
             row[names[i]] = NULL
             at = at + 4
+        elseif at + 3 + len > size then
+            return nil
         else
             row[names[i]] = decoders[i](sub(body, at + 4, at + 3 + len))
             at = at + 4 + len
@@ -455,6 +475,10 @@ function Conn:collect(desc, on_row)
             end
             if not stopped then
                 local row = decode_row(body, result.desc or desc)
+                if not row then
+                    self.broken = true
+                    return nil, client_error("08P01", "pg: a malformed DataRow message")
+                end
                 if on_row then
                     local ok, more = pcall(on_row, row)
                     if not ok then
@@ -472,6 +496,10 @@ function Conn:collect(desc, on_row)
             end
         elseif kind == "T" then
             local d = describe(body, numeric)
+            if not d then
+                self.broken = true
+                return nil, client_error("08P01", "pg: a malformed RowDescription message")
+            end
             local parsing = self.parsing
             if parsing and parsing.desc == nil then
                 parsing.desc = d -- (the statement's: later runs send no Describe)
@@ -685,5 +713,7 @@ function Conn:extended(sql, n, args, on_row, again)
 end
 
 _M.sessions = sessions
+-- (spec/fuzz/lua/pg.lua reads replies through a session made over a socket of its own)
+_M.Conn, _M.startup = Conn, startup
 
 return _M

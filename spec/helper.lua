@@ -67,7 +67,8 @@ end
 -- { NAME = value } for its environment; opts.log: the
 -- file the server logs to, when the arguments say --log; opts.bare: none of the --listen
 -- and --workers of its own (where it listens, and how many workers, is the environment's or
--- the defaults'). Returns a server with .port, .pid, :log() and :stop().
+-- the defaults'); opts.limits: ulimit's arguments for it ("-n 64"). Returns a server with
+-- .port, .pid, :log() and :stop().
 function helper.spawn_server(opts)
     local log = os.tmpname()
     local logfile = opts.log or log
@@ -80,6 +81,10 @@ function helper.spawn_server(opts)
     local cmd = string.format("%s %s %s %s >%s 2>&1 " ..
         "3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- & echo $!", sh_quote(BIN), app,
         opts.bare and "" or "--listen 127.0.0.1:0 --workers 0", opts.args or "", sh_quote(log))
+    if opts.limits then -- (in a subshell of its own, so that $! is the server)
+        cmd = string.format("(ulimit %s && exec %s", opts.limits, (cmd:gsub(" & echo %$!$", "")))
+            .. ") & echo $!"
+    end
     -- The server's environment is this process's, with opts.env set while it starts.
     local pid = helper.with_env(opts.env or {}, function()
         local p = io.popen(cmd)

@@ -123,6 +123,9 @@ enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS
 
 /* -- Other shared defaults -------------------------------------------------------------- */
 
+/* Descriptors kept free for what connections already open need (an upstream socket, a file):
+ * a new connection that would leave fewer is refused, before the process runs out. */
+#define MS_FD_RESERVE 32
 /* listen(2)'s backlog when a caller gives none (0 or less). */
 #define MS_LISTEN_BACKLOG 511
 /* The static file cache of a worker: open files, and bytes of contents held in memory

@@ -284,6 +284,10 @@ struct ms_server_s {
     uint32_t ntrusted;
     uint64_t refused_logged_at; /* refusals of floods are logged once a second */
     uint64_t refused_conns_logged, refused_busy_logged;
+    /* The process's descriptor limit (RLIMIT_NOFILE, raised to its hard limit when a server
+     * is made), and the connections refused because a descriptor past it was near. */
+    uint32_t fd_limit;
+    uint64_t refused_fds, refused_fds_logged;
     ms_conn_t *deferred; /* connections to move on once those calls return */
     struct ms_listener_s *listeners;
     struct ms_sockets_s *sockets; /* sock.c: pools, resolver; NULL until a socket is made */
@@ -378,6 +382,8 @@ int ms__source_add(ms_server_t *s, ms_conn_t *c);
 void ms__source_remove(ms_server_t *s, ms_conn_t *c);
 void ms__sources_free(ms_server_t *s);
 void ms__log_refusals(ms_server_t *s);
+/* Raises this process's soft descriptor limit to its hard one; returns the limit in force. */
+uint32_t ms__nofile_raise(void);
 /* Refusals logged with their reason each second; the rest are counted (ms__log_refusals). */
 #define MS_REFUSALS_TOLD 10
 

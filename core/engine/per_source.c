@@ -145,10 +145,18 @@ void ms__log_refusals(ms_server_t *s)
     uint64_t conns = s->stats->refused_conns - s->refused_conns_logged;
     uint64_t busy = s->stats->refused_busy - s->refused_busy_logged;
     uint64_t quiet = s->refused_quiet - s->refused_quiet_logged;
+    uint64_t fds = s->refused_fds - s->refused_fds_logged;
     s->refused_logged_at = now;
     s->refused_conns_logged = s->stats->refused_conns;
     s->refused_busy_logged = s->stats->refused_busy;
     s->refused_quiet_logged = s->refused_quiet;
+    s->refused_fds_logged = s->refused_fds;
+    if (fds) {
+        ms_log(MS_LOG_WARN, "refused %llu connections: descriptors nearly exhausted (the "
+               "limit is %u; raise it: ulimit -n, or LimitNOFILE= in a systemd unit)",
+               (unsigned long long)fds, s->fd_limit);
+        conns -= fds < conns ? fds : conns;
+    }
     if (quiet)
         ms_log(MS_LOG_WARN, "refused %llu more requests (400, 408, 413, 414, 431: %d a second "
                "are logged with their reason)", (unsigned long long)quiet, MS_REFUSALS_TOLD);

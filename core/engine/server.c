@@ -2,6 +2,8 @@
  * and the depth guard around calls into the handler. */
 #include "engine/engine.h"
 
+#include <sys/resource.h>
+
 /* -- Server ------------------------------------------------------------------------------ */
 
 void ms_limits_default(ms_limits_t *l)
@@ -36,7 +38,25 @@ ms_server_t *ms_server_new(uv_loop_t *loop, const ms_limits_t *limits, ms_reques
             (*p)->worker_init(s);
     ms__timers_init(&s->timers, loop);
     uv_idle_init(loop, &s->wake_idle);
+    s->fd_limit = ms__nofile_raise();
     return s;
+}
+
+/* The soft limit on descriptors is raised to the hard one (a Debian login's 1024 holds a
+ * thousand connections at most; its hard limit, or systemd's LimitNOFILE, far more), as
+ * Go's runtime and many servers do at start. Returns the limit now in force (at most 2^31). */
+uint32_t ms__nofile_raise(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return UINT32_MAX;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = {rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+            rl.rlim_cur = rl.rlim_max;
+    }
+    return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT32_MAX ? INT32_MAX
+                                                                 : (uint32_t)rl.rlim_cur;
 }
 
 int ms_server_stopping(ms_server_t *s)

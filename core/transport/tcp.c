@@ -238,6 +238,16 @@ typedef struct ms_listener_s {
     struct ms_listener_s *next;
 } ms_listener_t;
 
+/* Whether `c`'s descriptor leaves fewer than MS_FD_RESERVE free: accept(2) gives the lowest
+ * free number, so every one below it is in use. (Once none is left, libuv closes new
+ * connections by itself, unseen: refusing first is what makes it seen.) */
+static int near_fd_limit(ms_server_t *s, ms_conn_t *c)
+{
+    uv_os_fd_t fd;
+    return uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &fd) == 0 &&
+           (uint32_t)fd + MS_FD_RESERVE >= s->fd_limit;
+}
+
 static void on_connection(uv_stream_t *ls, int status)
 {
     ms_listener_t *l = (ms_listener_t *)ls;
@@ -263,6 +273,13 @@ static void on_connection(uv_stream_t *ls, int status)
         if (l->tls != NULL) {
             c->mtls = 1;
             s->m->conns_proto[2]++;
+        }
+        if (near_fd_limit(s, c)) {
+            s->refused_fds++;
+            s->stats->refused_conns++;
+            ms__log_refusals(s);
+            ms__conn_close(c, 0);
+            continue;
         }
         if (s->stats->conns > s->limits.connections ||
             (c->source_known && !(c->flags & MS_CONN_PROXY) && !ms__trusted(s, c->source) &&

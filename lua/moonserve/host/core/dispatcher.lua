@@ -1042,6 +1042,15 @@ function _M.timer_counts()
     return npending, nrunning
 end
 
+--- What the dispatcher holds now, counted: slots in use (parked coroutines, tasks, pending
+-- timers, waits of the core's objects), requests that own objects, roots of light threads,
+-- pooled coroutines, pending and running timers. For checks that nothing is left behind
+-- (bench/resets, the soak): each returns to its idle value once the traffic has ended.
+function _M.census()
+    return { slots = #parked - nfree, owning = nowned, roots = nroots, pool = npool,
+        timers_pending = npending, timers_running = nrunning }
+end
+
 -- -- Worker hooks and the stop --------------------------------------------------------------
 
 -- Runs `hooks` one after another in a task (errors are logged and the next runs), then

@@ -4,7 +4,7 @@
 local moonserve = require "moonserve"
 local app = moonserve.app()
 
-local redis = moonserve.redis.new(os.getenv("REDIS_URL"))
+local redis = require("moonserve.redis").new(os.getenv("REDIS_URL"))
 local db = moonserve.pg.new{ url = os.getenv("DATABASE_URL"), sslmode = "disable",
     pool_size = 16 }
 

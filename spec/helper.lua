@@ -132,6 +132,43 @@ function helper.spawn_server(opts)
     return srv
 end
 
+-- Opens a WebSocket on `path`, sends `text` (one masked frame, under 126 bytes) and returns
+-- the code of the close frame the server answers with.
+function helper.websocket_close_code(port, path, text)
+    local c = assert(socket.connect("127.0.0.1", port))
+    c:settimeout(10)
+    assert(c:send("GET " .. path .. " HTTP/1.1\r\nHost: w\r\nUpgrade: websocket\r\n"
+        .. "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        .. "Sec-WebSocket-Version: 13\r\n\r\n"))
+    repeat
+        local line = assert(c:receive("*l"))
+    until line == ""
+    -- a text frame with a mask of zeros: the payload as it is
+    assert(c:send(string.char(0x81, 0x80 + #text) .. "\0\0\0\0" .. text))
+    local head = assert(c:receive(2))
+    local payload = assert(c:receive(head:byte(2) % 128))
+    c:close()
+    assert(head:byte(1) == 0x88, "a close frame expected")
+    return payload:byte(1) * 256 + payload:byte(2)
+end
+
+-- The runaway specs (spec/fixtures/runaway.lua): how many additions a compiled loop makes in
+-- 20 ms of CPU before and after `stop` runs `n` times; a JIT that stopped compiling would be
+-- some ten times slower after.
+function helper.jit_rates(port, n, stop)
+    local function rate()
+        local res = helper.request(port, "GET /rate HTTP/1.1\r\nHost: r\r\n"
+            .. "Connection: close\r\n\r\n")
+        assert(res.status == 200, "GET /rate failed")
+        return tonumber(res.body)
+    end
+    local before = rate()
+    for _ = 1, n do
+        stop()
+    end
+    return before, rate()
+end
+
 -- The pids of a process's children (a master's workers), sorted.
 function helper.children(pid)
     local out = helper.run(helper.tool("pgrep") .. " -P " .. pid)

@@ -1,5 +1,5 @@
 -- spec/it/budget_spec.lua: the CPU budget (limits.handler_cpu_ms) on a real server of one
--- worker (spec/fixtures/budget.lua): a handler that never yields, in each shape a runaway
+-- worker (spec/fixtures/runaway.lua): a handler that never yields, in each shape a runaway
 -- takes, gets 503 and one log line with its route and a traceback, within the budget and two
 -- ticks of the clock; the worker goes on serving, the same process, and its JIT still
 -- compiles; a request waiting behind the runaway is answered; work in slices that yield is
@@ -21,29 +21,11 @@ local function timed(srv, path)
     return res, socket.gettime() - t0
 end
 
--- The WebSocket /ws: sends "spin" and returns the close code the server sent.
-local function ws_spin(port)
-    local c = assert(socket.connect("127.0.0.1", port))
-    c:settimeout(10)
-    assert(c:send("GET /ws HTTP/1.1\r\nHost: b\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        .. "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"))
-    repeat
-        local line = assert(c:receive("*l"))
-    until line == ""
-    -- a masked text frame (a mask of zeros: the payload as it is)
-    assert(c:send("\129\132\0\0\0\0spin"))
-    local head = assert(c:receive(2))
-    local payload = assert(c:receive(head:byte(2) % 128))
-    c:close()
-    assert.equal(0x88, head:byte(1), "a close frame")
-    return payload:byte(1) * 256 + payload:byte(2)
-end
-
 describe("the CPU budget", function()
     local srv
 
     setup(function()
-        srv = helper.spawn_server { app = "spec/fixtures/budget.lua",
+        srv = helper.spawn_server { app = "spec/fixtures/runaway.lua",
             args = "--workers 1 --limit handler_cpu_ms=" .. BUDGET }
     end)
 
@@ -73,7 +55,7 @@ describe("the CPU budget", function()
         assert.matches("GET " .. path:gsub("%p", "%%%0") .. " %(route "
             .. route:gsub("%p", "%%%0") .. "%) ran out of its CPU budget %(%d+ ms without "
             .. "yielding; limits.handler_cpu_ms%)", log)
-        assert.matches("budget%.lua:%d+", log) -- where it was
+        assert.matches("runaway%.lua:%d+", log) -- where it was
         local _, lines = log:gsub("ran out of its CPU budget", "")
         assert.equal(1, lines, log)
         assert.equal(200, get(srv, "/hello").status)
@@ -148,30 +130,21 @@ describe("the CPU budget", function()
     end)
 
     it("closes a WebSocket whose handler never yields with 1011", function()
-        assert.equal(1011, ws_spin(srv.port))
+        assert.equal(1011, helper.websocket_close_code(srv.port, "/ws", "spin"))
         assert.equal(200, get(srv, "/hello").status)
     end)
 
     it("leaves the JIT compiling after fifty stops", function()
-        local function rate()
-            local res = get(srv, "/rate")
-            assert.equal(200, res.status)
-            return tonumber(res.body)
-        end
-        local before = rate()
-        for _ = 1, 50 do
+        local before, after = helper.jit_rates(srv.port, 50, function()
             assert.equal(503, get(srv, "/short").status)
-        end
-        -- a compiled loop still runs at a compiled loop's speed (the interpreter's is some
-        -- ten times slower)
-        local after = rate()
+        end)
         assert.is_true(after > before / 2, before .. " then " .. after)
     end)
 end)
 
 describe("the CPU budget turned off", function()
     it("lets a handler run past where the budget would stop it (handler_cpu_ms=0)", function()
-        local srv = helper.spawn_server { app = "spec/fixtures/budget.lua",
+        local srv = helper.spawn_server { app = "spec/fixtures/runaway.lua",
             args = "--workers 1 --limit handler_cpu_ms=0" }
         finally(function() srv:stop() end)
         -- 600 ms in one slice: past the default of the describe above, never stopped

@@ -1,5 +1,5 @@
 -- spec/it/memory_cap_spec.lua: the memory cap (limits.lua_memory) on a real server of one
--- worker (spec/fixtures/memory_cap.lua): code that allocates without end, in each shape that
+-- worker (spec/fixtures/runaway.lua): code that allocates without end, in each shape that
 -- takes, gets 503 and one log line with its route and where it was; the worker collects and
 -- goes on serving, the same process, while another client's requests keep their latency; a
 -- timer and a WebSocket (close 1011) too; a worker whose heap stays near the cap after the
@@ -15,7 +15,7 @@ local function get(srv, path)
 end
 
 local function heap(srv)
-    return tonumber(get(srv, "/heap").body)
+    return tonumber(get(srv, "/memory/heap").body)
 end
 
 local function pid_of(srv)
@@ -24,25 +24,8 @@ local function pid_of(srv)
     return res.body:match("%d+$")
 end
 
--- The WebSocket /ws: sends "hog" and returns the close code the server sent.
-local function ws_hog(port)
-    local c = assert(socket.connect("127.0.0.1", port))
-    c:settimeout(10)
-    assert(c:send("GET /ws HTTP/1.1\r\nHost: m\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        .. "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"))
-    repeat
-        local line = assert(c:receive("*l"))
-    until line == ""
-    assert(c:send("\129\131\0\0\0\0hog")) -- a masked text frame, a mask of zeros
-    local head = assert(c:receive(2))
-    local payload = assert(c:receive(head:byte(2) % 128))
-    c:close()
-    assert.equal(0x88, head:byte(1), "a close frame")
-    return payload:byte(1) * 256 + payload:byte(2)
-end
-
 local function spawn(cap)
-    return helper.spawn_server { app = "spec/fixtures/memory_cap.lua",
+    return helper.spawn_server { app = "spec/fixtures/runaway.lua",
         args = "--workers 1 --limit lua_memory=" .. cap }
 end
 
@@ -73,7 +56,7 @@ describe("the memory cap", function()
         assert.matches("GET " .. path:gsub("%p", "%%%0") .. " %(route "
             .. path:gsub("%p", "%%%0") .. "%) ran out of memory %(the Lua heap reached "
             .. "limits.lua_memory, " .. CAP .. " bytes%)", log)
-        assert.matches("memory_cap%.lua:%d+: in function 'handle'", log) -- where it was
+        assert.matches("runaway%.lua:%d+: in function 'handle'", log) -- where it was
         local _, lines = log:gsub("ran out of memory", "")
         assert.equal(1, lines, log)
         -- the collection after the stop gave the heap back
@@ -82,20 +65,20 @@ describe("the memory cap", function()
     end
 
     it("stops a table that grows without end, in a compiled loop, with 503", function()
-        stopped("/hog")
+        stopped("/memory/hog")
     end)
 
     it("stops strings kept without end", function()
-        stopped("/strings")
+        stopped("/memory/strings")
     end)
 
     it("stops code whose pcall swallows the memory error", function()
-        stopped("/swallow")
+        stopped("/memory/swallow")
     end)
 
     it("stops a timer that allocates without end; the worker goes on", function()
         local log_before = #srv:log()
-        local res = helper.request(srv.port, "POST /timer HTTP/1.1\r\nHost: m\r\n"
+        local res = helper.request(srv.port, "POST /memory/timer HTTP/1.1\r\nHost: m\r\n"
             .. "Content-Length: 0\r\nConnection: close\r\n\r\n")
         assert.equal(200, res.status)
         assert.is_true(helper.wait_for(function()
@@ -104,22 +87,13 @@ describe("the memory cap", function()
     end)
 
     it("closes a WebSocket whose handler allocates without end with 1011", function()
-        assert.equal(1011, ws_hog(srv.port))
+        assert.equal(1011, helper.websocket_close_code(srv.port, "/ws", "hog"))
     end)
 
     it("leaves the JIT compiling after twenty stops", function()
-        local function rate()
-            local res = get(srv, "/rate")
-            assert.equal(200, res.status)
-            return tonumber(res.body)
-        end
-        local before = rate()
-        for _ = 1, 20 do
-            assert.equal(503, get(srv, "/hog").status)
-        end
-        -- a compiled loop still runs at a compiled loop's speed (the interpreter's is some
-        -- ten times slower)
-        local after = rate()
+        local before, after = helper.jit_rates(srv.port, 20, function()
+            assert.equal(503, get(srv, "/memory/hog").status)
+        end)
         assert.is_true(after > before / 2, before .. " then " .. after)
     end)
 
@@ -137,7 +111,7 @@ describe("the memory cap", function()
         end
         local calm = p99_max(200)
         -- a second client asks for /hog back to back meanwhile
-        local hogs = helper.background(string.format("%s -s 'http://127.0.0.1:%d/hog?[1-40]'",
+        local hogs = helper.background(string.format("%s -s 'http://127.0.0.1:%d/memory/hog?[1-40]'",
             helper.tool("curl"), srv.port))
         finally(function() helper.stop_pid(hogs) end)
         local log_before = #srv:log()
@@ -158,12 +132,12 @@ describe("the memory cap and a leak", function()
         finally(function() srv:stop() end)
         local old = pid_of(srv)
         -- 52 MiB kept: past three quarters of the cap once a stop collects
-        assert.equal(200, get(srv, "/keep?mb=52").status)
+        assert.equal(200, get(srv, "/memory/keep?mb=52").status)
         local c = assert(socket.connect("127.0.0.1", srv.port))
         c:settimeout(10)
         c:send("GET /slow?s=1 HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
         socket.sleep(0.1)
-        assert.equal(503, get(srv, "/hog").status)
+        assert.equal(503, get(srv, "/memory/hog").status)
         assert.is_true(helper.wait_for(function()
             return pid_of(srv) ~= old
         end, 10), srv:log())
@@ -188,7 +162,7 @@ describe("the memory cap turned off", function()
     it("lets the heap grow past where the cap would stop it (lua_memory=0)", function()
         local srv = spawn(0)
         finally(function() srv:stop() end)
-        assert.equal(200, get(srv, "/keep?mb=80").status)
+        assert.equal(200, get(srv, "/memory/keep?mb=80").status)
         assert.is_true(heap(srv) > 80 * 1048576)
         assert.is_nil(srv:log():find("memory", 1, true))
     end)

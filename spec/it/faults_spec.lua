@@ -47,9 +47,9 @@ describe("faults under load", function()
         local before = children(srv.pid)
         -- 16 keep-alive connections and 4 new ones a request (spec/it/load_client.py), each
         -- with one request at a time: at most 20 in flight
-        local p = io.popen(string.format("%s %s/spec/it/load_client.py %d 4 16 4 /hello 2>&1",
+        local p = io.popen(string.format("%s %s/spec/it/load_client.py %d 3 16 4 /hello 2>&1",
             helper.tool("http.client"), helper.root, srv.port))
-        socket.sleep(1.5)
+        socket.sleep(1)
         os.execute("kill -9 " .. before[1])
         local out = p:read("*a")
         p:close()
@@ -122,30 +122,30 @@ describe("faults under load", function()
         assert.equal(worker, children(srv.pid)[1])
     end)
 
-    -- Kills the server behind /PATH at 1.5 s and starts it again at 3.5 s, under a request
+    -- Kills the server behind /PATH at 1 s and starts it again at 2.5 s, under a request
     -- every 20 ms; checks the errors were clean and quick, and that service came back.
     local function outage(srv, path, kill, start)
         local killed, started
-        local rows = load(srv.port, path, 6, function(t)
-            if t >= 1.5 and not killed then
+        local rows = load(srv.port, path, 4.5, function(t)
+            if t >= 1 and not killed then
                 killed = true
                 kill()
-            elseif t >= 3.5 and not started then
+            elseif t >= 2.5 and not started then
                 started = true
                 start()
             end
         end)
         local ok_before, failed, slowest, back = 0, 0, 0, nil
         for _, r in ipairs(rows) do
-            if r.t < 1.5 then
+            if r.t < 1 then
                 assert.equal(200, r.status)
                 ok_before = ok_before + 1
             elseif r.status ~= 200 then
                 assert.equal(503, r.status) -- the handler's own answer: the error reached it
                 failed = failed + 1
                 slowest = math.max(slowest, r.took)
-            elseif r.t >= 3.5 and not back then
-                back = r.t - 3.5
+            elseif r.t >= 2.5 and not back then
+                back = r.t - 2.5
             end
         end
         assert.is_true(failed > 0, "the outage was not seen")
@@ -170,7 +170,7 @@ describe("faults under load", function()
         end, function()
             rpid = helper.redis_server(rport)
         end)
-        note("Redis killed for 2 s: %d requests answered 503 (the slowest in %.3f s), service "
+        note("Redis killed for 1.5 s: %d requests answered 503 (the slowest in %.3f s), service "
             .. "back %.3f s after the restart", failed, slowest, back)
         assert.equal(worker, children(srv.pid)[1])
     end)
@@ -189,7 +189,7 @@ describe("faults under load", function()
         end, function()
             os.execute("kill -CONT " .. rpid)
         end)
-        note("Redis frozen for 2 s: %d requests answered 503 (the slowest in %.3f s; the "
+        note("Redis frozen for 1.5 s: %d requests answered 503 (the slowest in %.3f s; the "
             .. "timeout is 1 s), service back %.3f s after it thawed", failed, slowest, back)
         assert.is_true(slowest >= 0.9, "an error before the timeout: " .. slowest)
     end)
@@ -210,7 +210,7 @@ describe("faults under load", function()
         end, function()
             pg.restart()
         end)
-        note("PostgreSQL killed for 2 s: %d requests answered 503 (the slowest in %.3f s), "
+        note("PostgreSQL killed for 1.5 s: %d requests answered 503 (the slowest in %.3f s), "
             .. "service back %.3f s after the restart", failed, slowest, back)
         assert.equal(worker, children(srv.pid)[1])
     end)

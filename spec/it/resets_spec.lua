@@ -6,16 +6,16 @@
 local helper = require "helper"
 
 describe("connections reset at random points of every protocol", function()
-    it("leave nothing behind in the worker (3,200 of them)", function()
+    it("leave nothing behind in the worker (2,400 of them)", function()
         local out, status = helper.with_env({ MOONSERVE = helper.bin }, function()
-            return helper.run(helper.root .. "/bench/resets 3200 7 2>&1")
+            return helper.run(helper.root .. "/bench/resets 2400 7 2>&1")
         end)
         assert.equal(0, status, out)
         assert.matches("nothing left behind", out)
         -- every kind was reset, none failed on the client's side
         for _, kind in ipairs({ "h1_head", "h1_body", "h1_reply", "h1_wait", "tls_hello",
             "tls_reply", "h2_frame", "ws_message" }) do
-            assert.matches('"' .. kind .. '": 400', out)
+            assert.matches('"' .. kind .. '": 300', out)
         end
         assert.matches('"errors": {}', out)
     end)

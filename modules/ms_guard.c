@@ -11,9 +11,8 @@
  * own Ctrl-C does. An error raised from the profiler's callback itself would leave LuaJIT's
  * state half-changed (lj_profile.c), hence the hook.
  *
- * The memory cap: the VM's allocator is wrapped (lua_setallocf) and counts the heap; an
- * allocation of a resume that would take it past the cap fails, which LuaJIT raises as "not
- * enough memory" where it was made, and arms the same hook.
+ * The memory cap: the VM's allocator is wrapped (lua_setallocf) and counts the heap; a resume
+ * that takes it past the cap is stopped by the same hook (see GRACE below).
  *
  * The dispatcher numbers its resumes (ms_ffi_resume, 0 between them) and reads ms_ffi_stop
  * after each; nothing else is paid per resume. What cannot be stopped until it returns: a

@@ -115,7 +115,7 @@
     /* The Lua heap of a worker (modules/ms_guard.c): past it, the code that allocates gets a      \
      * memory error; a heap that stays past three quarters of it has its worker replaced. */       \
     X(lua_memory, lua_memory, uint64_t, 1073741824, BYTES, 0,                                      \
-      "a worker's Lua heap: the allocating handler gets 503 (0: no cap)")
+      "bytes of a worker's Lua heap: past it, 503 (0: no cap)")
 
 /* The units of MS_LIMITS. A SECONDS limit is stored in milliseconds. */
 enum { MS_UNIT_COUNT, MS_UNIT_BYTES, MS_UNIT_BITS, MS_UNIT_RATE, MS_UNIT_SECONDS };

@@ -160,10 +160,13 @@ describe("faults under load", function()
     it("Redis killed and started again: clean errors within the timeout, then recovery",
         function()
         local rpid, rport = helper.redis_server()
-        finally(function() helper.stop_pid(rpid) end)
-        local srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
+        local srv
+        finally(function() -- (one finally a case: a second would replace the first)
+            if srv then srv:stop() end
+            helper.stop_pid(rpid)
+        end)
+        srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
             env = { REDIS_PORT = tostring(rport) } }
-        finally(function() srv:stop() end)
         local worker = children(srv.pid)[1]
         local failed, slowest, back = outage(srv, "/redis", function()
             os.execute("kill -9 " .. rpid)
@@ -177,13 +180,14 @@ describe("faults under load", function()
 
     it("Redis frozen (SIGSTOP) and thawed: errors at the timeout, then recovery", function()
         local rpid, rport = helper.redis_server()
+        local srv
         finally(function()
+            if srv then srv:stop() end
             os.execute("kill -CONT " .. rpid)
             helper.stop_pid(rpid)
         end)
-        local srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
+        srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
             env = { REDIS_PORT = tostring(rport) } }
-        finally(function() srv:stop() end)
         local failed, slowest, back = outage(srv, "/redis", function()
             os.execute("kill -STOP " .. rpid)
         end, function()
@@ -198,12 +202,15 @@ describe("faults under load", function()
         function()
         local postgres = require "postgres"
         local pg = postgres.start()
-        finally(function() pg.stop() end)
         local user = postgres.users.scram
-        local srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
+        local srv
+        finally(function()
+            if srv then srv:stop() end
+            pg.stop()
+        end)
+        srv = helper.spawn_server { app = FIXTURE, args = "--workers 1",
             env = { PG_PORT = tostring(pg.port), PG_USER = user.user,
                 PG_PASSWORD = user.password } }
-        finally(function() srv:stop() end)
         local worker = children(srv.pid)[1]
         local failed, slowest, back = outage(srv, "/pg", function()
             os.execute("kill -QUIT " .. pg.pid) -- an immediate shutdown, as a crash

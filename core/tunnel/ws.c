@@ -34,6 +34,8 @@ int ms_ws_accept_key(const char *key, size_t len, char *out)
 
 int ms_ws_utf8_step(ms_ws_utf8_t *u, const uint8_t *p, size_t n)
 {
+    if (n == 0) /* (an empty message may have no buffer: NULL + 0 is undefined) */
+        return 0;
     const uint8_t *end = p + n;
     while (p < end) {
         uint8_t c = *p++;

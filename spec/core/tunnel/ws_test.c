@@ -516,6 +516,23 @@ TEST(ws_inflates_a_compressed_message_and_its_fragments)
     ms_ws_parser_free(&p);
 }
 
+TEST(ws_takes_an_empty_message_compressed_or_not_and_empty_text_is_utf8)
+{
+    /* An empty message may have no buffer at all: the UTF-8 check is given NULL and 0. */
+    ASSERT(ms_ws_utf8_ok(NULL, 0));
+    static uint8_t z[64];
+    size_t zn = squeeze("", 0, z, sizeof(z));
+    w.n = 0;
+    add(&w, 0xC1, (const char *)z, zn); /* compressed, inflates to nothing */
+    add(&w, 0x81, "", 0);
+    add(&w, 0x82, "", 0);
+    ms_ws_parser_t p;
+    static seen_t s;
+    ASSERT_EQ(0, feed_deflate(&p, &s, &w, 1 << 20));
+    ASSERT_STR_EQ("text() text() binary()", s.log);
+    ms_ws_parser_free(&p);
+}
+
 TEST(ws_refuses_rsv1_on_a_continuation_or_control_frame_even_with_deflate)
 {
     w.n = 0;

@@ -30,6 +30,7 @@
 #include "process/metrics.h"
 #include "moonserve.h"
 #include "ms_guard.h"
+#include "ms_profile.h"
 
 #define SERVER_MT  "moonserve.server"
 #define MEMCONN_MT "moonserve.memconn"
@@ -581,6 +582,22 @@ static int server_cpu_budget(lua_State *L)
 {
     binding_t *b = check_server(L);
     return push_done(L, ms_guard_cpu(b->L));
+}
+
+/* server:profile(true) -> true | nil, err: starts sampling this server's process (ms_profile.c).
+ * server:profile(false) -> {[folded stack] = samples}, samples in all: stops it. */
+static int server_profile(lua_State *L)
+{
+    binding_t *b = check_server(L);
+    int on = lua_toboolean(L, 2);
+    int rc = ms_guard_profile(b->L, on);
+    if (rc < 0)
+        return ms_lua_fail(L, rc);
+    if (on) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    return ms_profile_push(L);
 }
 
 /* server:memory_cap(bytes) -> true | nil, err: caps the Lua heap of the state that runs this
@@ -1703,6 +1720,7 @@ MS_EXPORT int luaopen_moonserve_core(lua_State *L)
                                               {"drain_delay", server_drain_delay},
                                               {"cpu_budget", server_cpu_budget},
                                               {"memory_cap", server_memory_cap},
+                                              {"profile", server_profile},
                                               {"agent_check", server_agent_check},
                                               {"refusal_body", server_refusal_body},
                                               {"stats", server_stats},

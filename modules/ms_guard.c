@@ -14,6 +14,9 @@
  * The memory cap: the VM's allocator is wrapped (lua_setallocf) and counts the heap; a resume
  * that takes it past the cap is stopped by the same hook (see GRACE below).
  *
+ * The same clock feeds the sampling profiler (ms_profile.c), ticking every millisecond while
+ * a profile runs.
+ *
  * The dispatcher numbers its resumes (ms_ffi_resume, 0 between them) and reads ms_ffi_stop
  * after each; nothing else is paid per resume. What cannot be stopped until it returns: a
  * long C call (a pattern match, table.sort without a Lua comparator, string.rep), an xpcall
@@ -24,10 +27,12 @@
 #include <lua.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "ms_guard.h"
+#include "ms_profile.h"
 
 /* LuaJIT's own API (luajit.h, lauxlib.h of LuaJIT 2.1), declared here: a rock builds against
  * the include directory LuaRocks names, which may hold PUC Lua 5.1's headers. The symbols come
@@ -47,11 +52,15 @@ MS_EXPORT volatile uint32_t ms_ffi_budget_ms;
 enum { MS_STOP_CPU = 1, MS_STOP_MEMORY = 2 };
 MS_EXPORT volatile int ms_ffi_stop;
 
-/* The profiler's period: the budget is seen to run out within two of them. */
-#define TICK "10"
+/* The clock's period in ms: the budget is seen to run out within two of them; a profile
+ * samples at each. */
+#define TICK_BUDGET 10
+#define TICK_PROFILE 1
 
 static lua_State *vm;          /* the state that runs the dispatcher; its own code is spared */
-static int clock_on;           /* the CPU budget's clock runs */
+static int budget_on;          /* the CPU budget runs on the clock */
+static int profiling;          /* a profile samples on the clock */
+static int clock_ms;           /* the clock's period now; 0: stopped */
 static pthread_t loop_thread;  /* the only thread that runs Lua */
 static struct sigaction luajit_action; /* LuaJIT's SIGPROF handler, which ours calls first */
 static volatile int hooked;    /* the hook raised in the resumed code */
@@ -160,22 +169,43 @@ static void on_sigprof(int sig, siginfo_t *info, void *ctx)
         luajit_action.sa_sigaction(sig, info, ctx);
     else if (luajit_action.sa_handler != SIG_DFL && luajit_action.sa_handler != SIG_IGN)
         luajit_action.sa_handler(sig);
-    check();
+    if (profiling)
+        ms_profile_signal(ctx);
+    if (budget_on)
+        check();
     errno = saved_errno;
 }
 
 static void on_profile(void *data, lua_State *L, int samples, int vmstate)
 {
-    (void)data, (void)L, (void)samples, (void)vmstate;
+    (void)data;
+    if (profiling) {
+        exempt = 1; /* (its stack dump may grow LuaJIT's buffer: never refused) */
+        ms_profile_lua(L, samples, vmstate);
+        exempt = 0;
+    }
 }
 
-int ms_guard_cpu(lua_State *L)
+/* Runs the clock at the period its users need now, or stops it. (Each start and stop of
+ * LuaJIT's profiler in line mode flushes the compiled traces: a profile's start and end cost
+ * a recompilation.) */
+static int set_clock(lua_State *L)
 {
-    if (vm != NULL && vm != L)
-        return -EBUSY;
-    if (clock_on)
+    int want = profiling ? TICK_PROFILE : budget_on ? TICK_BUDGET : 0;
+    if (want == clock_ms)
         return 0;
-    luaJIT_profile_start(L, "li" TICK, on_profile, NULL);
+    if (clock_ms) {
+        /* (LuaJIT puts back the SIGPROF action from before its start, our wrapper's going with
+         * it; a tick still on its way from another thread is then ignored, not fatal) */
+        luaJIT_profile_stop(L);
+        signal(SIGPROF, SIG_IGN);
+        clock_ms = 0;
+    }
+    if (!want)
+        return 0;
+    char mode[16];
+    snprintf(mode, sizeof(mode), "li%d", want);
+    luaJIT_profile_start(L, mode, on_profile, NULL);
     if (sigaction(SIGPROF, NULL, &luajit_action) != 0)
         return -errno;
     struct sigaction sa;
@@ -188,10 +218,48 @@ int ms_guard_cpu(lua_State *L)
         luaJIT_profile_stop(L);
         return err;
     }
+    clock_ms = want;
+    return 0;
+}
+
+/* The state and thread the guards serve: one a process. */
+static int bind_vm(lua_State *L)
+{
+    if (vm != NULL && vm != L)
+        return -EBUSY;
     vm = L;
     loop_thread = pthread_self();
-    clock_on = 1;
     return 0;
+}
+
+int ms_guard_cpu(lua_State *L)
+{
+    int rc = bind_vm(L);
+    if (rc < 0 || budget_on)
+        return rc;
+    budget_on = 1;
+    rc = set_clock(L);
+    if (rc < 0)
+        budget_on = 0;
+    return rc;
+}
+
+int ms_guard_profile(lua_State *L, int on)
+{
+    int rc = bind_vm(L);
+    if (rc < 0 || on == profiling)
+        return rc < 0 ? rc : on ? -EALREADY : 0;
+    if (on && ms_profile_begin() != 0)
+        return -ENOMEM;
+    if (!on)
+        ms_profile_end();
+    profiling = on;
+    rc = set_clock(L);
+    if (rc < 0 && on) {
+        profiling = 0;
+        ms_profile_end();
+    }
+    return rc;
 }
 
 /* capped_alloc's path past the cap (the heap counted already): only the resumed code is
@@ -203,7 +271,7 @@ static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t 
         if (!ms_ffi_stop) {
             refused = 1;
             arm(MS_STOP_MEMORY);
-            if (clock_on) /* (a trace checks the profiler's flag at its next line) */
+            if (clock_ms) /* (a trace checks the profiler's flag at its next line) */
                 pthread_kill(loop_thread, SIGPROF);
         }
         if (heap > cap + GRACE) {
@@ -229,12 +297,9 @@ static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 
 int ms_guard_memory(lua_State *L, size_t bytes)
 {
-    if (vm != NULL && vm != L)
-        return -EBUSY;
-    if (base_alloc != NULL)
-        return 0;
-    vm = L;
-    loop_thread = pthread_self();
+    int rc = bind_vm(L);
+    if (rc < 0 || base_alloc != NULL)
+        return rc;
     cap = bytes;
     base_alloc = lua_getallocf(L, &base_ud);
     heap = (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(L, LUA_GCCOUNTB, 0);

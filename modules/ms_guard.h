@@ -1,5 +1,5 @@
 /* ms_guard.h: runaway Lua code (ms_guard.c): the CPU budget of a resume and the memory cap of
- * the Lua heap, started from ms_core.c. */
+ * the Lua heap, started from ms_core.c; and the profiler's clock. */
 #ifndef MS_GUARD_H
 #define MS_GUARD_H
 
@@ -16,6 +16,12 @@
  * negative errno (-EBUSY: started already for another state).
  */
 int ms_guard_cpu(lua_State *L);
+
+/**
+ * Starts (`on`) or stops the sampling profiler (ms_profile.c) on the same clock, which ticks
+ * every millisecond of CPU while it runs. 0, or a negative errno (-EALREADY: a profile runs).
+ */
+int ms_guard_profile(lua_State *L, int on);
 
 /**
  * Caps the Lua heap of `L`'s VM at `bytes`: past it, an allocation of a resumed coroutine

@@ -131,6 +131,7 @@ build = {
          ["moonserve.security"] = "lua/moonserve/security.lua",
          ["moonserve.semaphore"] = "lua/moonserve/semaphore.lua",
          ["moonserve.server"] = "lua/moonserve/server.lua",
+         ["moonserve.profile"] = "lua/moonserve/profile.lua",
          ["moonserve.ratelimit"] = "lua/moonserve/ratelimit.lua",
          ["moonserve.reconnect"] = "lua/moonserve/reconnect.lua",
          ["moonserve.session"] = "lua/moonserve/session.lua",

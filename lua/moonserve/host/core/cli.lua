@@ -5,6 +5,7 @@ local USAGE = [[
 usage: moonserve [APP.lua] [options]
        moonserve --static DIR [options]
        moonserve migrate APP.lua [--check] [--env NAME] [--config FILE]
+       moonserve --profile SECONDS --metrics ADDR:PORT [--output PREFIX]
 
 Serves APP.lua (a file that returns an app), or the files of DIR, or the bundled demo site.
 
@@ -112,6 +113,13 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
   MOONSERVE_SECRET_NAME
                        moonserve.secret("name"), after a file in the secrets_dir setting
                        or in $CREDENTIALS_DIRECTORY (systemd's LoadCredential=)
+
+profile: `moonserve --profile SECONDS --metrics ADDR:PORT [--output PREFIX]` samples a worker
+of the running server whose --metrics listener is ADDR:PORT for SECONDS (its Lua functions
+and the core's C functions, at each millisecond of CPU), prints the hottest functions and
+writes PREFIX.folded (folded stacks) and PREFIX.svg (a flame graph); PREFIX defaults to
+moonserve-profile-DATE-TIME. The listener answers GET /profile?seconds=S and
+/profile.svg?seconds=S with the same.
 
 migrate: applies the app's migrations, migrations/NNN_name.sql (or .lua returning
 function(db) ... end) beside APP.lua, in order, each once (recorded in the table
@@ -286,9 +294,106 @@ local function migrate(args)
     return 0
 end
 
+-- GET `path` from the server at "ADDR:PORT" (its metrics listener), waiting up to `wait`
+-- seconds for the reply: status, its fields (lower-case names), body; or nil and an error.
+local function fetch(addr, path, wait)
+    local host, port = addr:match("^%[(.+)%]:(%d+)$")
+    if not host then
+        host, port = addr:match("^(.+):(%d+)$")
+    end
+    if not host then
+        return nil, "bad address " .. addr .. " (ADDR:PORT expected)"
+    end
+    local socket = require "moonserve.host.core.socket"
+    local s = socket.tcp()
+    s:settimeouts(5000, 5000, wait * 1000)
+    local ok, err = s:connect(host, tonumber(port))
+    if not ok then
+        return nil, "cannot reach " .. addr .. ": " .. err
+    end
+    ok, err = s:send("GET " .. path .. " HTTP/1.1\r\nHost: " .. addr
+        .. "\r\nConnection: close\r\n\r\n")
+    local reply = ok and s:receive("*a")
+    s:close()
+    if not reply then
+        return nil, "no reply from " .. addr .. ": " .. tostring(err or "timeout")
+    end
+    local head, body = reply:match("^(.-)\r\n\r\n(.*)$")
+    local status = head and tonumber(head:match("^HTTP/1%.%d (%d%d%d)"))
+    if not status then
+        return nil, "not an HTTP reply from " .. addr
+    end
+    local fields = {}
+    for name, v in head:gmatch("\r\n([^:\r\n]+):[ \t]*([^\r\n]*)") do
+        fields[name:lower()] = v
+    end
+    return status, fields, body
+end
+
+-- `moonserve --profile SECONDS --metrics ADDR:PORT [--output PREFIX]`: samples a worker of
+-- the server whose metrics listener is at ADDR:PORT, and writes PREFIX.folded and PREFIX.svg.
+local function profile(args)
+    local seconds, addr, prefix
+    local i = 1
+    while i <= #args do
+        local a, v = args[i], args[i + 1]
+        if a == "--profile" or a == "--metrics" or a == "--output" then
+            if v == nil then
+                return die(a .. " needs a value")
+            end
+            if a == "--profile" then
+                seconds = tonumber(v)
+            elseif a == "--metrics" then
+                addr = v
+            else
+                prefix = v
+            end
+            i = i + 2
+        else
+            return die("unknown option " .. a .. " for --profile (see --help)")
+        end
+    end
+    if not seconds or seconds <= 0 or seconds > 300 then
+        return die("--profile needs SECONDS, from 0 to 300")
+    end
+    if not addr then
+        return die("--profile needs the server's metrics listener: --metrics ADDR:PORT")
+    end
+    prefix = prefix or os.date("moonserve-profile-%Y%m%d-%H%M%S")
+    local ok, status, fields, body = pcall(require("moonserve.host.core.runner").once,
+        function() return fetch(addr, "/profile?seconds=" .. seconds, seconds + 30) end)
+    if not ok or not status then
+        return die("profile: " .. tostring(ok and fields or status))
+    end
+    if status ~= 200 then
+        return die(string.format("profile: the server said %d: %s", status, body:gsub("%s+$", "")))
+    end
+    local p = require "moonserve.profile"
+    local samples = p.parse_folded(body)
+    local title = string.format("moonserve profile of %s: %g s, %s ms of CPU", addr, seconds,
+        fields["x-profile-cpu-ms"] or "?")
+    for ext, text in pairs({ folded = p.folded(samples), svg = p.svg(samples, { title = title }) })
+    do
+        local f, err = io.open(prefix .. "." .. ext, "w")
+        if not f then
+            return die("profile: " .. err)
+        end
+        f:write(text)
+        f:close()
+    end
+    io.stdout:write(p.summary(samples, 10), "moonserve: wrote ", prefix, ".folded and ", prefix,
+        ".svg\n")
+    return 0
+end
+
 function _M.main(args)
     if args[1] == "migrate" then
         return migrate(args)
+    end
+    for _, a in ipairs(args) do
+        if a == "--profile" then
+            return profile(args)
+        end
     end
     if os.getenv("MOONSERVE_WORKER") then
         -- Loading the core holds a worker's signals until it serves (ms_core.c,

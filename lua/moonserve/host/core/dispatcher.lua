@@ -107,8 +107,35 @@ local reply_with = require("moonserve.app").reply_with
 local scrape_listener = false -- a metrics listener is on: its requests get the scrape
 local REQ_METRICS = base.REQ_METRICS
 
+-- GET /profile?seconds=S (folded stacks) or /profile.svg?seconds=S (a flame graph): this
+-- worker sampled for S seconds (default 10).
+local function profile(req, res, svg)
+    local seconds = tonumber(req.query.seconds or 10)
+    if not seconds or seconds <= 0 or seconds > 300 then
+        return res:status(400):send("seconds: a number from 0 to 300\n")
+    end
+    local p = require "moonserve.profile"
+    local samples, err, cpu = p.run(seconds)
+    if not samples then
+        return res:status(409):send(err .. "\n")
+    end
+    res:header("x-profile-samples", format("%d", err))
+    res:header("x-profile-cpu-ms", format("%.0f", cpu * 1000))
+    local title = format("moonserve worker %d, %g s, %.0f ms of CPU",
+        require("moonserve.host.core.worker").id(), seconds, cpu * 1000)
+    if svg then
+        res:header("content-type", "image/svg+xml")
+        return res:send(p.svg(samples, { title = title }))
+    end
+    res:header("content-type", "text/plain; charset=utf-8")
+    return res:send(p.folded(samples))
+end
+
 local function scrape(req, res)
     local p = req.path
+    if p == "/profile" or p == "/profile.svg" then
+        return profile(req, res, p == "/profile.svg")
+    end
     if p ~= "/metrics" and p ~= "/" then
         return res:status(404):send("not found\n")
     end
@@ -346,6 +373,33 @@ function _M.cpu_budget(ms)
         frame.cpu_ms = ms
         C.ms_ffi_budget_ms = ms > 0 and ms or 0x7fffffff
     end
+end
+
+--- Samples this worker for `seconds` of wall time (the caller sleeps meanwhile; the worker
+-- serves on): Lua frames and the core's C functions, every millisecond of CPU (modules/
+-- ms_profile.c). Returns {[folded stack] = samples}, the samples in all and the CPU seconds
+-- the process used meanwhile; or nil and an error (a profile runs already). From a handler
+-- or a timer.
+function _M.profile(seconds)
+    if home_obj == nil then
+        return nil, "no server runs in this process"
+    end
+    local ok, err, code = home_obj:profile(true)
+    if not ok then
+        return nil, code == "EALREADY" and "a profile runs already" or err
+    end
+    -- (resumes are numbered while it runs: a tick in C is then the handler's or the core's)
+    local was_on = guard_on
+    guard_on = true
+    local cpu = os.clock()
+    local slept, why = pcall(_M.sleep, seconds)
+    cpu = os.clock() - cpu
+    guard_on = was_on
+    local samples, total = home_obj:profile(false)
+    if not slept then
+        error(why, 0)
+    end
+    return samples, total, cpu
 end
 
 -- The budget of a resume of handler coroutine `co`.

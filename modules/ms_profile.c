@@ -12,7 +12,7 @@
  *   interrupted code holds.
  *
  * Program counters are named once the profile stops: a library's exported symbol, else the
- * symbol table of its file (the core's own static functions), else module+offset. */
+ * symbol table of its file (the core's own static functions), else the file's name. */
 #define _GNU_SOURCE
 #include "ms_profile.h"
 
@@ -62,9 +62,12 @@ static int add_module(struct dl_phdr_info *info, size_t size, void *data)
         s->hi = s->lo + ph->p_memsz;
         s->bias = info->dlpi_addr;
         const char *name = info->dlpi_name;
-        if (name == NULL || name[0] == '\0') /* the program itself */
-            name = "/proc/self/exe";
-        snprintf(s->path, sizeof(s->path), "%s", name);
+        if (name != NULL && name[0] != '\0') {
+            snprintf(s->path, sizeof(s->path), "%s", name);
+        } else { /* the program itself (luajit) */
+            ssize_t n = readlink("/proc/self/exe", s->path, sizeof(s->path) - 1);
+            s->path[n > 0 ? n : 0] = '\0';
+        }
         uintptr_t lj = (uintptr_t)&lua_pushnil;
         s->luajit = lj >= s->lo && lj < s->hi;
     }
@@ -345,8 +348,10 @@ static const char *name_of(uintptr_t pc, char *buf, size_t size)
     const char *name = t != NULL ? symtab_find(t, pc - s->bias) : NULL;
     if (name != NULL)
         return name;
+    /* (a stripped library's own functions: one frame for all of them, where an offset each
+     * would scatter them over frames no one can read) */
     const char *file = strrchr(s->path, '/');
-    snprintf(buf, size, "%s+0x%lx", file ? file + 1 : s->path, (unsigned long)(pc - s->bias));
+    snprintf(buf, size, "%s", file ? file + 1 : s->path);
     return buf;
 }
 

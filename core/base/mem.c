@@ -1,6 +1,7 @@
 /* mem.c: the counted allocator, recycle lists and the per-request pool. */
 #include "moonserve.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -90,6 +91,107 @@ void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p))
         destroy(p);
     }
     r->count = 0;
+}
+
+/* -- Blocks by size class ------------------------------------------------------------------ */
+
+/* A block's header: its class (BIG: from the allocator, of any size). 16 bytes, so that the
+ * block after it keeps malloc's alignment. */
+#define BLOCK_HEAD 16
+#define BLOCK_MIN_SHIFT 6
+#define BIG 0xff
+typedef struct {
+    uint32_t cls;
+} block_head_t;
+
+static inline void *block_of(void *p)
+{
+    return (char *)p - BLOCK_HEAD;
+}
+
+/* The class of a block of `n` bytes, or BIG. */
+static inline uint32_t class_of(size_t n)
+{
+    if (n <= (1u << BLOCK_MIN_SHIFT))
+        return 0;
+    uint32_t c = (uint32_t)(64 - __builtin_clzll((unsigned long long)(n - 1))) - BLOCK_MIN_SHIFT;
+    return c < MS_BLOCK_CLASSES ? c : BIG;
+}
+
+void *ms__blocks_alloc(ms_blocks_t *b, size_t n)
+{
+    uint32_t c = class_of(n);
+    block_head_t *h;
+    if (c != BIG && b->head[c] != NULL) {
+        h = b->head[c];
+        b->head[c] = *(void **)((char *)h + BLOCK_HEAD);
+        b->count[c]--;
+    } else {
+        h = malloc(BLOCK_HEAD + (c != BIG ? (size_t)1 << (c + BLOCK_MIN_SHIFT) : n));
+        if (h == NULL)
+            return NULL; /* the library answers its own out-of-memory */
+        h->cls = c;
+    }
+    return (char *)h + BLOCK_HEAD;
+}
+
+void ms__blocks_free(ms_blocks_t *b, void *p)
+{
+    if (p == NULL)
+        return;
+    block_head_t *h = block_of(p);
+#ifndef MS_ASAN
+    uint32_t c = h->cls;
+    if (c != BIG && b->count[c] < (uint32_t)MS_BLOCKS_KEEP >> (c + BLOCK_MIN_SHIFT)) {
+        *(void **)p = b->head[c];
+        b->head[c] = h;
+        b->count[c]++;
+        return;
+    }
+#else
+    (void)b;
+#endif
+    free(h);
+}
+
+void *ms__blocks_calloc(ms_blocks_t *b, size_t nmemb, size_t size)
+{
+    if (size != 0 && nmemb > SIZE_MAX / size)
+        return NULL;
+    void *p = ms__blocks_alloc(b, nmemb * size);
+    return p != NULL ? memset(p, 0, nmemb * size) : NULL;
+}
+
+void *ms__blocks_realloc(ms_blocks_t *b, void *p, size_t n)
+{
+    if (p == NULL)
+        return ms__blocks_alloc(b, n);
+    block_head_t *h = block_of(p);
+    if (h->cls != BIG && class_of(n) == h->cls)
+        return p; /* it fits where it is */
+    if (h->cls == BIG && class_of(n) == BIG) {
+        h = realloc(h, BLOCK_HEAD + n);
+        return h != NULL ? (char *)h + BLOCK_HEAD : NULL;
+    }
+    void *q = ms__blocks_alloc(b, n);
+    if (q == NULL)
+        return NULL;
+    size_t old = h->cls != BIG ? (size_t)1 << (h->cls + BLOCK_MIN_SHIFT) : n; /* (BIG: n < it) */
+    memcpy(q, p, old < n ? old : n);
+    ms__blocks_free(b, p);
+    return q;
+}
+
+void ms__blocks_drain(ms_blocks_t *b)
+{
+    for (int c = 0; c < MS_BLOCK_CLASSES; c++) {
+        while (b->head[c] != NULL) {
+            void *h = b->head[c];
+            b->head[c] = *(void **)((char *)h + BLOCK_HEAD);
+            free(h);
+        }
+        b->count[c] = 0;
+    }
 }
 
 /* -- Pool -------------------------------------------------------------------------------- */

@@ -90,6 +90,71 @@ static int chunks(const ms_pool_t *p)
     return n;
 }
 
+TEST(mem_blocks_come_by_size_class_and_go_back_to_their_list)
+{
+    ms_blocks_t b = {0};
+    /* each size in its class: 64 bytes and under, then doubling to 8 KiB; past it, malloc's */
+    size_t sizes[] = {0, 1, 64, 65, 128, 129, 4096, 8192, 8193, 100000};
+    uint32_t classes[] = {0, 0, 0, 1, 1, 2, 6, 7, BIG, BIG};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(*sizes); i++) {
+        char *p = ms__blocks_alloc(&b, sizes[i]);
+        ASSERT(p != NULL);
+        ASSERT_EQ(0, (uintptr_t)p % 16); /* malloc's alignment */
+        ASSERT_EQ(classes[i], ((block_head_t *)block_of(p))->cls);
+        memset(p, 0xab, sizes[i]); /* all of it is usable (ASan says otherwise) */
+        ms__blocks_free(&b, p);
+    }
+#ifndef MS_ASAN
+    /* kept for the next of its class, the last freed first */
+    char *x = ms__blocks_alloc(&b, 100), *y = ms__blocks_alloc(&b, 120);
+    ms__blocks_free(&b, x);
+    ms__blocks_free(&b, y);
+    ASSERT(ms__blocks_alloc(&b, 70) == y);
+    ASSERT(ms__blocks_alloc(&b, 128) == x);
+    ms__blocks_free(&b, x);
+    ms__blocks_free(&b, y);
+    /* a class keeps MS_BLOCKS_KEEP bytes of free blocks, no more: 32 of 8 KiB */
+    void *big[40];
+    for (int i = 0; i < 40; i++)
+        big[i] = ms__blocks_alloc(&b, 8000);
+    for (int i = 0; i < 40; i++)
+        ms__blocks_free(&b, big[i]);
+    ASSERT_EQ(MS_BLOCKS_KEEP / 8192, b.count[7]);
+#endif
+    ms__blocks_drain(&b);
+    for (int c = 0; c < MS_BLOCK_CLASSES; c++) {
+        ASSERT(b.head[c] == NULL);
+        ASSERT_EQ(0, b.count[c]);
+    }
+}
+
+TEST(mem_blocks_realloc_keeps_the_bytes_and_calloc_zeroes)
+{
+    ms_blocks_t b = {0};
+    char *p = ms__blocks_realloc(&b, NULL, 10);
+    memcpy(p, "moonserve", 10);
+    ASSERT(ms__blocks_realloc(&b, p, 60) == p); /* it fits where it is */
+    p = ms__blocks_realloc(&b, p, 3000);        /* to a larger class */
+    ASSERT_STR_EQ("moonserve", p);
+    p = ms__blocks_realloc(&b, p, 20000); /* to malloc's */
+    ASSERT_STR_EQ("moonserve", p);
+    p = ms__blocks_realloc(&b, p, 40000); /* within malloc's */
+    ASSERT_STR_EQ("moonserve", p);
+    p = ms__blocks_realloc(&b, p, 16); /* back to a class: the first bytes come along */
+    ASSERT_EQ(0, memcmp(p, "moonserve", 10));
+    ms__blocks_free(&b, p);
+    unsigned char *z = ms__blocks_alloc(&b, 200);
+    memset(z, 0xff, 200);
+    ms__blocks_free(&b, z);
+    z = ms__blocks_calloc(&b, 50, 4); /* (the block just freed, maybe) */
+    for (int i = 0; i < 200; i++)
+        ASSERT_EQ(0, z[i]);
+    ms__blocks_free(&b, z);
+    ASSERT(ms__blocks_calloc(&b, SIZE_MAX / 2, 4) == NULL); /* the product overflows */
+    ms__blocks_free(&b, NULL);
+    ms__blocks_drain(&b);
+}
+
 TEST(mem_pool_bumps_aligned_and_grows_by_chunks)
 {
     ms_pool_t p;

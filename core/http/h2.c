@@ -1622,7 +1622,7 @@ static void h2_tunnel_read(ms_req_t *r, int on)
 }
 
 /* nghttp2's allocator: the worker's blocks, by size class (base/mem.c). nghttp2 allocates
- * about a dozen blocks a stream: malloc and free were an eighth of a stream's instructions. */
+ * about a dozen blocks a stream: malloc and free were a seventh of a stream's instructions. */
 static void *ng_malloc(size_t n, void *ud)
 {
     return ms__blocks_alloc(ud, n);

@@ -95,13 +95,13 @@ void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p))
 
 /* -- Blocks by size class ------------------------------------------------------------------ */
 
-/* A block's header: its class (BIG: from the allocator, of any size). 16 bytes, so that the
- * block after it keeps malloc's alignment. */
+/* A block's header: its class (BIG: from the allocator, of `size` bytes). 16 bytes, so that
+ * the block after it keeps malloc's alignment. */
 #define BLOCK_HEAD 16
-#define BLOCK_MIN_SHIFT 6
 #define BIG 0xff
 typedef struct {
     uint32_t cls;
+    size_t size;
 } block_head_t;
 
 static inline void *block_of(void *p)
@@ -109,30 +109,53 @@ static inline void *block_of(void *p)
     return (char *)p - BLOCK_HEAD;
 }
 
-/* The class of a block of `n` bytes, or BIG. */
+/* The class of a block of `n` bytes, or BIG: 0 to 15 for 16 to 256 bytes in steps of 16,
+ * then 16 to 35 for 320 to 8 KiB in four steps a doubling. */
 static inline uint32_t class_of(size_t n)
 {
-    if (n <= (1u << BLOCK_MIN_SHIFT))
-        return 0;
-    uint32_t c = (uint32_t)(64 - __builtin_clzll((unsigned long long)(n - 1))) - BLOCK_MIN_SHIFT;
-    return c < MS_BLOCK_CLASSES ? c : BIG;
+    if (n <= 256)
+        return n == 0 ? 0 : (uint32_t)((n - 1) >> 4);
+    if (n > 8192)
+        return BIG;
+    uint32_t e = (uint32_t)(63 - __builtin_clzll((unsigned long long)(n - 1))); /* 8 to 12 */
+    return 16 + (e - 8) * 4 + (uint32_t)(((n - 1) >> (e - 2)) & 3);
+}
+
+static inline size_t class_size(uint32_t c)
+{
+    if (c < 16)
+        return (size_t)(c + 1) * 16;
+    uint32_t e = 8 + (c - 16) / 4, q = (c - 16) % 4;
+    return ((size_t)1 << e) + (size_t)(q + 1) * ((size_t)1 << (e - 2));
+}
+
+/* A new block of class `c` (BIG: of `n` bytes), from the allocator. */
+static MS_NOINLINE void *block_new(uint32_t c, size_t n)
+{
+    size_t size = c != BIG ? class_size(c) : n;
+    block_head_t *h = malloc(BLOCK_HEAD + size);
+    if (h == NULL)
+        return NULL; /* the library answers its own out-of-memory */
+    h->cls = c;
+    h->size = size;
+    return (char *)h + BLOCK_HEAD;
 }
 
 void *ms__blocks_alloc(ms_blocks_t *b, size_t n)
 {
     uint32_t c = class_of(n);
-    block_head_t *h;
     if (c != BIG && b->head[c] != NULL) {
-        h = b->head[c];
-        b->head[c] = *(void **)((char *)h + BLOCK_HEAD);
+        char *h = b->head[c];
+        b->head[c] = *(void **)(h + BLOCK_HEAD);
         b->count[c]--;
-    } else {
-        h = malloc(BLOCK_HEAD + (c != BIG ? (size_t)1 << (c + BLOCK_MIN_SHIFT) : n));
-        if (h == NULL)
-            return NULL; /* the library answers its own out-of-memory */
-        h->cls = c;
+        return h + BLOCK_HEAD;
     }
-    return (char *)h + BLOCK_HEAD;
+    return block_new(c, n);
+}
+
+size_t ms__blocks_size(const void *p)
+{
+    return ((const block_head_t *)((const char *)p - BLOCK_HEAD))->size;
 }
 
 void ms__blocks_free(ms_blocks_t *b, void *p)
@@ -142,7 +165,7 @@ void ms__blocks_free(ms_blocks_t *b, void *p)
     block_head_t *h = block_of(p);
 #ifndef MS_ASAN
     uint32_t c = h->cls;
-    if (c != BIG && b->count[c] < (uint32_t)MS_BLOCKS_KEEP >> (c + BLOCK_MIN_SHIFT)) {
+    if (c != BIG && b->count[c] * h->size < MS_BLOCKS_KEEP) {
         *(void **)p = b->head[c];
         b->head[c] = h;
         b->count[c]++;
@@ -171,13 +194,15 @@ void *ms__blocks_realloc(ms_blocks_t *b, void *p, size_t n)
         return p; /* it fits where it is */
     if (h->cls == BIG && class_of(n) == BIG) {
         h = realloc(h, BLOCK_HEAD + n);
-        return h != NULL ? (char *)h + BLOCK_HEAD : NULL;
+        if (h == NULL)
+            return NULL;
+        h->size = n;
+        return (char *)h + BLOCK_HEAD;
     }
     void *q = ms__blocks_alloc(b, n);
     if (q == NULL)
         return NULL;
-    size_t old = h->cls != BIG ? (size_t)1 << (h->cls + BLOCK_MIN_SHIFT) : n; /* (BIG: n < it) */
-    memcpy(q, p, old < n ? old : n);
+    memcpy(q, p, h->size < n ? h->size : n);
     ms__blocks_free(b, p);
     return q;
 }

@@ -36,12 +36,13 @@ int ms__recycle_put(ms_recycle_t *r, void *p);
 void ms__recycle_drain(ms_recycle_t *r, void (*destroy)(void *p));
 
 /* Blocks for a library's allocator hooks (nghttp2's): a block of up to 8 KiB comes from a
- * list per size class (64 bytes to 8 KiB, doubling), kept with up to MS_BLOCKS_KEEP bytes of
- * free blocks a class, so that a library that allocates a dozen small blocks a request
- * costs a pop and a push instead of malloc and free. Larger blocks go to the allocator. Off
- * under ASan, as the recycle lists are. */
-#define MS_BLOCK_CLASSES 8
-#define MS_BLOCKS_KEEP (256 * 1024)
+ * list per size class (16-byte steps to 256 bytes, then four steps a doubling), kept with up
+ * to MS_BLOCKS_KEEP bytes of free blocks a class, so that a library that allocates a dozen
+ * small blocks a request costs a pop and a push instead of malloc and free, and a block
+ * wastes little of its class. Larger blocks go to the allocator. Off under ASan, as the
+ * recycle lists are. */
+#define MS_BLOCK_CLASSES 36
+#define MS_BLOCKS_KEEP (64 * 1024)
 typedef struct ms_blocks_s {
     void *head[MS_BLOCK_CLASSES];
     uint32_t count[MS_BLOCK_CLASSES];
@@ -51,6 +52,8 @@ void *ms__blocks_alloc(ms_blocks_t *b, size_t n);
 void *ms__blocks_calloc(ms_blocks_t *b, size_t nmemb, size_t size);
 void *ms__blocks_realloc(ms_blocks_t *b, void *p, size_t n);
 void ms__blocks_free(ms_blocks_t *b, void *p);
+/* The bytes block `p` may hold (its class's size, or what was asked for past the classes). */
+size_t ms__blocks_size(const void *p);
 /* Frees the kept blocks (the blocks in use stay the library's to free). */
 void ms__blocks_drain(ms_blocks_t *b);
 

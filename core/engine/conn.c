@@ -584,7 +584,8 @@ static void timer_expired(ms_timer_t *t)
         ms__conn_close(c, 0);
         return;
     }
-    c->server->stats->timeouts++;
+    if (phase != MS_PHASE_SETTLE)
+        c->server->stats->timeouts++;
     c->proto->timeout(c, phase);
 }
 

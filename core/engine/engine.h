@@ -235,8 +235,11 @@ static inline void ms__conn_drain_check(ms_conn_t *c)
 }
 
 
-/* What a connection's timer waits for. */
-enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND };
+/* What a connection's timer waits for. MS_PHASE_SETTLE: idle, with the protocol's own
+ * housekeeping due first (its `timeout` is called, not counted as a timeout, and arms the
+ * idle deadline for the rest). */
+enum { MS_PHASE_NONE, MS_PHASE_IDLE, MS_PHASE_HEAD, MS_PHASE_BODY, MS_PHASE_SEND,
+       MS_PHASE_SETTLE };
 
 struct ms_server_s {
     uv_loop_t *loop;

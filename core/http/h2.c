@@ -5,6 +5,7 @@
  * header, so the connection's one gathered write carries frames of every stream. */
 #include <nghttp2/nghttp2.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #include "http/http.h"
 
@@ -70,6 +71,11 @@ typedef struct ms_h2_s {
     int32_t top_id;                 /* the client's highest stream id opened (-1: none yet) */
     int32_t reset_sent, reset_recv; /* the stream whose RST_STREAM was sent, received last */
     uint64_t closed_lo, closed_hi;
+    nghttp2_mem mem;      /* the worker's blocks, and the mapping below */
+    ms_blocks_t *blocks;  /* the worker's */
+    void *framebuf;       /* nghttp2's frame buffer, a mapping of its own (NULL: none yet) */
+    size_t framebuf_size;
+    uint8_t trimmed;      /* its pages given back while the connection is idle */
 } ms_h2_t;
 
 struct ms_stream_s {
@@ -122,7 +128,6 @@ static ms_stream_t *stream_of(ms_req_t *r)
 typedef struct ms_h2_worker_s {
     ms_recycle_t stream_free;
     ms_blocks_t blocks; /* nghttp2's memory (its streams, frames, fields, HPACK tables) */
-    nghttp2_mem mem;
     uv_prepare_t turn; /* writes the connections in `pending` */
     uv_idle_t again;   /* keeps the next poll from blocking while `turn` has work that its
                         * own run made (a handler woken by a write) */
@@ -1099,6 +1104,85 @@ static void setup_once(void)
     nghttp2_option_set_no_closed_streams(options, 1);
 }
 
+/* nghttp2's allocator: the worker's blocks, by size class (base/mem.c). nghttp2 allocates
+ * about a dozen blocks a stream: malloc and free were a seventh of a stream's instructions.
+ * Its frame buffer (16 KiB and more, one a session, the one block that large) is a mapping of
+ * its own, whose pages an idle connection gives back (h2_settle): nghttp2 writes a frame into
+ * it before each send and keeps nothing there between sends, and we copy out what it sends. */
+#ifndef MS_ASAN
+#define H2_FRAMEBUF_MIN (16 * 1024)
+#else
+#define H2_FRAMEBUF_MIN SIZE_MAX /* (under ASan, a heap block, with its redzones) */
+#endif
+/* A connection idle this long gives its frame buffer's pages back. */
+#define H2_SETTLE_MS 1000
+
+static void *ng_malloc(size_t n, void *ud)
+{
+    return ms__blocks_alloc(((ms_h2_t *)ud)->blocks, n);
+}
+
+static MS_NOINLINE void framebuf_unmap(ms_h2_t *h2)
+{
+    munmap(h2->framebuf, h2->framebuf_size);
+    h2->framebuf = NULL;
+}
+
+static void ng_free(void *p, void *ud)
+{
+    ms_h2_t *h2 = ud;
+    if (MS_UNLIKELY(p == h2->framebuf) && p != NULL) {
+        framebuf_unmap(h2);
+        return;
+    }
+    ms__blocks_free(h2->blocks, p);
+}
+
+static void *ng_calloc(size_t nmemb, size_t size, void *ud)
+{
+    return ms__blocks_calloc(((ms_h2_t *)ud)->blocks, nmemb, size);
+}
+
+static void *ng_realloc(void *p, size_t n, void *ud)
+{
+    ms_h2_t *h2 = ud;
+    if (p != NULL && p == h2->framebuf) {
+        if (n <= h2->framebuf_size)
+            return p;
+    } else if (n < H2_FRAMEBUF_MIN || h2->framebuf != NULL) {
+        return ms__blocks_realloc(h2->blocks, p, n);
+    }
+    /* the frame buffer: (re)mapped */
+    size_t size = (n + 4095) & ~(size_t)4095;
+    void *q = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED)
+        return NULL;
+    if (p != NULL) {
+        size_t old = p == h2->framebuf ? h2->framebuf_size : ms__blocks_size(p);
+        memcpy(q, p, old < n ? old : n);
+        ng_free(p, h2);
+    }
+    h2->framebuf = q;
+    h2->framebuf_size = size;
+    return q;
+}
+
+/* The connection has been idle for H2_SETTLE_MS: its frame buffer's pages go back to the
+ * system (they come back zeroed at the next frame), then the idle deadline runs on. */
+static void h2_settle(ms_conn_t *c)
+{
+    ms_h2_t *h2 = c->pstate;
+    if (h2 != NULL && h2->framebuf != NULL && !nghttp2_session_want_write(h2->ng)) {
+        madvise(h2->framebuf, h2->framebuf_size, MADV_DONTNEED);
+        h2->trimmed = 1;
+    }
+    uint32_t idle = c->server->limits.idle_timeout_ms;
+    if (c->server->stopping)
+        ms__conn_arm_idle(c);
+    else
+        ms__conn_arm(c, MS_PHASE_IDLE, idle > H2_SETTLE_MS ? idle - H2_SETTLE_MS : 0);
+}
+
 /* A server session for `c`, with our SETTINGS queued. NULL if nghttp2 could not make one. */
 static ms_h2_t *session_new(ms_conn_t *c)
 {
@@ -1108,7 +1192,9 @@ static ms_h2_t *session_new(ms_conn_t *c)
     h2->conn = c;
     h2->scan_skip = MS_H2_PREFACE_LEN; /* every session's input starts with the preface */
     h2->top_id = -1;
-    if (nghttp2_session_server_new3(&h2->ng, callbacks, h2, options, &c->server->h2->mem) != 0) {
+    h2->blocks = &c->server->h2->blocks;
+    h2->mem = (nghttp2_mem){h2, ng_malloc, ng_free, ng_calloc, ng_realloc};
+    if (nghttp2_session_server_new3(&h2->ng, callbacks, h2, options, &h2->mem) != 0) {
         ms_mem_free(h2);
         return NULL;
     }
@@ -1391,6 +1477,7 @@ static void h2_feed(ms_conn_t *c, const char *data, size_t len)
         }
         c->pstate = h2;
     }
+    h2->trimmed = 0; /* (the frame buffer's pages come back as frames are written) */
     ms__conn_hold(c);
     uint32_t in_feed = c->flags & MS_CONN_IN_FEED;
     c->flags |= MS_CONN_IN_FEED;
@@ -1454,6 +1541,13 @@ static void h2_rearm(ms_conn_t *c)
         }
         return;
     }
+    ms__conn_idle(c); /* (no stream open: the reply queue goes back, as HTTP/1.1's does) */
+    if (h2 != NULL && h2->framebuf != NULL && !h2->trimmed && !s->stopping &&
+        lim->idle_timeout_ms > H2_SETTLE_MS) {
+        if (c->phase != MS_PHASE_SETTLE)
+            ms__conn_arm(c, MS_PHASE_SETTLE, H2_SETTLE_MS);
+        return;
+    }
     ms__conn_arm_idle(c);
 }
 
@@ -1461,6 +1555,10 @@ static void h2_rearm(ms_conn_t *c)
  * client that takes nothing). Handlers still at work learn that their streams are gone. */
 static void h2_timeout(ms_conn_t *c, int phase)
 {
+    if (phase == MS_PHASE_SETTLE) {
+        h2_settle(c);
+        return;
+    }
     char peer[64];
     ms_conn_peer(c, peer, sizeof(peer));
     ms_log(MS_LOG_INFO, "%s: HTTP/2: closed: %s", peer,
@@ -1621,33 +1719,10 @@ static void h2_tunnel_read(ms_req_t *r, int on)
     }
 }
 
-/* nghttp2's allocator: the worker's blocks, by size class (base/mem.c). nghttp2 allocates
- * about a dozen blocks a stream: malloc and free were a seventh of a stream's instructions. */
-static void *ng_malloc(size_t n, void *ud)
-{
-    return ms__blocks_alloc(ud, n);
-}
-
-static void ng_free(void *p, void *ud)
-{
-    ms__blocks_free(ud, p);
-}
-
-static void *ng_calloc(size_t nmemb, size_t size, void *ud)
-{
-    return ms__blocks_calloc(ud, nmemb, size);
-}
-
-static void *ng_realloc(void *p, size_t n, void *ud)
-{
-    return ms__blocks_realloc(ud, p, n);
-}
-
 static void h2_worker_init(ms_server_t *s)
 {
     ms_h2_worker_t *w = ms_mem_alloc(sizeof(*w));
     memset(w, 0, sizeof(*w));
-    w->mem = (nghttp2_mem){&w->blocks, ng_malloc, ng_free, ng_calloc, ng_realloc};
     uv_prepare_init(s->loop, &w->turn);
     uv_unref((uv_handle_t *)&w->turn);
     uv_idle_init(s->loop, &w->again);

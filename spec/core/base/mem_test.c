@@ -93,9 +93,10 @@ static int chunks(const ms_pool_t *p)
 TEST(mem_blocks_come_by_size_class_and_go_back_to_their_list)
 {
     ms_blocks_t b = {0};
-    /* each size in its class: 64 bytes and under, then doubling to 8 KiB; past it, malloc's */
-    size_t sizes[] = {0, 1, 64, 65, 128, 129, 4096, 8192, 8193, 100000};
-    uint32_t classes[] = {0, 0, 0, 1, 1, 2, 6, 7, BIG, BIG};
+    /* each size in its class: 16-byte steps to 256, then four a doubling to 8 KiB; past it,
+     * malloc's */
+    size_t sizes[] = {0, 1, 16, 17, 256, 257, 320, 321, 2928, 4096, 8192, 8193, 100000};
+    uint32_t classes[] = {0, 0, 0, 1, 15, 16, 16, 17, 29, 31, 35, BIG, BIG};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(*sizes); i++) {
         char *p = ms__blocks_alloc(&b, sizes[i]);
         ASSERT(p != NULL);
@@ -105,21 +106,21 @@ TEST(mem_blocks_come_by_size_class_and_go_back_to_their_list)
         ms__blocks_free(&b, p);
     }
 #ifndef MS_ASAN
-    /* kept for the next of its class, the last freed first */
-    char *x = ms__blocks_alloc(&b, 100), *y = ms__blocks_alloc(&b, 120);
+    /* kept for the next of its class (97 to 112 bytes), the last freed first */
+    char *x = ms__blocks_alloc(&b, 100), *y = ms__blocks_alloc(&b, 110);
     ms__blocks_free(&b, x);
     ms__blocks_free(&b, y);
-    ASSERT(ms__blocks_alloc(&b, 70) == y);
-    ASSERT(ms__blocks_alloc(&b, 128) == x);
+    ASSERT(ms__blocks_alloc(&b, 97) == y);
+    ASSERT(ms__blocks_alloc(&b, 112) == x);
     ms__blocks_free(&b, x);
     ms__blocks_free(&b, y);
-    /* a class keeps MS_BLOCKS_KEEP bytes of free blocks, no more: 32 of 8 KiB */
+    /* a class keeps MS_BLOCKS_KEEP bytes of free blocks, no more: 8 of 8 KiB */
     void *big[40];
     for (int i = 0; i < 40; i++)
         big[i] = ms__blocks_alloc(&b, 8000);
     for (int i = 0; i < 40; i++)
         ms__blocks_free(&b, big[i]);
-    ASSERT_EQ(MS_BLOCKS_KEEP / 8192, b.count[7]);
+    ASSERT_EQ(MS_BLOCKS_KEEP / 8192, b.count[35]);
 #endif
     ms__blocks_drain(&b);
     for (int c = 0; c < MS_BLOCK_CLASSES; c++) {
@@ -128,12 +129,33 @@ TEST(mem_blocks_come_by_size_class_and_go_back_to_their_list)
     }
 }
 
+TEST(mem_blocks_classes_hold_each_size_with_little_to_spare)
+{
+    uint32_t last = 0;
+    for (size_t n = 1; n <= 8192; n++) {
+        uint32_t c = class_of(n);
+        ASSERT(c < MS_BLOCK_CLASSES);
+        ASSERT(c >= last); /* a larger size never gets a smaller class */
+        last = c;
+        size_t size = class_size(c);
+        ASSERT(size >= n);
+        /* (at most 15 bytes past it up to 256, then a quarter of the size below the class) */
+        if (n <= 256)
+            ASSERT(size - n < 16);
+        else
+            ASSERT((size - n) * 4 < size);
+        ASSERT_EQ(0, size % 16); /* malloc's alignment for what follows the header */
+    }
+    ASSERT_EQ(MS_BLOCK_CLASSES - 1, class_of(8192));
+    ASSERT_EQ(BIG, class_of(8193));
+}
+
 TEST(mem_blocks_realloc_keeps_the_bytes_and_calloc_zeroes)
 {
     ms_blocks_t b = {0};
     char *p = ms__blocks_realloc(&b, NULL, 10);
     memcpy(p, "moonserve", 10);
-    ASSERT(ms__blocks_realloc(&b, p, 60) == p); /* it fits where it is */
+    ASSERT(ms__blocks_realloc(&b, p, 16) == p); /* it fits where it is */
     p = ms__blocks_realloc(&b, p, 3000);        /* to a larger class */
     ASSERT_STR_EQ("moonserve", p);
     p = ms__blocks_realloc(&b, p, 20000); /* to malloc's */

@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include <nghttp2/nghttp2.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../../../core/transport/memio.h"
@@ -1015,6 +1016,48 @@ TEST(h2_fields_nv_counts_a_last_line_without_its_lf)
     ASSERT_EQ(1, (int)nva[1].valuelen);
     ASSERT(memcmp(nva[1].value, "2", 1) == 0);
     ms_pool_free(&r.pool);
+}
+
+/* A connection with no stream open gives its reply queue back at once; idle for a second, its
+ * frame buffer's pages too (not counted as a timeout); its next request is served as ever,
+ * and the idle deadline still runs from the last request, the second included. */
+TEST(h2_an_idle_connection_gives_its_memory_back_and_serves_on)
+{
+    ms_limits_t lim;
+    ms_limits_default(&lim);
+    lim.idle_timeout_ms = 1600;
+    setup_limits(&lim);
+    int32_t a = request("GET", "/a", NULL);
+    pump();
+    ASSERT_STR_EQ("v20 /a example.test", reply_of(a)->body);
+    ms_h2_t *h2 = h2_of(m.conn);
+    ASSERT(m.conn->pend == NULL); /* the queue went back */
+#ifndef MS_ASAN
+    ASSERT(h2->framebuf != NULL); /* (a mapping, but for ASan's heap block) */
+    ASSERT_EQ(MS_PHASE_SETTLE, m.conn->phase);
+    run_for(1150);
+    ASSERT_EQ(1, h2->trimmed);
+    unsigned char resident[8];
+    ASSERT_EQ(0, mincore(h2->framebuf, h2->framebuf_size, resident));
+    for (size_t i = 0; i < h2->framebuf_size / 4096; i++)
+        ASSERT_EQ(0, resident[i] & 1);
+    ASSERT_EQ(MS_PHASE_IDLE, m.conn->phase);
+    ASSERT_EQ(0, srv->stats->timeouts);
+#else
+    run_for(1150);
+#endif
+    int32_t b = request("GET", "/b", NULL);
+    pump();
+    ASSERT_EQ(200, reply_of(b)->status);
+    ASSERT_STR_EQ("v20 /b example.test", reply_of(b)->body);
+    ASSERT_EQ(0, h2->trimmed);
+    run_for(1300); /* settled again, and open: the idle deadline is 1.6 s from /b */
+    ASSERT(m.conn != NULL);
+    ASSERT_EQ(0, m.closed);
+    run_for(500);
+    ASSERT(m.conn == NULL); /* closed at idle_timeout, not a settle later */
+    ASSERT_EQ(0, srv->stats->timeouts);
+    teardown();
 }
 
 static void stopped(ms_server_t *s)

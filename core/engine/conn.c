@@ -131,7 +131,7 @@ void ms_conn_read_buf(ms_conn_t *c, uv_buf_t *buf)
 void ms_conn_feed(ms_conn_t *c, const char *data, size_t len)
 {
     /* Bytes end idleness; a head's and a body's deadlines stay (trickling earns nothing). */
-    if (c->phase == MS_PHASE_IDLE)
+    if (c->phase == MS_PHASE_IDLE || c->phase == MS_PHASE_SETTLE)
         c->phase = MS_PHASE_NONE;
     c->proto->feed(c, data, len);
 }

@@ -116,7 +116,6 @@ static lua_stack_t **buckets;
 static int nstacks;
 static uint32_t lua_other; /* samples past LUA_STACKS_MAX stacks */
 static volatile int running;
-static uint64_t total;
 
 static uintptr_t signal_pc(void *ctx)
 {
@@ -135,7 +134,6 @@ void ms_profile_signal(void *ctx)
 {
     if (!running)
         return;
-    total++;
     uintptr_t pc = signal_pc(ctx);
     const segment_t *s = segment_of(pc);
     int in_lua = s == NULL || s->luajit; /* LuaJIT, or the code it compiled */
@@ -225,7 +223,6 @@ static void clear(void)
     nstacks = 0;
     core_other = core_taken = lua_other = 0;
     handler_pc = 0;
-    total = 0;
 }
 
 int ms_profile_begin(void)
@@ -382,20 +379,30 @@ static void push_stack(lua_State *L, const lua_stack_t *e)
     luaL_pushresult(&b);
 }
 
+/* Adds `n` samples to the stack on top of L in the table below it, and pops the stack. */
+static void add_samples(lua_State *L, lua_Number n)
+{
+    lua_pushvalue(L, -1);
+    lua_rawget(L, -3);
+    lua_Number had = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    lua_pushnumber(L, had + n);
+    lua_rawset(L, -3);
+}
+
 /* Pushes {[stack] = samples} onto L (C frames named, the folded stack format's lines without
- * their counts), then the samples in all. */
+ * their counts), then the samples in all (the ticks of the profile's last moment that no
+ * callback came to count are not among them). */
 int ms_profile_push(lua_State *L)
 {
     char buf[320];
+    lua_Number sum = core_other + lua_other;
     lua_createtable(L, 0, nstacks + 64);
     for (int i = 0; buckets != NULL && i < LUA_BUCKETS; i++)
         for (lua_stack_t *e = buckets[i]; e != NULL; e = e->next) {
             push_stack(L, e);
-            lua_pushvalue(L, -1);
-            lua_rawget(L, -3);
-            lua_pushnumber(L, lua_tonumber(L, -1) + e->n);
-            lua_remove(L, -2);
-            lua_rawset(L, -3);
+            add_samples(L, e->n);
+            sum += e->n;
         }
     for (int i = 0; core != NULL && i < CORE_SLOTS; i++) {
         if (core[i].pc == 0)
@@ -403,11 +410,8 @@ int ms_profile_push(lua_State *L)
         lua_pushliteral(L, "[core];");
         lua_pushstring(L, name_of(core[i].pc, buf, sizeof(buf)));
         lua_concat(L, 2);
-        lua_pushvalue(L, -1);
-        lua_rawget(L, -3);
-        lua_pushnumber(L, lua_tonumber(L, -1) + core[i].n);
-        lua_remove(L, -2);
-        lua_rawset(L, -3);
+        add_samples(L, core[i].n);
+        sum += core[i].n;
     }
     if (core_other + lua_other > 0) {
         lua_pushnumber(L, core_other + lua_other);
@@ -416,7 +420,7 @@ int ms_profile_push(lua_State *L)
     for (int i = 0; i < ntables; i++)
         symtab_close(&tables[i]);
     ntables = 0;
-    lua_pushnumber(L, (lua_Number)total);
+    lua_pushnumber(L, sum);
     clear();
     return 2;
 }

@@ -9,11 +9,7 @@
 #include "moonserve.h"
 
 #include "handlers.h"
-
-static int settings_first(const ms_buf_t *o)
-{
-    return o->len >= 9 && o->base[3] == 4 && memcmp(o->base + 5, "\0\0\0\0", 4) == 0;
-}
+#include "replies.h"
 
 /* Runs one connection over the input. `reads`: each piece arrives as a socket read does, into
  * the buffer the connection offers (so kept bytes are moved and read after), in pieces whose

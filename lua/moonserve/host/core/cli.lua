@@ -116,7 +116,7 @@ environment (a flag wins over its variable, which wins over app:run{}'s table; "
 
 profile: `moonserve --profile SECONDS --metrics ADDR:PORT [--output PREFIX]` samples a worker
 of the running server whose --metrics listener is ADDR:PORT for SECONDS (its Lua functions
-and the core's C functions, at each millisecond of CPU), prints the hottest functions and
+and the core's C functions, at each tick of its CPU clock), prints the hottest functions and
 writes PREFIX.folded (folded stacks) and PREFIX.svg (a flame graph); PREFIX defaults to
 moonserve-profile-DATE-TIME. The listener answers GET /profile?seconds=S and
 /profile.svg?seconds=S with the same.
@@ -313,10 +313,13 @@ local function fetch(addr, path, wait)
     end
     ok, err = s:send("GET " .. path .. " HTTP/1.1\r\nHost: " .. addr
         .. "\r\nConnection: close\r\n\r\n")
-    local reply = ok and s:receive("*a")
+    local reply
+    if ok then
+        reply, err = s:receive("*a")
+    end
     s:close()
     if not reply then
-        return nil, "no reply from " .. addr .. ": " .. tostring(err or "timeout")
+        return nil, "no reply from " .. addr .. ": " .. tostring(err)
     end
     local head, body = reply:match("^(.-)\r\n\r\n(.*)$")
     local status = head and tonumber(head:match("^HTTP/1%.%d (%d%d%d)"))
@@ -366,7 +369,8 @@ local function profile(args)
         return die("profile: " .. tostring(ok and fields or status))
     end
     if status ~= 200 then
-        return die(string.format("profile: the server said %d: %s", status, body:gsub("%s+$", "")))
+        local why = body:gsub("%s+$", "")
+        return die(string.format("profile: the server said %d: %s", status, why))
     end
     local p = require "moonserve.profile"
     local samples = p.parse_folded(body)

@@ -115,11 +115,11 @@ local function profile(req, res, svg)
         return res:status(400):send("seconds: a number from 0 to 300\n")
     end
     local p = require "moonserve.profile"
-    local samples, err, cpu = p.run(seconds)
+    local samples, total, cpu = p.run(seconds)
     if not samples then
-        return res:status(409):send(err .. "\n")
+        return res:status(409):send(total .. "\n") -- (`total` is the error then)
     end
-    res:header("x-profile-samples", format("%d", err))
+    res:header("x-profile-samples", format("%d", total))
     res:header("x-profile-cpu-ms", format("%.0f", cpu * 1000))
     local title = format("moonserve worker %d, %g s, %.0f ms of CPU",
         require("moonserve.host.core.worker").id(), seconds, cpu * 1000)
@@ -376,7 +376,7 @@ function _M.cpu_budget(ms)
 end
 
 --- Samples this worker for `seconds` of wall time (the caller sleeps meanwhile; the worker
--- serves on): Lua frames and the core's C functions, every millisecond of CPU (modules/
+-- serves on): Lua frames and the core's C functions, at each tick of its CPU clock (modules/
 -- ms_profile.c). Returns {[folded stack] = samples}, the samples in all and the CPU seconds
 -- the process used meanwhile; or nil and an error (a profile runs already). From a handler
 -- or a timer.

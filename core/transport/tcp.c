@@ -1,20 +1,43 @@
-/* tcp.c: TCP listeners, and the plain TCP transport (ms_io_t) on a libuv stream: gathered
- * writes, sendfile, cork, and a graceful close that sends FIN after the last reply. */
+/* tcp.c: TCP listeners, and the plain TCP transport (ms_io_t) on a poll handle of libuv's:
+ * accept, reads and gathered writes of our own, sendfile, cork, and a graceful close that
+ * sends FIN after the last reply. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4, IOV_MAX */
+#endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <string.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 
-/* The transport's part of a TCP connection, right after its ms_conn_t. */
+/* The transport's part of a TCP connection, right after its ms_conn_t. A poll handle on the
+ * socket rather than libuv's stream: the reads and writes are ours (read, writev), and an
+ * idle connection keeps 88 bytes less (uv_poll_t is 160 bytes, uv_tcp_t 248). */
 typedef struct ms_tcp_s {
-    uv_tcp_t tcp;
-    uv_write_t *wreq;        /* from the worker's recycle list while a write is pending */
-    uv_shutdown_t *shutdown; /* while a graceful close is under way */
+    uv_poll_t poll;
+    struct tcp_write_s *pending; /* the rest of a write, while the socket is full */
+    int fd;
+    uint8_t reading;             /* the connection wants bytes (read_start) */
+    uint8_t polled;              /* the events the handle is started for: UV_READABLE, ... */
 } ms_tcp_t;
+
+/* A write the socket did not take at once: what is left of its pieces. */
+typedef struct tcp_write_s {
+    unsigned at, n;
+    uv_buf_t bufs[];
+} tcp_write_t;
+
+/* At most this many reads a readiness event, each filling its buffer: a fast sender must not
+ * hold the worker from the others. */
+#define TCP_READS_PER_EVENT 32
 
 static inline ms_tcp_t *tcp_of(ms_conn_t *c)
 {
@@ -28,21 +51,54 @@ _Static_assert(sizeof(ms_conn_t) % _Alignof(ms_tcp_t) == 0,
 
 static inline ms_conn_t *conn_of_handle(uv_handle_t *h)
 {
-    return (ms_conn_t *)((char *)h - offsetof(ms_tcp_t, tcp) - sizeof(ms_conn_t));
+    return (ms_conn_t *)((char *)h - offsetof(ms_tcp_t, poll) - sizeof(ms_conn_t));
+}
+
+static int tcp_fd(ms_conn_t *c)
+{
+    return tcp_of(c)->fd;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events);
+
+/* Starts the handle for `events`, when that changes them. Turning reading off is left to
+ * the next readiness event (on_poll): a connection that stops reading while a handler runs
+ * and starts again before its peer sends costs no system call. */
+static void poll_for(ms_tcp_t *t, int events)
+{
+    if (events == t->polled || uv_is_closing((uv_handle_t *)&t->poll))
+        return;
+    t->polled = (uint8_t)events;
+    if (events == 0)
+        uv_poll_stop(&t->poll);
+    else
+        uv_poll_start(&t->poll, events, on_poll);
+}
+
+/* Writes what the socket takes now: bytes written, UV_EAGAIN, or a negative code. */
+static int write_now(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
+{
+    ssize_t w;
+    do /* (uv_buf_t is laid out as struct iovec) */
+        w = n == 1 ? write(tcp_fd(c), bufs[0].base, bufs[0].len)
+                   : writev(tcp_fd(c), (const struct iovec *)bufs, (int)(n < IOV_MAX ? n : IOV_MAX));
+    while (w < 0 && errno == EINTR);
+    if (w < 0)
+        return errno == EAGAIN ? UV_EAGAIN : -errno;
+    return w > 0 ? (int)w : UV_EAGAIN;
 }
 
 static int tcp_try_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
-    return uv_try_write((uv_stream_t *)&tcp_of(c)->tcp, bufs, n);
+    if (tcp_of(c)->pending != NULL)
+        return UV_EAGAIN; /* after what waits, in order */
+    return write_now(c, bufs, n);
 }
 
 static ssize_t tcp_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
 {
-    uv_os_fd_t sock;
-    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) != 0)
-        return UV_EBADF;
     off_t at = (off_t)off;
-    ssize_t n = sendfile(sock, fd, &at, len);
+    ssize_t n = sendfile(tcp_fd(c), fd, &at, len);
     if (n >= 0)
         return n;
     return errno == EAGAIN ? UV_EAGAIN : -errno;
@@ -50,16 +106,15 @@ static ssize_t tcp_sendfile(ms_conn_t *c, int fd, uint64_t off, size_t len)
 
 static void tcp_cork(ms_conn_t *c, int on)
 {
-    uv_os_fd_t sock;
-    if (uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) == 0)
-        (void)setsockopt(sock, IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
+    (void)setsockopt(tcp_fd(c), IPPROTO_TCP, TCP_CORK, &on, sizeof(on));
 }
 
-static void write_cb(uv_write_t *w, int status)
+/* The background write is over: written (0), failed, or cancelled by a close. */
+static void write_end(ms_conn_t *c, int status)
 {
-    ms_conn_t *c = w->data;
-    ms_mem_free(w);
-    tcp_of(c)->wreq = NULL;
+    ms_tcp_t *t = tcp_of(c);
+    ms_mem_free(t->pending);
+    t->pending = NULL;
     ms__io_write_done(c, status);
     ms__conn_release(c);
 }
@@ -67,116 +122,167 @@ static void write_cb(uv_write_t *w, int status)
 static int tcp_write(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
     ms_tcp_t *t = tcp_of(c);
-    /* Only on a congested socket; not worth a recycle list. */
-    t->wreq = ms_mem_alloc(sizeof(*t->wreq));
-    t->wreq->data = c;
-    int rc = uv_write(t->wreq, (uv_stream_t *)&t->tcp, bufs, n, write_cb);
-    if (rc < 0) {
-        ms_mem_free(t->wreq);
-        t->wreq = NULL;
-        return rc;
-    }
-    ms__conn_hold(c); /* the write request holds the connection */
+    if (t->pending != NULL || n == 0)
+        return UV_EINVAL;
+    /* Called once try_write found the socket full: wait until it has room. */
+    t->pending = ms_mem_alloc(sizeof(*t->pending) + n * sizeof(uv_buf_t));
+    t->pending->at = 0;
+    t->pending->n = n;
+    memcpy(t->pending->bufs, bufs, n * sizeof(uv_buf_t));
+    poll_for(t, t->polled | UV_WRITABLE);
+    ms__conn_hold(c); /* the write holds the connection */
     return 0;
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* The socket has room: goes on with the background write. */
+static void write_more(ms_conn_t *c)
 {
-    (void)suggested;
-    ms__io_read_buf(conn_of_handle(h), buf);
+    ms_tcp_t *t = tcp_of(c);
+    tcp_write_t *p = t->pending;
+    int status = 0;
+    while (p->at < p->n) {
+        int w = write_now(c, p->bufs + p->at, p->n - p->at);
+        if (w == UV_EAGAIN)
+            return;
+        if (w < 0) {
+            status = w;
+            break;
+        }
+        size_t done = (size_t)w;
+        while (p->at < p->n && done >= p->bufs[p->at].len)
+            done -= p->bufs[p->at++].len;
+        if (done > 0) {
+            p->bufs[p->at].base += done;
+            p->bufs[p->at].len -= done;
+        }
+    }
+    write_end(c, status);
+    if (t->pending == NULL) /* (and no next write began in write_end's callback) */
+        poll_for(t, t->polled & ~UV_WRITABLE);
 }
 
-static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+/* Reads what the socket holds into the buffers the connection gives, as long as it wants
+ * them; the end of the stream or an error ends reading (ms_conn_eof). */
+static void read_some(ms_conn_t *c)
 {
-    ms_conn_t *c = conn_of_handle((uv_handle_t *)st);
-    if (nread > 0)
-        ms__io_feed(c, buf->base, (size_t)nread);
-    else if (nread < 0)
-        ms__io_eof(c, (int)nread);
+    ms_tcp_t *t = tcp_of(c);
+    for (int i = 0; i < TCP_READS_PER_EVENT && t->reading; i++) {
+        uv_buf_t buf;
+        ms__io_read_buf(c, &buf);
+        ssize_t n;
+        do
+            n = read(tcp_fd(c), buf.base, buf.len);
+        while (n < 0 && errno == EINTR);
+        if (n > 0) {
+            ms__io_feed(c, buf.base, (size_t)n);
+            if ((size_t)n < buf.len)
+                return; /* the socket is empty */
+            continue;
+        }
+        if (n < 0 && errno == EAGAIN)
+            return;
+        t->reading = 0;
+        ms__io_eof(c, n == 0 ? UV_EOF : -errno);
+        return;
+    }
+}
+
+/* (The connection lives through this: a close here frees it only from close_cb.) */
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+    ms_conn_t *c = conn_of_handle((uv_handle_t *)h);
+    ms_tcp_t *t = tcp_of(c);
+    if (status < 0) {
+        /* An error on the socket (a reset): libuv has stopped the handle. The write under
+         * way fails with it, and the reading ends with it. */
+        int err = 0;
+        socklen_t len = sizeof(err);
+        if (getsockopt(tcp_fd(c), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err == 0)
+            err = ECONNRESET;
+        t->polled = 0;
+        if (t->pending != NULL)
+            write_end(c, -err);
+        if (t->reading && !uv_is_closing((uv_handle_t *)h)) {
+            t->reading = 0;
+            ms__io_eof(c, -err);
+        }
+        return;
+    }
+    if (events & UV_WRITABLE && t->pending != NULL)
+        write_more(c);
+    if (events & UV_READABLE && !uv_is_closing((uv_handle_t *)h)) {
+        if (t->reading)
+            read_some(c);
+        else
+            poll_for(t, t->polled & ~UV_READABLE); /* now that bytes wait unwanted */
+    }
 }
 
 static void tcp_read_stop(ms_conn_t *c)
 {
-    uv_read_stop((uv_stream_t *)&tcp_of(c)->tcp);
+    tcp_of(c)->reading = 0;
 }
 
 static void tcp_read_start(ms_conn_t *c)
 {
-    if (!(c->flags & MS_CONN_CLOSED))
-        uv_read_start((uv_stream_t *)&tcp_of(c)->tcp, alloc_cb, read_cb);
+    ms_tcp_t *t = tcp_of(c);
+    if (c->flags & MS_CONN_CLOSED)
+        return;
+    t->reading = 1;
+    poll_for(t, t->polled | UV_READABLE);
 }
 
 static void close_cb(uv_handle_t *h)
 {
-    ms__io_closed(conn_of_handle(h));
-}
-
-static void shutdown_cb(uv_shutdown_t *req, int status)
-{
-    ms_conn_t *c = req->data;
-    (void)status;
-    ms_mem_free(req);
-    tcp_of(c)->shutdown = NULL;
-    uv_close((uv_handle_t *)&tcp_of(c)->tcp, close_cb);
-}
-
-/* Sends FIN after the last reply rather than a reset that could destroy it, then closes. */
-static void tcp_shutdown(ms_conn_t *c)
-{
-    ms_tcp_t *t = tcp_of(c);
-    uv_read_stop((uv_stream_t *)&t->tcp);
-    if (t->wreq == NULL) {
-        t->shutdown = ms_mem_alloc(sizeof(*t->shutdown));
-        t->shutdown->data = c;
-        if (uv_shutdown(t->shutdown, (uv_stream_t *)&t->tcp, shutdown_cb) == 0)
-            return;
-        ms_mem_free(t->shutdown);
-        t->shutdown = NULL;
-    }
-    uv_close((uv_handle_t *)&t->tcp, close_cb);
+    ms_conn_t *c = conn_of_handle(h);
+    if (tcp_of(c)->pending != NULL)
+        write_end(c, UV_ECANCELED);
+    ms__io_closed(c);
 }
 
 static void tcp_close(ms_conn_t *c)
 {
     ms_tcp_t *t = tcp_of(c);
-    uv_read_stop((uv_stream_t *)&t->tcp);
-    uv_close((uv_handle_t *)&t->tcp, close_cb);
+    int fd = tcp_fd(c);
+    t->reading = 0;
+    uv_close((uv_handle_t *)&t->poll, close_cb);
+    close(fd); /* (a poll handle leaves its descriptor to its owner) */
 }
 
-static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
+/* Sends FIN after the last reply rather than a reset that could destroy it, then closes. A
+ * write still under way is cut short. */
+static void tcp_shutdown(ms_conn_t *c)
 {
-    struct sockaddr_storage ss;
-    int n = sizeof(ss);
-    buf[0] = 0;
-    if (uv_tcp_getpeername(&tcp_of(c)->tcp, (struct sockaddr *)&ss, &n) != 0)
-        return;
-    if (ss.ss_family == AF_INET6)
-        uv_ip6_name((struct sockaddr_in6 *)&ss, buf, len);
-    else
-        uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
+    if (tcp_of(c)->pending == NULL)
+        (void)shutdown(tcp_fd(c), SHUT_WR);
+    tcp_close(c);
+}
+
+/* Writes an address as text; returns its port. */
+static int addr_text(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+    if (ss->ss_family == AF_INET6) {
+        uv_ip6_name((const struct sockaddr_in6 *)ss, buf, len);
+        return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+    }
+    uv_ip4_name((const struct sockaddr_in *)ss, buf, len);
+    return ntohs(((const struct sockaddr_in *)ss)->sin_port);
 }
 
 static int tcp_address(ms_conn_t *c, int local, char *buf, size_t len)
 {
     struct sockaddr_storage ss;
-    int n = sizeof(ss);
+    socklen_t n = sizeof(ss);
     buf[0] = 0;
-    uv_tcp_t *h = &tcp_of(c)->tcp;
-    if ((local ? uv_tcp_getsockname(h, (struct sockaddr *)&ss, &n)
-               : uv_tcp_getpeername(h, (struct sockaddr *)&ss, &n)) != 0)
+    if ((local ? getsockname(tcp_fd(c), (struct sockaddr *)&ss, &n)
+               : getpeername(tcp_fd(c), (struct sockaddr *)&ss, &n)) != 0)
         return -1;
-    if (ss.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&ss, buf, len);
-        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    uv_ip4_name((struct sockaddr_in *)&ss, buf, len);
-    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return addr_text(&ss, buf, len);
 }
 
-static int tcp_fd(ms_conn_t *c)
+static void tcp_peer(ms_conn_t *c, char *buf, size_t len)
 {
-    uv_os_fd_t sock;
-    return uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &sock) == 0 ? sock : -1;
+    (void)tcp_address(c, 0, buf, len);
 }
 
 static const ms_io_t tcp_io = {
@@ -201,26 +307,21 @@ static void *tcp_extra(ms_conn_t *c)
     return (char *)tcp_of(c) + TCP_OWN;
 }
 
-static ms_conn_t *tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra)
+/* A connection for the socket `fd` accept(2) gave, from the peer `peer`. */
+static ms_conn_t *tcp_conn(ms_server_t *s, int fd, const struct sockaddr_storage *peer,
+                           size_t extra)
 {
     ms_conn_t *c = ms_conn_new(s, &tcp_io, TCP_OWN + extra);
     ms_tcp_t *t = tcp_of(c);
-    t->wreq = NULL;
-    t->shutdown = NULL;
-    uv_tcp_init(s->loop, &t->tcp);
-    if (uv_accept(listener, (uv_stream_t *)&t->tcp) != 0) {
-        /* Nothing more to accept now: undo quietly. */
-        c->flags |= MS_CONN_CLOSED | MS_CONN_NONE;
-        s->stats->accepted--;
-        uv_close((uv_handle_t *)&t->tcp, close_cb);
-        return NULL;
-    }
-    struct sockaddr_storage ss;
-    int sl = sizeof(ss);
-    if (uv_tcp_getpeername(&t->tcp, (struct sockaddr *)&ss, &sl) == 0 &&
-        ms__source_key((struct sockaddr *)&ss, c->source) == 0)
+    t->pending = NULL;
+    t->fd = fd;
+    t->reading = 0;
+    t->polled = 0;
+    uv_poll_init_socket(s->loop, &t->poll, fd);
+    if (ms__source_key((const struct sockaddr *)peer, c->source) == 0)
         c->source_known = 1;
-    uv_tcp_nodelay(&t->tcp, 1);
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     return c;
 }
 
@@ -231,35 +332,76 @@ static ms_conn_t *tcp_accept(ms_server_t *s, uv_stream_t *listener, size_t extra
 #define MS_ACCEPT_BURST 64
 
 typedef struct ms_listener_s {
-    uv_tcp_t tcp;
+    uv_poll_t poll;
+    int fd;
+    int flags; /* MS_LISTEN_* */
     ms_server_t *server;
-    int flags;     /* MS_LISTEN_* */
     ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
     struct ms_listener_s *next;
 } ms_listener_t;
 
-/* Whether `c`'s descriptor leaves fewer than MS_FD_RESERVE free: accept(2) gives the lowest
- * free number, so every one below it is in use. (Once none is left, libuv closes new
- * connections by itself, unseen: refusing first is what makes it seen.) */
-static int near_fd_limit(ms_server_t *s, ms_conn_t *c)
+/* A descriptor kept in reserve: when none is left, closing it lets the worker accept the
+ * connections that wait and close them, as it must, rather than find the listener ready on
+ * every turn of the loop. */
+static int reserve_fd = -1;
+
+static void reserve_open(void)
 {
-    uv_os_fd_t fd;
-    return uv_fileno((uv_handle_t *)&tcp_of(c)->tcp, &fd) == 0 &&
-           (uint32_t)fd + MS_FD_RESERVE >= s->fd_limit;
+    if (reserve_fd < 0)
+        reserve_fd = open("/", O_RDONLY | O_CLOEXEC);
 }
 
-static void on_connection(uv_stream_t *ls, int status)
+/* Whether `fd` leaves fewer than MS_FD_RESERVE free: accept(2) gives the lowest free
+ * number, so every one below it is in use. */
+static int near_fd_limit(ms_server_t *s, int fd)
 {
-    ms_listener_t *l = (ms_listener_t *)ls;
+    return (uint32_t)fd + MS_FD_RESERVE >= s->fd_limit;
+}
+
+/* No descriptor was left for a connection: those waiting are accepted with the reserve's and
+ * closed, each counted and logged as a refusal. */
+static void refuse_waiting(ms_listener_t *l)
+{
     ms_server_t *s = l->server;
+    if (reserve_fd < 0)
+        return;
+    close(reserve_fd);
+    reserve_fd = -1;
+    for (int i = 0; i < MS_ACCEPT_BURST; i++) {
+        int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            break;
+        close(fd);
+        s->refused_fds++;
+        s->stats->refused_conns++;
+        ms__log_refusals(s);
+    }
+    reserve_open();
+}
+
+static void on_connection(uv_poll_t *h, int status, int events)
+{
+    ms_listener_t *l = (ms_listener_t *)h;
+    ms_server_t *s = l->server;
+    (void)events;
     if (status < 0) {
         ms_log(MS_LOG_WARN, "accept: %s", uv_strerror(status));
         return;
     }
     for (int i = 0; i < MS_ACCEPT_BURST && s->listeners != NULL; i++) {
-        ms_conn_t *c = tcp_accept(s, ls, l->tls != NULL ? ms__tls_size : 0);
-        if (c == NULL)
-            return; /* nothing more to accept now */
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof(peer);
+        int fd = accept4(l->fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE)
+                refuse_waiting(l);
+            else if (errno != EAGAIN)
+                ms_log(MS_LOG_WARN, "accept: %s", strerror(errno));
+            return;
+        }
+        ms_conn_t *c = tcp_conn(s, fd, &peer, l->tls != NULL ? ms__tls_size : 0);
         /* Caps on open connections, per worker and per source address: over them the
          * connection is closed at once, before any byte is read. A trusted proxy's
          * connections carry many clients and are not counted as one source; behind a PROXY
@@ -274,7 +416,7 @@ static void on_connection(uv_stream_t *ls, int status)
             c->mtls = 1;
             s->m->conns_proto[2]++;
         }
-        if (near_fd_limit(s, c)) {
+        if (near_fd_limit(s, fd)) {
             s->refused_fds++;
             s->stats->refused_conns++;
             ms__log_refusals(s);
@@ -296,24 +438,37 @@ static void on_connection(uv_stream_t *ls, int status)
     }
 }
 
-int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
+/* Listens on the bound socket `fd` (the listener owns it from here, failed or not). */
+static int listen_on(ms_server_t *s, int fd, int backlog, int flags)
 {
-    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
-    l->server = s;
-    l->flags = flags;
-    l->tls = NULL;
-    uv_tcp_init(s->loop, &l->tcp);
-    int rc = uv_tcp_open(&l->tcp, fd);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, MS_LISTEN_BACKLOG, on_connection);
-    if (rc < 0) {
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+    if (listen(fd, backlog) != 0) {
+        int rc = -errno;
+        close(fd);
         return rc;
     }
-    s->listen_port = (uint32_t)ms_fd_port(fd);
+    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
+    int rc = uv_poll_init_socket(s->loop, &l->poll, fd);
+    if (rc == 0)
+        rc = uv_poll_start(&l->poll, UV_READABLE, on_connection);
+    if (rc < 0) {
+        close(fd);
+        ms_mem_free(l);
+        return rc;
+    }
+    reserve_open();
+    l->fd = fd;
+    l->flags = flags;
+    l->server = s;
+    l->tls = NULL;
     l->next = s->listeners;
     s->listeners = l;
+    s->listen_port = (uint32_t)ms_fd_port(fd);
     return 0;
+}
+
+int ms_server_listen_fd(ms_server_t *s, int fd, int flags)
+{
+    return listen_on(s, fd, MS_LISTEN_BACKLOG, flags);
 }
 
 int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
@@ -322,32 +477,23 @@ int ms_server_listen(ms_server_t *s, const char *addr, int backlog, int flags)
     int rc = ms__parse_addr(addr, &ss);
     if (rc < 0)
         return rc;
-    ms_listener_t *l = ms_mem_alloc(sizeof(*l));
-    l->server = s;
-    l->flags = flags;
-    l->tls = NULL;
-    uv_tcp_init_ex(s->loop, &l->tcp, ss.ss_family);
-    uv_os_fd_t fd;
-    uv_fileno((uv_handle_t *)&l->tcp, &fd);
-    int one = 1;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     /* Workers each listen on the same port; the kernel spreads connections among them. */
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    rc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&l->tcp, backlog > 0 ? backlog : MS_LISTEN_BACKLOG,
-                       on_connection);
-    if (rc < 0) {
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+    if (ss.ss_family == AF_INET6) /* "[::]" takes IPv4 too */
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    socklen_t len = ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                             : sizeof(struct sockaddr_in);
+    if (bind(fd, (struct sockaddr *)&ss, len) != 0) {
+        rc = -errno;
+        close(fd);
         return rc;
     }
-    struct sockaddr_storage bound;
-    int blen = sizeof(bound);
-    uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&bound, &blen);
-    s->listen_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                       : ((struct sockaddr_in *)&bound)->sin_port);
-    l->next = s->listeners;
-    s->listeners = l;
-    return 0;
+    return listen_on(s, fd, backlog > 0 ? backlog : MS_LISTEN_BACKLOG, flags);
 }
 
 void ms_server_https_port(ms_server_t *s, int port)
@@ -373,7 +519,9 @@ static void listeners_close(ms_server_t *s)
 {
     for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
         next = l->next;
-        uv_close((uv_handle_t *)&l->tcp, (uv_close_cb)ms_mem_free);
+        int fd = l->fd;
+        uv_close((uv_handle_t *)&l->poll, (uv_close_cb)ms_mem_free);
+        close(fd);
     }
     s->listeners = NULL;
 }

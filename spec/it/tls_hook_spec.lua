@@ -128,6 +128,10 @@ describe("the certificate hook", function()
                 .. "--limit handshake_timeout=0.1", q(dir .. "/localhost.pem"),
                 q(dir .. "/localhost.key")) }
         local at = quick.ports[2]
+        -- (its start-up lines first, which a loaded machine may write late)
+        assert.truthy(helper.wait_for(function()
+            return quick:log():find("shared dictionary 'certs' made", 1, true)
+        end), quick:log())
         local before = #quick:log()
         local t0 = require("socket").gettime()
         local shown, status = helper.run(string.format("%s s_client -connect 127.0.0.1:%d "

@@ -1,9 +1,12 @@
 /* tcp_test.c: the TCP transport on a real loopback connection: reading, a write the socket
  * takes only in part, the addresses, and closing. */
+#define _GNU_SOURCE /* tcp.c's accept4 and IOV_MAX, before any header */
 #include "test.h"
 
 #include "../../../core/transport/tcp.c"
 #include "loopback.h"
+
+#include <sys/resource.h>
 
 #define S(lit) lit, sizeof(lit) - 1
 #define BIG (4 * 1024 * 1024)
@@ -27,6 +30,14 @@ static void on_request(ms_req_t *r, void *data)
     has_sendfile = c->io->sendfile != NULL;
     /* Larger than the socket takes at once: the rest goes as a background write. */
     ms_reply_send(r, big, BIG, MS_VEC_STATIC, -1);
+    ms_req_finish(r);
+}
+
+static void on_request_small(ms_req_t *r, void *data)
+{
+    (void)data;
+    requests++;
+    ms_reply_send(r, S("hello"), MS_VEC_STATIC, -1);
     ms_req_finish(r);
 }
 
@@ -129,3 +140,49 @@ TEST(tcp_peer_reset_aborts_a_parked_request)
 }
 
 TEST_MAIN()
+
+/* Out of descriptors (the worker's own check for MS_FD_RESERVE left aside): the connections
+ * waiting are accepted with the reserve descriptor and closed, each counted as refused, the
+ * listener does not spin, and once descriptors are free again it serves. */
+TEST(tcp_out_of_descriptors_refuses_waiting_connections_then_serves)
+{
+    ms_log_set(NULL, MS_LOG_ERR);
+    uv_loop_init(&loop);
+    requests = 0;
+    srv = ms_server_new(&loop, NULL, on_request_small, on_resume, NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    srv->fd_limit = UINT32_MAX / 2;
+    static const char req[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    client_t cl[3];
+    for (int i = 0; i < 3; i++)
+        client_start(&cl[i], &loop, ms_server_port(srv), S(req));
+    struct rlimit was, low;
+    ASSERT_EQ(0, getrlimit(RLIMIT_NOFILE, &was));
+    int probe = dup(0); /* the lowest free descriptor: none from it on */
+    close(probe);
+    low = was;
+    low.rlim_cur = (rlim_t)probe;
+    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &low));
+    for (int i = 0; i < 3; i++)
+        ASSERT(run_until(&loop, &cl[i].done, 5000));
+    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &was));
+    ASSERT_EQ(0, requests);
+    ASSERT_EQ(3, (int)srv->stats->refused_conns);
+    for (int i = 0; i < 3; i++) {
+        ASSERT(cl[i].status == UV_EOF || cl[i].status == UV_ECONNRESET);
+        client_free(&cl[i]);
+    }
+    /* Descriptors again: served, and the reserve is back for next time. */
+    client_t ok;
+    client_start(&ok, &loop, ms_server_port(srv), S(req));
+    ok.half_close = 1;
+    ASSERT(run_until(&loop, &ok.done, 5000));
+    ASSERT_EQ(1, requests);
+    ASSERT(ok.got.base != NULL && strncmp(ok.got.base, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    ASSERT(reserve_fd >= 0);
+    client_free(&ok);
+    ms_server_stop(srv, NULL);
+    ms_server_free(srv);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(0, uv_loop_close(&loop));
+}

@@ -1100,7 +1100,9 @@ static int host_is(const ms_str_t *host, const char *want)
 
 static int under(const ms_mount_t *m, const ms_str_t *path)
 {
-    return path->len >= m->prefix_len && memcmp(path->base, m->prefix, m->prefix_len) == 0 &&
+    /* (an HTTP/2 request may come with no path at all: base NULL, len 0) */
+    return path->len >= m->prefix_len &&
+           (m->prefix_len == 0 || memcmp(path->base, m->prefix, m->prefix_len) == 0) &&
            (path->len == m->prefix_len || path->base[m->prefix_len] == '/');
 }
 

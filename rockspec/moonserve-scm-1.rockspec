@@ -89,6 +89,7 @@ build = {
          ["moonserve.host.openresty.request"] = "lua/moonserve/host/openresty/request.lua",
          ["moonserve.host.openresty.response"] = "lua/moonserve/host/openresty/response.lua",
          ["moonserve.host.openresty.services"] = "lua/moonserve/host/openresty/services.lua",
+         ["moonserve.host.openresty.thread_job"] = "lua/moonserve/host/openresty/thread_job.lua",
          ["moonserve.log"] = "lua/moonserve/log.lua",
          ["moonserve.metrics"] = "lua/moonserve/metrics.lua",
          ["moonserve.multipart"] = "lua/moonserve/multipart.lua",

@@ -7,6 +7,7 @@
 -- luacheck: globals ngx (nginx's Lua module gives it; this runs only inside nginx)
 local buffer = require "string.buffer"
 local bit = require "bit"
+local ffi = require "ffi"
 
 local ngx = ngx
 local type, error, select, unpack, pairs, tostring = type, error, select, unpack, pairs, tostring
@@ -189,12 +190,10 @@ require("moonserve.shared").provide(shared_dict)
 
 -- The threads are those of nginx.conf's thread_pool directives (main context), one set per
 -- worker process; a job runs through ngx.run_worker_thread. app:thread_pool's sizes (and
--- "default"'s: 4 threads, 1024 queued) bound the jobs this worker has given a pool at once,
--- threads + max_queue, so that a burst is answered "queue full" here: lua-nginx-module
--- 0.10.23 (Debian 12's) frees a job nginx refused for a full queue wrongly, and the worker
--- dies ("free(): invalid size"). nginx.conf must declare each pool with at least these sizes.
+-- "default"'s: 4 threads, 1024 queued) bound the jobs this worker has given a pool at once
+-- (threads.run below).
 local pool_sizes = { default = { threads = 4, max_queue = 1024 } }
-local in_flight = {} -- pool name -> jobs of this worker given to nginx and not yet back
+local pools = {} -- pool name -> the places of this worker's jobs in it (see run below)
 local MAX_THREADS = 256
 
 local function pool_count(v, what, min)
@@ -228,18 +227,58 @@ function threads.declare(name, opts)
         or 1024 }
 end
 
--- A job's place in its pool's count: given back when the job's results come, or, if the
--- caller never resumes (its request was ended under it), when the guard is collected.
-local function job_done(job)
+-- A pool's places, threads + max_queue of them: a job holds one from the moment it is given to
+-- nginx until it is over. `over` is a byte a place that the job's thread sets at its end
+-- (thread_job.lua), read here only for the places of jobs whose caller went away: the request
+-- ended under it, and nginx will never resume it, but the job still runs or waits in nginx's
+-- queue, and its place must not be given to another before it is over.
+local function places_of(pool, size)
+    local p = pools[pool]
+    if not p then
+        local n = size.threads + size.max_queue
+        local over = ffi.new("uint8_t[?]", n)
+        p = { over = over, at = tonumber(ffi.cast("uintptr_t", over)), free = {}, gone = {} }
+        for i = n - 1, 0, -1 do
+            p.free[#p.free + 1] = i
+        end
+        pools[pool] = p
+    end
+    return p
+end
+
+-- A free place, or nil: the places of jobs whose caller went away come back once they are over.
+local function take_place(p)
+    if #p.free == 0 then
+        for i in pairs(p.gone) do
+            if p.over[i] == 1 then
+                p.gone[i] = nil
+                p.free[#p.free + 1] = i
+            end
+        end
+    end
+    local i = table.remove(p.free)
+    if i then
+        p.over[i] = 0
+    end
+    return i
+end
+
+-- The job is back (its results, or its error), or its caller went away (the guard below was
+-- collected): its place is free now, or once its thread says it is over.
+local function job_done(job, back)
     if not job.done then
         job.done = true
-        in_flight[job.pool] = in_flight[job.pool] - 1
+        if back then
+            job.places.free[#job.places.free + 1] = job.i
+        else
+            job.places.gone[job.i] = true
+        end
     end
 end
 
 -- (_guard is only held: an argument, it stays on the caller's stack through the wait)
 local function job_back(_guard, job, ok, ...)
-    job_done(job)
+    job_done(job, true)
     if not ok then
         local err = ...
         if type(err) == "string" and err:find("^thread[ _]pool.* not found$") then
@@ -251,20 +290,26 @@ local function job_back(_guard, job, ok, ...)
     return ok, ...
 end
 
-function threads.run(pool, ...)
+-- Jobs are counted against app:thread_pool's sizes (and "default"'s), so that past them the
+-- answer is "queue full" here: lua-nginx-module 0.10.23 (Debian 12's) frees a job nginx refused
+-- for a full queue wrongly, and the worker dies ("free(): invalid size"). nginx.conf must
+-- declare each pool with at least these sizes.
+function threads.run(pool, module, func, ...)
     local size = pool_sizes[pool]
     if not size then
-        return job_back(nil, { pool = pool, done = true }, ngx.run_worker_thread(pool, ...))
+        return job_back(nil, { pool = pool, done = true },
+            ngx.run_worker_thread(pool, module, func, ...))
     end
-    local n = in_flight[pool] or 0
-    if n >= size.threads + size.max_queue then
+    local p = places_of(pool, size)
+    local i = take_place(p)
+    if not i then
         return false, "queue full (thread pool '" .. pool .. "')"
     end
-    in_flight[pool] = n + 1
-    local job = { pool = pool }
+    local job = { pool = pool, places = p, i = i }
     local guard = newproxy(true)
-    getmetatable(guard).__gc = function() job_done(job) end
-    return job_back(guard, job, ngx.run_worker_thread(pool, ...))
+    getmetatable(guard).__gc = function() job_done(job, false) end
+    return job_back(guard, job, ngx.run_worker_thread(pool, "moonserve.host.openresty.thread_job",
+        "run", p.at, i, module, func, ...))
 end
 
 local MODULES = {

@@ -8,7 +8,9 @@
 -- non-canonical path answered 308), json (res:json of a small table), ngx (an
 -- app:ngx_content route answering with ngx.print), sock (a handler that makes a
 -- moonserve.socket.tcp and sets its timeout, not connected), ngxsock (the same with
--- ngx.socket.tcp in an app:ngx_content route). METRICS=1: the metrics on, as a worker with
+-- ngx.socket.tcp in an app:ngx_content route), mw (a route with two middleware that pass the
+-- request on), use (the hello route under one such middleware of the app's, app:use).
+-- METRICS=1: the metrics on, as a worker with
 -- --metrics counts.
 -- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs for the ngx modes)
 local n = tonumber(arg[1]) or 100000
@@ -45,6 +47,12 @@ else
             res:send("hello world")
         end)
     end
+    -- (a middleware that passes the request on, as any does at its end)
+    local function pass(_, _, nxt) return nxt() end
+    if mode == "use" then
+        app:use(pass)
+    end
+    app:get("/mw", pass, pass, function(_, res) res:send("hello world") end)
     if mode == "routes10k" then
         for i = 1, 5000 do
             app:get("/items/" .. i, function(_, res) res:send("item") end)
@@ -53,7 +61,7 @@ else
     end
     path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
         redirect = "/users//42", json = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
-        sock = "/sock" })[mode] or "/"
+        sock = "/sock", mw = "/mw" })[mode] or "/"
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })

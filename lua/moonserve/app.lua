@@ -1159,21 +1159,46 @@ local function options(req, res)
     return res:status(204):header("allow", rawget(req, "_allow")):send()
 end
 
--- Middleware closures are made per request only for requests that go through middleware.
+-- The rest of a request's middleware chain, what a middleware calls as next(): a table
+-- called through its metatable rather than a closure, which LuaJIT would not compile (a
+-- closure made per request left the whole request to the interpreter).
+local Rest = {}
+
 local function run_chain(mw, i, req, res, final)
     local fn = mw[i]
     if fn == nil then
         return final(req, res)
     end
-    return fn(req, res, function()
-        return run_chain(mw, i + 1, req, res, final)
-    end)
+    return fn(req, res, setmetatable({ mw = mw, i = i + 1, req = req, res = res, final = final },
+        Rest))
+end
+
+Rest.__call = function(rest)
+    return run_chain(rest.mw, rest.i, rest.req, rest.res, rest.final)
 end
 
 local function append(dst, src)
     for i = 1, #src do
         dst[#dst + 1] = src[i]
     end
+end
+
+-- The middleware of a route with its own or its group's: the app's chain `mw`, the group's,
+-- the route's; made once and kept on the route while they stay as they are.
+local function route_chain(spec, mw)
+    local group = spec.group and spec.group.middleware
+    local n = #mw + (group and #group or 0) + (spec.before and #spec.before or 0)
+    local all = spec.chain
+    if all == nil or spec.chain_of ~= mw or #all ~= n then
+        all = {}
+        append(all, mw)
+        if group then
+            append(all, group)
+        end
+        append(all, spec.before or {})
+        spec.chain, spec.chain_of = all, mw
+    end
+    return all
 end
 
 -- The middleware a request goes through: the app's, then its site's.
@@ -1289,13 +1314,7 @@ function App:handle(req, res)
             end
             handler = spec.handler
             if spec.group or spec.before then
-                local all = {}
-                append(all, mw)
-                if spec.group then
-                    append(all, spec.group.middleware)
-                end
-                append(all, spec.before or {})
-                mw = all
+                mw = route_chain(spec, mw)
             end
         end
     elseif allow or (method == "OPTIONS" and req.target == "*") then

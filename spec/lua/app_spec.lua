@@ -100,6 +100,38 @@ describe("moonserve.app", function()
         assert.equal("open", select(3, helper.simulate(app, "GET", "/open")))
     end)
 
+    it("keeps a route's chain as its middleware grows, and lets next run the rest again",
+        function()
+        local app = moonserve.app()
+        local seen = {}
+        local g = app:group("/g", function(grp)
+            grp:get("/r", function(_, _, next)
+                seen[#seen + 1] = "route"
+                local ok, r = pcall(next) -- a middleware may hand next to pcall
+                assert(ok, r)
+                return r
+            end, function(_, res) seen[#seen + 1] = "handler"; res:send("r") end)
+        end)
+        assert.equal("r", select(3, helper.simulate(app, "GET", "/g/r")))
+        assert.same({ "route", "handler" }, seen)
+        -- Middleware added after a first request (the chain made for the route then) counts.
+        app:use(function(_, _, next) seen[#seen + 1] = "app"; return next() end)
+        g:use(function(_, _, next) seen[#seen + 1] = "group"; return next() end)
+        seen = {}
+        assert.equal("r", select(3, helper.simulate(app, "GET", "/g/r")))
+        assert.same({ "app", "group", "route", "handler" }, seen)
+        -- next() twice (a retry) runs the rest of the chain twice, from where it was given.
+        local retry = moonserve.app()
+        local runs = 0
+        retry:get("/", function(_, _, next)
+            next()
+            return next()
+        end, function(_, _, next) runs = runs + 1; return next() end,
+            function(_, res) if not res:sent() then res:send("once") end end)
+        assert.equal(200, (helper.simulate(retry, "GET", "/")))
+        assert.equal(2, runs)
+    end)
+
     it("names routes and builds their URLs", function()
         local app = moonserve.app()
         app:get("user", "/users/:id", function(req, res) res:send(req.params.id) end)

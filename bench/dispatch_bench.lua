@@ -9,7 +9,10 @@
 -- app:ngx_content route answering with ngx.print), sock (a handler that makes a
 -- moonserve.socket.tcp and sets its timeout, not connected), ngxsock (the same with
 -- ngx.socket.tcp in an app:ngx_content route), mw (a route with two middleware that pass the
--- request on), use (the hello route under one such middleware of the app's, app:use).
+-- request on), use (the hello route under one such middleware of the app's, app:use), limit
+-- (a route under moonserve.ratelimit in local mode, never reached), session (the hello under
+-- moonserve.sessions, cookie store, a request with no cookie), cors (under moonserve.cors, a
+-- request with no Origin).
 -- METRICS=1: the metrics on, as a worker with
 -- --metrics counts.
 -- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs for the ngx modes)
@@ -51,8 +54,21 @@ else
     local function pass(_, _, nxt) return nxt() end
     if mode == "use" then
         app:use(pass)
+    elseif mode == "session" then
+        app:use(moonserve.sessions { secret = string.rep("b", 32) })
+    elseif mode == "cors" then
+        app:use(moonserve.cors { origins = { "https://app.example" } })
     end
     app:get("/mw", pass, pass, function(_, res) res:send("hello world") end)
+    if mode == "limit" then
+        -- (the dictionary a worker would have made and mapped at its start)
+        local zone = require "moonserve.host.core.shared"
+        local fd = assert(zone.create("ratelimit", 16 * 1024 * 1024))
+        require("moonserve.shared").register("ratelimit",
+            assert(zone.attach(fd, "ratelimit", 16 * 1024 * 1024)))
+        app:get("/limit", moonserve.ratelimit { limit = 65536, window = 0.25, name = "local" },
+            function(_, res) res:send("hello world") end)
+    end
     if mode == "routes10k" then
         for i = 1, 5000 do
             app:get("/items/" .. i, function(_, res) res:send("item") end)
@@ -61,7 +77,7 @@ else
     end
     path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
         redirect = "/users//42", json = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
-        sock = "/sock", mw = "/mw" })[mode] or "/"
+        sock = "/sock", mw = "/mw", limit = "/limit" })[mode] or "/"
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })

@@ -272,6 +272,26 @@ local function header_list(v)
     return true
 end
 
+-- The fields a reply through the middleware gets, put on just before its head leaves: a table
+-- called through its metatable, not a function made per request, which LuaJIT would not
+-- compile.
+local Fields = {}
+Fields.__call = function(hook, r)
+    local policy, allowed = hook.policy, hook.allowed
+    if policy.allow ~= "*" then
+        r:header("vary", "Origin")
+    end
+    if allowed then
+        r:header("access-control-allow-origin", allowed)
+        if policy.credentials then
+            r:header("access-control-allow-credentials", "true")
+        end
+        if policy.expose then
+            r:header("access-control-expose-headers", policy.expose)
+        end
+    end
+end
+
 --- Middleware for a policy (see new): preflights (OPTIONS with Origin and
 -- Access-Control-Request-Method) are answered here, 204 with the policy's fields for an
 -- allowed origin and 403 for any other, without the route's handler (a path needs no
@@ -282,7 +302,7 @@ end
 function _M.middleware(opts)
     local policy = _M.new(opts)
     local any = policy.allow == "*"
-    local methods, fixed_headers, expose = policy.methods, policy.headers, policy.expose
+    local methods, fixed_headers = policy.methods, policy.headers
     local credentials, max_age = policy.credentials, policy.max_age
     return function(req, res, next)
         local allowed = check(policy, req)
@@ -321,20 +341,7 @@ function _M.middleware(opts)
         end
         -- The fields go on just before the head leaves, so an error page that replaced the
         -- handler's reply (and dropped its fields) still has them: the page can read it.
-        res:before_send(function(r)
-            if not any then
-                r:header("vary", "Origin")
-            end
-            if allowed then
-                r:header("access-control-allow-origin", allowed)
-                if credentials then
-                    r:header("access-control-allow-credentials", "true")
-                end
-                if expose then
-                    r:header("access-control-expose-headers", expose)
-                end
-            end
-        end)
+        res:before_send(setmetatable({ policy = policy, allowed = allowed }, Fields))
         return next()
     end
 end

@@ -184,6 +184,12 @@ local function mark(v, token, depth)
     return v
 end
 
+-- (Not made in decode: LuaJIT does not compile the return of a function that makes one, and
+-- every JSON body goes through decode.)
+local function hex_byte(c)
+    return format("%02x", byte(c))
+end
+
 --- Decodes JSON text: `null` gives json.null; an empty array comes back marked
 -- (json.is_array), so it encodes as `[]` again (other arrays are plain lists, which encode
 -- as arrays while they hold items).
@@ -197,9 +203,7 @@ function _M.decode(s)
     local at = empty_arrays(s)
     if at then
         -- each `[]` holds a marker string: random, so no text can hold it in advance
-        local hex = gsub(crypto.random(12), ".", function(c)
-            return format("%02x", byte(c))
-        end)
+        local hex = gsub(crypto.random(12), ".", hex_byte)
         token = "\1ms" .. hex
         local marker = '"\\u0001ms' .. hex .. '"'
         local out, from = {}, 1

@@ -189,11 +189,16 @@ function Response:cookie(name, value, opts)
 end
 
 --- Runs fn(res) once, just before the reply's head leaves (sessions save themselves here).
+-- fn may be a table with a __call metamethod: middleware that hooks every request uses one,
+-- which LuaJIT compiles where it would not a function made per request.
 -- @tparam function fn fn(res)
 -- @return the reply
 function Response:before_send(fn)
     if type(fn) ~= "function" then
-        error("bad hook (function expected)", 2)
+        local mt = type(fn) == "table" and getmetatable(fn)
+        if not (mt and mt.__call) then
+            error("bad hook (function expected)", 2)
+        end
     end
     if not rawget(self, "hook1") then
         self.hook1 = fn

@@ -664,6 +664,18 @@ end
 
 -- -- The middleware ---------------------------------------------------------------------
 
+-- The middleware's hook, which saves the session before the head leaves: a table called
+-- through its metatable, not a function made per request, which LuaJIT would not compile.
+local Save = {}
+Save.__call = function(hook, r)
+    local cookie_line, err = hook.manager:save(hook.s, hook.req)
+    if cookie_line then
+        r:header("set-cookie", cookie_line)
+    elseif err then
+        error("session not saved: " .. tostring(err))
+    end
+end
+
 --- Middleware (moonserve.sessions): a session per request in req.session, with `opts` as
 -- new() takes them. It is saved, and its cookie set, just before the reply's head leaves.
 -- @usage app:use(moonserve.sessions{ secret = os.getenv("SESSION_SECRET") })
@@ -691,14 +703,7 @@ function _M.middleware(opts)
             failing = 0
         end
         req.session = s
-        res:before_send(function(r)
-            local cookie_line, err = manager:save(s, req)
-            if cookie_line then
-                r:header("set-cookie", cookie_line)
-            elseif err then
-                error("session not saved: " .. tostring(err))
-            end
-        end)
+        res:before_send(setmetatable({ manager = manager, s = s, req = req }, Save))
         return pass()
     end
 end

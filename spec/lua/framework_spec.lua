@@ -124,4 +124,18 @@ describe("moonserve's framework pieces together", function()
         assert.equal("yes", headers["x-hook-3"])
         assert.equal("done", body)
     end)
+
+    it("takes a table with __call as a before_send hook, and refuses any other table", function()
+        local app = moonserve.app()
+        local Hook = { __call = function(h, r) r:header("x-hook", h.value) end }
+        local refused
+        app:get("/", function(_, res)
+            res:before_send(setmetatable({ value = "called" }, Hook))
+            refused = select(2, pcall(res.before_send, res, {}))
+            res:send("done")
+        end)
+        local _, headers = helper.simulate(app, "GET", "/")
+        assert.equal("called", headers["x-hook"])
+        assert.matches("bad hook %(function expected%)", refused)
+    end)
 end)

@@ -2,13 +2,17 @@
 -- `[]`, not `{}`) and `null` as a value, over lua-cjson (res:json and req:json use it).
 -- @module moonserve.json
 local cjson = require "cjson"
-local cjson_safe = require "cjson.safe"
+-- A decoder of our own (lua-cjson's default one may be set otherwise by others in the
+-- process): "nan", "inf" and hex numbers are not JSON (RFC 8259 6), and give an error.
+local decoder = require("cjson.safe").new()
+decoder.decode_invalid_numbers(false)
 local crypto = require "moonserve.crypto"
 
 local type, pairs, next, getmetatable, setmetatable, concat, find, sub, gsub, error =
     type, pairs, next, getmetatable, setmetatable, table.concat, string.find, string.sub,
     string.gsub, error
 local byte, format = string.byte, string.format
+local huge = math.huge
 
 local _M = {}
 
@@ -184,6 +188,28 @@ local function mark(v, token, depth)
     return v
 end
 
+-- Whether `s` may hold a number too large for a double (an exponent of three digits, or 309
+-- digits in a row), which would decode to an infinity.
+local function may_overflow(s)
+    return find(s, "[eE][+]?%d%d%d") ~= nil or find(s, "%d" .. string.rep("%d", 308)) ~= nil
+end
+
+-- Whether every number in `v` is finite (a NaN or an infinity cannot be encoded again).
+local function finite(v, depth)
+    local t = type(v)
+    if t == "number" then
+        return v == v and v ~= huge and v ~= -huge
+    elseif t ~= "table" or depth > 1000 then
+        return true
+    end
+    for k, x in pairs(v) do
+        if not finite(k, depth + 1) or not finite(x, depth + 1) then
+            return false
+        end
+    end
+    return true
+end
+
 -- (Not made in decode: LuaJIT does not compile the return of a function that makes one, and
 -- every JSON body goes through decode.)
 local function hex_byte(c)
@@ -215,9 +241,12 @@ function _M.decode(s)
         out[#out + 1] = sub(s, from)
         s = concat(out)
     end
-    local v, err = cjson_safe.decode(s)
+    local v, err = decoder.decode(s)
     if v == nil then
         return nil, err
+    end
+    if may_overflow(s) and not finite(v, 1) then
+        return nil, "a number out of range (larger than a double holds)"
     end
     if token and type(v) == "table" then
         marked = true

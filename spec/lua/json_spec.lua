@@ -52,6 +52,21 @@ describe("moonserve.json", function()
         assert.is_nil((json.decode("[[] ")))
     end)
 
+    it("refuses numbers JSON has not (nan, inf, hex) and those past a double, found by fuzzing",
+        function()
+        for _, text in ipairs { "nan", "inf", "-inf", "[NaN]", "0x10", "1e400", "[-1E+999]",
+            '{"a":' .. string.rep("9", 400) .. "}" } do
+            local v, err = json.decode(text)
+            assert.is_nil(v, text)
+            assert.is_string(err, text)
+        end
+        -- what is decoded encodes again
+        for _, text in ipairs { "1e308", "[-1.5e-300]", '{"n":123456789012}', "0" } do
+            local v = assert(json.decode(text), text)
+            assert.is_string(json.encode(v))
+        end
+    end)
+
     it("decodes deep nesting without crashing", function()
         local v = json.decode(string.rep("[", 100000) .. string.rep("]", 100000))
         assert.is_nil(v)

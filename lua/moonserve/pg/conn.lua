@@ -250,6 +250,9 @@ local function startup(c, o)
             elseif code == 10 then
                 sc, err = sasl(c, o, b)
                 ok = sc
+            elseif sc and (code == 11 and sc.state ~= "first" or code == 12 and sc.state ~= "final")
+            then
+                return nil, "SCRAM: the server's messages came out of order"
             elseif code == 11 and sc then
                 local final
                 final, err = sc:final(sub(b, 5))

@@ -342,79 +342,93 @@ local function readonly(v)
     return is_error(v) and find(v.error, "READONLY", 1, true) ~= nil
 end
 
--- Runs `cmds` in one round trip on a pooled connection: the list of replies, or nil and an
--- error. A pooled connection found dead before any byte of a reply came is replaced for
--- read-only commands; a READONLY reply (a primary turned replica under a sentinel) makes the
--- client ask anew once.
-local function run(self, cmds, single)
-    local tries, asked = self.o.pool_size + 1, false
-    local count = single and 1 or #cmds
-    while true do
-        local sock, err, reused = connect(self)
-        if not sock then
-            return nil, err
-        end
-        local parts = {}
-        if single then
-            encode(single, parts, 0)
-        else
-            local n = 0
-            for i = 1, count do
-                n = encode(cmds[i], parts, n)
-            end
-        end
-        local ok, partial
-        ok, err = sock:send(parts)
-        local out
-        if ok then
-            if single then
-                out, err, partial = read(sock)
-            else
-                out = {}
-                for i = 1, count do
-                    local v
-                    v, err, partial = read(sock)
-                    if v == nil then
-                        partial = partial or i > 1
-                        break
-                    end
-                    out[i] = v
-                end
-            end
-        end
-        if err then
-            sock:close()
-            tries = tries - 1
-            if not (reused and not partial and stale(err) and tries > 0
-                and read_only(cmds, single)) then
-                self.primary, self.target = nil, nil
-                return nil, err
-            end
-        else
-            if not sock:setkeepalive(self.idle_ms, self.o.pool_size) then
-                sock:close()
-            end
-            if not self.sentinels or asked then
-                return out
-            end
-            local ro = false
-            if single then
-                ro = readonly(out)
-            else
-                for i = 1, count do
-                    if readonly(out[i]) then
-                        ro = true
-                        break
-                    end
-                end
-            end
-            if not ro then
-                return out
-            end
-            -- (the writes were refused: nothing happened, so going again is safe)
-            self.primary, self.target, asked = nil, nil, true
+-- One try of run(): the replies, or nil and an error; or, as a third result, why to try
+-- again: "stale" (a pooled connection found dead before any byte of a reply came, for
+-- read-only commands, while `tries` > 1) or "readonly" (a primary turned replica refused
+-- the writes, and nothing happened: ask the sentinels anew, once).
+local function try(self, cmds, single, count, tries, asked)
+    local sock, err, reused = connect(self)
+    if not sock then
+        return nil, err
+    end
+    local parts = {}
+    if single then
+        encode(single, parts, 0)
+    else
+        local n = 0
+        for i = 1, count do
+            n = encode(cmds[i], parts, n)
         end
     end
+    local ok, partial
+    ok, err = sock:send(parts)
+    local out
+    if ok then
+        if single then
+            out, err, partial = read(sock)
+        else
+            out = {}
+            for i = 1, count do
+                local v
+                v, err, partial = read(sock)
+                if v == nil then
+                    partial = partial or i > 1
+                    break
+                end
+                out[i] = v
+            end
+        end
+    end
+    if err then
+        sock:close()
+        if reused and not partial and stale(err) and tries > 1 and read_only(cmds, single) then
+            return nil, err, "stale"
+        end
+        self.primary, self.target = nil, nil
+        return nil, err
+    end
+    if not sock:setkeepalive(self.idle_ms, self.o.pool_size) then
+        sock:close()
+    end
+    if not self.sentinels or asked then
+        return out
+    end
+    local ro = false
+    if single then
+        ro = readonly(out)
+    else
+        for i = 1, count do
+            if readonly(out[i]) then
+                ro = true
+                break
+            end
+        end
+    end
+    if not ro then
+        return out
+    end
+    self.primary, self.target = nil, nil
+    return nil, nil, "readonly"
+end
+
+-- Runs `cmds` in one round trip on a pooled connection: the list of replies, or nil and an
+-- error. A pooled connection found dead before any byte of a reply came is replaced for
+-- read-only commands (up to pool_size times); a READONLY reply (a primary turned replica
+-- under a sentinel) makes the client ask anew once. (The loop is entered only for a second
+-- try: a loop on every call's way would keep LuaJIT from compiling the call with its caller.)
+local function run(self, cmds, single)
+    local count = single and 1 or #cmds
+    local tries, asked = self.o.pool_size + 1, false
+    local out, err, again = try(self, cmds, single, count, tries, asked)
+    while again do
+        if again == "stale" then
+            tries = tries - 1
+        else
+            asked = true
+        end
+        out, err, again = try(self, cmds, single, count, tries, asked)
+    end
+    return out, err
 end
 
 -- -- Calls ---------------------------------------------------------------------------------

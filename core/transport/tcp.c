@@ -307,7 +307,8 @@ static void *tcp_extra(ms_conn_t *c)
     return (char *)tcp_of(c) + TCP_OWN;
 }
 
-/* A connection for the socket `fd` accept(2) gave, from the peer `peer`. */
+/* A connection for the socket `fd` accept(2) gave, from the peer `peer`; NULL (the socket
+ * closed, one log line) when libuv cannot poll it. */
 static ms_conn_t *tcp_conn(ms_server_t *s, int fd, const struct sockaddr_storage *peer,
                            size_t extra)
 {
@@ -317,7 +318,15 @@ static ms_conn_t *tcp_conn(ms_server_t *s, int fd, const struct sockaddr_storage
     t->fd = fd;
     t->reading = 0;
     t->polled = 0;
-    uv_poll_init_socket(s->loop, &t->poll, fd);
+    int rc = uv_poll_init_socket(s->loop, &t->poll, fd);
+    if (rc < 0) {
+        ms_log(MS_LOG_WARN, "accept: cannot poll descriptor %d: %s", fd, uv_strerror(rc));
+        close(fd);
+        c->flags |= MS_CONN_CLOSED | MS_CONN_NONE;
+        s->stats->accepted--;
+        ms__io_closed(c); /* (no handle to close: the connection goes at once) */
+        return NULL;
+    }
     if (ms__source_key((const struct sockaddr *)peer, c->source) == 0)
         c->source_known = 1;
     int one = 1;
@@ -402,6 +411,8 @@ static void on_connection(uv_poll_t *h, int status, int events)
             return;
         }
         ms_conn_t *c = tcp_conn(s, fd, &peer, l->tls != NULL ? ms__tls_size : 0);
+        if (c == NULL)
+            continue;
         /* Caps on open connections, per worker and per source address: over them the
          * connection is closed at once, before any byte is read. A trusted proxy's
          * connections carry many clients and are not counted as one source; behind a PROXY

@@ -339,11 +339,14 @@ static ms_conn_t *tcp_conn(ms_server_t *s, int fd, const struct sockaddr_storage
 /* Accept at most this many connections per readiness event: a connect flood must not
  * starve reads on connections we already have. */
 #define MS_ACCEPT_BURST 64
+/* How long a listener rests when no descriptor is left, not even the reserve. */
+#define MS_ACCEPT_PAUSE_MS 100
 
 typedef struct ms_listener_s {
     uv_poll_t poll;
     int fd;
     int flags; /* MS_LISTEN_* */
+    ms_timer_t pause; /* while it waits for descriptors with no reserve (refuse_waiting) */
     ms_server_t *server;
     ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
     struct ms_listener_s *next;
@@ -367,13 +370,30 @@ static int near_fd_limit(ms_server_t *s, int fd)
     return (uint32_t)fd + MS_FD_RESERVE >= s->fd_limit;
 }
 
+static void on_connection(uv_poll_t *h, int status, int events);
+
+static void listener_resume(ms_timer_t *t)
+{
+    ms_listener_t *l = container_of(t, ms_listener_t, pause);
+    uv_poll_start(&l->poll, UV_READABLE, on_connection);
+}
+
 /* No descriptor was left for a connection: those waiting are accepted with the reserve's and
- * closed, each counted and logged as a refusal. */
+ * closed, each counted and logged as a refusal. With no reserve (another part of the worker
+ * took the one it freed), the listener rests for MS_ACCEPT_PAUSE_MS instead of spinning. */
 static void refuse_waiting(ms_listener_t *l)
 {
     ms_server_t *s = l->server;
-    if (reserve_fd < 0)
-        return;
+    if (reserve_fd < 0) {
+        reserve_open();
+        if (reserve_fd < 0) {
+            s->stats->refused_conns++;
+            ms__log_refusals(s);
+            uv_poll_stop(&l->poll);
+            ms_timer_start(s, &l->pause, MS_ACCEPT_PAUSE_MS, listener_resume);
+            return;
+        }
+    }
     close(reserve_fd);
     reserve_fd = -1;
     for (int i = 0; i < MS_ACCEPT_BURST; i++) {
@@ -467,6 +487,7 @@ static int listen_on(ms_server_t *s, int fd, int backlog, int flags)
         return rc;
     }
     reserve_open();
+    memset(&l->pause, 0, sizeof(l->pause));
     l->fd = fd;
     l->flags = flags;
     l->server = s;
@@ -530,6 +551,7 @@ static void listeners_close(ms_server_t *s)
 {
     for (ms_listener_t *l = s->listeners, *next; l != NULL; l = next) {
         next = l->next;
+        ms_timer_stop(s, &l->pause);
         int fd = l->fd;
         uv_close((uv_handle_t *)&l->poll, (uv_close_cb)ms_mem_free);
         close(fd);

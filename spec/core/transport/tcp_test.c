@@ -186,3 +186,43 @@ TEST(tcp_out_of_descriptors_refuses_waiting_connections_then_serves)
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(0, uv_loop_close(&loop));
 }
+
+/* Out of descriptors with no reserve either: the listener rests (no busy loop), the waiting
+ * connections stay in the kernel's queue, and once descriptors are back they are served. */
+TEST(tcp_out_of_descriptors_without_reserve_rests_then_serves)
+{
+    ms_log_set(NULL, MS_LOG_ERR);
+    uv_loop_init(&loop);
+    requests = 0;
+    srv = ms_server_new(&loop, NULL, on_request_small, on_resume, NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    srv->fd_limit = UINT32_MAX / 2;
+    ms_listener_t *l = srv->listeners;
+    close(reserve_fd); /* as if another part of the worker had taken it */
+    reserve_fd = -1;
+    static const char req[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    client_t cl;
+    client_start(&cl, &loop, ms_server_port(srv), S(req));
+    cl.half_close = 1;
+    struct rlimit was, low;
+    ASSERT_EQ(0, getrlimit(RLIMIT_NOFILE, &was));
+    int probe = dup(0);
+    close(probe);
+    low = was;
+    low.rlim_cur = (rlim_t)probe;
+    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &low));
+    for (int i = 0; i < 200 && uv_is_active((uv_handle_t *)&l->poll); i++)
+        uv_run(&loop, UV_RUN_ONCE);
+    ASSERT(!uv_is_active((uv_handle_t *)&l->poll)); /* resting, not spinning */
+    ASSERT_EQ(1, (int)srv->stats->refused_conns);
+    ASSERT_EQ(0, requests);
+    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &was));
+    ASSERT(run_until(&loop, &cl.done, 5000)); /* the rest is over: served */
+    ASSERT_EQ(1, requests);
+    ASSERT(cl.got.base != NULL && strncmp(cl.got.base, "HTTP/1.1 200 OK\r\n", 17) == 0);
+    client_free(&cl);
+    ms_server_stop(srv, NULL);
+    ms_server_free(srv);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    ASSERT_EQ(0, uv_loop_close(&loop));
+}

@@ -227,15 +227,18 @@ function threads.declare(name, opts)
         or 1024 }
 end
 
--- A pool's places, threads + max_queue of them: a job holds one from the moment it is given to
--- nginx until it is over. `over` is a byte a place that the job's thread sets at its end
--- (thread_job.lua), read here only for the places of jobs whose caller went away: the request
--- ended under it, and nginx will never resume it, but the job still runs or waits in nginx's
--- queue, and its place must not be given to another before it is over.
+-- A pool's places, max_queue of them (one at least): a job holds one from the moment it is
+-- given to nginx until it is over. Not threads + max_queue: nginx counts a job in its queue
+-- until a thread takes it, and under load a thread takes it late, so that a job given while
+-- all threads seemed busy could find the queue full (see threads.run). `over` is a byte a
+-- place that the job's thread sets at its end (thread_job.lua), read here only for the places
+-- of jobs whose caller went away: the request ended under it, and nginx will never resume it,
+-- but the job still runs or waits in nginx's queue, and its place must not be given to another
+-- before it is over.
 local function places_of(pool, size)
     local p = pools[pool]
     if not p then
-        local n = size.threads + size.max_queue
+        local n = math.max(size.max_queue, 1)
         local over = ffi.new("uint8_t[?]", n)
         p = { over = over, at = tonumber(ffi.cast("uintptr_t", over)), free = {}, gone = {} }
         for i = n - 1, 0, -1 do
@@ -290,7 +293,7 @@ local function job_back(_guard, job, ok, ...)
     return ok, ...
 end
 
--- Jobs are counted against app:thread_pool's sizes (and "default"'s), so that past them the
+-- Jobs are counted against app:thread_pool's max_queue (and "default"'s), so that past it the
 -- answer is "queue full" here: lua-nginx-module 0.10.23 (Debian 12's) frees a job nginx refused
 -- for a full queue wrongly, and the worker dies ("free(): invalid size"). nginx.conf must
 -- declare each pool with at least these sizes.

@@ -124,10 +124,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             ms_memio_drain(&m);
     }
     /* What was written is HTTP/1.1 responses, or HTTP/2 frames after the preface (a mount
-     * serves both), and never the secret behind the symlink or the dotfile. */
+     * serves both), and never the secret behind the symlink or the dotfile (unless the
+     * request itself named it: a redirect gives its query back). */
     if (m.out.len > 0 && memcmp(m.out.base, "HTTP/1.1 ", 9) != 0 && !settings_first(&m.out))
         abort();
-    if (m.out.len > 0 && memmem(m.out.base, m.out.len, SECRET, strlen(SECRET)) != NULL)
+    if (m.out.len > 0 && memmem(m.out.base, m.out.len, SECRET, strlen(SECRET)) != NULL &&
+        memmem(data, size, SECRET, strlen(SECRET)) == NULL)
         abort();
     ms_memio_peer_close(&m, UV_EOF);
     while (m.conn != NULL && m.held.len > 0)

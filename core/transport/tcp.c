@@ -347,6 +347,7 @@ typedef struct ms_listener_s {
     int fd;
     int flags; /* MS_LISTEN_* */
     ms_timer_t pause; /* while it waits for descriptors with no reserve (refuse_waiting) */
+    uint64_t paused_told; /* when a line last said so (loop time, ms) */
     ms_server_t *server;
     ms_tls_t *tls; /* a TLS listener's settings (the server's); NULL: plain TCP */
     struct ms_listener_s *next;
@@ -380,15 +381,21 @@ static void listener_resume(ms_timer_t *t)
 
 /* No descriptor was left for a connection: those waiting are accepted with the reserve's and
  * closed, each counted and logged as a refusal. With no reserve (another part of the worker
- * took the one it freed), the listener rests for MS_ACCEPT_PAUSE_MS instead of spinning. */
+ * took the one it freed), the listener rests for MS_ACCEPT_PAUSE_MS instead of spinning, the
+ * connections waiting in the kernel's queue, with a line a second at most. */
 static void refuse_waiting(ms_listener_t *l)
 {
     ms_server_t *s = l->server;
     if (reserve_fd < 0) {
         reserve_open();
         if (reserve_fd < 0) {
-            s->stats->refused_conns++;
-            ms__log_refusals(s);
+            uint64_t now = uv_now(s->loop);
+            if (l->paused_told == 0 || now - l->paused_told >= 1000) {
+                l->paused_told = now;
+                ms_log(MS_LOG_WARN, "accept: no descriptor left (the limit is %u; raise it: "
+                       "ulimit -n, or LimitNOFILE= in a systemd unit); new connections wait",
+                       s->fd_limit);
+            }
             uv_poll_stop(&l->poll);
             ms_timer_start(s, &l->pause, MS_ACCEPT_PAUSE_MS, listener_resume);
             return;
@@ -488,6 +495,7 @@ static int listen_on(ms_server_t *s, int fd, int backlog, int flags)
     }
     reserve_open();
     memset(&l->pause, 0, sizeof(l->pause));
+    l->paused_told = 0;
     l->fd = fd;
     l->flags = flags;
     l->server = s;

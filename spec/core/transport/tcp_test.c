@@ -139,7 +139,19 @@ TEST(tcp_peer_reset_aborts_a_parked_request)
     ASSERT_EQ(0, uv_loop_close(&loop));
 }
 
-TEST_MAIN()
+
+/* Lowers the soft limit on descriptors to the lowest one free, so that none more can be
+ * opened; `was` keeps the limits to put back. */
+static int no_more_descriptors(struct rlimit *was)
+{
+    if (getrlimit(RLIMIT_NOFILE, was) != 0)
+        return -1;
+    int probe = dup(0); /* the lowest free descriptor */
+    close(probe);
+    struct rlimit low = *was;
+    low.rlim_cur = (rlim_t)probe;
+    return setrlimit(RLIMIT_NOFILE, &low);
+}
 
 /* Out of descriptors (the worker's own check for MS_FD_RESERVE left aside): the connections
  * waiting are accepted with the reserve descriptor and closed, each counted as refused, the
@@ -156,13 +168,8 @@ TEST(tcp_out_of_descriptors_refuses_waiting_connections_then_serves)
     client_t cl[3];
     for (int i = 0; i < 3; i++)
         client_start(&cl[i], &loop, ms_server_port(srv), S(req));
-    struct rlimit was, low;
-    ASSERT_EQ(0, getrlimit(RLIMIT_NOFILE, &was));
-    int probe = dup(0); /* the lowest free descriptor: none from it on */
-    close(probe);
-    low = was;
-    low.rlim_cur = (rlim_t)probe;
-    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &low));
+    struct rlimit was;
+    ASSERT_EQ(0, no_more_descriptors(&was));
     for (int i = 0; i < 3; i++)
         ASSERT(run_until(&loop, &cl[i].done, 5000));
     ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &was));
@@ -204,13 +211,8 @@ TEST(tcp_out_of_descriptors_without_reserve_rests_then_serves)
     client_t cl;
     client_start(&cl, &loop, ms_server_port(srv), S(req));
     cl.half_close = 1;
-    struct rlimit was, low;
-    ASSERT_EQ(0, getrlimit(RLIMIT_NOFILE, &was));
-    int probe = dup(0);
-    close(probe);
-    low = was;
-    low.rlim_cur = (rlim_t)probe;
-    ASSERT_EQ(0, setrlimit(RLIMIT_NOFILE, &low));
+    struct rlimit was;
+    ASSERT_EQ(0, no_more_descriptors(&was));
     for (int i = 0; i < 200 && uv_is_active((uv_handle_t *)&l->poll); i++)
         uv_run(&loop, UV_RUN_ONCE);
     ASSERT(!uv_is_active((uv_handle_t *)&l->poll)); /* resting, not spinning */
@@ -226,3 +228,5 @@ TEST(tcp_out_of_descriptors_without_reserve_rests_then_serves)
     uv_run(&loop, UV_RUN_DEFAULT);
     ASSERT_EQ(0, uv_loop_close(&loop));
 }
+
+TEST_MAIN()

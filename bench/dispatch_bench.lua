@@ -5,7 +5,8 @@
 -- Modes: raw (the bare dispatcher), framework (router, request and reply objects, default
 -- security headers), nosec (the same without security headers), params (a :param route),
 -- routes10k (the :param route among 10,000 routes), notfound (a 404 page), redirect (a
--- non-canonical path answered 308), json (res:json of a small table), ngx (an
+-- non-canonical path answered 308), json (res:json of a small table), jsonarr (the same in
+-- a process where a table was once marked as a JSON array, as moonserve.pg's results are), ngx (an
 -- app:ngx_content route answering with ngx.print), sock (a handler that makes a
 -- moonserve.socket.tcp and sets its timeout, not connected), ngxsock (the same with
 -- ngx.socket.tcp in an app:ngx_content route), mw (a route with two middleware that pass the
@@ -60,6 +61,9 @@ else
         app:use(moonserve.cors { origins = { "https://app.example" } })
     end
     app:get("/mw", pass, pass, function(_, res) res:send("hello world") end)
+    if mode == "jsonarr" then
+        moonserve.json.array {}
+    end
     if mode == "limit" then
         -- (the dictionary a worker would have made and mapped at its start)
         local zone = require "moonserve.host.core.shared"
@@ -76,7 +80,7 @@ else
         end
     end
     path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
-        redirect = "/users//42", json = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
+        redirect = "/users//42", json = "/json", jsonarr = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
         sock = "/sock", mw = "/mw", limit = "/limit" })[mode] or "/"
 end
 

@@ -88,10 +88,14 @@ describe("moonserve under systemd", function()
         -- Both workers wait on the one socket, and which of them the kernel wakes first is
         -- its choice: while one worker is held in a handler, the other must take the
         -- connections.
+        local started = os.tmpname()
+        os.remove(started)
         local held = assert(socket.connect("127.0.0.1", tonumber(port)))
         held:settimeout(10)
-        assert(held:send("GET /hold?ms=1500 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
-        socket.sleep(0.3)
+        assert(held:send("GET /hold?ms=1500&started=" .. started ..
+            " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"))
+        assert.is_true(wait_for(function() return os.rename(started, started) ~= nil end))
+        os.remove(started)
         local other = get(tonumber(port), "/pid")
         assert.equal(200, other.status)
         local reply = held:receive("*a")

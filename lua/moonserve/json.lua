@@ -129,8 +129,17 @@ end
 -- as lua-cjson.
 -- @return string
 function _M.encode(v)
-    if not marked or type(v) ~= "table" or not has_empty_array(v, 1) then
+    if not marked or type(v) ~= "table" then
         return cjson.encode(v)
+    end
+    -- lua-cjson writes every empty table as `{}`: text without one has no empty array to
+    -- mend, and the walk below (which LuaJIT leaves to the interpreter) is skipped.
+    local ok, s = pcall(cjson.encode, v)
+    if ok and not find(s, "{}", 1, true) then
+        return s
+    end
+    if not has_empty_array(v, 1) then
+        return ok and s or cjson.encode(v) -- (raises as lua-cjson does)
     end
     local out = {}
     encode_into(v, out, 1)

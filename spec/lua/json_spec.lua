@@ -38,6 +38,19 @@ describe("moonserve.json", function()
         assert.equal('{"a":{}}', json.encode(json.decode('{"a":{}}')))
     end)
 
+    it("mends only text with an empty table once an array was marked", function()
+        json.array() -- (from here on, encode looks for empty arrays)
+        assert.equal('{"s":"{}"}', json.encode{ s = "{}" })
+        assert.equal('[1,"{}",[]]', json.encode{ 1, "{}", json.array() })
+        assert.equal('{"a":[1,2]}', json.encode{ a = json.array{ 1, 2 } })
+        assert.equal('[{},[]]', json.encode{ {}, json.array() })
+        -- lua-cjson refuses an excessively sparse array; one with an empty array to mend in
+        -- it is written by the walk, as an object
+        assert.has_error(function() json.encode{ [1] = 1, [30] = 1 } end)
+        local text = json.encode{ [1] = json.array(), [30] = 1 }
+        assert.is_true(text == '{"1":[],"30":1}' or text == '{"30":1,"1":[]}', text)
+    end)
+
     it("refuses what JSON cannot hold, with or without marked arrays", function()
         assert.has_error(function() json.encode{ f = print } end)
         assert.has_error(function() json.encode{ f = print, a = json.array() } end)

@@ -38,7 +38,17 @@ end
 -- -- The session a handler holds --------------------------------------------------------
 
 local Session = {}
-Session.__index = Session
+-- A new session's id is made when something first reads it (a CSRF token, a save, the
+-- handler): most requests that come without a cookie never need one, and 128 random bits in
+-- base64 are the dearest part of such a request's session.
+Session.__index = function(s, k)
+    if k == "id" then
+        local id = new_id()
+        s.id = id
+        return id
+    end
+    return Session[k]
+end
 
 local function new_session(id, data, is_new)
     -- What the previous request left with flash() is this request's to read, and is not
@@ -52,7 +62,7 @@ local function new_session(id, data, is_new)
         end
     end
     return setmetatable({
-        id = id,            -- public: csrf tokens and logs may use it
+        id = id,            -- public: csrf tokens and logs may use it (see __index)
         is_new = is_new,    -- true when no valid cookie came with the request
         _data = data,
         _dirty = had,       -- save() writes a cookie only when something changed
@@ -320,7 +330,7 @@ function Manager:load(from)
     end
     local value = cookie.parse(header)[self.name]
     if not value then
-        return new_session(new_id(), {}, true)
+        return new_session(nil, {}, true)
     end
     local token, key, rotated = verify(self, value)
     local p, why, failed
@@ -333,7 +343,7 @@ function Manager:load(from)
         p, why = nil, "expired"
     end
     if not p then
-        return new_session(new_id(), {}, true), why, failed
+        return new_session(nil, {}, true), why, failed
     end
     local s = new_session(p.i, p.d, false)
     -- Signed with an older secret: saving it again moves it to the newest one.

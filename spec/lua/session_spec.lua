@@ -148,6 +148,11 @@ describe("moonserve.session", function()
         assert.is_nil(why)
         assert.not_equal(a.id, b.id)
         assert.equal(22, #a.id)
+        -- (made when first read, then kept: the id a token was bound to is the one saved)
+        local id = a.id
+        assert.equal(id, a.id)
+        a:set("k", 1)
+        assert.equal(id, m:load(cookie_of((m:save(a)))).id)
     end)
 
     it("never raises on any cookie value", function()

@@ -183,7 +183,9 @@ local MEDIA = { json = "application/json", html = "text/html", text = "text/plai
 -- @usage if req:accepts("json", "html") == "json" then return res:json(data) end
 function Request:accepts(...)
     local accept = self:header("accept")
-    if not accept or accept == "" then
+    -- (curl's, and most tools' and crawlers': every offer at q=1, so the first; and no loop,
+    -- which would end the caller's trace)
+    if not accept or accept == "" or accept == "*/*" then
         return (...)
     end
     local ranges = {}

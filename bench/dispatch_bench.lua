@@ -6,8 +6,8 @@
 -- security headers), nosec (the same without security headers), params (a :param route),
 -- routes10k (the :param route among 10,000 routes), notfound (a 404 page), redirect (a
 -- non-canonical path answered 308), json (res:json of a small table), jsonarr (the same in
--- a process where a table was once marked as a JSON array, as moonserve.pg's results are), ngx (an
--- app:ngx_content route answering with ngx.print), sock (a handler that makes a
+-- a process where a table was once marked as a JSON array, as moonserve.pg's results are),
+-- ngx (an app:ngx_content route answering with ngx.print), sock (a handler that makes a
 -- moonserve.socket.tcp and sets its timeout, not connected), ngxsock (the same with
 -- ngx.socket.tcp in an app:ngx_content route), mw (a route with two middleware that pass the
 -- request on), use (the hello route under one such middleware of the app's, app:use), limit
@@ -80,8 +80,8 @@ else
         end
     end
     path = ({ params = "/users/42", routes10k = "/users/42", notfound = "/nothing",
-        redirect = "/users//42", json = "/json", jsonarr = "/json", ngx = "/ngx", ngxsock = "/ngxsock",
-        sock = "/sock", mw = "/mw", limit = "/limit" })[mode] or "/"
+        redirect = "/users//42", json = "/json", jsonarr = "/json", ngx = "/ngx",
+        ngxsock = "/ngxsock", sock = "/sock", mw = "/mw", limit = "/limit" })[mode] or "/"
 end
 
 local srv = server.create(app, { requests_per_connection = 1e9 })

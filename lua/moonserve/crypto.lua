@@ -1,5 +1,5 @@
---- moonserve/crypto.lua: random bytes, digests (SHA-256, SHA-1, MD5, PBKDF2), HMAC-SHA256, AES-256-GCM
--- and base64url, over libcrypto.
+--- moonserve/crypto.lua: random bytes, digests (SHA-256, SHA-1, MD5, PBKDF2), HMAC-SHA256, AES-256-GCM,
+-- base64url and hex, over libcrypto.
 -- @module moonserve.crypto
 local ffi = require "ffi"
 local bit = require "bit"
@@ -291,6 +291,20 @@ local function out_buf(n)
         buf, buf_len = b, n
     end
     return b
+end
+
+-- Each byte's two lowercase hex digits, for gsub (a table: no function is made per call).
+local HEX = {}
+for i = 0, 255 do
+    HEX[string.char(i)] = string.format("%02x", i)
+end
+
+--- `s` in lowercase hex, two digits a byte (a digest's usual text form).
+-- @tparam string s
+-- @treturn string
+function _M.hex(s)
+    check_string(s, "data", 2)
+    return (string.gsub(s, ".", HEX))
 end
 
 --- `s` in base64url (RFC 4648 section 5), without padding.

@@ -19,8 +19,7 @@ local shared = require "moonserve.shared"
 
 local type, tostring, tonumber, pairs, ipairs, next, pcall, setmetatable, error = type,
     tostring, tonumber, pairs, ipairs, next, pcall, setmetatable, error
-local format, sub, find, match, byte = string.format, string.sub, string.find, string.match,
-    string.byte
+local format, sub, find, match = string.format, string.sub, string.find, string.match
 local unpack = unpack or table.unpack -- luacheck: ignore 143
 
 local _M = {}
@@ -104,8 +103,8 @@ function _M.instance()
     end
     local id = d:get("instance")
     if not id then
-        local bytes = assert(require("moonserve.crypto").random(8))
-        d:safe_add("instance", (bytes:gsub(".", function(c) return format("%02x", byte(c)) end)))
+        local crypto = require "moonserve.crypto"
+        d:safe_add("instance", crypto.hex(assert(crypto.random(8))))
         id = d:get("instance")
     end
     instance_id = id
@@ -553,8 +552,8 @@ local function publish(b, topic, kind, data)
         return
     end
     if not sender then
-        local bytes = assert(require("moonserve.crypto").random(4))
-        sender = id .. "." .. bytes:gsub(".", function(c) return format("%02x", byte(c)) end)
+        local crypto = require "moonserve.crypto"
+        sender = id .. "." .. crypto.hex(assert(crypto.random(4)))
     end
     local seq = (b.seq[topic] or 0) + 1
     b.seq[topic] = seq

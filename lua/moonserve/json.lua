@@ -8,10 +8,8 @@ local decoder = require("cjson.safe").new()
 decoder.decode_invalid_numbers(false)
 local crypto = require "moonserve.crypto"
 
-local type, pairs, next, getmetatable, setmetatable, concat, find, sub, gsub, error =
-    type, pairs, next, getmetatable, setmetatable, table.concat, string.find, string.sub,
-    string.gsub, error
-local byte, format = string.byte, string.format
+local type, pairs, next, getmetatable, setmetatable, concat, find, sub, error =
+    type, pairs, next, getmetatable, setmetatable, table.concat, string.find, string.sub, error
 local huge = math.huge
 
 local _M = {}
@@ -219,12 +217,6 @@ local function finite(v, depth)
     return true
 end
 
--- (Not made in decode: LuaJIT does not compile the return of a function that makes one, and
--- every JSON body goes through decode.)
-local function hex_byte(c)
-    return format("%02x", byte(c))
-end
-
 --- Decodes JSON text: `null` gives json.null; an empty array comes back marked
 -- (json.is_array), so it encodes as `[]` again (other arrays are plain lists, which encode
 -- as arrays while they hold items).
@@ -238,7 +230,7 @@ function _M.decode(s)
     local at = empty_arrays(s)
     if at then
         -- each `[]` holds a marker string: random, so no text can hold it in advance
-        local hex = gsub(crypto.random(12), ".", hex_byte)
+        local hex = crypto.hex(crypto.random(12))
         token = "\1ms" .. hex
         local marker = '"\\u0001ms' .. hex .. '"'
         local out, from = {}, 1

@@ -175,17 +175,13 @@ function _M.new(opts)
     return self
 end
 
-local function hex_byte(c)
-    return format("%02x", c:byte())
-end
-
 -- (No function is made in here: LuaJIT does not compile the return of a function that makes
 -- one, and every limited request comes through.)
 local function stored_key(self, key)
     if #key > KEY_MAX then
-        key = require("moonserve.crypto").sha256(key)
+        local crypto = require "moonserve.crypto"
         -- ("#" marks it: no key of 64 hex digits the app gives can meet a hashed one)
-        key = "#" .. key:gsub(".", hex_byte)
+        key = "#" .. crypto.hex(crypto.sha256(key))
     end
     return self.key_prefix .. key
 end

@@ -21,6 +21,18 @@ describe("moonserve.crypto", function()
                     "Test Using Larger Than Block-Size Key - Hash Key First")))
         end)
 
+    it("writes bytes as lowercase hex, two digits each", function()
+        assert.equal("", crypto.hex(""))
+        assert.equal("00ff0a41", crypto.hex("\0\255\n\65"))
+        local all = {}
+        for i = 0, 255 do
+            all[#all + 1] = string.char(i)
+        end
+        all = table.concat(all)
+        assert.equal(hex(all), crypto.hex(all))
+        assert.has_error(function() crypto.hex(5) end)
+    end)
+
     it("returns as many random bytes as asked, different each time", function()
         assert.equal(32, #crypto.random(32))
         assert.equal("", crypto.random(0))

@@ -207,6 +207,8 @@ describe("moonserve.fanout", function()
         } }))
     end
 
+    local real_hex = require("moonserve.crypto").hex
+
     before_each(function()
         for _, m in ipairs { "moonserve.host", "moonserve.shared", "moonserve.crypto",
                 "moonserve.redis", "moonserve.fanout" } do
@@ -217,7 +219,7 @@ describe("moonserve.fanout", function()
         local n = 0
         package.loaded["moonserve.host"] = host
         package.loaded["moonserve.shared"] = { dicts = dicts }
-        package.loaded["moonserve.crypto"] = { random = function(k)
+        package.loaded["moonserve.crypto"] = { hex = real_hex, random = function(k)
             n = n + 1
             return string.rep(string.char(n), k)
         end }

@@ -7,8 +7,8 @@ require "moonserve.crypto" -- declares the libcrypto types used below
 local codec = require "moonserve.codec"
 local percent_encode = require("moonserve.ngx.context").percent_encode
 
-local byte, char, sub, gsub, format, find, concat, lower = string.byte, string.char,
-    string.sub, string.gsub, string.format, string.find, table.concat, string.lower
+local byte, char, sub, gsub, find, concat, lower = string.byte, string.char, string.sub,
+    string.gsub, string.find, table.concat, string.lower
 local band, bor, lshift, rshift = bit.band, bit.bor, bit.lshift, bit.rshift
 local type, tostring, tonumber, pairs, error = type, tostring, tonumber, pairs, error
 local ffi_str = ffi.string
@@ -128,9 +128,7 @@ end
 
 -- -- Digests --------------------------------------------------------------------------------
 
-local function hex(s)
-    return (gsub(s, ".", function(c) return format("%02x", byte(c)) end))
-end
+local hex = require("moonserve.crypto").hex
 
 function _M.md5_bin(s)
     s = str(s)

@@ -22,9 +22,7 @@ _M.MAX_ITERATIONS = 10000000
 
 local NONCE_BYTES = 18 -- 24 base64 characters, as PostgreSQL's own client sends
 
-local function hex(s)
-    return (gsub(s, ".", function(c) return ("%02x"):format(byte(c)) end))
-end
+local hex = crypto.hex
 
 --- The answer to AuthenticationMD5Password: "md5" .. hex(md5(hex(md5(password .. user)) ..
 -- salt)), where `salt` is the 4 bytes the server sent.

@@ -5,8 +5,7 @@ local ffi = require "ffi"
 local conn = require "moonserve.pg.conn"
 local crypto = require "moonserve.crypto"
 
-local byte, find, format, sub, match = string.byte, string.find, string.format, string.sub,
-    string.match
+local find, sub, match = string.find, string.sub, string.match
 local type, tostring, tonumber, pcall, ipairs, pairs, select, setmetatable, getmetatable = type,
     tostring, tonumber, pcall, ipairs, pairs, select, setmetatable, getmetatable
 local sort = table.sort
@@ -66,9 +65,7 @@ local function read_file(path)
     return text
 end
 
-local function hex(s)
-    return (s:gsub(".", function(c) return format("%02x", byte(c)) end))
-end
+local hex = crypto.hex
 
 --- The migrations in `dir`, in order: a list of { version = number, file = "002_users.sql",
 -- path =, kind = "sql" | "lua", text =, checksum = sha256 hex of the text, transaction =

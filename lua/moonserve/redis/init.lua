@@ -508,7 +508,7 @@ function _M.script(src)
     if type(src) ~= "string" then
         error("bad argument #1 to 'script' (string expected)", 2)
     end
-    local sha = crypto.sha1(src):gsub(".", function(c) return format("%02x", byte(c)) end)
+    local sha = crypto.hex(crypto.sha1(src))
     return { src = src, sha = sha }
 end
 

@@ -342,6 +342,9 @@ function fleet.world()
     function w:check_load(name)
         local counts = self.load.finish()
         self.load = nil
+        if counts.failed > 0 and self.balancer then
+            print("  the balancer's log:\n" .. self.balancer.log())
+        end
         fleet.report(name, counts, #self.instances)
     end
     function w:finish()

@@ -277,6 +277,7 @@ struct ms_server_s {
     /* The drain (ms_server_drain): until `drain_until` (loop time, 0 when not draining) the
      * listeners still accept; then `drain_done` becomes `stopped`. */
     uint64_t drain_until;
+    int delay_over; /* a drain's delay has passed (ms__conn_arm_idle) */
     ms_timer_t drain_timer;
     void (*drain_done)(ms_server_t *s);
     void (*accept_closed)(ms_server_t *s);

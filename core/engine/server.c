@@ -152,8 +152,7 @@ void ms_timer_stop(ms_server_t *s, ms_timer_t *t)
  * close 1001, event streams end) while its listeners still accept for the drain delay, long
  * enough for the balancer to see the 503 and send elsewhere; then the listeners close and the
  * connections left finish. A connection waiting for its next request is not closed while the
- * balancer may still send one on it: its grace runs from the end of the delay
- * (ms__conn_arm_idle). */
+ * balancer may still send one on it; once the delay is over, it closes (ms__conn_arm_idle). */
 
 static void tell_connections(ms_server_t *s)
 {
@@ -169,13 +168,14 @@ static void accept_end(ms_server_t *s)
 {
     int draining = s->drain_until != 0;
     s->drain_until = 0;
+    s->delay_over = draining;
     for (const ms_part_t *const *p = ms__parts; *p != NULL; p++)
         if ((*p)->accept_end != NULL)
             (*p)->accept_end(s);
     if (draining) {
         ms_log(MS_LOG_INFO, "drain: listeners closed; %u connection%s finishing",
                (unsigned)s->stats->conns, s->stats->conns == 1 ? "" : "s");
-        /* Again: those accepted during the delay, and the idle ones' grace starts now. */
+        /* Again: those accepted during the delay, and the idle ones close now. */
         tell_connections(s);
     }
 }

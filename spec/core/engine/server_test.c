@@ -211,6 +211,45 @@ TEST(server_drains_accepting_for_its_delay_then_refuses)
     teardown();
 }
 
+/* Two kept-alive connections idle through a drain's delay: as it ends, the one with nothing
+ * to say closes at once (not a grace later), and the one whose request came just then is
+ * answered, with close. */
+TEST(server_closes_connections_idle_through_a_drains_delay_as_it_ends)
+{
+    setup(NULL);
+    ASSERT_EQ(0, ms_server_listen(srv, "127.0.0.1:0", 0, 0));
+    static const char keep[] = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+    int fd[2];
+    char buf[4096];
+    for (int i = 0; i < 2; i++) {
+        fd[i] = raw_connect(ms_server_port(srv));
+        ASSERT(fd[i] >= 0);
+        ASSERT_EQ((ssize_t)sizeof(keep) - 1, send(fd[i], keep, sizeof(keep) - 1, 0));
+        while (requests < i + 1)
+            uv_run(&loop, UV_RUN_ONCE);
+        ASSERT(recv(fd[i], buf, sizeof(buf), 0) > 0);
+    }
+    ms_server_drain(srv, 100, NULL, on_stopped);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    /* The delay passes while the loop is away; a request comes on the second just then. */
+    usleep(150 * 1000);
+    ASSERT_EQ((ssize_t)sizeof(keep) - 1, send(fd[1], keep, sizeof(keep) - 1, 0));
+    uint64_t t0 = uv_now(&loop);
+    ASSERT(run_until(&loop, &stopped, 5000));
+    uv_update_time(&loop);
+    ASSERT(uv_now(&loop) - t0 < MS_STOP_GRACE_MS / 2);
+    ASSERT_EQ(3, requests);
+    ASSERT_EQ(0, recv(fd[0], buf, sizeof(buf), 0));
+    ssize_t n = recv(fd[1], buf, sizeof(buf) - 1, 0);
+    ASSERT(n > 0);
+    buf[n] = '\0';
+    ASSERT_HAS(buf, "HTTP/1.1 200 OK\r\n");
+    ASSERT_HAS(buf, "connection: close\r\n");
+    close(fd[0]);
+    close(fd[1]);
+    teardown();
+}
+
 TEST(server_answers_a_request_that_came_as_an_idle_connection_ended)
 {
     ms_limits_t lim;

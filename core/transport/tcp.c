@@ -78,10 +78,14 @@ static void poll_for(ms_tcp_t *t, int events)
 /* Writes what the socket takes now: bytes written, UV_EAGAIN, or a negative code. */
 static int write_now(ms_conn_t *c, const uv_buf_t *bufs, unsigned n)
 {
+    /* send and sendmsg, not write and writev: a socket's own calls skip the file layer's
+     * (fdget_pos, vfs_write), and a peer gone raises no SIGPIPE. */
+    struct msghdr m = {.msg_iov = (struct iovec *)bufs, /* (uv_buf_t is laid out as iovec) */
+                       .msg_iovlen = n < IOV_MAX ? n : IOV_MAX};
     ssize_t w;
-    do /* (uv_buf_t is laid out as struct iovec) */
-        w = n == 1 ? write(tcp_fd(c), bufs[0].base, bufs[0].len)
-                   : writev(tcp_fd(c), (const struct iovec *)bufs, (int)(n < IOV_MAX ? n : IOV_MAX));
+    do
+        w = n == 1 ? send(tcp_fd(c), bufs[0].base, bufs[0].len, MSG_NOSIGNAL)
+                   : sendmsg(tcp_fd(c), &m, MSG_NOSIGNAL);
     while (w < 0 && errno == EINTR);
     if (w < 0)
         return errno == EAGAIN ? UV_EAGAIN : -errno;
@@ -171,7 +175,7 @@ static void read_some(ms_conn_t *c)
         ms__io_read_buf(c, &buf);
         ssize_t n;
         do
-            n = read(tcp_fd(c), buf.base, buf.len);
+            n = recv(tcp_fd(c), buf.base, buf.len, 0);
         while (n < 0 && errno == EINTR);
         if (n > 0) {
             ms__io_feed(c, buf.base, (size_t)n);

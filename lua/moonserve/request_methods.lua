@@ -33,9 +33,13 @@ end
 local _M = { methods = Request }
 
 --- Whether a trusted proxy says the client came over https (X-Forwarded-Proto's last item).
+-- `trusted`: whether the peer is one (default: req.trusted_proxy).
 -- @local
-function _M.proxied_https(self)
-    if self.trusted_proxy then
+function _M.proxied_https(self, trusted)
+    if trusted == nil then
+        trusted = self.trusted_proxy
+    end
+    if trusted then
         local proto = self:header("x-forwarded-proto")
         return proto ~= nil and lower(proto:match("([^,%s]+)%s*$") or "") == "https"
     end

@@ -149,7 +149,7 @@ local function handle(req, res, frame)
     local status, body, headers = app:handle(req, res)
     local returned = frame.returned -- the ngx layer's: its buffered output goes out now
     if returned then
-        frame.returned = nil
+        frame.returned = false
         local r = req.r
         returned(frame, status ~= nil, nroots > 0 and r.handler >= 0 and roots[r.handler] ~= nil)
     end
@@ -201,7 +201,7 @@ end
 local function finish_layer(frame, ok)
     local finish = frame.finish
     if finish then
-        frame.finish = nil
+        frame.finish = false
         local fok, ferr = pcall(finish, frame, ok)
         if not fok then
             base.log(base.LOG_ERR, "after the handler: " .. tostring(ferr))
@@ -214,7 +214,11 @@ end
 local join, kill_all
 
 local function worker(r)
-    local frame = {}
+    -- Every key the frame takes, false until set: a compiled trace that stores nil under a
+    -- key the table lacks inserts the key (NEWREF), and past the table's size rehashes it,
+    -- on every request.
+    local frame = { req = false, res = false, ngx = false, returned = false, finish = false,
+        cpu_ms = false }
     frames[co_running()] = frame
     while true do
         local req, res = request.new(r), response.new(r)
@@ -238,8 +242,8 @@ local function worker(r)
             release_request(r.handler)
         end
         req.r, res.r = false, false -- the core reuses the request once finished
-        frame.req, frame.res, frame.ngx, frame.returned = nil, nil, nil, nil
-        frame.cpu_ms = nil
+        frame.req, frame.res, frame.ngx, frame.returned = false, false, false, false
+        frame.cpu_ms = false
         C.ms_ffi_req_finish(r)
         r = co_yield(DONE)
     end

@@ -87,7 +87,14 @@ end
 -- "https" when the request came over TLS, or a trusted proxy says the client did; else
 -- "http".
 function getters.scheme(self)
-    return (self.tls or shared.proxied_https(self)) and "https" or "http"
+    -- (asked of the core, not through self.tls and self.trusted_proxy: each would be one
+    -- more key in the request's table, made on every request under the default security
+    -- fields)
+    local r = view(self)
+    if C.ms_ffi_req_tls(r, peer_buf, 64) > 0 then
+        return "https"
+    end
+    return shared.proxied_https(self, C.ms_ffi_req_peer_trusted(r) ~= 0) and "https" or "http"
 end
 
 function getters.client_ip(self)
@@ -107,10 +114,11 @@ local NONE = nil
 --- The request object over the core's request `r` (the dispatcher makes one per request).
 -- @local
 function _M.new(r)
-    -- Made with the keys the framework caches on every request: a key added later costs a
-    -- search for a free slot, and past the table's size a rehash.
+    -- Made with the keys the framework caches on a request (client_ip for a rate limit's
+    -- key), eight, the size of the table: a key added later costs a search for a free slot,
+    -- and past the table's size a rehash, on every request that adds it.
     local t = setmetatable({ r = r, method = NONE, path = NONE, _app = NONE, scheme = NONE,
-        tls = NONE, trusted_proxy = NONE, params = NONE }, mt)
+        params = NONE, _route = NONE, client_ip = NONE }, mt)
     return t -- (not `return setmetatable(...)`: a trace cannot return from that tail call)
 end
 

@@ -65,7 +65,7 @@ local function slot_new(co, owner)
     else
         slot = #parked + 1
     end
-    parked[slot], owners[slot] = co or false, owner
+    parked[slot], owners[slot], owned[slot] = co or false, owner, false
     return slot
 end
 
@@ -191,7 +191,7 @@ end
 local function release_request(slot, code)
     local o = owned[slot]
     if o then
-        owned[slot] = nil
+        owned[slot] = false -- (false, as in parked: the key stays, and no store inserts it)
         nowned = nowned - 1
         release(o, code)
     end

@@ -14,8 +14,8 @@
 -- (a route under moonserve.ratelimit in local mode, never reached), session (the hello under
 -- moonserve.sessions, cookie store, a request with no cookie), cors (under moonserve.cors, a
 -- request with no Origin).
--- METRICS=1: the metrics on, as a worker with
--- --metrics counts.
+-- METRICS=1: the metrics on, as a worker with --metrics counts. BUDGET=MS: the CPU budget
+-- on, as a worker has it by default (handler_cpu_ms 2000).
 -- luacheck: globals ngx (OpenResty's global, which moonserve.ngx installs for the ngx modes)
 local n = tonumber(arg[1]) or 100000
 local pipeline = tonumber(arg[2]) or 1
@@ -84,7 +84,11 @@ else
         ngxsock = "/ngxsock", sock = "/sock", mw = "/mw", limit = "/limit" })[mode] or "/"
 end
 
-local srv = server.create(app, { requests_per_connection = 1e9 })
+local budget = tonumber(os.getenv("BUDGET"))
+local srv = server.create(app, { requests_per_connection = 1e9, handler_cpu_ms = budget })
+if budget then
+    require("moonserve.host.core.dispatcher").start_guards(srv)
+end
 if os.getenv("METRICS") == "1" and mode ~= "raw" then
     -- Counted as a worker with metrics on counts: routes numbered, a zone of its own.
     local metrics = require "moonserve.metrics"

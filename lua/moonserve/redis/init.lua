@@ -14,6 +14,12 @@ local type, tostring, tonumber, setmetatable, error, ipairs = type, tostring, to
 local floor = math.floor
 local bxor, tobit, tohex = bit.bxor, bit.tobit, bit.tohex
 local encode, read, is_error, Err = resp.encode, resp.read, resp.is_error, resp.Err
+-- A command's pieces go into a list made with room for them: one grown from empty is
+-- rehashed at its first, second, third, fifth and ninth piece.
+local ok_new, new_tab = pcall(require, "table.new")
+if not ok_new then
+    new_tab = function() return {} end
+end
 
 local _M = {}
 
@@ -110,7 +116,7 @@ end
 
 -- Sends commands and reads as many replies on `sock`: a list, or nil and an error.
 local function exchange(sock, cmds)
-    local parts, n = {}, 0
+    local parts, n = new_tab(16, 0), 0
     for i = 1, #cmds do
         n = encode(cmds[i], parts, n)
     end
@@ -351,7 +357,7 @@ local function try(self, cmds, single, count, tries, asked)
     if not sock then
         return nil, err
     end
-    local parts = {}
+    local parts = new_tab(16, 0)
     if single then
         encode(single, parts, 0)
     else

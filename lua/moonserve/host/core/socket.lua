@@ -260,8 +260,10 @@ local function new_socket(mt, init, what)
     local o = owner_now(what, 3)
     local g = glue_ct()
     init(g, o.srv)
+    -- All its keys at once, connect's too: a key added later costs a rehash (past eight).
     local self = setmetatable({ g = g, owner = o, reading = false, writing = false,
-        openresty = false, sending = false }, mt) -- (all its keys at once: no rehash later)
+        openresty = false, sending = false, peer_host = false, peer_port = false,
+        peer_pool = false, peer_pool_size = false, peer_backlog = false }, mt)
     dispatcher.adopt(o, self)
     return self
 end
@@ -565,7 +567,7 @@ function Tcp:sslhandshake(reused_session, server_name, verify, send_status_req)
         -- certificate (OpenResty hands it over as it is): the engine closed it, and this
         -- handshake gets a new connection of its own (not counted as reused).
         local host = self.peer_host
-        rc = C.ms_ffi_sock_connect(g, host, #host, self.peer_port, self.peer_pool,
+        rc = C.ms_ffi_sock_connect(g, host, #host, self.peer_port, self.peer_pool or nil,
             self.peer_pool and #self.peer_pool or 0, self.peer_pool_size or 0,
             self.peer_backlog or 0, 1)
         rc = await(self, g, rc, READ, "socket:sslhandshake")

@@ -14,8 +14,8 @@ local type, tostring, tonumber, setmetatable, error, ipairs = type, tostring, to
 local floor = math.floor
 local bxor, tobit, tohex = bit.bxor, bit.tobit, bit.tohex
 local encode, read, is_error, Err = resp.encode, resp.read, resp.is_error, resp.Err
--- A command's pieces go into a list made with room for them: one grown from empty is
--- rehashed at its first, second, third, fifth and ninth piece.
+-- A command's pieces go into a list made with room for them (a command of n words has
+-- 1 + 3n): one grown from empty is rehashed at its 1st, 2nd, 3rd, 5th, 9th and 17th piece.
 local ok_new, new_tab = pcall(require, "table.new")
 if not ok_new then
     new_tab = function() return {} end
@@ -357,7 +357,7 @@ local function try(self, cmds, single, count, tries, asked)
     if not sock then
         return nil, err
     end
-    local parts = new_tab(16, 0)
+    local parts = new_tab(single and 1 + 3 * #single or 16, 0)
     if single then
         encode(single, parts, 0)
     else
@@ -520,12 +520,14 @@ end
 
 -- The arguments of EVALSHA or EVAL: what, numkeys, keys..., args...
 local function eval_cmd(verb, body, keys, args)
-    local cmd = { verb, body, #keys }
-    for i = 1, #keys do
-        cmd[#cmd + 1] = keys[i]
+    local nk, na = #keys, #args
+    local cmd = new_tab(3 + nk + na, 0) -- (sized: appending past a constructor's rehashes)
+    cmd[1], cmd[2], cmd[3] = verb, body, nk
+    for i = 1, nk do
+        cmd[3 + i] = keys[i]
     end
-    for i = 1, #args do
-        cmd[#cmd + 1] = args[i]
+    for i = 1, na do
+        cmd[3 + nk + i] = args[i]
     end
     return cmd
 end

@@ -66,7 +66,9 @@ end
 
 -- "https" when nginx took the request over TLS, or a trusted proxy says the client did.
 function getters.scheme(self)
-    return (ngx_var.https == "on" or shared.proxied_https(self)) and "https" or "http"
+    -- (trusted_proxy asked, not read through self: one more key in the request's table)
+    return (ngx_var.https == "on" or shared.proxied_https(self, getters.trusted_proxy(self)))
+        and "https" or "http"
 end
 
 function getters.client_ip()
@@ -78,10 +80,18 @@ local mt = shared.metatable(getters, Request)
 
 local _M = { getters = getters, methods = Request }
 
+-- nil, as a variable: a table constructor keeps a key whose value is a variable (here nil)
+-- but may drop one written `nil`.
+local NONE = nil
+
 --- The request nginx is handling now, as the framework's request, with `res` its reply.
 -- @local
 function _M.new(res)
-    return setmetatable({ _res = res }, mt)
+    -- Made with the keys the framework caches on a request, eight, as the core host's (a key
+    -- added to a full table rehashes it, on every request that adds it).
+    local t = setmetatable({ _res = res, method = NONE, path = NONE, _app = NONE,
+        scheme = NONE, params = NONE, _route = NONE, client_ip = NONE }, mt)
+    return t
 end
 
 -- The core's access log and metrics hooks: nginx keeps its own (access_log, log_by_lua).

@@ -616,10 +616,11 @@ void ms__conn_arm_idle(ms_conn_t *c)
     uint32_t ms = s->limits.idle_timeout_ms;
     if (s->stopping && s->delay_over && c->requests > 0) {
         /* A drain's delay is over, and this connection has been idle all through it (each
-         * reply since the drain began said close): the balancer has stopped using it. It
-         * closes now, through the deadline (a request already here is still answered), not
-         * a grace later, when a balancer that took the instance out for a failure timeout
-         * (nginx's fail_timeout) may be trying it again on this very connection. */
+         * reply since the drain began said close; HTTP/2 had its GOAWAY): the balancer has
+         * stopped using it. It closes now, through the deadline (a request already here is
+         * still answered), not a grace later, when a balancer that took the instance out
+         * for a failure timeout (nginx's fail_timeout) may be trying it again on this very
+         * connection. */
         ms = 0;
     } else if (s->stopping && ms > MS_STOP_GRACE_MS + ms__drain_left(s)) {
         /* Draining, a balancer may still send a request on it until the delay is over, and a

@@ -1,12 +1,13 @@
 /* engine_bench.c: GETs through the HTTP/1 engine alone, fed bytes through the memory
  * transport, answered by a C hello handler. For callgrind: run it with two counts and
  * divide the difference in instructions by the difference in requests.
- *   engine_bench N [PIPELINE] [keepalive|churn|refuse|static|static304|h2]
+ *   engine_bench N [PIPELINE] [keepalive|churn|refuse|static|static304|h2|h2idx]
  * churn: a new connection per request; refuse: the same with the in-flight cap at 0, so
  * the core answers 503 and closes; static: GET /static/10k.bin from a static mount of a
  * directory holding a 10 KiB file (held in memory), static304 the same with a matching
  * If-None-Match; h2: HTTP/2 with prior knowledge on one connection, PIPELINE streams in
- * each read (HEADERS with END_STREAM, literal HPACK fields), as h2load -m sends them.
+ * each read (HEADERS with END_STREAM), as h2load -m sends them, with every field a literal;
+ * h2idx: the same with the fields indexed, as h2load's own HPACK encoder sends them.
  * ACCESS_LOG=FILE (and ACCESS_LOG_FORMAT=combined|json|template) turns the access log on,
  * with a turn of the loop every 64 requests, which waits for a write under way to complete
  * (a loop with clients to serve meanwhile), so that no line is dropped. METRICS=1 counts
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
                                 "User-Agent: bench\r\nAccept: */*\r\n\r\n";
     char req[512];
     int is_static = strncmp(mode, "static", 6) == 0;
+    int is_h2 = strncmp(mode, "h2", 2) == 0;
     snprintf(req, sizeof(req), "%s", hello);
     if (is_static)
         snprintf(req, sizeof(req),
@@ -118,24 +120,38 @@ int main(int argc, char **argv)
     ms_memio_t m;
     ms_memio_open(s, &m);
     size_t out = 0;
-    if (strcmp(mode, "h2") == 0) {
+    if (is_h2) {
         /* The preface, SETTINGS, a window for every reply, then n streams' HEADERS. */
         static const char start[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
                                     "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
                                     "\x00\x00\x04\x08\x00\x00\x00\x00\x00\x7f\xff\x00\x00";
-        static const char fields[] = "\x00\x07:method\x03GET"
-                                     "\x00\x07:scheme\x04http"
-                                     "\x00\x05:path\x01/"
-                                     "\x00\x0a:authority\x0e"
-                                     "127.0.0.1:8080";
-        size_t fl = sizeof(fields) - 1, fr = 9 + fl;
-        char *frames = malloc(fr * (size_t)n);
+        /* h2: every field a literal, its name too, never indexed. h2idx: as h2load's encoder
+         * sends them, :method, :scheme and :path from the static table, :authority and
+         * user-agent literals the first time (indexed incrementally), then from the dynamic
+         * table. */
+        static const char literal[] = "\x00\x07:method\x03GET"
+                                      "\x00\x07:scheme\x04http"
+                                      "\x00\x05:path\x01/"
+                                      "\x00\x0a:authority\x0e"
+                                      "127.0.0.1:8080";
+        static const char first[] = "\x82\x86\x41\x0e"
+                                    "127.0.0.1:8080"
+                                    "\x84\x7a\x15h2load nghttp2/1.52.0";
+        static const char indexed[] = "\x82\x86\xbf\x84\xbe";
+        int idx = strcmp(mode, "h2idx") == 0;
+        const char *fields = idx ? indexed : literal;
+        size_t fl = idx ? sizeof(indexed) - 1 : sizeof(literal) - 1;
+        size_t fl0 = idx ? sizeof(first) - 1 : fl, size = 9 * (size_t)n + fl0 + fl * (size_t)(n - 1);
+        char *frames = malloc(size);
+        size_t *at = malloc(sizeof(*at) * (size_t)(n + 1));
+        at[0] = 0;
         for (long i = 0; i < n; i++) {
-            unsigned char *f = (unsigned char *)frames + fr * (size_t)i;
+            size_t len = i == 0 ? fl0 : fl;
+            unsigned char *f = (unsigned char *)frames + at[i];
             uint32_t id = (uint32_t)(2 * i + 1);
             unsigned char hd[9] = {0,
-                                   (unsigned char)(fl >> 8),
-                                   (unsigned char)fl,
+                                   (unsigned char)(len >> 8),
+                                   (unsigned char)len,
                                    1,
                                    5,
                                    (unsigned char)(id >> 24),
@@ -143,18 +159,20 @@ int main(int argc, char **argv)
                                    (unsigned char)(id >> 8),
                                    (unsigned char)id};
             memcpy(f, hd, 9);
-            memcpy(f + 9, fields, fl);
+            memcpy(f + 9, i == 0 && idx ? first : fields, len);
+            at[i + 1] = at[i] + 9 + len;
         }
         ms_memio_feed(&m, start, sizeof(start) - 1);
         for (long i = 0; i < n; i += pipeline) {
             long k = n - i < pipeline ? n - i : pipeline;
-            ms_memio_feed(&m, frames + fr * (size_t)i, fr * (size_t)k);
+            ms_memio_feed(&m, frames + at[i], at[i + k] - at[i]);
             out += m.out.len;
             m.out.len = 0;
         }
+        free(at);
         free(frames);
     }
-    for (long i = 0; i < n && strcmp(mode, "h2") != 0; i += pipeline) {
+    for (long i = 0; i < n && !is_h2; i += pipeline) {
         if (churn && i > 0) {
             ms_memio_peer_close(&m, UV_EOF);
             ms_memio_free(&m);

@@ -66,6 +66,7 @@ typedef struct ms_h2_s {
     uint8_t scan_len;
     uint8_t scan_hd[H2_SCAN_HEAD];
     int32_t malformed_id; /* a HEADERS frame the pre-scan found malformed opens this stream */
+    ms_stream_t *fields_st; /* the stream whose field block is being decoded (NULL: none) */
     /* How the client's streams up to top_id closed (CLOSED_*): bit d of closed_lo and
      * closed_hi for stream top_id - 2d. */
     int32_t top_id;                 /* the client's highest stream id opened (-1: none yet) */
@@ -184,6 +185,8 @@ static void stream_free(ms_stream_t *st)
     if (st->next != NULL)
         st->next->prev = st->prev;
     h2->nstreams--;
+    if (h2->fields_st == st)
+        h2->fields_st = NULL;
     if (MS_UNLIKELY(st->req.timer.index != 0))
         ms_timer_stop(s, &st->req.timer); /* (discard_expired) */
     if (st->out != NULL) {
@@ -748,6 +751,7 @@ static void h2_body_taken(ms_req_t *r, size_t n)
 static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, void *user)
 {
     ms_h2_t *h2 = user;
+    h2->fields_st = NULL;
     if (frame->hd.type != NGHTTP2_HEADERS)
         return 0;
     if (frame->headers.cat == NGHTTP2_HCAT_HEADERS) {
@@ -755,6 +759,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         ms_stream_t *st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
         if (st != NULL)
             st->head_bytes = 0;
+        h2->fields_st = st;
         return 0;
     }
     if (frame->headers.cat != NGHTTP2_HCAT_REQUEST)
@@ -771,6 +776,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *frame, voi
         h2->malformed_id = 0;
     }
     nghttp2_session_set_stream_user_data(ng, frame->hd.stream_id, st);
+    h2->fields_st = st; /* (on_header's, without a lookup a field) */
     return 0;
 }
 
@@ -810,8 +816,12 @@ static int on_header(nghttp2_session *ng, const nghttp2_frame *frame, const uint
     ms_stream_t *st = frame == NULL ? user : NULL;
     if (frame != NULL && frame->hd.type != NGHTTP2_HEADERS)
         return 0;
-    if (frame != NULL)
-        st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    if (frame != NULL) {
+        /* The block's fields come between its on_begin_headers and its on_frame_recv. */
+        st = ((ms_h2_t *)user)->fields_st;
+        if (st == NULL || st->id != frame->hd.stream_id)
+            st = nghttp2_session_get_stream_user_data(ng, frame->hd.stream_id);
+    }
     if (st == NULL || st->refused)
         return 0;
     ms_req_t *r = &st->req;

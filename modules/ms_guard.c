@@ -12,7 +12,8 @@
  * state half-changed (lj_profile.c), hence the hook.
  *
  * The memory cap: the VM's allocator is wrapped (lua_setallocf) and counts the heap; a resume
- * that takes it past the cap is stopped by the same hook (see GRACE below).
+ * that takes it past the cap is stopped by the same hook (see GRACE below). The wrapper also
+ * keeps the small blocks the VM frees for its next allocations of their sizes (see KEEP_MAX).
  *
  * The same clock feeds the sampling profiler (ms_profile.c), ticking every millisecond while
  * a profile runs.
@@ -262,7 +263,7 @@ int ms_guard_profile(lua_State *L, int on)
     return rc;
 }
 
-/* capped_alloc's path past the cap (the heap counted already): only the resumed code is
+/* heap_alloc's path past the cap (the heap counted already): only the resumed code is
  * stopped; the dispatcher's own allocations, the hook's, and frees go through. */
 static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t nsize)
 {
@@ -282,16 +283,41 @@ static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t 
     return base_alloc(base_ud, ptr, osize, nsize);
 }
 
+/* Small blocks the VM freed, kept by their exact size and handed back for its next request
+ * of that size: a pop and a push instead of LuaJIT's allocator, whose free of a small block
+ * (dlmalloc's, which coalesces) costs about a hundred instructions. A request's tables,
+ * strings and cdata come in a few sizes that recur on every request. An exact size makes
+ * any block safe to hand out again, whichever allocator made it: LuaJIT passes each block's
+ * size on free and resize. At most KEEP_BYTES are kept (a worker's memory beyond its Lua
+ * heap); the heap counts them as freed. */
+#define KEEP_MAX 512            /* sizes kept: 16 to this many bytes */
+#define KEEP_BYTES (1u << 20)
+static void *kept[KEEP_MAX + 1]; /* by size, each block's first word the next */
+static size_t kept_bytes;
+
 /* Called from LuaJIT for every allocation, resize and free of the VM (lua_setallocf); `osize`
- * is the block's size, as LuaJIT always passes it. Below the cap this is a few instructions
- * and a tail call. The heap is counted before LuaJIT's allocator runs: a block it fails to get
- * (the system is out of memory) stays counted. */
-static void *capped_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+ * is the block's size, as LuaJIT always passes it. Below the cap this is a few instructions,
+ * then a kept block or a tail call. The heap is counted before LuaJIT's allocator runs: a block
+ * it fails to get (the system is out of memory) stays counted. */
+static void *heap_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     (void)ud;
     heap += nsize - (ptr != NULL ? osize : 0);
     if (__builtin_expect(heap > cap, 0))
         return over_cap(ptr, osize, nsize);
+    if (ptr == NULL) {
+        if (nsize - 16 <= KEEP_MAX - 16 && kept[nsize] != NULL) {
+            void *p = kept[nsize];
+            kept[nsize] = *(void **)p;
+            kept_bytes -= nsize;
+            return p;
+        }
+    } else if (nsize == 0 && osize - 16 <= KEEP_MAX - 16 && kept_bytes + osize <= KEEP_BYTES) {
+        *(void **)ptr = kept[osize];
+        kept[osize] = ptr;
+        kept_bytes += osize;
+        return NULL;
+    }
     return base_alloc(base_ud, ptr, osize, nsize);
 }
 
@@ -303,7 +329,7 @@ int ms_guard_memory(lua_State *L, size_t bytes)
     cap = bytes;
     base_alloc = lua_getallocf(L, &base_ud);
     heap = (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(L, LUA_GCCOUNTB, 0);
-    lua_setallocf(L, capped_alloc, NULL);
+    lua_setallocf(L, heap_alloc, NULL);
     return 0;
 }
 

@@ -26,8 +26,9 @@ int ms_guard_profile(lua_State *L, int on);
 /**
  * Caps the Lua heap of `L`'s VM at `bytes`: past it, an allocation of a resumed coroutine
  * fails with a memory error and the resume is stopped (ms_ffi_stop). Allocations between
- * resumes (the dispatcher's own) are counted, never refused. Once a process, on the loop's
- * thread; 0, or a negative errno.
+ * resumes (the dispatcher's own) are counted, never refused. The VM's small blocks are then
+ * kept when freed and reused by size (a worker without a cap passes 2^52). Once a process, on
+ * the loop's thread (a later call changes nothing); 0, or a negative errno.
  */
 int ms_guard_memory(lua_State *L, size_t bytes);
 

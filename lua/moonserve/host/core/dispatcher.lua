@@ -346,21 +346,24 @@ local function after_memory_stop()
 end
 
 --- Starts the guards in the process that serves `srv` (runner.lua): the CPU budget's clock
--- when limits.handler_cpu_ms or a route asks for one, the memory cap when limits.lua_memory.
+-- when limits.handler_cpu_ms or a route asks for one, the memory cap when limits.lua_memory
+-- (and the heap's allocator in any case).
 function _M.start_guards(srv)
-    if limits.lua_memory > 0 then
-        local ok, err = srv:memory_cap(limits.lua_memory)
-        if ok then
-            guard_on = true
-        else
-            base.log(base.LOG_WARN, "the Lua heap has no cap: " .. tostring(err))
-        end
+    -- The Lua heap goes through the guard's allocator with no cap too (2^52 bytes): it keeps
+    -- the small blocks the VM frees for its next allocations of their sizes, cheaper than
+    -- LuaJIT's allocator (PERFORMANCE.md).
+    local capped = limits.lua_memory > 0
+    local ok, err = srv:memory_cap(capped and limits.lua_memory or 2 ^ 52)
+    if ok then
+        guard_on = guard_on or capped
+    elseif capped then
+        base.log(base.LOG_WARN, "the Lua heap has no cap: " .. tostring(err))
     end
     if limits.handler_cpu_ms == 0 and not (app and app.has_cpu_budgets and app:has_cpu_budgets())
     then
         return
     end
-    local ok, err = srv:cpu_budget()
+    ok, err = srv:cpu_budget()
     if not ok then
         base.log(base.LOG_WARN, "handlers run with no CPU budget: " .. tostring(err))
         return

@@ -288,12 +288,28 @@ static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t 
  * (dlmalloc's, which coalesces) costs about a hundred instructions. A request's tables,
  * strings and cdata come in a few sizes that recur on every request. An exact size makes
  * any block safe to hand out again, whichever allocator made it: LuaJIT passes each block's
- * size on free and resize. At most KEEP_BYTES are kept (a worker's memory beyond its Lua
- * heap); the heap counts them as freed. */
+ * size on free and resize. The heap counts kept blocks as freed.
+ *
+ * A collection frees about a cycle's garbage, the live heap's size at the default pause,
+ * which the next cycle's allocations take back: kept blocks may reach twice the heap (at
+ * least KEEP_BYTES), as much as LuaJIT's allocator would hold free. Past that, all go back
+ * to it at once, so that sizes no longer asked for (a start-up's, a burst's) do not hold
+ * memory for good, and a heap that shrank lets go of what it kept. */
 #define KEEP_MAX 512            /* sizes kept: 16 to this many bytes */
-#define KEEP_BYTES (1u << 20)
+#define KEEP_BYTES (1u << 20) /* kept at least, whatever the heap */
 static void *kept[KEEP_MAX + 1]; /* by size, each block's first word the next */
 static size_t kept_bytes;
+
+static __attribute__((noinline)) void kept_release(void)
+{
+    for (size_t n = 16; n <= KEEP_MAX; n++)
+        while (kept[n] != NULL) {
+            void *p = kept[n];
+            kept[n] = *(void **)p;
+            base_alloc(base_ud, p, n, 0);
+        }
+    kept_bytes = 0;
+}
 
 /* Called from LuaJIT for every allocation, resize and free of the VM (lua_setallocf); `osize`
  * is the block's size, as LuaJIT always passes it. Below the cap this is a few instructions,
@@ -312,7 +328,9 @@ static void *heap_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
             kept_bytes -= nsize;
             return p;
         }
-    } else if (nsize == 0 && osize - 16 <= KEEP_MAX - 16 && kept_bytes + osize <= KEEP_BYTES) {
+    } else if (nsize == 0 && osize - 16 <= KEEP_MAX - 16) {
+        if (__builtin_expect(kept_bytes + osize > KEEP_BYTES && kept_bytes + osize > 2 * heap, 0))
+            kept_release();
         *(void **)ptr = kept[osize];
         kept[osize] = ptr;
         kept_bytes += osize;

@@ -19,4 +19,15 @@ if static_dir and static_dir ~= "" and app.static then
     app:static("/static", static_dir)
 end
 
+-- BENCH_LIVE_MB=N: the app keeps about N MB of Lua tables, as an app with a larger live heap,
+-- whose collections free more a cycle.
+local live_mb = tonumber(os.getenv("BENCH_LIVE_MB"))
+if live_mb then
+    local keep = {}
+    for i = 1, live_mb * 1024 * 1024 / 80 do
+        keep[i] = { i }
+    end
+    package.loaded["bench.live"] = keep
+end
+
 return app

@@ -295,8 +295,8 @@ static __attribute__((noinline)) void *over_cap(void *ptr, size_t osize, size_t 
  * least KEEP_BYTES), as much as LuaJIT's allocator would hold free. Past that, all go back
  * to it at once, so that sizes no longer asked for (a start-up's, a burst's) do not hold
  * memory for good, and a heap that shrank lets go of what it kept. */
-#define KEEP_MAX 512            /* sizes kept: 16 to this many bytes */
-#define KEEP_BYTES (1u << 20) /* kept at least, whatever the heap */
+#define KEEP_MAX 512          /* sizes kept: 16 to this many bytes */
+#define KEEP_BYTES (1u << 20) /* bytes that may be kept, whatever the heap */
 static void *kept[KEEP_MAX + 1]; /* by size, each block's first word the next */
 static size_t kept_bytes;
 

@@ -141,8 +141,8 @@ int main(int argc, char **argv)
         int idx = strcmp(mode, "h2idx") == 0;
         const char *fields = idx ? indexed : literal;
         size_t fl = idx ? sizeof(indexed) - 1 : sizeof(literal) - 1;
-        size_t fl0 = idx ? sizeof(first) - 1 : fl, size = 9 * (size_t)n + fl0 + fl * (size_t)(n - 1);
-        char *frames = malloc(size);
+        size_t fl0 = idx ? sizeof(first) - 1 : fl; /* the first stream's */
+        char *frames = malloc(9 * (size_t)n + fl0 + fl * (size_t)(n - 1));
         size_t *at = malloc(sizeof(*at) * (size_t)(n + 1));
         at[0] = 0;
         for (long i = 0; i < n; i++) {

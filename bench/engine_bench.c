@@ -146,12 +146,12 @@ int main(int argc, char **argv)
         size_t *at = malloc(sizeof(*at) * (size_t)(n + 1));
         at[0] = 0;
         for (long i = 0; i < n; i++) {
-            size_t len = i == 0 ? fl0 : fl;
+            size_t plen = i == 0 ? fl0 : fl;
             unsigned char *f = (unsigned char *)frames + at[i];
             uint32_t id = (uint32_t)(2 * i + 1);
             unsigned char hd[9] = {0,
-                                   (unsigned char)(len >> 8),
-                                   (unsigned char)len,
+                                   (unsigned char)(plen >> 8),
+                                   (unsigned char)plen,
                                    1,
                                    5,
                                    (unsigned char)(id >> 24),
@@ -159,8 +159,8 @@ int main(int argc, char **argv)
                                    (unsigned char)(id >> 8),
                                    (unsigned char)id};
             memcpy(f, hd, 9);
-            memcpy(f + 9, i == 0 && idx ? first : fields, len);
-            at[i + 1] = at[i] + 9 + len;
+            memcpy(f + 9, i == 0 && idx ? first : fields, plen);
+            at[i + 1] = at[i] + 9 + plen;
         }
         ms_memio_feed(&m, start, sizeof(start) - 1);
         for (long i = 0; i < n; i += pipeline) {
